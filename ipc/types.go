@@ -1,0 +1,224 @@
+package ipc
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// Header names used on every response.
+const (
+	HeaderVersion = "Sandboxd-Version"
+	// ContentTypeNDJSON is the content type of streamed responses.
+	ContentTypeNDJSON = "application/x-ndjson"
+)
+
+// ErrorBody is the JSON body of every error response.
+type ErrorBody struct {
+	Error ErrorDetail `json:"error"`
+}
+
+// ErrorDetail is the error object: a stable code (errdefs.Kind) and a
+// message that says what failed and what to do.
+type ErrorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// VersionResponse is GET /v1/version.
+type VersionResponse struct {
+	Version   string    `json:"version"`
+	GoVersion string    `json:"goVersion"`
+	PID       int       `json:"pid"`
+	StartedAt time.Time `json:"startedAt"`
+}
+
+// HealthResponse is GET /v1/health.
+type HealthResponse struct {
+	Status        string  `json:"status"` // "ok"
+	Store         string  `json:"store"`  // "ok" or the error
+	SocketPath    string  `json:"socketPath,omitempty"`
+	Database      string  `json:"database"`
+	Activated     bool    `json:"socketActivated"`
+	Sessions      int     `json:"sessions"`
+	LiveStreams   int     `json:"liveStreams"`
+	Connections   int     `json:"connections"`
+	UptimeSeconds float64 `json:"uptimeSeconds"`
+}
+
+// Target selects a session. Exactly one of (Cwd) or (RunID) identifies it;
+// Cwd must be absolute; ConfigFile is optional and relative to Cwd when not
+// absolute.
+type Target struct {
+	Cwd        string `json:"cwd,omitempty"`
+	ConfigFile string `json:"configFile,omitempty"`
+	RunID      string `json:"runId,omitempty"`
+}
+
+// StartRequest is POST /v1/sessions/start and POST /v1/sessions/reset.
+type StartRequest struct {
+	Target
+	Wait bool              `json:"wait,omitempty"`
+	Init map[string]string `json:"init,omitempty"`
+	// WaitTimeoutSeconds bounds --wait (default 10 minutes).
+	WaitTimeoutSeconds int `json:"waitTimeoutSeconds,omitempty"`
+}
+
+// SessionInfo is the public view of a session (never includes the token or
+// private keys).
+type SessionInfo struct {
+	ID          string     `json:"id"`
+	RunID       string     `json:"runId"`
+	RunURL      string     `json:"runUrl,omitempty"`
+	Status      string     `json:"status"`
+	Reason      string     `json:"reason,omitempty"`
+	RepoRoot    string     `json:"repoRoot"`
+	Branch      string     `json:"branch"`
+	ConfigFile  string     `json:"configFile"`
+	Remote      string     `json:"remote"`
+	CreatedAt   time.Time  `json:"createdAt"`
+	LastExecAt  *time.Time `json:"lastExecAt,omitempty"`
+	ExecCount   int64      `json:"execCount"`
+	EndedAt     *time.Time `json:"endedAt,omitempty"`
+	Adopted     bool       `json:"adopted,omitempty"`
+	ConfigDrift bool       `json:"configDrift,omitempty"`
+}
+
+// StartResponse answers start and reset.
+type StartResponse struct {
+	Session SessionInfo `json:"session"`
+	// Created is false when an existing active session was reported.
+	Created bool `json:"created"`
+	// Replaced is the run id a reset stopped, if any.
+	Replaced string   `json:"replaced,omitempty"`
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// ListRequest is GET /v1/sessions?all=true.
+type ListRequest struct {
+	All bool `json:"all,omitempty"`
+}
+
+// ListResponse answers GET /v1/sessions.
+type ListResponse struct {
+	Sessions []SessionInfo `json:"sessions"`
+	Warnings []string      `json:"warnings,omitempty"`
+}
+
+// StopRequest is POST /v1/sessions/stop: one of Target (cwd or run id) or All.
+type StopRequest struct {
+	Target
+	All bool `json:"all,omitempty"`
+}
+
+// StopResponse lists what was stopped.
+type StopResponse struct {
+	Stopped []SessionInfo `json:"stopped"`
+}
+
+// InitRequest is POST /v1/init.
+type InitRequest struct {
+	Cwd  string `json:"cwd"`
+	File string `json:"file,omitempty"` // default .rwx/sandbox.yml under the repo root or cwd
+}
+
+// InitResponse answers init.
+type InitResponse struct {
+	File string `json:"file"`
+}
+
+// StatusRequest is GET /v1/status?cwd=&config=&runId=.
+type StatusRequest = Target
+
+// ProbeResponse is GET /v1/sessions/{id}/probe and part of status.
+type ProbeResponse struct {
+	Session     SessionInfo `json:"session"`
+	Probe       string      `json:"probe"` // connected | expired | no_sandbox | unknown
+	Detail      string      `json:"detail,omitempty"`
+	ExpiresAt   *time.Time  `json:"expiresAt,omitempty"`
+	HasSnapshot bool        `json:"hasSnapshot"`
+	Lifecycle   Lifecycle   `json:"lifecycle"`
+}
+
+// Lifecycle is the lifecycle summary of a probe.
+type Lifecycle struct {
+	State     string     `json:"state"`
+	Reason    string     `json:"reason,omitempty"`
+	Created   time.Time  `json:"created"`
+	LastExec  *time.Time `json:"lastExec,omitempty"`
+	ExecCount int64      `json:"execCount"`
+	LastProbe *time.Time `json:"lastProbe,omitempty"`
+}
+
+// ConfigResponse is GET /v1/config: the effective remote, never the token.
+type ConfigResponse struct {
+	Remote                   string  `json:"remote"` // "local" or "rwx"
+	Host                     string  `json:"host"`
+	TokenSource              string  `json:"tokenSource,omitempty"` // where the token came from (never the token)
+	ConfigFile               string  `json:"configFile"`
+	CertFile                 string  `json:"certFile,omitempty"`
+	ReconcileIntervalSeconds float64 `json:"reconcileIntervalSeconds"`
+}
+
+// ExecRequest is the first NDJSON line of the POST /v1/exec request body.
+// Later lines are ExecInput frames. A plain JSON body (curl -d) is a request
+// with no stdin.
+type ExecRequest struct {
+	Target
+	Argv   []string `json:"argv"`
+	NoSync bool     `json:"noSync,omitempty"`
+	// Env is the selected environment forwarded by the client (not used
+	// by the remote command unless the remote supports it).
+	Env map[string]string `json:"env,omitempty"`
+	// Stdin says the client will send stdin frames; otherwise the remote
+	// command's stdin is empty.
+	Stdin bool `json:"stdin,omitempty"`
+}
+
+// ExecInput is a frame of the request body after the ExecRequest line.
+type ExecInput struct {
+	Stdin    []byte `json:"stdin,omitempty"`    // base64 in JSON
+	StdinEOF bool   `json:"stdinEof,omitempty"` // no more stdin
+	Signal   string `json:"signal,omitempty"`   // "INT", "TERM", "HUP", "QUIT", "KILL"
+}
+
+// Exec output frame types.
+const (
+	ExecQueued  = "queued"  // waiting for the sandbox; Position is set
+	ExecStarted = "started" // the command is running
+	ExecStdout  = "stdout"
+	ExecStderr  = "stderr"
+	ExecWarning = "warning" // Message is a warning for the user's stderr
+	ExecExit    = "exit"    // last frame on success: Result is set
+	ExecError   = "error"   // last frame on failure before/around the command
+)
+
+// ExecOutput is one NDJSON frame of the POST /v1/exec response.
+type ExecOutput struct {
+	Type     string       `json:"type"`
+	Data     []byte       `json:"data,omitempty"` // stdout/stderr bytes, base64 in JSON
+	Message  string       `json:"message,omitempty"`
+	Position int          `json:"position,omitempty"`
+	Result   *ExecResult  `json:"result,omitempty"`
+	Error    *ErrorDetail `json:"error,omitempty"`
+}
+
+// ExecResult is the final result of an exec.
+type ExecResult struct {
+	RunID       string   `json:"runId"`
+	RunURL      string   `json:"runUrl,omitempty"`
+	ExitCode    int      `json:"exitCode"`
+	Signal      string   `json:"signal,omitempty"`
+	PulledFiles []string `json:"pulledFiles"`
+	DurationMs  int64    `json:"durationMs"`
+	Warnings    []string `json:"warnings,omitempty"`
+}
+
+// Event is one NDJSON record of GET /v1/events.
+type Event struct {
+	Seq       uint64          `json:"seq"`
+	Time      time.Time       `json:"time"`
+	Type      string          `json:"type"`
+	SessionID string          `json:"sessionId,omitempty"`
+	RunID     string          `json:"runId,omitempty"`
+	Data      json.RawMessage `json:"data,omitempty"`
+}
