@@ -1,0 +1,391 @@
+// Package e2e holds the end-to-end tests: the real sandboxd, sbx and
+// sandboxd-localcloud binaries, built once per run, talking over a real Unix
+// socket to real sandbox agents, on real git repositories, each test in its
+// own HOME and XDG directories.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// binDir holds the binaries built for this run.
+var binDir string
+
+func TestMain(m *testing.M) {
+	os.Exit(run(m))
+}
+
+func run(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "sbxbin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binDir = dir
+	cmd := exec.Command("go", "build", "-o", dir, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx", "github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build binaries:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// env is one isolated user: its own HOME, XDG directories and socket.
+type env struct {
+	t    *testing.T
+	root string
+	vars []string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	root, err := os.MkdirTemp("", "sbxe2e")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, root: root}
+	home := filepath.Join(root, "home")
+	rt := filepath.Join(root, "run")
+	for _, d := range []string{home, rt} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.vars = []string{
+		"HOME=" + home,
+		"XDG_STATE_HOME=" + filepath.Join(home, ".local/state"),
+		"XDG_CONFIG_HOME=" + filepath.Join(home, ".config"),
+		"XDG_DATA_HOME=" + filepath.Join(home, ".local/share"),
+		"XDG_RUNTIME_DIR=" + rt,
+		"PATH=" + binDir + ":" + os.Getenv("PATH"),
+		"GIT_AUTHOR_NAME=e2e", "GIT_AUTHOR_EMAIL=e2e@example.com",
+		"GIT_COMMITTER_NAME=e2e", "GIT_COMMITTER_EMAIL=e2e@example.com",
+		"GIT_CONFIG_NOSYSTEM=1",
+		"SANDBOXD_NO_AUTOSTART=1",
+		"LANG=C.UTF-8",
+	}
+	t.Cleanup(func() {
+		e.stopLocalcloud()
+		os.RemoveAll(root)
+	})
+	return e
+}
+
+// with returns the environment with extra variables appended.
+func (e *env) with(extra ...string) []string {
+	return append(append([]string(nil), e.vars...), extra...)
+}
+
+func (e *env) get(key string) string {
+	for i := len(e.vars) - 1; i >= 0; i-- {
+		if k, v, _ := strings.Cut(e.vars[i], "="); k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+func (e *env) socket() string { return filepath.Join(e.get("XDG_RUNTIME_DIR"), "sandboxd", "sandboxd.sock") }
+
+// daemon is a running sandboxd.
+type daemon struct {
+	cmd  *exec.Cmd
+	logs *bytes.Buffer
+	done chan error
+}
+
+// startDaemon runs sandboxd in the foreground of a subprocess and waits for
+// its socket to answer.
+func (e *env) startDaemon(extra ...string) *daemon {
+	e.t.Helper()
+	d := &daemon{logs: &bytes.Buffer{}, done: make(chan error, 1)}
+	d.cmd = exec.Command(filepath.Join(binDir, "sandboxd"))
+	d.cmd.Env = e.with(extra...)
+	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
+	if err := d.cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() { d.done <- d.cmd.Wait() }()
+	e.t.Cleanup(func() { d.stop(e.t) })
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := e.api("GET", "/v1/health", nil); err == nil {
+			return d
+		}
+		select {
+		case err := <-d.done:
+			d.done <- err
+			e.t.Fatalf("sandboxd exited early: %v\n%s", err, d.logs)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	e.t.Fatalf("sandboxd did not answer on %s\n%s", e.socket(), d.logs)
+	return nil
+}
+
+// stop ends the daemon with SIGTERM (idempotent).
+func (d *daemon) stop(t *testing.T) {
+	if d.cmd.ProcessState != nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.done:
+		d.done <- err
+	case <-time.After(20 * time.Second):
+		_ = d.cmd.Process.Kill()
+		t.Errorf("sandboxd did not stop on SIGTERM\n%s", d.logs)
+	}
+}
+
+// kill ends the daemon with SIGKILL.
+func (d *daemon) kill() {
+	_ = d.cmd.Process.Kill()
+	err := <-d.done
+	d.done <- err
+}
+
+// stopLocalcloud stops the local remote the daemon started, if any.
+func (e *env) stopLocalcloud() {
+	discovery := filepath.Join(e.get("XDG_DATA_HOME"), "sandboxd", "localcloud", "localcloud.json")
+	b, err := os.ReadFile(discovery)
+	if err != nil {
+		return
+	}
+	var d struct {
+		PID int `json:"pid"`
+	}
+	if json.Unmarshal(b, &d) != nil || d.PID <= 0 {
+		return
+	}
+	cmd := exec.Command(filepath.Join(binDir, "sandboxd-localcloud"), "stop")
+	cmd.Env = e.vars
+	_ = cmd.Run()
+	for i := 0; i < 100 && syscall.Kill(d.PID, 0) == nil; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = syscall.Kill(d.PID, syscall.SIGKILL)
+}
+
+// result is what a finished sbx said.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
+}
+
+// sbx runs ./bin/sbx in dir and waits for it.
+func (e *env) sbx(dir string, args ...string) result {
+	e.t.Helper()
+	return e.sbxIn(dir, nil, args...)
+}
+
+func (e *env) sbxIn(dir string, stdin io.Reader, args ...string) result {
+	e.t.Helper()
+	cmd := e.sbxCmd(dir, args...)
+	cmd.Stdin = stdin
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			e.t.Fatalf("run sbx %v: %v", args, err)
+		}
+		code = ee.ExitCode()
+	}
+	return result{code: code, stdout: out.String(), stderr: errb.String()}
+}
+
+func (e *env) sbxCmd(dir string, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(binDir, "sbx"), args...)
+	cmd.Dir = dir
+	cmd.Env = e.vars
+	return cmd
+}
+
+// mustSbx runs sbx and fails the test unless it exits 0.
+func (e *env) mustSbx(dir string, args ...string) result {
+	e.t.Helper()
+	r := e.sbx(dir, args...)
+	if r.code != 0 {
+		e.t.Fatalf("sbx %v: %s", args, r)
+	}
+	return r
+}
+
+// httpClient talks HTTP over the daemon's socket.
+func (e *env) httpClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", e.socket())
+	}}, Timeout: 60 * time.Second}
+}
+
+// api sends one request to the daemon and returns the body; a non-2xx status
+// is an error carrying the body.
+func (e *env) api(method, path string, body any) ([]byte, error) {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, "http://sandboxd"+path, rd)
+	resp, err := e.httpClient().Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		return b, &statusError{resp.StatusCode, string(b)}
+	}
+	return b, nil
+}
+
+type statusError struct {
+	code int
+	body string
+}
+
+func (s *statusError) Error() string { return strconv.Itoa(s.code) + ": " + s.body }
+
+// git runs git in dir and returns its trimmed output.
+func (e *env) git(dir string, args ...string) string {
+	e.t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = e.vars
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("git %v in %s: %v\n%s", args, dir, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// defaultConfig is a sandbox config with no setup steps.
+const defaultConfig = `tasks:
+  - key: sandbox
+    run: rwx-sandbox
+`
+
+// newRepo makes a repository with an origin (a bare repository on this
+// machine), a README and a sandbox config, committed and pushed.
+func (e *env) newRepo(name, config string) string {
+	e.t.Helper()
+	origin := filepath.Join(e.root, "origins", name+".git")
+	repo := filepath.Join(e.root, "src", name)
+	if err := os.MkdirAll(filepath.Dir(origin), 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	e.git(e.root, "init", "-q", "--bare", "-b", "main", origin)
+	e.git(e.root, "clone", "-q", origin, repo)
+	e.git(repo, "checkout", "-q", "-B", "main")
+	writeFile(e.t, filepath.Join(repo, "README.md"), "hello\n")
+	writeFile(e.t, filepath.Join(repo, ".rwx", "sandbox.yml"), config)
+	e.git(repo, "add", "-A")
+	e.git(repo, "commit", "-q", "-m", "init")
+	e.git(repo, "push", "-q", "-u", "origin", "main")
+	return repo
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// events follows the daemon's event stream in the background.
+type eventLog struct {
+	ch   chan map[string]any
+	stop func()
+}
+
+func (e *env) followEvents(since string) *eventLog {
+	e.t.Helper()
+	path := "/v1/events"
+	if since != "" {
+		path += "?since=" + since
+	}
+	req, _ := http.NewRequest("GET", "http://sandboxd"+path, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req = req.WithContext(ctx)
+	c := e.httpClient()
+	c.Timeout = 0
+	resp, err := c.Do(req)
+	if err != nil {
+		cancel()
+		e.t.Fatal(err)
+	}
+	l := &eventLog{ch: make(chan map[string]any, 1024), stop: func() { cancel(); resp.Body.Close() }}
+	go func() {
+		defer close(l.ch)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var ev map[string]any
+			if json.Unmarshal(sc.Bytes(), &ev) == nil {
+				l.ch <- ev
+			}
+		}
+	}()
+	e.t.Cleanup(l.stop)
+	return l
+}
+
+// waitFor reads events until match returns true or the timeout passes.
+func (l *eventLog) waitFor(t *testing.T, timeout time.Duration, what string, match func(map[string]any) bool) map[string]any {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case ev, ok := <-l.ch:
+			if !ok {
+				t.Fatalf("event stream ended while waiting for %s", what)
+			}
+			if match(ev) {
+				return ev
+			}
+		case <-deadline:
+			t.Fatalf("no %s event within %s", what, timeout)
+		}
+	}
+}
+
+func eventType(typ string) func(map[string]any) bool {
+	return func(ev map[string]any) bool { return ev["type"] == typ }
+}

@@ -1,0 +1,97 @@
+package sessions
+
+import (
+	"context"
+
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// watchConfig starts watching the config file of a live session for drift:
+// a change of content away from the hash recorded at start emits one
+// config.drift event and makes the next execs warn.
+func (m *Manager) watchConfig(s *store.Session) {
+	if m.opts.Watcher == nil || s.ConfigFile == "" {
+		return
+	}
+	r := m.rt(s.ID)
+	m.mu.Lock()
+	if r.cancelWatch != nil {
+		m.mu.Unlock()
+		return
+	}
+	r.cancelWatch = func() {} // reserve: concurrent callers must not double-watch
+	m.mu.Unlock()
+	id, runID, startHash, file := s.ID, s.RunID, s.ConfigHash, s.ConfigFile
+	cancel, err := m.opts.Watcher.WatchFile(file, func() {
+		h := hashFile(file)
+		m.mu.Lock()
+		r, ok := m.runtime[id]
+		if !ok {
+			m.mu.Unlock()
+			return
+		}
+		drifted := h != startHash
+		emit := drifted && h != r.driftHash
+		r.drift = drifted
+		if drifted {
+			r.driftHash = h
+		} else {
+			r.driftHash = ""
+		}
+		m.mu.Unlock()
+		if emit {
+			m.opts.Events.Publish(eventConfigDrift, id, runID, map[string]string{"configFile": file})
+		}
+	})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		m.log.Warn("watch config file; drift is checked per exec instead", "file", file, "err", err)
+		r.cancelWatch = nil
+		return
+	}
+	if cur, ok := m.runtime[id]; !ok || cur != r {
+		// The session ended while the watch was being set up.
+		cancel()
+		return
+	}
+	r.cancelWatch = cancel
+}
+
+// drifted reports whether session s's config changed since it started.
+func (m *Manager) drifted(s *store.Session) bool {
+	if s.ConfigHash == "" {
+		return false
+	}
+	if m.opts.Watcher != nil {
+		m.mu.Lock()
+		r, ok := m.runtime[s.ID]
+		watching := ok && r.cancelWatch != nil
+		drift := ok && r.drift
+		m.mu.Unlock()
+		if watching {
+			return drift
+		}
+	}
+	return hashFile(s.ConfigFile) != s.ConfigHash
+}
+
+// Close stops background work and waits for it.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	for _, r := range m.runtime {
+		if r.cancelWatch != nil {
+			r.cancelWatch()
+			r.cancelWatch = nil
+		}
+	}
+	m.mu.Unlock()
+	done := make(chan struct{})
+	go func() { m.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,18 @@
+package sessions
+
+import "github.com/sandboxd/sandboxd/daemon/events"
+
+// Event types this package publishes.
+const (
+	eventSessionCreated = events.SessionCreated
+	eventSessionReady   = events.SessionReady
+	eventSessionExpired = events.SessionExpired
+	eventSessionStopped = events.SessionStopped
+	eventSessionAdopted = events.SessionAdopted
+	eventSessionPruned  = events.SessionPruned
+	eventExecQueued     = events.ExecQueued
+	eventExecStarted    = events.ExecStarted
+	eventExecFinished   = events.ExecFinished
+	eventConfigDrift    = events.ConfigDrift
+	eventReconciled     = events.ReconcileFinished
+)

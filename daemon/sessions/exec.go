@@ -1,0 +1,264 @@
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/store"
+	"golang.org/x/crypto/ssh"
+)
+
+// Agent directives (exec requests the sandbox agent interprets itself).
+const (
+	directiveLock   = "__rwx_sandbox_lock_requested__"
+	directiveUnlock = "__rwx_sandbox_lock_released__"
+	directiveEnd    = "__rwx_sandbox_end__"
+)
+
+// unlockTimeout bounds releasing the agent lock after the caller went away.
+const unlockTimeout = 10 * time.Second
+
+// Exec runs req.Argv in the caller's sandbox: resolve (or adopt, or create)
+// the session, wait for its turn in the sandbox's FIFO, hold the agent lock,
+// push the working tree, run the command with the caller's streams, pull the
+// sandbox's edits back, release the lock.
+func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.ExecStream) (ipc.ExecResult, error) {
+	started := m.now()
+	if len(req.Argv) == 0 {
+		return ipc.ExecResult{}, errdefs.Invalidf("no command given: pass it after --, for example `sbx exec -- make test`")
+	}
+	s, p, err := m.sessionForExec(ctx, req.Target)
+	if err != nil {
+		return ipc.ExecResult{}, err
+	}
+	m.publish(eventExecQueued, s, map[string]any{"argv0": req.Argv[0]})
+	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(position int) {
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Position: position})
+	})
+	if err != nil {
+		return ipc.ExecResult{}, errdefs.Canceled(fmt.Errorf("waiting for the sandbox: %w", err))
+	}
+	defer release()
+	// The session may have been stopped while this exec waited its turn.
+	if s, err = m.st.Get(s.ID); err != nil {
+		return ipc.ExecResult{}, err
+	}
+	if s.State.Terminal() {
+		return ipc.ExecResult{}, endedError(s)
+	}
+	conn, err := m.connect(ctx, s)
+	if err != nil {
+		return ipc.ExecResult{}, err
+	}
+	if err := m.directive(ctx, conn, directiveLock); err != nil {
+		return ipc.ExecResult{}, fmt.Errorf("acquire the sandbox lock: %w", err)
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+		defer cancel()
+		if err := m.directive(uctx, conn, directiveUnlock); err != nil {
+			m.log.Warn("release the sandbox lock", "run", s.RunID, "err", err)
+		}
+	}()
+
+	res := ipc.ExecResult{RunID: s.RunID, RunURL: s.RunURL, PulledFiles: []string{}}
+	warn := func(msg string) {
+		res.Warnings = append(res.Warnings, msg)
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: msg})
+	}
+	if m.drifted(s) {
+		warn(fmt.Sprintf("%s changed since this sandbox started; run `sbx reset` to start a sandbox with the new config", s.ConfigFile))
+	}
+	runner := connRunner{conn}
+	sync := !req.NoSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot
+	if sync {
+		if err := m.push(ctx, runner, s, warn); err != nil {
+			return ipc.ExecResult{}, err
+		}
+	}
+
+	m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
+	_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
+	status, runErr := m.run(ctx, conn, req, stream)
+	if runErr != nil {
+		return ipc.ExecResult{}, runErr
+	}
+	res.ExitCode, res.Signal = exitCode(status), status.Signal
+
+	if sync {
+		pull, err := m.opts.Sync.Pull(context.WithoutCancel(ctx), runner, s.RepoRoot)
+		if err != nil {
+			warn(fmt.Sprintf("pulling the sandbox's changes failed: %v", err))
+		}
+		res.PulledFiles = append(res.PulledFiles, pull.Files...)
+		for _, w := range pull.Warnings {
+			warn(w)
+		}
+	}
+	res.DurationMs = m.now().Sub(started).Milliseconds()
+	m.recordExec(s, res)
+	return res, nil
+}
+
+// sessionForExec finds the caller's session, adopting or creating it, and
+// waits until it is ready.
+func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target) (*store.Session, place, error) {
+	s, p, err := m.lookup(ctx, t, true)
+	switch {
+	case err == nil && s.RunID != "":
+	case err == nil || errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "":
+		if s, err = m.create(ctx, p, nil); err != nil {
+			return nil, p, err
+		}
+	default:
+		return nil, p, err
+	}
+	s, err = m.waitReady(ctx, s, 0)
+	return s, p, err
+}
+
+// connect returns the held connection of session s, telling a sandbox that
+// is gone (pruned) from one that is unreachable for now (kept).
+func (m *Manager) connect(ctx context.Context, s *store.Session) (*sshpool.Conn, error) {
+	conn, err := m.opts.Pool.Get(ctx, target(s))
+	if err == nil {
+		return conn, nil
+	}
+	if remote, rerr := m.remote(ctx); rerr == nil {
+		if ci, cerr := m.connectionInfo(ctx, remote, s); definitelyOver(cerr) || (cerr == nil && ci.Polling.Completed) {
+			reason := "the run is over"
+			if cerr != nil {
+				reason = remoteReason(cerr)
+			}
+			return nil, endedError(m.expire(s, reason))
+		}
+	}
+	return nil, errdefs.Unavailable(fmt.Errorf("connect to sandbox %s: %w", s.RunID, err))
+}
+
+// directive runs an agent directive, which must succeed silently.
+func (m *Manager) directive(ctx context.Context, conn *sshpool.Conn, name string) error {
+	st, err := conn.Exec(ctx, name, sshpool.Stdio{})
+	if err != nil {
+		return errdefs.Unavailable(err)
+	}
+	if st.Code != 0 || st.Signal != "" {
+		return errdefs.Unavailable(fmt.Errorf("agent refused %s (exit %d)", name, st.Code))
+	}
+	return nil
+}
+
+// push syncs the working tree into the sandbox.
+func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, warn func(string)) error {
+	patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, s.BaseSHA)
+	if err != nil {
+		return fmt.Errorf("prepare the sync patch: %w", err)
+	}
+	for _, w := range patch.Warnings {
+		warn(w)
+	}
+	if _, err := m.opts.Sync.Push(ctx, r, patch); err != nil {
+		if errors.Is(err, gitsync.ErrNoGitDir) {
+			// A sandbox that cannot sync is useless: end it so the next
+			// exec gets a fresh one.
+			m.stopQuietly(s, "the sandbox has no git checkout")
+			return errdefs.Gone(fmt.Errorf("sandbox %s has no .git directory, so your changes cannot be synced; it was stopped: run the command again to get a fresh sandbox", s.RunID))
+		}
+		return fmt.Errorf("sync your changes to the sandbox: %w", err)
+	}
+	return nil
+}
+
+// run runs the user's command with the caller's streams and signals.
+func (m *Manager) run(ctx context.Context, conn *sshpool.Conn, req ipc.ExecRequest, stream ipc.ExecStream) (sshpool.ExitStatus, error) {
+	signals := make(chan ssh.Signal, 4)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		in := stream.Signals()
+		for {
+			select {
+			case <-done:
+				return
+			case sig, ok := <-in:
+				if !ok {
+					return
+				}
+				select {
+				case signals <- ssh.Signal(sig):
+				case <-done:
+					return
+				}
+			}
+		}
+	}()
+	var stdin io.Reader
+	if req.Stdin {
+		stdin = stream.Stdin()
+	}
+	st, err := conn.Exec(ctx, shellQuote(req.Argv), sshpool.Stdio{Stdin: stdin, Stdout: stream.Stdout(), Stderr: stream.Stderr(), Signals: signals})
+	if err != nil {
+		if ctx.Err() != nil {
+			return st, errdefs.Canceled(fmt.Errorf("the command was cancelled because the client went away: %w", err))
+		}
+		if errors.Is(err, sshpool.ErrConnectionLost) {
+			// Never re-sent: the command may have run.
+			return st, errdefs.Unavailable(fmt.Errorf("the connection to the sandbox broke while the command ran; it may or may not have completed, so it was not run again: %w", err))
+		}
+		return st, errdefs.Unavailable(fmt.Errorf("run the command in the sandbox: %w", err))
+	}
+	return st, nil
+}
+
+// signalNumbers maps SSH signal names to their numbers, for the 128+n exit
+// code convention of shells.
+var signalNumbers = map[string]int{
+	"HUP": 1, "INT": 2, "QUIT": 3, "ILL": 4, "ABRT": 6, "FPE": 8, "KILL": 9,
+	"USR1": 10, "SEGV": 11, "USR2": 12, "PIPE": 13, "ALRM": 14, "TERM": 15,
+}
+
+func exitCode(st sshpool.ExitStatus) int {
+	if st.Signal != "" {
+		if n, ok := signalNumbers[st.Signal]; ok {
+			return 128 + n
+		}
+		return 255
+	}
+	return st.Code
+}
+
+// recordExec updates the exec statistics off the hot path: the caller has
+// its answer before the store write is synced.
+func (m *Manager) recordExec(s *store.Session, res ipc.ExecResult) {
+	now := m.now()
+	m.publish(eventExecFinished, s, map[string]any{"exitCode": res.ExitCode, "durationMs": res.DurationMs})
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		if _, err := m.st.Update(s.ID, func(s *store.Session) error {
+			s.LastExecAt = now
+			s.ExecCount++
+			return nil
+		}); err != nil {
+			m.log.Warn("record exec", "session", s.ID, "err", err)
+		}
+	}()
+}
+
+// connRunner runs sync commands over a held connection.
+type connRunner struct{ conn *sshpool.Conn }
+
+func (r connRunner) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	st, err := r.conn.Exec(ctx, command, sshpool.Stdio{Stdin: stdin, Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		return -1, err
+	}
+	return exitCode(st), nil
+}

@@ -1,0 +1,64 @@
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+)
+
+// Init writes the remote's sandbox config template, refusing to overwrite.
+func (m *Manager) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitResponse, error) {
+	if req.Cwd == "" || !filepath.IsAbs(req.Cwd) {
+		return ipc.InitResponse{}, errdefs.Invalidf("cwd must be an absolute path, got %q", req.Cwd)
+	}
+	if _, err := os.Stat(req.Cwd); err != nil {
+		return ipc.InitResponse{}, errdefs.Invalidf("cwd %s does not exist: %v", req.Cwd, err)
+	}
+	base := req.Cwd
+	if root, err := findRepoRoot(req.Cwd); err == nil {
+		base = root
+	}
+	file := req.File
+	switch {
+	case file == "":
+		file = filepath.Join(base, DefaultConfigRel)
+	case !filepath.IsAbs(file):
+		file = filepath.Join(req.Cwd, file)
+	}
+	if _, err := os.Lstat(file); err == nil {
+		return ipc.InitResponse{}, errdefs.Conflictf("%s already exists: edit it, or remove it to get the template again", file)
+	}
+	remote, err := m.remote(ctx)
+	if err != nil {
+		return ipc.InitResponse{}, err
+	}
+	tmpl, err := remote.InitTemplate(ctx)
+	if err != nil {
+		return ipc.InitResponse{}, fmt.Errorf("get the config template from the remote: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+		return ipc.InitResponse{}, fmt.Errorf("create %s: %w", filepath.Dir(file), err)
+	}
+	f, err := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return ipc.InitResponse{}, errdefs.Conflictf("%s already exists: edit it, or remove it to get the template again", file)
+		}
+		return ipc.InitResponse{}, fmt.Errorf("create %s: %w", file, err)
+	}
+	_, werr := f.WriteString(tmpl)
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr != nil {
+		os.Remove(file)
+		return ipc.InitResponse{}, fmt.Errorf("write %s: %w", file, werr)
+	}
+	return ipc.InitResponse{File: file}, nil
+}

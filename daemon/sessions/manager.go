@@ -1,0 +1,268 @@
+// Package sessions is the heart of sandboxd: it resolves the caller's
+// session from its working directory, creates, adopts, stops and resets
+// sandbox runs on the remote, and runs commands in them over the persistent
+// SSH connections, one at a time per sandbox. It implements the socket API's
+// session backend (ipc.SessionBackend).
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/execq"
+	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// Remote is the runs API as the session manager uses it
+// (*runsapi.Client satisfies it).
+type Remote interface {
+	CreateRun(ctx context.Context, def runsapi.RunDefinition, idempotencyKey string) (runsapi.CreateRunResult, error)
+	ConnectionInfo(ctx context.Context, runID, token string) (runsapi.ConnectionInfo, error)
+	CreateSandboxToken(ctx context.Context, runID string, expiresIn time.Duration) (runsapi.SandboxToken, error)
+	ListSandboxes(ctx context.Context) ([]runsapi.RunSummary, error)
+	CancelRun(ctx context.Context, runID string) error
+	InitTemplate(ctx context.Context) (string, error)
+}
+
+// RemoteInfo describes the effective remote (never the token).
+type RemoteInfo struct {
+	Name        string // "local" or "rwx"
+	Host        string
+	CertFile    string
+	TokenSource string
+}
+
+// RemoteSource hands out the configured remote, starting it when it is the
+// embedded local one.
+type RemoteSource interface {
+	Remote(ctx context.Context) (Remote, error)
+	Info() RemoteInfo
+}
+
+// Pool is the persistent SSH connection pool (*sshpool.Pool satisfies it).
+type Pool interface {
+	Get(ctx context.Context, t sshpool.Target) (*sshpool.Conn, error)
+	Ensure(t sshpool.Target)
+	Forget(runID string)
+	Live() int
+	Connected(runID string) bool
+}
+
+// Syncer moves the working tree to the sandbox and back (*gitsync.Syncer).
+type Syncer interface {
+	Prepare(ctx context.Context, repoRoot, baseSHA string) (*gitsync.Patch, error)
+	Push(ctx context.Context, r gitsync.Runner, p *gitsync.Patch) (gitsync.PushResult, error)
+	Pull(ctx context.Context, r gitsync.Runner, repoRoot string) (gitsync.PullResult, error)
+}
+
+// Publisher publishes daemon events (*events.Bus satisfies it).
+type Publisher interface {
+	Publish(typ, sessionID, runID string, data any) ipc.Event
+}
+
+// BranchReader returns the current branch of a repository from a cache kept
+// fresh by file watching (no git subprocess on the hot path).
+type BranchReader interface {
+	Branch(repoRoot string) (string, error)
+}
+
+// FileWatcher calls onChange when a file's content changes.
+type FileWatcher interface {
+	WatchFile(path string, onChange func()) (cancel func(), err error)
+}
+
+// Options wires a Manager.
+type Options struct {
+	Store    *store.Store
+	Remotes  RemoteSource
+	Pool     Pool
+	Queue    *execq.Queue
+	Sync     Syncer
+	Events   Publisher
+	Branches BranchReader
+	Watcher  FileWatcher // optional: config drift is then checked per exec
+	Logger   *slog.Logger
+	Now      func() time.Time
+	// GitBinary runs git on the cold paths (create, adoption); default "git".
+	GitBinary string
+	// WaitTimeout bounds waiting for a sandbox to become ready (default 10m).
+	WaitTimeout time.Duration
+	// CreateTimeout bounds one create (API calls, default 2m).
+	CreateTimeout time.Duration
+	// TokenTTL is the lifetime asked for scoped tokens (default 24h).
+	TokenTTL time.Duration
+	// HistoryRetention is how long ended sessions stay listed (0: forever).
+	HistoryRetention time.Duration
+}
+
+// Manager implements ipc.SessionBackend.
+type Manager struct {
+	opts Options
+	st   *store.Store
+	log  *slog.Logger
+	now  func() time.Time
+	git  gitRunner
+
+	creates    flight[*store.Session] // by identity key: one create per identity
+	readies    flight[*store.Session] // by session id: one wait-for-ready poller
+	reconciles flight[ReconcileReport]
+
+	mu      sync.Mutex
+	runtime map[string]*sessionRuntime // by session id
+
+	wg sync.WaitGroup // background work: rehydration, exec records
+}
+
+// sessionRuntime is what the daemon knows about a session beyond the store:
+// runtime facts that are re-learned after a restart, never persisted.
+type sessionRuntime struct {
+	// checked is closed once the rehydration check of the session is done;
+	// requests for the session wait on it instead of on the whole pass.
+	checked     chan struct{}
+	drift       bool
+	driftHash   string
+	cancelWatch func()
+	lastProbe   string
+	expiresAt   time.Time
+}
+
+// New returns a Manager. Call Rehydrate once after New to re-learn the
+// runtime facts of the stored sessions.
+func New(opts Options) (*Manager, error) {
+	if opts.Store == nil || opts.Remotes == nil || opts.Pool == nil || opts.Queue == nil || opts.Sync == nil || opts.Events == nil || opts.Branches == nil {
+		return nil, errors.New("sessions: store, remotes, pool, queue, sync, events and branches are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.GitBinary == "" {
+		opts.GitBinary = "git"
+	}
+	if opts.WaitTimeout <= 0 {
+		opts.WaitTimeout = 10 * time.Minute
+	}
+	if opts.CreateTimeout <= 0 {
+		opts.CreateTimeout = 2 * time.Minute
+	}
+	if opts.TokenTTL <= 0 {
+		opts.TokenTTL = 24 * time.Hour
+	}
+	return &Manager{
+		opts:    opts,
+		st:      opts.Store,
+		log:     opts.Logger,
+		now:     opts.Now,
+		git:     gitRunner{binary: opts.GitBinary},
+		runtime: make(map[string]*sessionRuntime),
+	}, nil
+}
+
+// rt returns the runtime record of a session, creating it on first use.
+func (m *Manager) rt(id string) *sessionRuntime {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.runtime[id]
+	if !ok {
+		r = &sessionRuntime{}
+		m.runtime[id] = r
+	}
+	return r
+}
+
+// dropRuntime forgets the runtime record of an ended session.
+func (m *Manager) dropRuntime(id string) {
+	m.mu.Lock()
+	r := m.runtime[id]
+	delete(m.runtime, id)
+	m.mu.Unlock()
+	if r != nil && r.cancelWatch != nil {
+		r.cancelWatch()
+	}
+}
+
+// remote returns the configured remote client.
+func (m *Manager) remote(ctx context.Context) (Remote, error) {
+	r, err := m.opts.Remotes.Remote(ctx)
+	if err != nil {
+		if errdefs.KindOf(err) == errdefs.KindInternal {
+			err = errdefs.Unavailable(err)
+		}
+		return nil, fmt.Errorf("reach the remote: %w", err)
+	}
+	return r, nil
+}
+
+// target is the SSH pool target of a ready session.
+func target(s *store.Session) sshpool.Target {
+	return sshpool.Target{RunID: s.RunID, Address: s.Address, PublicHostKey: s.PublicHostKey, PrivateUserKey: s.PrivateUserKey}
+}
+
+// publish emits an event for a session.
+func (m *Manager) publish(typ string, s *store.Session, data any) {
+	m.opts.Events.Publish(typ, s.ID, s.RunID, data)
+}
+
+// info is the public view of a session.
+func (m *Manager) info(s *store.Session) ipc.SessionInfo {
+	in := ipc.SessionInfo{
+		ID:         s.ID,
+		RunID:      s.RunID,
+		RunURL:     s.RunURL,
+		Status:     string(s.State),
+		Reason:     s.StateReason,
+		RepoRoot:   s.RepoRoot,
+		Branch:     s.Branch,
+		ConfigFile: s.ConfigFile,
+		Remote:     s.Remote,
+		CreatedAt:  s.CreatedAt,
+		ExecCount:  s.ExecCount,
+		Adopted:    s.Adopted,
+	}
+	if !s.LastExecAt.IsZero() {
+		t := s.LastExecAt
+		in.LastExecAt = &t
+	}
+	if !s.EndedAt.IsZero() {
+		t := s.EndedAt
+		in.EndedAt = &t
+	}
+	m.mu.Lock()
+	if r, ok := m.runtime[s.ID]; ok {
+		in.ConfigDrift = r.drift
+		if r.checked != nil && !isClosed(r.checked) && !s.State.Terminal() {
+			in.Status = string(store.StateUnknown)
+		}
+	}
+	m.mu.Unlock()
+	return in
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// Live counts live SSH connections (idle-exit accounting).
+func (m *Manager) Live() int { return m.opts.Pool.Live() }
+
+// Config reports the effective remote.
+func (m *Manager) Config(ctx context.Context) (ipc.ConfigResponse, error) {
+	ri := m.opts.Remotes.Info()
+	return ipc.ConfigResponse{Remote: ri.Name, Host: ri.Host, TokenSource: ri.TokenSource, CertFile: ri.CertFile}, nil
+}

@@ -1,0 +1,183 @@
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// Polling bounds when the remote gives no or silly backoff hints.
+const (
+	minPoll = 100 * time.Millisecond
+	maxPoll = 5 * time.Second
+)
+
+// waitReady waits until session s is sandboxable. Concurrent waiters of one
+// session share one poller. timeout 0 means the configured default.
+func (m *Manager) waitReady(ctx context.Context, s *store.Session, timeout time.Duration) (*store.Session, error) {
+	m.awaitCheck(ctx, s.ID)
+	if cur, err := m.st.Get(s.ID); err == nil {
+		s = cur
+	}
+	if s.State == store.StateReady {
+		return s, nil
+	}
+	if s.State.Terminal() {
+		return s, endedError(s)
+	}
+	if timeout <= 0 {
+		timeout = m.opts.WaitTimeout
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	ready, err := m.readies.do(wctx, s.ID, m.opts.WaitTimeout, func(ctx context.Context) (*store.Session, error) {
+		return m.pollReady(ctx, s.ID)
+	})
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
+			return s, errdefs.Timeout(fmt.Errorf("sandbox run %s is not ready after %s; it may still be provisioning (see %s or `sbx status`)", s.RunID, timeout, s.RunURL))
+		}
+		return s, err
+	}
+	return ready, nil
+}
+
+// pollReady asks the remote for the connection info of session id until the
+// run is sandboxable or over, honouring the remote's backoff hint.
+func (m *Manager) pollReady(ctx context.Context, id string) (*store.Session, error) {
+	for {
+		s, err := m.st.Get(id)
+		if err != nil {
+			return nil, err
+		}
+		if s.State.Terminal() {
+			return s, endedError(s)
+		}
+		if s.RunID == "" {
+			return s, errdefs.Conflictf("session %s has no run yet: its create did not finish; run `sbx start` again", s.ID)
+		}
+		remote, err := m.remote(ctx)
+		if err != nil {
+			return s, err
+		}
+		ci, err := m.connectionInfo(ctx, remote, s)
+		wait := minPoll
+		switch {
+		case err == nil && ci.Sandboxable:
+			return m.markReady(s, ci)
+		case err == nil && ci.Polling.Completed:
+			s = m.expire(s, "the run finished before it became sandboxable")
+			return s, endedError(s)
+		case err == nil:
+			wait = time.Duration(ci.Polling.BackoffMs) * time.Millisecond
+		case definitelyOver(err):
+			s = m.expire(s, remoteReason(err))
+			return s, endedError(s)
+		default:
+			m.log.Debug("connection info failed, retrying", "run", s.RunID, "err", err)
+			wait = time.Second
+		}
+		wait = min(max(wait, minPoll), maxPoll)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return s, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// connectionInfo asks with the session's scoped token, falling back to the
+// account token when the scoped one was refused (expired).
+func (m *Manager) connectionInfo(ctx context.Context, remote Remote, s *store.Session) (runsapi.ConnectionInfo, error) {
+	ci, err := remote.ConnectionInfo(ctx, s.RunID, s.Token)
+	if err != nil && s.Token != "" && errors.Is(err, errdefs.ErrUnauthorized) {
+		ci, err = remote.ConnectionInfo(ctx, s.RunID, "")
+	}
+	return ci, err
+}
+
+// definitelyOver reports whether err is the remote's definite word that a run
+// is over or was never there (404, 410): the only answers that prune.
+func definitelyOver(err error) bool {
+	return errors.Is(err, errdefs.ErrGone) || errors.Is(err, errdefs.ErrNotFound)
+}
+
+func remoteReason(err error) string {
+	var apiErr *runsapi.APIError
+	if errors.As(err, &apiErr) && apiErr.Message != "" {
+		return apiErr.Message
+	}
+	return err.Error()
+}
+
+// markReady records the connection facts of a sandboxable run and starts
+// keeping a connection to it.
+func (m *Manager) markReady(s *store.Session, ci runsapi.ConnectionInfo) (*store.Session, error) {
+	wasReady := s.State == store.StateReady
+	s, err := m.st.Update(s.ID, func(s *store.Session) error {
+		s.Address, s.PublicHostKey, s.PrivateUserKey = ci.Address, ci.PublicHostKey, ci.PrivateUserKey
+		s.State, s.StateReason = store.StateReady, ""
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("record sandbox connection info: %w", err)
+	}
+	r := m.rt(s.ID)
+	m.mu.Lock()
+	r.expiresAt = time.Time{}
+	if t, err := time.Parse(time.RFC3339, ci.ExpiresAt); err == nil {
+		r.expiresAt = t
+	}
+	m.mu.Unlock()
+	m.opts.Pool.Ensure(target(s))
+	m.watchConfig(s)
+	if !wasReady {
+		m.publish(eventSessionReady, s, map[string]string{"address": s.Address})
+	}
+	return s, nil
+}
+
+// expire records that the remote says session s's run is over.
+func (m *Manager) expire(s *store.Session, reason string) *store.Session {
+	return m.end(s, store.StateExpired, reason, eventSessionExpired)
+}
+
+// end moves session s to a terminal state, closes its connection and stops
+// watching its files.
+func (m *Manager) end(s *store.Session, state store.State, reason, event string) *store.Session {
+	updated, err := m.st.Update(s.ID, func(s *store.Session) error {
+		if s.State.Terminal() {
+			return nil
+		}
+		s.State, s.StateReason = state, reason
+		return nil
+	})
+	if err != nil {
+		m.log.Error("record session end", "session", s.ID, "err", err)
+		updated = s
+	}
+	if s.RunID != "" {
+		m.opts.Pool.Forget(s.RunID)
+	}
+	m.dropRuntime(s.ID)
+	if !s.State.Terminal() {
+		m.publish(event, updated, map[string]string{"reason": reason})
+	}
+	return updated
+}
+
+// endedError says that session s's run is over and what to do.
+func endedError(s *store.Session) error {
+	reason := s.StateReason
+	if reason == "" {
+		reason = string(s.State)
+	}
+	return errdefs.Gone(fmt.Errorf("sandbox run %s has ended (%s): run the command again to start a new sandbox, or `sbx reset`", s.RunID, reason))
+}

@@ -1,0 +1,407 @@
+package sessions
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// Probe outcomes.
+const (
+	ProbeConnected = "connected"
+	ProbeExpired   = "expired"
+	ProbeNoSandbox = "no_sandbox"
+	ProbeUnknown   = "unknown"
+)
+
+// ReconcileReport counts what one reconcile pass did.
+type ReconcileReport struct {
+	Listed   int `json:"listed"`
+	Adopted  int `json:"adopted"`
+	Checked  int `json:"checked"`
+	Expired  int `json:"expired"`
+	Unknown  int `json:"unknown"`
+	Pruned   int `json:"pruned"`
+	Sessions int `json:"sessions"`
+}
+
+// reconcileTimeout bounds one pass.
+const reconcileTimeout = 2 * time.Minute
+
+// checkParallelism bounds concurrent per-run checks.
+const checkParallelism = 8
+
+// Reconcile runs a reconcile pass, or joins the one in flight.
+func (m *Manager) Reconcile(ctx context.Context) error {
+	_, err := m.ReconcileNow(ctx)
+	return err
+}
+
+// ReconcileNow runs a reconcile pass, or joins the one in flight, and returns
+// its report. Only one pass runs at a time.
+func (m *Manager) ReconcileNow(ctx context.Context) (ReconcileReport, error) {
+	return m.reconciles.do(ctx, "reconcile", reconcileTimeout, m.reconcile)
+}
+
+// reconcile makes the store agree with the remote: one bulk list call,
+// adoption of remote runs stamped by sandboxd, one check per local session
+// the list does not show; only definite answers prune.
+func (m *Manager) reconcile(ctx context.Context) (ReconcileReport, error) {
+	var rep ReconcileReport
+	defer func() {
+		m.opts.Events.Publish(eventReconciled, "", "", rep)
+	}()
+	if m.opts.HistoryRetention > 0 {
+		n, err := m.st.PruneHistory(m.now().Add(-m.opts.HistoryRetention))
+		if err != nil {
+			m.log.Warn("prune session history", "err", err)
+		}
+		rep.Pruned = n
+	}
+	remote, err := m.remote(ctx)
+	if err != nil {
+		return rep, err
+	}
+	runs, err := remote.ListSandboxes(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("list sandboxes on the remote: %w", err)
+	}
+	rep.Listed = len(runs)
+	listed := make(map[string]bool, len(runs))
+	for _, run := range runs {
+		listed[run.ID] = true
+		if _, err := m.st.ByRunID(run.ID); err == nil {
+			continue
+		}
+		if id, ok := m.identityOf(run); ok {
+			if s, err := m.adopt(ctx, run, id); err == nil && s.RunID == run.ID {
+				rep.Adopted++
+			}
+		}
+	}
+	all, err := m.st.List()
+	if err != nil {
+		return rep, err
+	}
+	var toCheck []*store.Session
+	for _, s := range all {
+		if s.State.Terminal() || s.RunID == "" {
+			continue
+		}
+		rep.Sessions++
+		if listed[s.RunID] && s.State == store.StateReady {
+			continue
+		}
+		// Missing from the list (over, or still initializing) or not yet
+		// known to be ready: one check of its own before anything is pruned.
+		toCheck = append(toCheck, s)
+	}
+	var mu sync.Mutex
+	m.forEach(ctx, toCheck, func(s *store.Session) {
+		outcome := m.check(ctx, s)
+		mu.Lock()
+		defer mu.Unlock()
+		rep.Checked++
+		switch outcome {
+		case ProbeExpired:
+			rep.Expired++
+		case ProbeUnknown:
+			rep.Unknown++
+		}
+	})
+	return rep, nil
+}
+
+// identityOf is the identity a remote run claims through its cli_state, when
+// that names a repository on this machine (sandboxd stamps its repo root;
+// runs of the RWX CLI are adopted when a caller in their repository asks).
+func (m *Manager) identityOf(run runsapi.RunSummary) (store.Identity, bool) {
+	if run.CLIState == "" {
+		return store.Identity{}, false
+	}
+	cs, err := runsapi.DecodeCLIState(run.CLIState)
+	if err != nil || cs.RepoRoot == "" || !filepath.IsAbs(cs.RepoRoot) {
+		return store.Identity{}, false
+	}
+	rel := cs.ConfigRel
+	if rel == "" {
+		rel = cs.ConfigFile
+	}
+	if rel == "" {
+		rel = DefaultConfigRel
+	}
+	cfg := rel
+	if !filepath.IsAbs(cfg) {
+		cfg = filepath.Join(cs.RepoRoot, rel)
+	}
+	return store.Identity{RepoRoot: cs.RepoRoot, Branch: cs.Branch, ConfigFile: filepath.Clean(cfg)}, true
+}
+
+// forEach runs fn over sessions with bounded parallelism.
+func (m *Manager) forEach(ctx context.Context, ss []*store.Session, fn func(*store.Session)) {
+	sem := make(chan struct{}, checkParallelism)
+	var wg sync.WaitGroup
+	for _, s := range ss {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			fn(s)
+		}()
+	}
+	wg.Wait()
+}
+
+// check asks the remote about one session and records the answer: ready
+// (and reconnecting), provisioning, expired on a definite answer, unknown on
+// a transient one (kept, retried later).
+func (m *Manager) check(ctx context.Context, s *store.Session) string {
+	remote, err := m.remote(ctx)
+	if err != nil {
+		m.markUnknown(s, err)
+		return ProbeUnknown
+	}
+	ci, err := m.connectionInfo(ctx, remote, s)
+	switch {
+	case err != nil && definitelyOver(err):
+		m.expire(s, remoteReason(err))
+		return ProbeExpired
+	case err != nil:
+		m.markUnknown(s, err)
+		return ProbeUnknown
+	case ci.Polling.Completed:
+		m.expire(s, "the run is over")
+		return ProbeExpired
+	case ci.Sandboxable:
+		if _, err := m.markReady(s, ci); err != nil {
+			m.log.Warn("record ready session", "session", s.ID, "err", err)
+			return ProbeUnknown
+		}
+		return ProbeConnected
+	default:
+		if s.State != store.StateProvisioning {
+			if _, err := m.st.Update(s.ID, func(s *store.Session) error {
+				s.State, s.StateReason = store.StateProvisioning, ""
+				return nil
+			}); err != nil {
+				m.log.Warn("record provisioning session", "session", s.ID, "err", err)
+			}
+		}
+		return ProbeNoSandbox
+	}
+}
+
+// markUnknown records a transient failure to learn a session's state.
+func (m *Manager) markUnknown(s *store.Session, cause error) {
+	m.log.Info("session state unknown for now", "session", s.ID, "run", s.RunID, "err", cause)
+	if _, err := m.st.Update(s.ID, func(s *store.Session) error {
+		if !s.State.Terminal() {
+			s.State, s.StateReason = store.StateUnknown, cause.Error()
+		}
+		return nil
+	}); err != nil {
+		m.log.Warn("record unknown session", "session", s.ID, "err", err)
+	}
+}
+
+// Rehydrate re-learns the runtime facts of every stored live session in the
+// background: identity (run id, keys, token) is trusted, connection and
+// deadlines are asked of the remote. Requests for a session wait for its own
+// check only. It returns at once.
+func (m *Manager) Rehydrate(ctx context.Context) {
+	all, err := m.st.List()
+	if err != nil {
+		m.log.Error("rehydrate: list sessions", "err", err)
+		return
+	}
+	var live []*store.Session
+	m.mu.Lock()
+	for _, s := range all {
+		if s.State.Terminal() || s.RunID == "" {
+			continue
+		}
+		r, ok := m.runtime[s.ID]
+		if !ok {
+			r = &sessionRuntime{}
+			m.runtime[s.ID] = r
+		}
+		r.checked = make(chan struct{})
+		live = append(live, s)
+	}
+	m.mu.Unlock()
+	if len(live) == 0 {
+		return
+	}
+	m.log.Info("rehydrating sessions", "count", len(live))
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.forEach(ctx, live, func(s *store.Session) {
+			defer m.checkDone(s.ID)
+			// Re-read: a client may have changed the session meanwhile.
+			if cur, err := m.st.Get(s.ID); err == nil && !cur.State.Terminal() {
+				m.check(ctx, cur)
+			}
+		})
+		m.log.Info("rehydration done", "count", len(live))
+	}()
+}
+
+func (m *Manager) checkDone(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r, ok := m.runtime[id]; ok && r.checked != nil && !isClosed(r.checked) {
+		close(r.checked)
+	}
+}
+
+// awaitCheck waits for the rehydration check of session id, if one runs.
+func (m *Manager) awaitCheck(ctx context.Context, id string) {
+	m.mu.Lock()
+	var ch chan struct{}
+	if r, ok := m.runtime[id]; ok {
+		ch = r.checked
+	}
+	m.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
+// List reconciles (joining a pass in flight) and lists the sessions.
+func (m *Manager) List(ctx context.Context, req ipc.ListRequest) (ipc.ListResponse, error) {
+	resp := ipc.ListResponse{Sessions: []ipc.SessionInfo{}}
+	if _, err := m.ReconcileNow(ctx); err != nil {
+		if ctx.Err() != nil {
+			return resp, ctx.Err()
+		}
+		resp.Warnings = append(resp.Warnings, fmt.Sprintf("could not check with the remote (%v): statuses are the last known ones", err))
+	}
+	all, err := m.st.List()
+	if err != nil {
+		return resp, err
+	}
+	for _, s := range all {
+		if s.State.Terminal() && !req.All {
+			continue
+		}
+		resp.Sessions = append(resp.Sessions, m.info(s))
+	}
+	return resp, nil
+}
+
+// Status probes the caller's session.
+func (m *Manager) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeResponse, error) {
+	s, _, err := m.lookup(ctx, req, true)
+	if err != nil {
+		return ipc.ProbeResponse{}, err
+	}
+	return m.probe(ctx, s)
+}
+
+// Probe probes one session by id.
+func (m *Manager) Probe(ctx context.Context, id string) (ipc.ProbeResponse, error) {
+	s, err := m.st.Get(id)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			return ipc.ProbeResponse{}, errdefs.NotFoundf("no session %s: `sbx list --all` shows the known ones", id)
+		}
+		return ipc.ProbeResponse{}, err
+	}
+	return m.probe(ctx, s)
+}
+
+// probe answers connected / expired / no_sandbox / unknown for session s,
+// checking the remote and, when sandboxable, the held connection (which also
+// tells whether a sync snapshot exists in the sandbox).
+func (m *Manager) probe(ctx context.Context, s *store.Session) (ipc.ProbeResponse, error) {
+	m.awaitCheck(ctx, s.ID)
+	outcome, detail, hasSnapshot := ProbeExpired, "", false
+	if !s.State.Terminal() {
+		if s.RunID == "" {
+			outcome, detail = ProbeNoSandbox, "the run has not been created yet"
+		} else {
+			outcome = m.check(ctx, s)
+			if outcome == ProbeConnected {
+				cur, _ := m.st.Get(s.ID)
+				if cur != nil {
+					s = cur
+				}
+				var err error
+				hasSnapshot, err = m.probeConnection(ctx, s)
+				if err != nil {
+					outcome, detail = ProbeUnknown, err.Error()
+				}
+			}
+		}
+	}
+	now := m.now()
+	if cur, err := m.st.Update(s.ID, func(s *store.Session) error { s.LastProbeAt = now; return nil }); err == nil {
+		s = cur
+	}
+	if s.State.Terminal() {
+		outcome, detail = ProbeExpired, s.StateReason
+	} else if outcome == ProbeUnknown && detail == "" {
+		detail = s.StateReason
+	}
+	resp := ipc.ProbeResponse{Session: m.info(s), Probe: outcome, Detail: detail, HasSnapshot: hasSnapshot, Lifecycle: lifecycle(s)}
+	m.mu.Lock()
+	if r, ok := m.runtime[s.ID]; ok {
+		r.lastProbe = outcome
+		if !r.expiresAt.IsZero() && outcome == ProbeConnected {
+			t := r.expiresAt
+			resp.ExpiresAt = &t
+		}
+	}
+	m.mu.Unlock()
+	return resp, nil
+}
+
+// probeConnection runs one command over the held connection: it proves the
+// connection works and reports whether the sync snapshot ref exists.
+func (m *Manager) probeConnection(ctx context.Context, s *store.Session) (bool, error) {
+	conn, err := m.opts.Pool.Get(ctx, target(s))
+	if err != nil {
+		return false, fmt.Errorf("connect: %w", err)
+	}
+	var out bytes.Buffer
+	cmd := "git rev-parse -q --verify " + gitsync.SnapshotRef + " >/dev/null 2>&1 && echo yes || echo no"
+	if _, err := conn.Exec(ctx, cmd, sshpool.Stdio{Stdout: &out}); err != nil {
+		return false, fmt.Errorf("run a probe command: %w", err)
+	}
+	return bytes.HasPrefix(out.Bytes(), []byte("yes")), nil
+}
+
+func lifecycle(s *store.Session) ipc.Lifecycle {
+	l := ipc.Lifecycle{State: string(s.State), Reason: s.StateReason, Created: s.CreatedAt, ExecCount: s.ExecCount}
+	if !s.LastExecAt.IsZero() {
+		t := s.LastExecAt
+		l.LastExec = &t
+	}
+	if !s.LastProbeAt.IsZero() {
+		t := s.LastProbeAt
+		l.LastProbe = &t
+	}
+	return l
+}

@@ -1,0 +1,131 @@
+package sessions
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+)
+
+// DefaultConfigRel is the config file used when none is given.
+const DefaultConfigRel = ".rwx/sandbox.yml"
+
+// findRepoRoot walks up from dir to the directory holding .git (a directory,
+// or a file for worktrees and submodules). It runs no git subprocess: the
+// exec hot path resolves sessions with file-system reads only.
+func findRepoRoot(dir string) (string, error) {
+	for d := dir; ; {
+		if _, err := os.Lstat(filepath.Join(d, ".git")); err == nil {
+			return d, nil
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return "", fmt.Errorf("look for .git in %s: %w", d, err)
+		}
+		parent := filepath.Dir(d)
+		if parent == d {
+			return "", errdefs.Invalidf("%s is not inside a git repository: run sbx from your project's checkout, or pass --id RUN to use an existing sandbox", dir)
+		}
+		d = parent
+	}
+}
+
+// findConfig returns the absolute config file: explicit (relative to cwd)
+// or the nearest .rwx/sandbox.yml walking up from cwd to the repository root.
+// It must lie inside the repository.
+func findConfig(cwd, repoRoot, explicit string) (string, error) {
+	if explicit != "" {
+		p := explicit
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(cwd, p)
+		}
+		p = filepath.Clean(p)
+		if !within(repoRoot, p) {
+			return "", errdefs.Invalidf("config file %s is outside the repository %s: sandbox configs live in the repository (for example %s)", p, repoRoot, DefaultConfigRel)
+		}
+		return p, nil
+	}
+	for d := cwd; within(repoRoot, d); d = filepath.Dir(d) {
+		p := filepath.Join(d, DefaultConfigRel)
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+		if d == repoRoot {
+			break
+		}
+	}
+	// Not found: the identity still names the default so that a later
+	// `sbx init` creates the file this session expects.
+	return filepath.Join(repoRoot, DefaultConfigRel), nil
+}
+
+func within(root, p string) bool {
+	rel, err := filepath.Rel(root, p)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator))
+}
+
+// gitRunner runs git subprocesses for the cold paths (create, adoption);
+// the hot path never calls it.
+type gitRunner struct{ binary string }
+
+func (g gitRunner) output(ctx context.Context, dir string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, g.binary, args...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("git %s in %s: %w: %s", strings.Join(args, " "), dir, err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// head returns the commit HEAD points at, or an error saying the repository
+// has no commits yet.
+func (g gitRunner) head(ctx context.Context, repo string) (string, error) {
+	sha, err := g.output(ctx, repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+	if err != nil || sha == "" {
+		return "", errdefs.Invalidf("the repository %s has no commits yet: commit something first (git commit --allow-empty -m init), then retry", repo)
+	}
+	return sha, nil
+}
+
+// origin returns the URL of the origin remote, or "" when there is none.
+func (g gitRunner) origin(ctx context.Context, repo string) string {
+	u, err := g.output(ctx, repo, "remote", "get-url", "origin")
+	if err != nil {
+		return ""
+	}
+	return u
+}
+
+// pushedBase returns the newest commit of HEAD that some origin ref has, the
+// commit a cloud sandbox can check out; unpushed commits then travel in the
+// sync patch.
+func (g gitRunner) pushedBase(ctx context.Context, repo string) (string, error) {
+	out, err := g.output(ctx, repo, "rev-list", "HEAD", "--not", "--remotes=origin", "--boundary")
+	if err != nil {
+		return "", err
+	}
+	if out == "" {
+		return g.head(ctx, repo)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "-") {
+			return strings.TrimPrefix(line, "-"), nil
+		}
+	}
+	return "", errdefs.Invalidf("no commit of HEAD is on origin in %s: push your branch (git push -u origin HEAD) so the sandbox can check it out", repo)
+}
+
+// isAncestor reports whether commit a is an ancestor of (or equal to) b.
+func (g gitRunner) isAncestor(ctx context.Context, repo, a, b string) bool {
+	cmd := exec.CommandContext(ctx, g.binary, "merge-base", "--is-ancestor", a, b)
+	cmd.Dir = repo
+	return cmd.Run() == nil
+}
