@@ -222,3 +222,35 @@ type Event struct {
 	RunID     string          `json:"runId,omitempty"`
 	Data      json.RawMessage `json:"data,omitempty"`
 }
+
+// DaemonStopResponse answers POST /v1/daemon/stop (202): the daemon is
+// stopping; in-flight requests finish first.
+type DaemonStopResponse struct {
+	Status string `json:"status"` // "stopping"
+}
+
+// ReconcileResponse answers POST /v1/reconcile once the pass is over.
+type ReconcileResponse struct {
+	Status string `json:"status"` // "ok"
+}
+
+// EventStreamClosed is the type of the last event of a GET /v1/events stream
+// that the daemon ended (slow consumer, replay point gone, shutdown). It is
+// not part of the sequence: its Seq is 0 and its Data is a StreamClosed.
+const EventStreamClosed = "stream.closed"
+
+// StreamClosed is the Data of an EventStreamClosed event.
+type StreamClosed struct {
+	Code   string `json:"code"`   // an errdefs kind
+	Reason string `json:"reason"` // what happened and what to do
+}
+
+// ValidSignal reports whether name is a signal an exec signal frame may
+// carry (SSH signal names, without SIG).
+func ValidSignal(name string) bool {
+	switch name {
+	case "ABRT", "ALRM", "FPE", "HUP", "ILL", "INT", "KILL", "PIPE", "QUIT", "SEGV", "TERM", "USR1", "USR2":
+		return true
+	}
+	return false
+}

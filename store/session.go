@@ -47,6 +47,10 @@ type Identity struct {
 	ConfigFile string `json:"configFile"` // absolute path
 }
 
+// IsZero reports an empty identity (a session attached by run id outside
+// any repository). Such sessions are not in the identity index.
+func (i Identity) IsZero() bool { return i == Identity{} }
+
 // Key is the identity index key.
 func (i Identity) Key() string { return i.RepoRoot + "\x00" + i.Branch + "\x00" + i.ConfigFile }
 

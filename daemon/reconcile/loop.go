@@ -8,6 +8,7 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,6 +42,8 @@ type Loop struct {
 	p      Passer
 	opts   Options
 	wakeUp chan struct{}
+
+	interval atomic.Int64 // current Interval, changed by config reloads
 }
 
 // New returns a loop; Run starts it.
@@ -63,7 +66,17 @@ func New(p Passer, opts Options) *Loop {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Loop{p: p, opts: opts, wakeUp: make(chan struct{}, 1)}
+	l := &Loop{p: p, opts: opts, wakeUp: make(chan struct{}, 1)}
+	l.interval.Store(int64(opts.Interval))
+	return l
+}
+
+// SetInterval changes the period from the next wait on (config reload);
+// zero or negative keeps the current one.
+func (l *Loop) SetInterval(d time.Duration) {
+	if d > 0 {
+		l.interval.Store(int64(d))
+	}
 }
 
 // Trigger asks for a pass now (coalesced with one already asked for).
@@ -100,11 +113,12 @@ func (l *Loop) Run(ctx context.Context) {
 // next is the wait before the next pass: the jittered interval, doubled for
 // each consecutive failure up to MaxBackoff.
 func (l *Loop) next(failures int) time.Duration {
-	d := l.opts.Interval
+	interval := time.Duration(l.interval.Load())
+	d := interval
 	for i := 0; i < failures && d < l.opts.MaxBackoff; i++ {
 		d *= 2
 	}
-	d = min(d, max(l.opts.MaxBackoff, l.opts.Interval))
+	d = min(d, max(l.opts.MaxBackoff, interval))
 	spread := (l.opts.Rand()*2 - 1) * l.opts.Jitter
 	return time.Duration(float64(d) * (1 + spread))
 }

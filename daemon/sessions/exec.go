@@ -53,12 +53,9 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	if s.State.Terminal() {
 		return ipc.ExecResult{}, endedError(s)
 	}
-	conn, err := m.connect(ctx, s)
+	conn, err := m.lockSandbox(ctx, s)
 	if err != nil {
 		return ipc.ExecResult{}, err
-	}
-	if err := m.directive(ctx, conn, directiveLock); err != nil {
-		return ipc.ExecResult{}, fmt.Errorf("acquire the sandbox lock: %w", err)
 	}
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
@@ -141,6 +138,27 @@ func (m *Manager) connect(ctx context.Context, s *store.Session) (*sshpool.Conn,
 		}
 	}
 	return nil, errdefs.Unavailable(fmt.Errorf("connect to sandbox %s: %w", s.RunID, err))
+}
+
+// lockSandbox connects and takes the agent lock. The lock request is the
+// first use of a connection that may have died while idle; taking the lock
+// is safe to repeat on a new connection (the agent releases a lock whose
+// connection closed), so a broken connection gets one more try.
+func (m *Manager) lockSandbox(ctx context.Context, s *store.Session) (*sshpool.Conn, error) {
+	for attempt := 0; ; attempt++ {
+		conn, err := m.connect(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		err = m.directive(ctx, conn, directiveLock)
+		if err == nil {
+			return conn, nil
+		}
+		if attempt > 0 || ctx.Err() != nil || !(errors.Is(err, sshpool.ErrConnectionLost) || errors.Is(err, sshpool.ErrNotSent)) {
+			return nil, fmt.Errorf("acquire the sandbox lock: %w", err)
+		}
+		m.log.Info("connection broke before the lock was granted; reconnecting", "run", s.RunID, "err", err)
+	}
 }
 
 // directive runs an agent directive, which must succeed silently.

@@ -181,3 +181,39 @@ func endedError(s *store.Session) error {
 	}
 	return errdefs.Gone(fmt.Errorf("sandbox run %s has ended (%s): run the command again to start a new sandbox, or `sbx reset`", s.RunID, reason))
 }
+
+// CheckAlive tells the SSH pool whether a run is still worth reconnecting
+// to: an error of kind gone ends the reconnect attempts (and the session);
+// transient errors are returned as unavailable so the pool keeps trying.
+func (m *Manager) CheckAlive(ctx context.Context, runID string) error {
+	s, err := m.st.ByRunID(runID)
+	if err != nil {
+		return errdefs.Gone(fmt.Errorf("no session for run %s: %w", runID, err))
+	}
+	if s.State.Terminal() {
+		return endedError(s)
+	}
+	remote, err := m.remote(ctx)
+	if err != nil {
+		return err
+	}
+	ci, err := m.connectionInfo(ctx, remote, s)
+	switch {
+	case err != nil && definitelyOver(err):
+		return endedError(m.expire(s, remoteReason(err)))
+	case err != nil:
+		return errdefs.Unavailable(err)
+	case ci.Polling.Completed:
+		return endedError(m.expire(s, "the run is over"))
+	}
+	return nil
+}
+
+// SessionOfRun returns the session id of a run ("" when unknown), for
+// labelling connection events.
+func (m *Manager) SessionOfRun(runID string) string {
+	if s, err := m.st.ByRunID(runID); err == nil {
+		return s.ID
+	}
+	return ""
+}

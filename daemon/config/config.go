@@ -1,0 +1,366 @@
+// Package config loads sandboxd's own configuration: the JSON file at
+// $XDG_CONFIG_HOME/sandboxd/config.json, overridden by a few environment
+// variables, with the RWX CLI's access token file as the last fallback for
+// the RWX Cloud token.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/paths"
+)
+
+// Remote kinds.
+const (
+	RemoteLocal = "local" // the embedded sandboxd-localcloud (default)
+	RemoteRWX   = "rwx"   // RWX Cloud
+)
+
+// Defaults.
+const (
+	DefaultRemote            = RemoteLocal
+	DefaultRWXHost           = "cloud.rwx.com"
+	DefaultIdleTimeout       = 10 * time.Minute
+	DefaultShutdownTimeout   = 30 * time.Second
+	DefaultReconcileInterval = 30 * time.Second
+	DefaultHistoryRetention  = 7 * 24 * time.Hour
+	DefaultLogLevel          = slog.LevelInfo
+)
+
+// Environment variables that override the file.
+const (
+	EnvRemote = "SANDBOXD_REMOTE"
+	EnvHost   = "RWX_HOST"
+	EnvToken  = "RWX_ACCESS_TOKEN"
+)
+
+// minReconcileInterval keeps a typo ("30ms") from hammering the remote API.
+const minReconcileInterval = time.Second
+
+// Config is the effective configuration of sandboxd.
+type Config struct {
+	// Remote is RemoteLocal or RemoteRWX.
+	Remote string
+	// RWXHost is the RWX Cloud host (RWX_HOST form: a host name, or a URL).
+	RWXHost string
+	// RWXAccessToken authenticates against RWX Cloud. Never log it; the
+	// LogValue and String methods leave it out.
+	RWXAccessToken string
+	// LocalcloudBinary is the sandboxd-localcloud executable to start for
+	// the local remote; empty means "next to sandboxd, else on PATH".
+	LocalcloudBinary string
+	// IdleTimeout is how long a socket-activated daemon with nothing live
+	// waits before exiting; 0 disables idle exit.
+	IdleTimeout time.Duration
+	// ShutdownTimeout bounds the graceful part of a shutdown.
+	ShutdownTimeout time.Duration
+	// ReconcileInterval is the period of the reconcile loop.
+	ReconcileInterval time.Duration
+	// HistoryRetention is how long ended sessions are kept for `sbx list
+	// --all`; 0 keeps them forever.
+	HistoryRetention time.Duration
+	// LogLevel is the minimum level logged.
+	LogLevel slog.Level
+
+	// File is the config file this was loaded from (it may not exist).
+	File string
+	// Warnings are non-fatal problems found while loading (for example a
+	// token in a file other users can read); the daemon logs them.
+	Warnings []string
+
+	tokenSource string
+}
+
+// Default returns the configuration used when no file and no environment
+// variable says otherwise.
+func Default() Config {
+	return Config{
+		Remote:            DefaultRemote,
+		RWXHost:           DefaultRWXHost,
+		IdleTimeout:       DefaultIdleTimeout,
+		ShutdownTimeout:   DefaultShutdownTimeout,
+		ReconcileInterval: DefaultReconcileInterval,
+		HistoryRetention:  DefaultHistoryRetention,
+		LogLevel:          DefaultLogLevel,
+	}
+}
+
+// TokenSource says where RWXAccessToken came from, never the token itself:
+// "RWX_ACCESS_TOKEN environment variable", "rwx_access_token in <file>",
+// "RWX CLI token file <file>", or "" when there is no token.
+func (c Config) TokenSource() string { return c.tokenSource }
+
+// Equal reports whether two configurations have the same settings (File,
+// Warnings and the token's source aside).
+func (c Config) Equal(o Config) bool {
+	return c.Remote == o.Remote && c.RWXHost == o.RWXHost && c.RWXAccessToken == o.RWXAccessToken &&
+		c.LocalcloudBinary == o.LocalcloudBinary && c.IdleTimeout == o.IdleTimeout &&
+		c.ShutdownTimeout == o.ShutdownTimeout && c.ReconcileInterval == o.ReconcileInterval &&
+		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel
+}
+
+// LogValue makes the configuration safe to log: the token is left out.
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("file", c.File),
+		slog.String("remote", c.Remote),
+		slog.String("rwx_host", c.RWXHost),
+		slog.String("token_source", c.tokenSource),
+		slog.String("localcloud_binary", c.LocalcloudBinary),
+		slog.Duration("idle_timeout", c.IdleTimeout),
+		slog.Duration("shutdown_timeout", c.ShutdownTimeout),
+		slog.Duration("reconcile_interval", c.ReconcileInterval),
+		slog.Duration("history_retention", c.HistoryRetention),
+		slog.String("log_level", c.LogLevel.String()),
+	)
+}
+
+// String is the LogValue in text form, so that printing a Config with %v
+// never shows the token either.
+func (c Config) String() string { return c.LogValue().String() }
+
+// GoString keeps %#v from printing the token.
+func (c Config) GoString() string { return "config.Config" + c.String() }
+
+// file is the on-disk form. Pointers tell "absent" from "empty".
+type file struct {
+	Remote            *string `json:"remote"`
+	RWXHost           *string `json:"rwx_host"`
+	RWXAccessToken    *string `json:"rwx_access_token"`
+	LocalcloudBinary  *string `json:"localcloud_binary"`
+	IdleTimeout       *string `json:"idle_timeout"`
+	ShutdownTimeout   *string `json:"shutdown_timeout"`
+	ReconcileInterval *string `json:"reconcile_interval"`
+	HistoryRetention  *string `json:"history_retention"`
+	LogLevel          *string `json:"log_level"`
+}
+
+// Load reads the configuration: defaults, then the config file
+// (layout.ConfigFile(); a missing file means defaults), then the
+// environment overrides, then the RWX CLI token file when no token was
+// given otherwise. Any problem in the file is an error naming the file.
+func Load(layout paths.Layout, env paths.Env) (Config, error) {
+	if env == nil {
+		env = paths.OSEnv
+	}
+	c := Default()
+	c.File = layout.ConfigFile()
+
+	raw, err := os.ReadFile(c.File)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// No file: defaults.
+	case err != nil:
+		return Config{}, fmt.Errorf("read sandboxd config %s: %w", c.File, err)
+	default:
+		if err := c.apply(raw); err != nil {
+			return Config{}, fmt.Errorf("sandboxd config %s: %w; fix the file or move it away to use the defaults", c.File, err)
+		}
+	}
+
+	if v, ok := env(EnvRemote); ok && v != "" {
+		if err := checkRemote(v); err != nil {
+			return Config{}, fmt.Errorf("%s: %w", EnvRemote, err)
+		}
+		c.Remote = v
+	}
+	if v, ok := env(EnvHost); ok && v != "" {
+		c.RWXHost = v
+	}
+	if v, ok := env(EnvToken); ok && v != "" {
+		c.RWXAccessToken, c.tokenSource = strings.TrimSpace(v), EnvToken+" environment variable"
+	}
+	if c.RWXAccessToken == "" {
+		tok, src, err := rwxCLIToken(layout.Home)
+		switch {
+		case err != nil && c.Remote == RemoteRWX:
+			return Config{}, err
+		case err != nil:
+			// Only RWX Cloud needs the token; a broken token file must not
+			// stop the local remote from working.
+			c.Warnings = append(c.Warnings, err.Error())
+		case tok != "":
+			c.RWXAccessToken, c.tokenSource = tok, src
+		}
+	}
+	return c, nil
+}
+
+// apply decodes a config file over c, strictly.
+func (c *Config) apply(raw []byte) error {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil // an empty file is an empty object
+	}
+	var f file
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return describeDecodeError(raw, err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("unexpected data after the JSON object")
+	}
+
+	if f.Remote != nil {
+		if err := checkRemote(*f.Remote); err != nil {
+			return fmt.Errorf("field \"remote\": %w", err)
+		}
+		c.Remote = *f.Remote
+	}
+	if f.RWXHost != nil {
+		if strings.TrimSpace(*f.RWXHost) == "" {
+			return errors.New("field \"rwx_host\" is empty; remove it to use " + DefaultRWXHost)
+		}
+		c.RWXHost = *f.RWXHost
+	}
+	if f.RWXAccessToken != nil && *f.RWXAccessToken != "" {
+		c.RWXAccessToken = strings.TrimSpace(*f.RWXAccessToken)
+		c.tokenSource = "rwx_access_token in " + c.File
+		if fi, err := os.Stat(c.File); err == nil && fi.Mode().Perm()&0o077 != 0 {
+			c.Warnings = append(c.Warnings, fmt.Sprintf("%s holds an access token and is readable by other users (mode %04o); run chmod 600 %s", c.File, fi.Mode().Perm(), c.File))
+		}
+	}
+	if f.LocalcloudBinary != nil {
+		c.LocalcloudBinary = *f.LocalcloudBinary
+		if c.LocalcloudBinary != "" && !filepath.IsAbs(c.LocalcloudBinary) {
+			return fmt.Errorf("field \"localcloud_binary\" must be an absolute path, got %q", c.LocalcloudBinary)
+		}
+	}
+	durations := []struct {
+		name string
+		src  *string
+		dst  *time.Duration
+		min  time.Duration
+		zero string // meaning of 0, or "" when 0 is not allowed
+	}{
+		{"idle_timeout", f.IdleTimeout, &c.IdleTimeout, 0, "never exit when idle"},
+		{"shutdown_timeout", f.ShutdownTimeout, &c.ShutdownTimeout, time.Millisecond, ""},
+		{"reconcile_interval", f.ReconcileInterval, &c.ReconcileInterval, minReconcileInterval, ""},
+		{"history_retention", f.HistoryRetention, &c.HistoryRetention, 0, "keep forever"},
+	}
+	for _, d := range durations {
+		if d.src == nil {
+			continue
+		}
+		v, err := time.ParseDuration(strings.TrimSpace(*d.src))
+		if err != nil {
+			return fmt.Errorf("field %q: want a Go duration such as \"10m\" or \"1h30m\", got %q", d.name, *d.src)
+		}
+		if v < 0 || (v < d.min && !(v == 0 && d.zero != "")) {
+			return fmt.Errorf("field %q is %s; it must be at least %s", d.name, v, max(d.min, time.Nanosecond))
+		}
+		*d.dst = v
+	}
+	if f.LogLevel != nil {
+		lvl, err := ParseLogLevel(*f.LogLevel)
+		if err != nil {
+			return fmt.Errorf("field \"log_level\": %w", err)
+		}
+		c.LogLevel = lvl
+	}
+	return nil
+}
+
+// ParseLogLevel parses debug, info, warn or error (any case).
+func ParseLogLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "debug":
+		l = slog.LevelDebug
+	case "info":
+		l = slog.LevelInfo
+	case "warn", "warning":
+		l = slog.LevelWarn
+	case "error":
+		l = slog.LevelError
+	default:
+		return l, fmt.Errorf("unknown log level %q: use debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+func checkRemote(v string) error {
+	switch v {
+	case RemoteLocal, RemoteRWX:
+		return nil
+	}
+	return fmt.Errorf("unknown remote %q: use %q (the embedded local remote) or %q (RWX Cloud)", v, RemoteLocal, RemoteRWX)
+}
+
+// describeDecodeError turns encoding/json errors into messages that name
+// the field or the line and column.
+func describeDecodeError(raw []byte, err error) error {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		line, col := lineCol(raw, syn.Offset)
+		return fmt.Errorf("invalid JSON at line %d, column %d: %w", line, col, err)
+	case errors.As(err, &typ):
+		if typ.Field != "" {
+			return fmt.Errorf("field %q: want a %s, got a JSON %s", typ.Field, jsonKind(typ.Type.Kind().String()), typ.Value)
+		}
+		return fmt.Errorf("want a JSON object, got a JSON %s", typ.Value)
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return errors.New("invalid JSON: the file ends before the object does")
+	}
+	if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level", msg)
+	}
+	return err
+}
+
+func jsonKind(goKind string) string {
+	if goKind == "ptr" || goKind == "string" {
+		return "string"
+	}
+	return goKind
+}
+
+func lineCol(raw []byte, off int64) (line, col int) {
+	if off > int64(len(raw)) {
+		off = int64(len(raw))
+	}
+	before := raw[:off]
+	line = bytes.Count(before, []byte("\n")) + 1
+	col = int(off) - bytes.LastIndexByte(before, '\n') - 1
+	if col < 1 {
+		col = 1
+	}
+	return line, col
+}
+
+// rwxCLIToken reads the access token the RWX CLI stores after `rwx login`:
+// ~/.config/rwx/accesstoken, or the older ~/.mint/accesstoken. The CLI uses
+// these fixed paths (not XDG_CONFIG_HOME) and trims whitespace.
+func rwxCLIToken(home string) (token, source string, err error) {
+	if home == "" {
+		return "", "", nil
+	}
+	for _, p := range []string{
+		filepath.Join(home, ".config", "rwx", "accesstoken"),
+		filepath.Join(home, ".mint", "accesstoken"),
+	} {
+		b, err := os.ReadFile(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", "", fmt.Errorf("read the RWX CLI token file %s: %w", p, err)
+		}
+		if tok := strings.TrimSpace(string(b)); tok != "" {
+			return tok, "RWX CLI token file " + p, nil
+		}
+	}
+	return "", "", nil
+}

@@ -1,0 +1,239 @@
+package execq
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// waitLen waits until key has n callers holding or waiting.
+func waitLen(t *testing.T, q *Queue, key string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for q.Len(key) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("Len(%q) = %d, want %d", key, q.Len(key), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestFreeKeyIsGrantedAtOnce(t *testing.T) {
+	q := New()
+	called := false
+	release, err := q.Acquire(context.Background(), "a", func(int) { called = true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if called {
+		t.Error("onPosition called for a free key")
+	}
+	if q.Len("a") != 1 {
+		t.Errorf("Len = %d, want 1", q.Len("a"))
+	}
+	release()
+	release() // idempotent
+	if q.Len("a") != 0 {
+		t.Errorf("Len after release = %d, want 0", q.Len("a"))
+	}
+}
+
+// Thirty callers arrive one after the other while the key is held; they run
+// strictly one at a time, in arrival order.
+func TestThirtyRunOneAtATimeInArrivalOrder(t *testing.T) {
+	q := New()
+	const n = 30
+	first, err := q.Acquire(context.Background(), "sb", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		running atomic.Int32
+		mu      sync.Mutex
+		order   []int
+		wg      sync.WaitGroup
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			release, err := q.Acquire(context.Background(), "sb", nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer release()
+			if r := running.Add(1); r != 1 {
+				t.Errorf("%d holders at once", r)
+			}
+			mu.Lock()
+			order = append(order, i)
+			mu.Unlock()
+			time.Sleep(100 * time.Microsecond) // widen the window an overlap would need
+			running.Add(-1)
+		}()
+		waitLen(t, q, "sb", i+2) // caller i is in line before caller i+1 starts
+	}
+	first()
+	wg.Wait()
+	if len(order) != n {
+		t.Fatalf("%d callers ran, want %d", len(order), n)
+	}
+	for i, got := range order {
+		if got != i {
+			t.Fatalf("run order %v is not arrival order", order)
+		}
+	}
+	if q.Len("sb") != 0 {
+		t.Errorf("Len = %d after all released", q.Len("sb"))
+	}
+}
+
+func TestCancelledWaiterLeavesAndOthersMoveUp(t *testing.T) {
+	q := New()
+	hold, _ := q.Acquire(context.Background(), "k", nil)
+
+	type waiter struct {
+		positions chan int
+		granted   chan func()
+		cancel    context.CancelFunc
+		err       chan error
+	}
+	start := func() *waiter {
+		ctx, cancel := context.WithCancel(context.Background())
+		w := &waiter{positions: make(chan int, 10), granted: make(chan func(), 1), cancel: cancel, err: make(chan error, 1)}
+		go func() {
+			release, err := q.Acquire(ctx, "k", func(p int) { w.positions <- p })
+			if err != nil {
+				w.err <- err
+				return
+			}
+			w.granted <- release
+		}()
+		return w
+	}
+	expect := func(w *waiter, want int) {
+		t.Helper()
+		select {
+		case p := <-w.positions:
+			if p != want {
+				t.Fatalf("position %d, want %d", p, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no position update (want %d)", want)
+		}
+	}
+	a := start()
+	expect(a, 1)
+	b := start()
+	expect(b, 2)
+	c := start()
+	expect(c, 3)
+
+	b.cancel()
+	select {
+	case err := <-b.err:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled waiter: %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancelled waiter did not return")
+	}
+	expect(c, 2) // moved up behind a
+	if got := q.Len("k"); got != 3 {
+		t.Fatalf("Len = %d, want 3 (holder, a, c)", got)
+	}
+	select {
+	case p := <-a.positions:
+		t.Fatalf("a, ahead of the cancelled waiter, got position %d", p)
+	default:
+	}
+
+	hold()
+	releaseA := <-a.granted
+	expect(c, 1)
+	select {
+	case <-c.granted:
+		t.Fatal("c granted while a holds the key")
+	default:
+	}
+	releaseA()
+	(<-c.granted)()
+	if q.Len("k") != 0 {
+		t.Errorf("Len = %d, want 0", q.Len("k"))
+	}
+	a.cancel()
+	c.cancel()
+}
+
+func TestCancelledBeforeArrivalIsNotQueued(t *testing.T) {
+	q := New()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := q.Acquire(ctx, "k", nil); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if q.Len("k") != 0 {
+		t.Fatalf("Len = %d, want 0", q.Len("k"))
+	}
+}
+
+func TestReleaseOfOldHolderDoesNotReleaseNext(t *testing.T) {
+	q := New()
+	r1, _ := q.Acquire(context.Background(), "k", nil)
+	got := make(chan func(), 1)
+	go func() {
+		r2, err := q.Acquire(context.Background(), "k", nil)
+		if err == nil {
+			got <- r2
+		}
+	}()
+	waitLen(t, q, "k", 2)
+	r1()
+	r2 := <-got
+	r1() // a stale second release must not free r2's hold
+	if q.Len("k") != 1 {
+		t.Fatalf("Len = %d, want 1 (r2 still holds)", q.Len("k"))
+	}
+	r2()
+}
+
+func TestKeysAreIndependent(t *testing.T) {
+	q := New()
+	ra, _ := q.Acquire(context.Background(), "a", nil)
+	defer ra()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rb, err := q.Acquire(ctx, "b", func(int) { t.Error("b waited behind a") })
+	if err != nil {
+		t.Fatalf("key b blocked by key a: %v", err)
+	}
+	rb()
+}
+
+func TestGrantedWhileCancelledPassesTheKeyOn(t *testing.T) {
+	q := New()
+	for range 200 {
+		hold, _ := q.Acquire(context.Background(), "k", nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if release, err := q.Acquire(ctx, "k", nil); err == nil {
+				release()
+			}
+		}()
+		waitLen(t, q, "k", 2)
+		held := make(chan struct{})
+		go func() { hold(); close(held) }() // race the grant against the cancel
+		cancel()
+		<-done
+		<-held
+		if n := q.Len("k"); n != 0 {
+			t.Fatalf("Len = %d after both left, want 0 (key leaked)", n)
+		}
+	}
+}

@@ -1,0 +1,673 @@
+package gitsync
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+)
+
+// pushAndCompare pushes and checks the sandbox now holds exactly the local
+// working tree (ignored files aside, which neither side has here).
+func (f *fixture) pushAndCompare() *Patch {
+	f.t.Helper()
+	p := f.push()
+	assertTree(f.t, f.sandbox, tree(f.t, f.local))
+	return p
+}
+
+// Parity: a new local file and an edited tracked file are seen in the
+// sandbox with the same content and are unchanged locally afterwards.
+func TestParityLocalChangesSeenInSandbox(t *testing.T) {
+	f := newFixture(t, map[string]string{"README.md": "hello\n"})
+	writeFiles(t, f.local, map[string]string{"new.txt": "brand new\n", "README.md": "edited\n"})
+	want := tree(t, f.local)
+	index := fileBytes(t, filepath.Join(f.local, ".git", "index"))
+
+	out, res, err := f.exec(`cat new.txt README.md; bash -c "echo hello world"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != "brand new\nedited\nhello world\n" {
+		t.Fatalf("sandbox saw %q", out)
+	}
+	if len(res.Files) != 0 || res.Bytes != 0 {
+		t.Fatalf("pulled %v (%d bytes), want nothing", res.Files, res.Bytes)
+	}
+	assertTree(t, f.local, want)
+	if !bytes.Equal(index, fileBytes(t, filepath.Join(f.local, ".git", "index"))) {
+		t.Fatal("the local index changed")
+	}
+}
+
+// Parity: a file the command creates and a tracked file it edits come back.
+func TestParitySandboxEditsComeBack(t *testing.T) {
+	f := newFixture(t, map[string]string{"README.md": "hello\n", "keep.txt": "keep\n"})
+	before := tree(t, f.local)
+	_, res, err := f.exec("echo created > made.txt && echo changed > README.md && mkdir -p out/deep && echo x > 'out/deep/f.txt'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, f.local, withFiles(before, map[string]string{"made.txt": "created\n", "README.md": "changed\n", "out/deep/f.txt": "x\n"}))
+	if got := strings.Join(res.Files, ","); got != "README.md,made.txt,out/deep/f.txt" {
+		t.Fatalf("pulled files %q", got)
+	}
+	// Pulled files are working-tree changes, not staged.
+	if st := git(t, f.local, "diff", "--cached", "--name-only"); st != "" {
+		t.Fatalf("pull staged %q", st)
+	}
+}
+
+// Parity: a file created locally, seen by one exec, then deleted locally,
+// does not come back after the next exec.
+func TestParityDeletedLocalFileDoesNotComeBack(t *testing.T) {
+	f := newFixture(t, map[string]string{"README.md": "hello\n"})
+	writeFile(t, filepath.Join(f.local, "temp.txt"), "temporary\n")
+	if out, _, err := f.exec("cat temp.txt"); err != nil || out != "temporary\n" {
+		t.Fatalf("first exec: %q %v", out, err)
+	}
+	if err := os.Remove(filepath.Join(f.local, "temp.txt")); err != nil {
+		t.Fatal(err)
+	}
+	want := tree(t, f.local)
+	out, res, err := f.exec("ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "temp.txt") {
+		t.Fatalf("the sandbox still has temp.txt: %q", out)
+	}
+	if len(res.Files) != 0 {
+		t.Fatalf("pulled %v", res.Files)
+	}
+	assertTree(t, f.local, want)
+}
+
+// Parity: an unpushed local commit plus an uncommitted file survive an exec
+// untouched (and the sandbox sees both).
+func TestParityUnpushedCommitAndUncommittedFile(t *testing.T) {
+	f := newFixture(t, map[string]string{"README.md": "hello\n"})
+	writeFile(t, filepath.Join(f.local, "committed.txt"), "local commit\n")
+	git(t, f.local, "add", "committed.txt")
+	git(t, f.local, "commit", "-q", "-m", "unpushed")
+	head := git(t, f.local, "rev-parse", "HEAD")
+	writeFile(t, filepath.Join(f.local, "wip.txt"), "work in progress\n")
+	want := tree(t, f.local)
+	index := fileBytes(t, filepath.Join(f.local, ".git", "index"))
+
+	out, _, err := f.exec("cat committed.txt wip.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != "local commit\nwork in progress\n" {
+		t.Fatalf("sandbox saw %q", out)
+	}
+	assertTree(t, f.local, want)
+	if git(t, f.local, "rev-parse", "HEAD") != head {
+		t.Fatal("HEAD moved")
+	}
+	if !bytes.Equal(index, fileBytes(t, filepath.Join(f.local, ".git", "index"))) {
+		t.Fatal("the local index changed")
+	}
+}
+
+func TestBinaryBothWays(t *testing.T) {
+	bin := randomBytes(3000, 1) + "\x00\xff"
+	f := newFixture(t, map[string]string{"img.bin": bin})
+	writeFile(t, filepath.Join(f.local, "img.bin"), randomBytes(2000, 2))
+	writeFile(t, filepath.Join(f.local, "new.bin"), randomBytes(500, 3)+"\x00")
+	f.pushAndCompare()
+	f.inSandbox("head -c 4000 /dev/urandom > made.bin && cp new.bin img.bin")
+	want := tree(t, f.sandbox)
+	res, err := f.pull()
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, f.local, want)
+	if strings.Join(res.Files, ",") != "img.bin,made.bin" {
+		t.Fatalf("pulled %v", res.Files)
+	}
+}
+
+func TestRenameBothWays(t *testing.T) {
+	body := strings.Repeat("a line of text that makes this file recognisable\n", 20)
+	f := newFixture(t, map[string]string{"old.txt": body, "other.txt": body + "other\n"})
+	if err := os.Rename(filepath.Join(f.local, "old.txt"), filepath.Join(f.local, "renamed.txt")); err != nil {
+		t.Fatal(err)
+	}
+	p := f.pushAndCompare()
+	if !bytes.Contains(p.Data, []byte("rename from old.txt")) {
+		t.Fatalf("patch does not record a rename:\n%s", p.Data)
+	}
+	f.inSandbox("mv other.txt moved.txt")
+	want := tree(t, f.sandbox)
+	res, err := f.pull()
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, f.local, want)
+	if strings.Join(res.Files, ",") != "moved.txt" {
+		t.Fatalf("pulled %v", res.Files)
+	}
+}
+
+func TestDeletionBothWays(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n", "dir/c.txt": "c\n"})
+	if err := os.Remove(filepath.Join(f.local, "a.txt")); err != nil {
+		t.Fatal(err)
+	}
+	// A deletion that is staged counts the same.
+	git(t, f.local, "rm", "-q", "dir/c.txt")
+	f.pushAndCompare()
+	f.inSandbox("rm b.txt")
+	want := tree(t, f.sandbox)
+	res, err := f.pull()
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, f.local, want)
+	if len(want) != 0 || strings.Join(res.Files, ",") != "b.txt" {
+		t.Fatalf("want an empty tree, pulled %v", res.Files)
+	}
+}
+
+func TestModeChangeBothWays(t *testing.T) {
+	f := newFixture(t, map[string]string{"run.sh": "#!/bin/sh\necho run\n", "tool.sh": "#!/bin/sh\necho tool\n"})
+	if err := os.Chmod(filepath.Join(f.local, "run.sh"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("run.sh", filepath.Join(f.local, "link.sh")); err != nil {
+		t.Fatal(err)
+	}
+	f.pushAndCompare()
+	if out := f.inSandbox("./run.sh"); out != "run\n" {
+		t.Fatalf("run.sh in sandbox: %q", out)
+	}
+	f.inSandbox("chmod +x tool.sh && chmod -x run.sh")
+	want := tree(t, f.sandbox)
+	if _, err := f.pull(); err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, f.local, want)
+	if want["tool.sh"][:10] != "-rwxr-xr-x" {
+		t.Fatalf("the sandbox did not chmod: %s", want["tool.sh"][:10])
+	}
+}
+
+func TestHostileNamesBothWays(t *testing.T) {
+	names := []string{"with space.txt", `qu'o"te.txt`, "ünï cødé/名前.txt", "tab\there.txt", "star*[x]?.txt", "-dash.txt"}
+	f := newFixture(t, map[string]string{names[0]: "tracked\n"})
+	for i, n := range names {
+		writeFile(t, filepath.Join(f.local, n), "local "+n+"\n"+randomBytes(i, byte(i)))
+	}
+	f.pushAndCompare()
+	// The command edits every one of them and adds a sibling of each.
+	f.inSandbox(`for f in *.txt */*.txt; do printf 'sandbox\n' >> "$f"; cp -- "$f" "$f.copy"; done`)
+	want := tree(t, f.sandbox)
+	res, err := f.pull()
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, f.local, want)
+	if len(res.Files) != 2*len(names) {
+		t.Fatalf("pulled %d files: %q", len(res.Files), res.Files)
+	}
+}
+
+// The local file changed during the exec where the sandbox changed it too:
+// a 3-way merge leaves markers holding both sides, the patch is saved.
+func TestConflictThreeWay(t *testing.T) {
+	lines := "one\ntwo\nthree\nfour\nfive\nsix\nseven\neight\nnine\n"
+	f := newFixture(t, map[string]string{"f.txt": lines, "clean.txt": "clean\n"})
+	writeFile(t, filepath.Join(f.local, "f.txt"), strings.Replace(lines, "two", "two (pushed)", 1))
+	f.push()
+	f.inSandbox("sed -i 's/^three$/three (sandbox)/' f.txt && echo sandbox > clean.txt && echo new > new.txt")
+	// Meanwhile the user edits the same lines locally.
+	writeFile(t, filepath.Join(f.local, "f.txt"), strings.Replace(lines, "two", "two (local, during exec)", 1))
+	index := fileBytes(t, filepath.Join(f.local, ".git", "index"))
+
+	res, err := f.pull()
+	var ce *ConflictError
+	if !errors.As(err, &ce) || !errors.Is(err, ErrConflict) || !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("want a conflict, got %v", err)
+	}
+	if strings.Join(ce.ConflictFiles, ",") != "f.txt" || strings.Join(res.ConflictFiles, ",") != "f.txt" {
+		t.Fatalf("conflict files %v / %v", ce.ConflictFiles, res.ConflictFiles)
+	}
+	got := string(fileBytes(t, filepath.Join(f.local, "f.txt")))
+	for _, side := range []string{"two (local, during exec)", "three (sandbox)", "<<<<<<< ours", ">>>>>>> theirs"} {
+		if !strings.Contains(got, side) {
+			t.Fatalf("f.txt lost %q:\n%s", side, got)
+		}
+	}
+	// The rest applied; the saved patch is the sandbox's full patch.
+	if string(fileBytes(t, filepath.Join(f.local, "clean.txt"))) != "sandbox\n" || string(fileBytes(t, filepath.Join(f.local, "new.txt"))) != "new\n" {
+		t.Fatal("the non-conflicting changes were not applied")
+	}
+	saved := fileBytes(t, ce.SavedPatch)
+	if !strings.HasPrefix(ce.SavedPatch, filepath.Join(f.local, ".git", "sandboxd", "pulls")) || !bytes.Contains(saved, []byte("+three (sandbox)")) {
+		t.Fatalf("saved patch %s:\n%s", ce.SavedPatch, saved)
+	}
+	if !strings.Contains(err.Error(), ce.SavedPatch) {
+		t.Fatalf("the error does not name the saved patch: %v", err)
+	}
+	if !bytes.Equal(index, fileBytes(t, filepath.Join(f.local, ".git", "index"))) {
+		t.Fatal("the 3-way merge touched the user's index")
+	}
+	// The next exec warns about the markers still there.
+	p, err := f.s.Prepare(context.Background(), f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := strings.Join(p.Warnings, "\n"); !strings.Contains(w, "conflict markers in f.txt") {
+		t.Fatalf("warnings %q", w)
+	}
+}
+
+// When a 3-way merge is impossible (here the pushed blobs were pruned), the
+// hunks that apply are applied, the rest go to .rej files, nothing is lost.
+func TestConflictRejectFiles(t *testing.T) {
+	lines := "one\ntwo\nthree\nfour\nfive\nsix\nseven\neight\nnine\nten\neleven\ntwelve\n"
+	f := newFixture(t, map[string]string{"f.txt": lines})
+	pushed := strings.Replace(lines, "one", "one (pushed)", 1)
+	writeFile(t, filepath.Join(f.local, "f.txt"), pushed)
+	f.push()
+	f.inSandbox("sed -i -e 's/^two$/two (sandbox)/' -e 's/^eleven$/eleven (sandbox)/' f.txt")
+	local := strings.Replace(pushed, "two", "two (local)", 1)
+	writeFile(t, filepath.Join(f.local, "f.txt"), local)
+	git(t, f.local, "gc", "-q", "--prune=now")
+
+	res, err := f.pull()
+	var ce *ConflictError
+	if !errors.As(err, &ce) {
+		t.Fatalf("want a conflict, got %v", err)
+	}
+	if strings.Join(ce.RejectFiles, ",") != "f.txt.rej" || strings.Join(res.RejectFiles, ",") != "f.txt.rej" {
+		t.Fatalf("reject files %v", ce.RejectFiles)
+	}
+	// The hunk that applied is there, the local edit is kept, the rejected
+	// hunk is in the .rej and in the saved patch.
+	want := strings.Replace(local, "eleven", "eleven (sandbox)", 1)
+	if got := string(fileBytes(t, filepath.Join(f.local, "f.txt"))); got != want {
+		t.Fatalf("f.txt = %q, want %q", got, want)
+	}
+	if !bytes.Contains(fileBytes(t, filepath.Join(f.local, "f.txt.rej")), []byte("+two (sandbox)")) {
+		t.Fatal("the .rej lacks the rejected hunk")
+	}
+	if !bytes.Contains(fileBytes(t, ce.SavedPatch), []byte("+two (sandbox)")) {
+		t.Fatal("the saved patch lacks the rejected hunk")
+	}
+	p, err := f.s.Prepare(context.Background(), f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := strings.Join(p.Warnings, "\n"); !strings.Contains(w, ".rej files f.txt.rej") {
+		t.Fatalf("warnings %q", w)
+	}
+	// Once resolved, the warning goes away.
+	if err := os.Remove(filepath.Join(f.local, "f.txt.rej")); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = f.s.Prepare(context.Background(), f.local, f.base); err != nil || len(p.Warnings) != 0 {
+		t.Fatalf("warnings after resolving: %q %v", p.Warnings, err)
+	}
+}
+
+// An exec killed mid-command leaves the sandbox dirty (edits, new files,
+// staged files, even a commit); the next push heals it and the user's files
+// are intact.
+func TestInterruptedExecSelfHeals(t *testing.T) {
+	f := newFixture(t, map[string]string{"README.md": "hello\n", "src/a.go": "package a\n"})
+	writeFile(t, filepath.Join(f.local, "wip.txt"), "mine\n")
+	f.push()
+	f.inSandbox("echo half > README.md && echo junk > junk.txt && mkdir -p gen && echo g > gen/x && git add junk.txt && " +
+		"git -c user.name=x -c user.email=x@x commit -q -m oops && echo more >> src/a.go && rm wip.txt")
+	// No pull: the exec died. The user keeps working.
+	writeFile(t, filepath.Join(f.local, "wip.txt"), "mine, later\n")
+	want := tree(t, f.local)
+
+	f.pushAndCompare()
+	if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
+		t.Fatalf("sandbox HEAD %s, want base %s", got, f.base)
+	}
+	res, err := f.pull()
+	if err != nil || len(res.Files) != 0 {
+		t.Fatalf("pull after heal: %v %v", res.Files, err)
+	}
+	assertTree(t, f.local, want)
+}
+
+// LFS-tracked files are detected from .gitattributes alone: changed ones are
+// named and not synced either way.
+func TestLFSFilesWarned(t *testing.T) {
+	f := newFixture(t, map[string]string{".gitattributes": "*.psd filter=lfs diff=lfs merge=lfs -text\n", "art.psd": "pointer\n", "code.txt": "code\n"})
+	writeFile(t, filepath.Join(f.local, "art.psd"), "big local binary\n")
+	writeFile(t, filepath.Join(f.local, "new art.psd"), "another\n")
+	writeFile(t, filepath.Join(f.local, "code.txt"), "code edited\n")
+	want := tree(t, f.local)
+	p := f.push()
+	if strings.Join(p.LFSFiles, ",") != "art.psd,new art.psd" || len(p.Warnings) != 1 ||
+		!strings.Contains(p.Warnings[0], "art.psd, new art.psd") || !strings.Contains(p.Warnings[0], "LFS") {
+		t.Fatalf("LFS files %v, warnings %q", p.LFSFiles, p.Warnings)
+	}
+	if strings.Join(p.Files, ",") != "code.txt" {
+		t.Fatalf("patch files %v", p.Files)
+	}
+	delete(want, "new art.psd")
+	assertTree(t, f.sandbox, withFiles(want, map[string]string{"art.psd": "pointer\n"}))
+
+	// The sandbox changing an LFS file: skipped locally, kept in a patch.
+	f.inSandbox("echo sandbox > art.psd && echo more >> code.txt")
+	res, err := f.pull()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(res.SkippedLFS, ",") != "art.psd" || res.SavedPatch == "" || len(res.Warnings) != 1 {
+		t.Fatalf("skipped %v saved %q warnings %q", res.SkippedLFS, res.SavedPatch, res.Warnings)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "art.psd"))); got != "big local binary\n" {
+		t.Fatalf("art.psd = %q", got)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "code.txt"))); got != "code edited\nmore\n" {
+		t.Fatalf("code.txt = %q", got)
+	}
+}
+
+// No origin: sync works against the base commit when the sandbox has it.
+func TestNoOriginRepository(t *testing.T) {
+	isolate(t)
+	root := t.TempDir()
+	local, sandbox := filepath.Join(root, "local"), filepath.Join(root, "sandbox")
+	git(t, root, "init", "-q", "-b", "main", local)
+	writeFile(t, filepath.Join(local, "a.txt"), "a\n")
+	git(t, local, "add", "-A")
+	git(t, local, "commit", "-q", "-m", "base")
+	git(t, root, "clone", "-q", local, sandbox)
+	if out := git(t, local, "remote"); out != "" {
+		t.Fatalf("remotes: %q", out)
+	}
+	f := &fixture{t: t, local: local, sandbox: sandbox, s: New(Options{}), r: &sandboxRunner{dir: sandbox},
+		base: strings.TrimSpace(git(t, local, "rev-parse", "HEAD"))}
+	writeFile(t, filepath.Join(local, "b.txt"), "b\n")
+	out, _, err := f.exec("cat b.txt && echo c > c.txt")
+	if err != nil || out != "b\n" {
+		t.Fatalf("exec: %q %v", out, err)
+	}
+	assertTree(t, local, map[string]string{"a.txt": "-rw-r--r--:a\n", "b.txt": "-rw-r--r--:b\n", "c.txt": "-rw-r--r--:c\n"})
+}
+
+// A base commit the sandbox lacks (an unpushed commit) gets a clear error
+// saying what to do, and the sandbox is left alone.
+func TestSandboxMissingBaseCommit(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	writeFile(t, filepath.Join(f.local, "b.txt"), "b\n")
+	git(t, f.local, "add", "b.txt")
+	git(t, f.local, "commit", "-q", "-m", "not pushed")
+	f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+	p, err := f.s.Prepare(context.Background(), f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.s.Push(context.Background(), f.r, p)
+	if !errors.Is(err, ErrBaseMissing) || !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "git push") {
+		t.Fatalf("err = %v", err)
+	}
+	assertTree(t, f.sandbox, map[string]string{"a.txt": "-rw-r--r--:a\n"})
+}
+
+func TestLocalBaseUnknown(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	_, err := f.s.Prepare(context.Background(), f.local, strings.Repeat("ab", 20))
+	if !errors.Is(err, ErrBaseUnknown) || !strings.Contains(err.Error(), "sbx reset") {
+		t.Fatalf("err = %v", err)
+	}
+	if _, err := f.s.Prepare(context.Background(), f.local, "main"); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("a branch name as base: %v", err)
+	}
+}
+
+func TestEmptyRepository(t *testing.T) {
+	isolate(t)
+	dir := filepath.Join(t.TempDir(), "empty")
+	git(t, filepath.Dir(dir), "init", "-q", dir)
+	writeFile(t, filepath.Join(dir, "a.txt"), "a\n")
+	_, err := New(Options{}).Prepare(context.Background(), dir, "")
+	if !errors.Is(err, ErrEmptyRepository) || !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "git commit") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestNotAGitRepository(t *testing.T) {
+	isolate(t)
+	dir := t.TempDir()
+	_, err := New(Options{}).Prepare(context.Background(), dir, strings.Repeat("a", 40))
+	if !errors.Is(err, ErrNotGitRepository) || !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("err = %v", err)
+	}
+	// Pull refuses before touching the sandbox.
+	r := &sandboxRunner{dir: dir}
+	if _, err := New(Options{}).Pull(context.Background(), r, dir); !errors.Is(err, ErrNotGitRepository) || r.calls() != 0 {
+		t.Fatalf("pull: %v, %d calls", err, r.calls())
+	}
+}
+
+func TestSandboxWithoutGitDir(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	if err := os.RemoveAll(filepath.Join(f.sandbox, ".git")); err != nil {
+		t.Fatal(err)
+	}
+	p, err := f.s.Prepare(context.Background(), f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.Push(context.Background(), f.r, p); !errors.Is(err, ErrNoGitDir) || !errors.Is(err, errdefs.ErrGone) {
+		t.Fatalf("push: %v", err)
+	}
+	if _, err := f.s.Pull(context.Background(), f.r, f.local); !errors.Is(err, ErrNoGitDir) {
+		t.Fatalf("pull: %v", err)
+	}
+	if err := f.s.Revert(context.Background(), f.r); !errors.Is(err, ErrNoGitDir) {
+		t.Fatalf("revert: %v", err)
+	}
+}
+
+func TestPatchTooLarge(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	f.s = New(Options{MaxPatchBytes: 4 << 10})
+	writeFile(t, filepath.Join(f.local, "big.bin"), randomBytes(20<<10, 9))
+	writeFile(t, filepath.Join(f.local, "small.txt"), "small\n")
+	_, err := f.s.Prepare(context.Background(), f.local, f.base)
+	if !errors.Is(err, ErrPatchTooLarge) || !errors.Is(err, errdefs.ErrTooLarge) ||
+		!strings.Contains(err.Error(), "4.0 KiB limit") || !strings.Contains(err.Error(), "big.bin (20.0 KiB)") {
+		t.Fatalf("err = %v", err)
+	}
+
+	// The sandbox making a patch over the limit: not pulled, sandbox reset,
+	// the patch kept there and its path stated.
+	if err := os.Remove(filepath.Join(f.local, "big.bin")); err != nil {
+		t.Fatal(err)
+	}
+	want := tree(t, f.local)
+	f.push()
+	f.inSandbox("head -c 30000 /dev/urandom > huge.bin")
+	_, err = f.pull()
+	if !errors.Is(err, ErrPatchTooLarge) || !strings.Contains(err.Error(), ".git/sandboxd/pull-") {
+		t.Fatalf("pull err = %v", err)
+	}
+	assertTree(t, f.local, want)
+	kept, _ := filepath.Glob(filepath.Join(f.sandbox, ".git", "sandboxd", "pull-*.patch"))
+	if len(kept) != 1 || !bytes.Contains(fileBytes(t, kept[0]), []byte("huge.bin")) {
+		t.Fatalf("kept patches %v", kept)
+	}
+}
+
+// Ignored files are neither pushed nor pulled, and the sandbox's ignored
+// files (build caches) survive the revert.
+func TestIgnoredFiles(t *testing.T) {
+	f := newFixture(t, map[string]string{".gitignore": "*.log\ncache/\n", "a.txt": "a\n"})
+	writeFile(t, filepath.Join(f.local, "debug.log"), "local log\n")
+	writeFile(t, filepath.Join(f.local, "cache/c"), "local cache\n")
+	want := tree(t, f.local)
+	p := f.push()
+	if strings.Contains(string(p.Data), "debug.log") || len(p.Data) != 0 {
+		t.Fatalf("ignored files in the patch:\n%s", p.Data)
+	}
+	f.inSandbox("echo sandbox > build.log && mkdir -p cache && echo warm > cache/c")
+	res, err := f.pull()
+	if err != nil || len(res.Files) != 0 {
+		t.Fatalf("pull: %v %v", res.Files, err)
+	}
+	assertTree(t, f.local, want)
+	if got := string(fileBytes(t, filepath.Join(f.sandbox, "cache/c"))); got != "warm\n" {
+		t.Fatalf("the sandbox's cache was removed: %q", got)
+	}
+}
+
+// Prepare leaves the user's index and working tree byte for byte as they
+// were, with staged, unstaged and untracked changes mixed.
+func TestPrepareTouchesNothing(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n", "c.txt": "c\n"})
+	writeFile(t, filepath.Join(f.local, "a.txt"), "a staged\n")
+	git(t, f.local, "add", "a.txt")
+	writeFile(t, filepath.Join(f.local, "a.txt"), "a staged then edited\n")
+	writeFile(t, filepath.Join(f.local, "untracked.txt"), "u\n")
+	git(t, f.local, "rm", "-q", "--cached", "b.txt")
+	if err := os.Remove(filepath.Join(f.local, "c.txt")); err != nil {
+		t.Fatal(err)
+	}
+	wantTree := tree(t, f.local)
+	indexPath := filepath.Join(f.local, ".git", "index")
+	status := git(t, f.local, "status", "--porcelain") // may refresh the index: read it after
+	wantIndex := fileBytes(t, indexPath)
+	st, _ := os.Stat(indexPath)
+
+	p, err := f.s.Prepare(context.Background(), f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(p.Files, ",") != "a.txt,c.txt,untracked.txt" {
+		t.Fatalf("patch files %v", p.Files)
+	}
+	assertTree(t, f.local, wantTree)
+	if !bytes.Equal(wantIndex, fileBytes(t, indexPath)) {
+		t.Fatal("Prepare changed the index")
+	}
+	if st2, _ := os.Stat(indexPath); st != nil && st2.ModTime().Before(st.ModTime()) {
+		t.Fatal("index time went back")
+	}
+	if got := git(t, f.local, "status", "--porcelain"); got != status {
+		t.Fatalf("status changed:\n%s\nwas:\n%s", got, status)
+	}
+	if left, _ := filepath.Glob(filepath.Join(f.local, ".git", "sandboxd", "index-*")); len(left) != 0 {
+		t.Fatalf("temporary index left behind: %v", left)
+	}
+	// The sandbox gets the working tree (b.txt is untracked but present).
+	if _, err := f.s.Push(context.Background(), f.r, p); err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, f.sandbox, wantTree)
+}
+
+// A pull whose output breaks in transit is fetched again from the copy the
+// sandbox keeps (one extra, idempotent call) and nothing is lost.
+func TestPullTransferBrokenRecovers(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	f.push()
+	f.inSandbox("echo changed > a.txt && head -c 5000 /dev/urandom > r.bin")
+	want := tree(t, f.sandbox)
+	f.r.reset()
+	r := &truncatingRunner{sandboxRunner: f.r, cut: 100}
+	res, err := f.s.Pull(context.Background(), r, f.local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertTree(t, f.local, want)
+	if strings.Join(res.Files, ",") != "a.txt,r.bin" || r.calls() != 2 {
+		t.Fatalf("pulled %v in %d calls", res.Files, r.calls())
+	}
+	f.assertSandboxClean()
+}
+
+// truncatingRunner cuts the first command's stdout after cut bytes and
+// reports a broken connection, as a dropped SSH channel would.
+type truncatingRunner struct {
+	*sandboxRunner
+	cut  int
+	done bool
+}
+
+func (r *truncatingRunner) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	if r.done {
+		return r.sandboxRunner.Run(ctx, command, stdin, stdout, stderr)
+	}
+	r.done = true
+	var buf bytes.Buffer
+	code, err := r.sandboxRunner.Run(ctx, command, stdin, &buf, stderr)
+	if err != nil {
+		return code, err
+	}
+	_, _ = stdout.Write(buf.Bytes()[:min(r.cut, buf.Len())])
+	return -1, errors.New("connection lost")
+}
+
+func TestRevertAlone(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	f.push()
+	f.inSandbox("echo x > a.txt && echo y > y.txt")
+	f.r.reset()
+	if err := f.s.Revert(context.Background(), f.r); err != nil {
+		t.Fatal(err)
+	}
+	if f.r.calls() != 1 {
+		t.Fatalf("revert made %d calls", f.r.calls())
+	}
+	f.assertSandboxClean()
+	assertTree(t, f.sandbox, map[string]string{"a.txt": "-rw-r--r--:a\n"})
+	// A pull now finds nothing: a stray pull never reverses local work.
+	writeFile(t, filepath.Join(f.local, "local.txt"), "mine\n")
+	want := tree(t, f.local)
+	if res, err := f.pull(); err != nil || len(res.Files) != 0 {
+		t.Fatalf("pull after revert: %v %v", res.Files, err)
+	}
+	assertTree(t, f.local, want)
+}
+
+func TestPullWithoutSnapshot(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	_, err := f.s.Pull(context.Background(), f.r, f.local)
+	if !errors.Is(err, ErrNoSnapshot) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// Two execs in a row with no changes anywhere cost one call each way and
+// move nothing.
+func TestNoChanges(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	want := tree(t, f.local)
+	for i := 0; i < 2; i++ {
+		out, res, err := f.exec("cat a.txt")
+		if err != nil || out != "a\n" || len(res.Files) != 0 {
+			t.Fatalf("exec %d: %q %v %v", i, out, res.Files, err)
+		}
+	}
+	assertTree(t, f.local, want)
+}
+
+func TestSyncFromSubdirectoryPath(t *testing.T) {
+	f := newFixture(t, map[string]string{"sub/a.txt": "a\n"})
+	writeFile(t, filepath.Join(f.local, "sub/b.txt"), "b\n")
+	p, err := f.s.Prepare(context.Background(), filepath.Join(f.local, "sub"), f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.RepoRoot != f.local || strings.Join(p.Files, ",") != "sub/b.txt" {
+		t.Fatalf("root %s files %v", p.RepoRoot, p.Files)
+	}
+}

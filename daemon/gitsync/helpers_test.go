@@ -1,0 +1,322 @@
+package gitsync
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// isolate points HOME and XDG_* at temp dirs and gives git a fixed identity,
+// so tests read no user config and write nothing outside their dirs.
+func isolate(t testing.TB) {
+	t.Helper()
+	home := t.TempDir()
+	t.Setenv("HOME", home)
+	t.Setenv("XDG_CONFIG_HOME", filepath.Join(home, ".config"))
+	t.Setenv("XDG_STATE_HOME", filepath.Join(home, ".state"))
+	t.Setenv("XDG_DATA_HOME", filepath.Join(home, ".data"))
+	t.Setenv("XDG_RUNTIME_DIR", filepath.Join(home, ".run"))
+	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
+	t.Setenv("GIT_AUTHOR_NAME", "Test")
+	t.Setenv("GIT_AUTHOR_EMAIL", "test@example.com")
+	t.Setenv("GIT_COMMITTER_NAME", "Test")
+	t.Setenv("GIT_COMMITTER_EMAIL", "test@example.com")
+	for _, v := range gitEnvOverrides {
+		t.Setenv(v, "")
+		os.Unsetenv(v)
+	}
+}
+
+// sandboxRunner runs commands with /bin/sh -c in the sandbox checkout, as
+// the agent does, counting them.
+type sandboxRunner struct {
+	dir string
+	mu  sync.Mutex
+	log []string
+}
+
+func (r *sandboxRunner) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	r.mu.Lock()
+	r.log = append(r.log, command)
+	r.mu.Unlock()
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", command)
+	cmd.Dir = r.dir
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), nil
+	}
+	if err != nil {
+		return -1, err
+	}
+	return 0, nil
+}
+
+func (r *sandboxRunner) calls() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.log)
+}
+
+func (r *sandboxRunner) reset() {
+	r.mu.Lock()
+	r.log = nil
+	r.mu.Unlock()
+}
+
+// fixture is a local clone, its origin, and a sandbox clone of origin
+// checked out at the base commit.
+type fixture struct {
+	t       *testing.T
+	local   string
+	origin  string
+	sandbox string
+	base    string
+	s       *Syncer
+	r       *sandboxRunner
+}
+
+// newFixture commits files in a new local repository, publishes it to a
+// bare origin and clones the sandbox from there.
+func newFixture(t *testing.T, files map[string]string) *fixture {
+	t.Helper()
+	isolate(t)
+	root := t.TempDir()
+	f := &fixture{t: t, local: filepath.Join(root, "local"), origin: filepath.Join(root, "origin.git"), sandbox: filepath.Join(root, "sandbox")}
+	git(t, root, "init", "-q", "-b", "main", f.local)
+	writeFiles(t, f.local, files)
+	git(t, f.local, "add", "-A")
+	git(t, f.local, "commit", "-q", "-m", "base")
+	git(t, root, "clone", "-q", "--bare", f.local, f.origin)
+	git(t, f.local, "remote", "add", "origin", f.origin)
+	git(t, f.local, "fetch", "-q", "origin")
+	git(t, root, "clone", "-q", f.origin, f.sandbox)
+	f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+	f.s = New(Options{})
+	f.r = &sandboxRunner{dir: f.sandbox}
+	return f
+}
+
+// push prepares and pushes, in one Runner call.
+func (f *fixture) push() *Patch {
+	f.t.Helper()
+	ctx := context.Background()
+	p, err := f.s.Prepare(ctx, f.local, f.base)
+	if err != nil {
+		f.t.Fatalf("prepare: %v", err)
+	}
+	before := f.r.calls()
+	if _, err := f.s.Push(ctx, f.r, p); err != nil {
+		f.t.Fatalf("push: %v", err)
+	}
+	if n := f.r.calls() - before; n != 1 {
+		f.t.Fatalf("push made %d runner calls, want 1", n)
+	}
+	return p
+}
+
+// pull pulls, checking it took one Runner call and left the sandbox clean.
+func (f *fixture) pull() (PullResult, error) {
+	f.t.Helper()
+	before := f.r.calls()
+	res, err := f.s.Pull(context.Background(), f.r, f.local)
+	if n := f.r.calls() - before; n != 1 {
+		f.t.Fatalf("pull made %d runner calls, want 1", n)
+	}
+	f.assertSandboxClean()
+	return res, err
+}
+
+// inSandbox runs the user's command in the sandbox (the caller's own exec
+// request, not counted as sync).
+func (f *fixture) inSandbox(command string) string {
+	f.t.Helper()
+	cmd := exec.Command("/bin/sh", "-c", command)
+	cmd.Dir = f.sandbox
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		f.t.Fatalf("sandbox command %q: %v: %s", command, err, out)
+	}
+	return string(out)
+}
+
+// exec is one synced exec: push, command, pull.
+func (f *fixture) exec(command string) (string, PullResult, error) {
+	f.t.Helper()
+	f.r.reset()
+	f.push()
+	out := f.inSandbox(command)
+	res, err := f.pull()
+	if n := f.r.calls(); n != 2 {
+		f.t.Fatalf("a synced exec made %d sync runner calls, want 2", n)
+	}
+	return out, res, err
+}
+
+// assertSandboxClean checks the sandbox is at rest: tree == HEAD == base,
+// both sync refs at base.
+func (f *fixture) assertSandboxClean() {
+	f.t.Helper()
+	if st := git(f.t, f.sandbox, "status", "--porcelain", "--untracked-files=all"); st != "" {
+		f.t.Fatalf("sandbox not clean after sync:\n%s", st)
+	}
+	head := strings.TrimSpace(git(f.t, f.sandbox, "rev-parse", "HEAD"))
+	for _, ref := range []string{SnapshotRef, BaseRef} {
+		if got := strings.TrimSpace(git(f.t, f.sandbox, "rev-parse", ref)); got != head {
+			f.t.Fatalf("%s = %s, want HEAD %s", ref, got, head)
+		}
+	}
+}
+
+func git(t testing.TB, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("git %v in %s: %v: %s", args, dir, err, stderr.String())
+	}
+	return string(out)
+}
+
+func writeFiles(t testing.TB, dir string, files map[string]string) {
+	t.Helper()
+	for name, content := range files {
+		writeFile(t, filepath.Join(dir, name), content)
+	}
+}
+
+func writeFile(t testing.TB, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tree maps every path of a working tree outside .git to its type, mode
+// and content (a symlink's target), to compare trees byte for byte.
+func tree(t testing.TB, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		if rel == ".git" {
+			return filepath.SkipDir
+		}
+		if d.IsDir() {
+			return nil
+		}
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			target, err := os.Readlink(p)
+			if err != nil {
+				return err
+			}
+			out[rel] = "link:" + target
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		out[rel] = fi.Mode().Perm().String() + ":" + string(b)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// assertTree compares a tree with want, byte for byte.
+func assertTree(t testing.TB, root string, want map[string]string) {
+	t.Helper()
+	got := tree(t, root)
+	var diffs []string
+	for k, v := range want {
+		if g, ok := got[k]; !ok {
+			diffs = append(diffs, "missing "+k)
+		} else if g != v {
+			diffs = append(diffs, k+": got "+quoteShort(g)+", want "+quoteShort(v))
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			diffs = append(diffs, "unexpected "+k)
+		}
+	}
+	if len(diffs) > 0 {
+		sort.Strings(diffs)
+		t.Fatalf("tree %s differs:\n  %s", root, strings.Join(diffs, "\n  "))
+	}
+}
+
+// withFiles returns a copy of tree with the given regular files (mode
+// rw-r--r--) set.
+func withFiles(tr map[string]string, files map[string]string) map[string]string {
+	out := make(map[string]string, len(tr)+len(files))
+	for k, v := range tr {
+		out[k] = v
+	}
+	for k, v := range files {
+		out[k] = "-rw-r--r--:" + v
+	}
+	return out
+}
+
+func withoutPaths(tr map[string]string, paths ...string) map[string]string {
+	out := make(map[string]string, len(tr))
+	for k, v := range tr {
+		out[k] = v
+	}
+	for _, p := range paths {
+		delete(out, p)
+	}
+	return out
+}
+
+func quoteShort(s string) string {
+	if len(s) > 80 {
+		s = s[:80] + "..."
+	}
+	return `"` + strings.ReplaceAll(s, "\n", `\n`) + `"`
+}
+
+func fileBytes(t testing.TB, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func randomBytes(n int, seed byte) string {
+	b := make([]byte, n)
+	x := uint32(seed) + 1
+	for i := range b {
+		x = x*1664525 + 1013904223
+		b[i] = byte(x >> 24)
+	}
+	return string(b)
+}

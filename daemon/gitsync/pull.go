@@ -1,0 +1,248 @@
+package gitsync
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+)
+
+// Pull brings the sandbox's changes since the last Push into repoRoot's
+// working tree and returns the sandbox to its base commit, in one Runner
+// call (a second one only when the transfer broke). The patch is applied to
+// the working tree only (the user's index is not touched). When it does not
+// apply cleanly, nothing is lost: the full patch is saved under
+// <git dir>/sandboxd/pulls/, a 3-way merge (on a temporary index) writes
+// conflict markers, and failing that `git apply --reject` applies what it can
+// and writes .rej files; the error is a *ConflictError. Git LFS files are not
+// applied (the saved patch has them).
+func (s *Syncer) Pull(ctx context.Context, r Runner, repoRoot string) (PullResult, error) {
+	res := PullResult{Files: []string{}}
+	start := time.Now()
+	// Check the local side first: the pull resets the sandbox, so it must
+	// not run when its patch could not be applied here.
+	rp, err := s.openRepo(ctx, repoRoot)
+	if err != nil {
+		return res, repoError(err)
+	}
+	patch, warnings, err := s.fetchPull(ctx, r)
+	res.Warnings = append(res.Warnings, warnings...)
+	if err != nil {
+		return res, err
+	}
+	res.Bytes = len(patch)
+	if len(patch) == 0 {
+		return res, nil
+	}
+	// From here the sandbox is reset: the patch is the only copy of its
+	// changes, so every failure path saves it first.
+	files, err := s.patchFiles(ctx, rp.root, patch)
+	if err != nil {
+		return res, s.saveFailed(rp, patch, &res, fmt.Errorf("read the sandbox's patch: %w", err))
+	}
+	lfs, err := s.lfsFiles(ctx, rp.root, files)
+	if err != nil {
+		return res, s.saveFailed(rp, patch, &res, err)
+	}
+	res.Files = without(files, lfs)
+	res.SkippedLFS = lfs
+	var exclude []string
+	for _, f := range lfs {
+		exclude = append(exclude, "--exclude="+globEscape(f))
+	}
+	if len(lfs) > 0 {
+		if res.SavedPatch, err = s.savePatch(rp, patch); err != nil {
+			return res, err
+		}
+		res.Warnings = append(res.Warnings, fmt.Sprintf("the sandbox changed %d Git LFS file(s), not applied locally: %s; the full patch is saved at %s",
+			len(lfs), strings.Join(lfs, ", "), res.SavedPatch))
+	}
+
+	apply := func(index string, extra ...string) (string, error) {
+		args := append([]string{"apply", "--whitespace=nowarn"}, extra...)
+		args = append(args, exclude...)
+		args = append(args, "-")
+		_, err := s.run(ctx, gitCall{dir: rp.root, index: index, stdin: bytes.NewReader(patch)}, args...)
+		var ge *gitError
+		if errors.As(err, &ge) {
+			return strings.TrimSpace(ge.stderr), err
+		}
+		return "", err
+	}
+	if _, err := apply(""); err == nil {
+		s.log.Debug("sync pulled", "files", len(res.Files), "bytes", res.Bytes, "took", time.Since(start))
+		return res, nil
+	} else if ctx.Err() != nil {
+		return res, s.saveFailed(rp, patch, &res, err)
+	}
+
+	// A local change made during the exec is in the way.
+	if res.SavedPatch == "" {
+		if res.SavedPatch, err = s.savePatch(rp, patch); err != nil {
+			return res, err
+		}
+	}
+	conflicts, detail, err := s.applyThreeWay(ctx, rp, apply)
+	if err != nil {
+		return res, s.saveFailed(rp, patch, &res, err)
+	}
+	if conflicts != nil && len(conflicts) == 0 {
+		// Merged cleanly: nothing to resolve, the saved copy is not needed.
+		if len(lfs) == 0 {
+			_ = os.Remove(res.SavedPatch)
+			res.SavedPatch = ""
+		}
+		return res, nil
+	}
+	ce := &ConflictError{SavedPatch: res.SavedPatch, ConflictFiles: conflicts}
+	if conflicts == nil {
+		// The merge could not even start: apply what applies, hunk by hunk.
+		rejStart := time.Now().Add(-time.Second) // file times are wall-clock
+		msg, err := apply("", "--reject")
+		if err == nil {
+			_ = os.Remove(res.SavedPatch)
+			res.SavedPatch = ""
+			return res, nil
+		}
+		ce.RejectFiles = rejFiles(rp.root, files, rejStart)
+		ce.Detail = gitDetail(msg)
+		if len(ce.RejectFiles) == 0 && ce.Detail == "" {
+			ce.Detail = gitDetail(detail)
+		}
+	}
+	res.ConflictFiles, res.RejectFiles = ce.ConflictFiles, ce.RejectFiles
+	if err := recordUnresolved(rp, unresolved{Patch: ce.SavedPatch, Conflicts: ce.ConflictFiles, Rejects: ce.RejectFiles}); err != nil {
+		s.log.Warn("record unresolved pull", "err", err)
+	}
+	return res, errdefs.Conflict(ce)
+}
+
+// applyThreeWay runs `git apply --3way` against a temporary index holding
+// the working tree, so the user's index is untouched. conflicts is nil when
+// the merge could not be done at all (nothing was written), empty when it
+// merged cleanly, else the files left with conflict markers.
+func (s *Syncer) applyThreeWay(ctx context.Context, rp repo, apply func(index string, extra ...string) (string, error)) (conflicts []string, detail string, err error) {
+	index, cleanup, err := rp.tempIndex()
+	if err != nil {
+		return nil, "", err
+	}
+	defer cleanup()
+	if _, err := s.run(ctx, gitCall{dir: rp.root, index: index}, "add", "-A"); err != nil {
+		return nil, "", fmt.Errorf("stage the working tree for a 3-way merge: %w", err)
+	}
+	detail, aerr := apply(index, "--3way")
+	if aerr == nil {
+		return []string{}, "", nil
+	}
+	out, err := s.run(ctx, gitCall{dir: rp.root, index: index}, "ls-files", "-u", "-z")
+	if err != nil {
+		return nil, "", fmt.Errorf("list merge conflicts: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, rec := range splitZ(out) {
+		// "<mode> <object> <stage>\t<path>"
+		if _, path, ok := strings.Cut(rec, "\t"); ok {
+			seen[path] = true
+		}
+	}
+	if len(seen) == 0 {
+		return nil, detail, nil
+	}
+	return sortedKeys(seen), detail, nil
+}
+
+// patchFiles lists the paths a patch changes (new side of renames).
+func (s *Syncer) patchFiles(ctx context.Context, dir string, patch []byte) ([]string, error) {
+	out, err := s.run(ctx, gitCall{dir: dir, stdin: bytes.NewReader(patch)}, "apply", "--numstat", "-z", "-")
+	if err != nil {
+		return nil, err
+	}
+	// Records: "added\tdeleted\tpath\0", or for a rename
+	// "added\tdeleted\t\0old\0new\0".
+	var files []string
+	f := splitZ(out)
+	for i := 0; i < len(f); i++ {
+		parts := strings.SplitN(f[i], "\t", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if parts[2] != "" {
+			files = append(files, parts[2])
+			continue
+		}
+		if i+2 < len(f) {
+			files = append(files, f[i+2])
+		}
+		i += 2
+	}
+	sort.Strings(files)
+	return files, nil
+}
+
+// savePatch keeps a pulled patch under <git dir>/sandboxd/pulls/.
+func (s *Syncer) savePatch(rp repo, patch []byte) (string, error) {
+	dir := filepath.Join(rp.stateDir(), "pulls")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("save the sandbox's patch: %w", err)
+	}
+	name := filepath.Join(dir, s.now().UTC().Format("20060102T150405Z")+"-"+newID()[:6]+".patch")
+	if err := os.WriteFile(name, patch, 0o644); err != nil {
+		return "", fmt.Errorf("save the sandbox's patch to %s: %w", name, err)
+	}
+	return name, nil
+}
+
+// saveFailed saves the patch (when not yet saved) and says where it is.
+func (s *Syncer) saveFailed(rp repo, patch []byte, res *PullResult, cause error) error {
+	if res.SavedPatch == "" {
+		p, err := s.savePatch(rp, patch)
+		if err != nil {
+			return fmt.Errorf("%w; and the sandbox's patch could not be saved: %v", cause, err)
+		}
+		res.SavedPatch = p
+	}
+	return fmt.Errorf("apply the sandbox's changes: %w; the full patch is saved at %s (apply it with `git apply --3way %s`)", cause, res.SavedPatch, res.SavedPatch)
+}
+
+// rejFiles lists the .rej files `git apply --reject` wrote for files.
+func rejFiles(root string, files []string, since time.Time) []string {
+	var out []string
+	for _, f := range files {
+		fi, err := os.Stat(filepath.Join(root, f+".rej"))
+		if err == nil && !fi.ModTime().Before(since) {
+			out = append(out, f+".rej")
+		}
+	}
+	return out
+}
+
+// gitDetail keeps git's error lines, which name the files that applied
+// neither way.
+func gitDetail(stderr string) string {
+	var keep []string
+	for _, l := range strings.Split(stderr, "\n") {
+		if strings.HasPrefix(l, "error: ") {
+			keep = append(keep, strings.TrimPrefix(l, "error: "))
+		}
+	}
+	return strings.Join(keep, "; ")
+}
+
+// globEscape quotes a path for git apply's --exclude pattern.
+func globEscape(p string) string {
+	var b strings.Builder
+	for _, r := range p {
+		if strings.ContainsRune(`\*?[`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

@@ -1,0 +1,188 @@
+// Package services assembles the daemon's working parts — event bus, file
+// watching, remote, SSH pool, exec queue, sync, session manager, reconcile
+// loop — into the daemon.Services served on the socket.
+package services
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/sandboxd/sandboxd/daemon"
+	"github.com/sandboxd/sandboxd/daemon/config"
+	"github.com/sandboxd/sandboxd/daemon/events"
+	"github.com/sandboxd/sandboxd/daemon/execq"
+	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/daemon/reconcile"
+	"github.com/sandboxd/sandboxd/daemon/remote"
+	"github.com/sandboxd/sandboxd/daemon/sessions"
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/daemon/watch"
+	"github.com/sandboxd/sandboxd/ipc"
+)
+
+// Services is the running set; it implements daemon.Services.
+type Services struct {
+	manager *sessions.Manager
+	bus     *events.Bus
+	pool    *sshpool.Pool
+	remote  *remote.Provider
+	watcher *watch.Watcher
+	loop    *reconcile.Loop
+	layout  remoteLayout
+	log     *slog.Logger
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// remoteLayout is what remote settings are derived from besides the config.
+type remoteLayout struct {
+	localcloudDir string
+}
+
+var _ daemon.Services = (*Services)(nil)
+
+// New builds and starts the services: rehydration and the reconcile loop run
+// in the background, so the daemon is ready as soon as this returns.
+func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
+	log := deps.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &Services{log: log, layout: remoteLayout{localcloudDir: deps.Layout.LocalcloudDir()}}
+	s.bus = events.NewBus(events.Options{Logger: log})
+	w, err := watch.New(watch.Options{Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("start file watching: %w", err)
+	}
+	s.watcher = w
+	branches := watch.NewBranches(w, func(repoRoot, oldBranch, newBranch string) {
+		s.bus.Publish(events.BranchChanged, "", "", map[string]string{"repoRoot": repoRoot, "from": oldBranch, "to": newBranch})
+	})
+	s.remote = remote.New(s.remoteSettings(deps.Config), log)
+
+	// The pool reports connection changes and asks the manager before each
+	// reconnect whether the run is still alive; the manager needs the pool,
+	// so the callbacks reach the manager through s once it is built.
+	s.pool = sshpool.New(sshpool.Options{
+		User:   "mint-cli",
+		Logger: log,
+		CheckAlive: func(ctx context.Context, runID string) error {
+			return s.manager.CheckAlive(ctx, runID)
+		},
+		OnState: func(runID string, up bool, err error) {
+			typ, data := events.ConnectionUp, map[string]string{}
+			if !up {
+				typ = events.ConnectionDown
+				if err != nil {
+					data["reason"] = err.Error()
+				}
+			}
+			s.bus.Publish(typ, s.manager.SessionOfRun(runID), runID, data)
+		},
+	})
+	m, err := sessions.New(sessions.Options{
+		Store:            deps.Store,
+		Remotes:          s.remote,
+		Pool:             s.pool,
+		Queue:            execq.New(),
+		Sync:             gitsync.New(gitsync.Options{Logger: log}),
+		Events:           s.bus,
+		Branches:         branches,
+		Watcher:          w,
+		Logger:           log,
+		HistoryRetention: deps.Config.HistoryRetention,
+	})
+	if err != nil {
+		s.pool.Close()
+		w.Close()
+		return nil, err
+	}
+	s.manager = m
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.cancel = cancel
+	m.Rehydrate(runCtx)
+	s.loop = reconcile.New(passer{m}, reconcile.Options{Interval: deps.Config.ReconcileInterval, Logger: log})
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.loop.Run(runCtx)
+	}()
+	return s, nil
+}
+
+// passer adapts the manager to the reconcile loop.
+type passer struct{ m *sessions.Manager }
+
+func (p passer) Pass(ctx context.Context) error {
+	_, err := p.m.ReconcileNow(ctx)
+	return err
+}
+
+func (s *Services) remoteSettings(cfg config.Config) remote.Settings {
+	bin := cfg.LocalcloudBinary
+	if bin == "" {
+		// Next to sandboxd first: an installed pair always matches.
+		if exe, err := os.Executable(); err == nil {
+			if cand := filepath.Join(filepath.Dir(exe), "sandboxd-localcloud"); fileExists(cand) {
+				bin = cand
+			}
+		}
+	}
+	return remote.Settings{
+		Kind:             cfg.Remote,
+		Host:             cfg.RWXHost,
+		Token:            cfg.RWXAccessToken,
+		TokenSource:      cfg.TokenSource(),
+		LocalcloudDir:    s.layout.localcloudDir,
+		LocalcloudBinary: bin,
+	}
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
+// Sessions implements daemon.Services.
+func (s *Services) Sessions() ipc.SessionBackend { return s.manager }
+
+// Events implements daemon.Services.
+func (s *Services) Events() ipc.EventSource { return s.bus }
+
+// Live implements daemon.Services.
+func (s *Services) Live() int { return s.pool.Live() }
+
+// Handshakes is the number of SSH handshakes made since start.
+func (s *Services) Handshakes() uint64 { return s.pool.Handshakes() }
+
+// Reload implements daemon.Services: a changed remote applies to the next
+// call; the reconcile interval applies from the next pass.
+func (s *Services) Reload(ctx context.Context, cfg config.Config) error {
+	s.remote.Update(s.remoteSettings(cfg))
+	s.loop.SetInterval(cfg.ReconcileInterval)
+	s.loop.Trigger()
+	return nil
+}
+
+// Close implements daemon.Services.
+func (s *Services) Close(ctx context.Context) error {
+	s.cancel()
+	errs := []error{s.manager.Close(ctx)}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		errs = append(errs, ctx.Err())
+	}
+	errs = append(errs, s.pool.Close(), s.watcher.Close())
+	s.bus.Close()
+	return errors.Join(errs...)
+}

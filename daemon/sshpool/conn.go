@@ -1,0 +1,252 @@
+package sshpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// Conn is one SSH connection to a sandbox, shared by every exec on it.
+type Conn struct {
+	pool   *Pool
+	target Target
+	client *ssh.Client
+	tcp    *countingConn
+	done   chan struct{} // closed once the connection is over
+
+	mu      sync.Mutex
+	closing bool  // closed or closing: no new work
+	err     error // why it ended
+	spare   *spareCall
+}
+
+// spareCall is a session channel being opened ahead of use.
+type spareCall struct {
+	done chan struct{}
+	s    *session
+	err  error
+}
+
+func newConn(p *Pool, t Target, client *ssh.Client, tcp *countingConn) *Conn {
+	return &Conn{pool: p, target: t, client: client, tcp: tcp, done: make(chan struct{})}
+}
+
+// RunID returns the run this connection reaches.
+func (c *Conn) RunID() string { return c.target.RunID }
+
+// start launches the connection's goroutines and opens the first spare
+// session. The caller holds pool.mu with the pool open, so adding to the
+// pool's WaitGroup cannot race with Close.
+func (c *Conn) start() {
+	c.pool.wg.Add(2)
+	go c.monitor()
+	go c.keepalive()
+	c.prepareSpare()
+}
+
+// monitor reports the connection up, waits for its end, and reports it down.
+func (c *Conn) monitor() {
+	defer c.pool.wg.Done()
+	c.pool.state(c.target.RunID, true, nil)
+	werr := c.client.Wait()
+	c.mu.Lock()
+	c.closing = true
+	if c.err == nil {
+		if werr == nil {
+			werr = io.EOF
+		}
+		c.err = fmt.Errorf("the sandbox closed the connection: %w", werr)
+	}
+	reason := c.err
+	c.mu.Unlock()
+	close(c.done)
+	c.pool.connDown(c, reason)
+}
+
+// keepalive sends keepalive@openssh.com every interval; a missing reply
+// within the timeout means the connection is dead (a silent network drop
+// otherwise goes unnoticed until an exec hangs).
+func (c *Conn) keepalive() {
+	defer c.pool.wg.Done()
+	opts := c.pool.opts
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-opts.After(opts.KeepaliveInterval):
+		}
+		reply := make(chan error, 1)
+		go func() {
+			// Any answer, even a refusal, proves the peer is alive.
+			_, _, err := c.client.SendRequest("keepalive@openssh.com", true, nil)
+			reply <- err
+		}()
+		select {
+		case err := <-reply:
+			if err != nil {
+				c.close(fmt.Errorf("keepalive failed: %w", err))
+				return
+			}
+		case <-opts.After(opts.KeepaliveTimeout):
+			c.close(fmt.Errorf("%w (no answer within %s)", ErrKeepaliveTimeout, opts.KeepaliveTimeout))
+			return
+		case <-c.done:
+			return
+		}
+	}
+}
+
+// close ends the connection for reason (the first reason given wins).
+func (c *Conn) close(reason error) {
+	c.mu.Lock()
+	if c.err == nil {
+		c.err = reason
+	}
+	c.closing = true
+	c.mu.Unlock()
+	c.client.Close()
+}
+
+func (c *Conn) alive() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.closing
+}
+
+// prepareSpare opens the next session channel in the background so that the
+// next exec does not pay the channel-open round trip.
+func (c *Conn) prepareSpare() {
+	c.mu.Lock()
+	if c.closing || c.spare != nil {
+		c.mu.Unlock()
+		return
+	}
+	sc := &spareCall{done: make(chan struct{})}
+	c.spare = sc
+	c.pool.wg.Add(1) // under c.mu with closing false: Close has not reached Wait
+	c.mu.Unlock()
+	go func() {
+		defer c.pool.wg.Done()
+		sc.s, sc.err = c.openSession()
+		close(sc.done)
+	}()
+}
+
+// takeSession returns an open session channel: the spare when it is usable,
+// else a new one. Failing here means nothing was sent (ErrNotSent).
+func (c *Conn) takeSession(ctx context.Context) (*session, error) {
+	c.mu.Lock()
+	sc := c.spare
+	c.spare = nil
+	closing, reason := c.closing, c.err
+	c.mu.Unlock()
+	if closing {
+		return nil, fmt.Errorf("%w: %w", ErrNotSent, reason)
+	}
+	if sc != nil {
+		select {
+		case <-sc.done:
+			if sc.err == nil && sc.s.usable() {
+				return sc.s, nil
+			}
+			if sc.s != nil { // the agent closed it meanwhile: discard
+				sc.s.ch.Close()
+			}
+		case <-ctx.Done():
+			c.returnSpare(sc)
+			return nil, fmt.Errorf("%w: %w", ErrNotSent, ctx.Err())
+		}
+	}
+	s, err := c.openSession()
+	if err != nil {
+		var refused *ssh.OpenChannelError
+		if !errors.As(err, &refused) {
+			c.close(fmt.Errorf("open a session channel: %w", err))
+		}
+		return nil, fmt.Errorf("%w: open a session channel on sandbox %s: %w", ErrNotSent, c.target.RunID, err)
+	}
+	return s, nil
+}
+
+// returnSpare puts back a spare an exec did not use.
+func (c *Conn) returnSpare(sc *spareCall) {
+	c.mu.Lock()
+	if c.spare == nil && !c.closing {
+		c.spare = sc
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	go func() {
+		<-sc.done
+		if sc.s != nil {
+			sc.s.ch.Close()
+		}
+	}()
+}
+
+// session is one session channel and what the agent reported on it.
+type session struct {
+	ch     ssh.Channel
+	closed chan struct{} // the channel is closed; the fields below are final
+	status *int
+	signal string
+	sigMsg string
+}
+
+func (c *Conn) openSession() (*session, error) {
+	ch, reqs, err := c.client.OpenChannel("session", nil)
+	if err != nil {
+		return nil, err
+	}
+	s := &session{ch: ch, closed: make(chan struct{})}
+	// Bounded by the channel's life, which the connection's bounds.
+	go s.serve(reqs)
+	return s, nil
+}
+
+// serve records exit-status / exit-signal until the channel closes.
+func (s *session) serve(reqs <-chan *ssh.Request) {
+	defer close(s.closed)
+	for r := range reqs {
+		switch r.Type {
+		case "exit-status":
+			var m struct{ Status uint32 }
+			if ssh.Unmarshal(r.Payload, &m) == nil {
+				code := int(m.Status)
+				s.status = &code
+			}
+		case "exit-signal":
+			var m struct {
+				Signal     string
+				CoreDumped bool
+				Error      string
+				Lang       string
+			}
+			if ssh.Unmarshal(r.Payload, &m) == nil {
+				s.signal, s.sigMsg = m.Signal, m.Error
+			}
+		}
+		if r.WantReply {
+			_ = r.Reply(false, nil)
+		}
+	}
+}
+
+func (s *session) usable() bool {
+	select {
+	case <-s.closed:
+		return false
+	default:
+		return true
+	}
+}
+
+func (s *session) sendSignal(sig ssh.Signal) error {
+	_, err := s.ch.SendRequest("signal", false, ssh.Marshal(struct{ Signal string }{string(sig)}))
+	return err
+}

@@ -1,0 +1,211 @@
+package sshpool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// Stdio are a command's streams. Nil Stdin sends EOF at once; nil Stdout or
+// Stderr discards. Signals received are forwarded to the command.
+type Stdio struct {
+	Stdin   io.Reader
+	Stdout  io.Writer
+	Stderr  io.Writer
+	Signals <-chan ssh.Signal
+}
+
+// ExitStatus is how a command ended: Code is its exit status, or -1 when a
+// signal killed it, then Signal names it without "SIG" ("INT", "KILL").
+type ExitStatus struct {
+	Code   int
+	Signal string
+}
+
+// Exec runs command in the sandbox and streams its output until it ends.
+//
+// If nothing reached the agent (the channel could not be opened or the exec
+// request could not be written), Exec reconnects and tries once more; the
+// error then wraps ErrNotSent. Once the request may have reached the agent,
+// a failure wraps ErrConnectionLost and the command is never sent again.
+// When ctx ends, the command gets TERM, then KILL after KillGrace, and the
+// error wraps ctx.Err().
+//
+// Stdin is read in a goroutine that Exec does not wait for: a reader that
+// never returns must be unblocked by its owner. No write to Stdout or
+// Stderr happens after Exec returns.
+func (c *Conn) Exec(ctx context.Context, command string, stdio Stdio) (ExitStatus, error) {
+	st, err := c.exec(ctx, command, stdio)
+	if err == nil || !errors.Is(err, ErrNotSent) || ctx.Err() != nil {
+		return st, err
+	}
+	c.pool.log.Debug("exec not sent; retrying on a fresh connection", "run", c.target.RunID, "err", err)
+	c2, gerr := c.pool.Get(ctx, c.target)
+	if gerr != nil {
+		return st, fmt.Errorf("%w; reconnecting failed: %w", err, gerr)
+	}
+	return c2.exec(ctx, command, stdio)
+}
+
+func (c *Conn) exec(ctx context.Context, command string, stdio Stdio) (ExitStatus, error) {
+	if err := ctx.Err(); err != nil {
+		return ExitStatus{}, fmt.Errorf("run a command in sandbox %s: %w", c.target.RunID, err)
+	}
+	s, err := c.takeSession(ctx)
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	before := c.tcp.writes.Load()
+	ok, err := s.ch.SendRequest("exec", true, ssh.Marshal(struct{ Command string }{command}))
+	if err != nil {
+		s.ch.Close()
+		if c.tcp.writes.Load() == before {
+			// Nothing was written since the request was built: it never
+			// left this machine. io.EOF here means the channel was closed
+			// under us; any other error is a broken transport.
+			if !errors.Is(err, io.EOF) {
+				c.close(fmt.Errorf("send an exec request: %w", err))
+			}
+			return ExitStatus{}, fmt.Errorf("%w: send the exec request to sandbox %s: %w", ErrNotSent, c.target.RunID, err)
+		}
+		c.close(fmt.Errorf("exec request without answer: %w", err))
+		return ExitStatus{}, fmt.Errorf("%w (sandbox %s; the command may or may not have started, so it was not sent again): %w", ErrConnectionLost, c.target.RunID, err)
+	}
+	if !ok {
+		s.ch.Close()
+		c.prepareSpare()
+		return ExitStatus{}, fmt.Errorf("%w (sandbox %s)", ErrRefused, c.target.RunID)
+	}
+	// From here on the command may be running: whatever happens, it is
+	// never sent again.
+	defer c.prepareSpare()
+	return c.stream(ctx, s, stdio)
+}
+
+// stream relays the streams of a started command and collects its status.
+func (c *Conn) stream(ctx context.Context, s *session, stdio Stdio) (ExitStatus, error) {
+	stdout, stderr := newGate(stdio.Stdout), newGate(stdio.Stderr)
+	defer stdout.close()
+	defer stderr.close()
+
+	var copies sync.WaitGroup
+	copies.Add(2)
+	go func() { defer copies.Done(); _, _ = io.Copy(stdout, s.ch) }()
+	go func() { defer copies.Done(); _, _ = io.Copy(stderr, s.ch.Stderr()) }()
+	if stdio.Stdin != nil {
+		go func() {
+			_, _ = io.Copy(s.ch, stdio.Stdin)
+			_ = s.ch.CloseWrite()
+		}()
+	} else {
+		_ = s.ch.CloseWrite()
+	}
+	finished := make(chan struct{})
+	go func() {
+		copies.Wait()
+		<-s.closed
+		close(finished)
+	}()
+
+	signals := stdio.Signals
+	for {
+		select {
+		case <-finished:
+			return c.status(s)
+		case sig, ok := <-signals:
+			if !ok {
+				signals = nil
+				continue
+			}
+			if err := s.sendSignal(sig); err != nil {
+				c.pool.log.Debug("forward signal", "run", c.target.RunID, "signal", sig, "err", err)
+			}
+		case <-ctx.Done():
+			return c.cancel(ctx, s, finished)
+		}
+	}
+}
+
+// cancel stops a running command whose caller went away: TERM, then KILL
+// after the grace period, then the channel is abandoned.
+func (c *Conn) cancel(ctx context.Context, s *session, finished <-chan struct{}) (ExitStatus, error) {
+	grace := c.pool.opts.KillGrace
+	_ = s.sendSignal(ssh.SIGTERM)
+	select {
+	case <-finished:
+		st, _ := c.status(s)
+		return st, fmt.Errorf("command in sandbox %s cancelled: %w", c.target.RunID, ctx.Err())
+	case <-c.pool.opts.After(grace):
+	}
+	_ = s.sendSignal(ssh.SIGKILL)
+	_ = s.ch.Close()
+	select {
+	case <-finished:
+	case <-c.pool.opts.After(grace):
+		c.pool.log.Warn("cancelled command did not end after KILL", "run", c.target.RunID)
+	}
+	st, _ := c.status(s)
+	return st, fmt.Errorf("command in sandbox %s cancelled (killed after %s): %w", c.target.RunID, grace, ctx.Err())
+}
+
+// status reads the exit report of a closed session.
+func (c *Conn) status(s *session) (ExitStatus, error) {
+	select {
+	case <-s.closed:
+	default:
+		return ExitStatus{Code: -1}, fmt.Errorf("%w: the command's channel did not close", ErrConnectionLost)
+	}
+	switch {
+	case s.signal != "":
+		return ExitStatus{Code: -1, Signal: s.signal}, nil
+	case s.status != nil:
+		return ExitStatus{Code: *s.status}, nil
+	}
+	c.mu.Lock()
+	reason := c.err
+	c.mu.Unlock()
+	if reason == nil {
+		reason = errors.New("the agent closed the command's channel without an exit status")
+	}
+	return ExitStatus{Code: -1}, fmt.Errorf("%w (sandbox %s; it may or may not have completed, so it was not sent again): %w", ErrConnectionLost, c.target.RunID, reason)
+}
+
+// gate forwards writes until closed and drops them afterwards, so that a
+// command's output never reaches the caller's writers after Exec returned.
+// After the caller's writer fails it keeps draining (discarding), so that a
+// command is never stalled by a full SSH window nobody reads.
+type gate struct {
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool
+	failed bool
+}
+
+func newGate(w io.Writer) *gate {
+	if w == nil {
+		w = io.Discard
+	}
+	return &gate{w: w}
+}
+
+func (g *gate) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed || g.failed {
+		return len(p), nil
+	}
+	if _, err := g.w.Write(p); err != nil {
+		g.failed = true
+	}
+	return len(p), nil
+}
+
+func (g *gate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}

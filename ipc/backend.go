@@ -1,0 +1,77 @@
+package ipc
+
+import (
+	"context"
+	"io"
+)
+
+// SessionBackend is what the daemon's session manager provides to the socket
+// API. Errors carry errdefs kinds; the server maps them to status codes.
+type SessionBackend interface {
+	Start(ctx context.Context, req StartRequest) (StartResponse, error)
+	Reset(ctx context.Context, req StartRequest) (StartResponse, error)
+	List(ctx context.Context, req ListRequest) (ListResponse, error)
+	Stop(ctx context.Context, req StopRequest) (StopResponse, error)
+	Init(ctx context.Context, req InitRequest) (InitResponse, error)
+	Status(ctx context.Context, req StatusRequest) (ProbeResponse, error)
+	Probe(ctx context.Context, sessionID string) (ProbeResponse, error)
+	Config(ctx context.Context) (ConfigResponse, error)
+	// Reconcile runs a reconcile pass, or joins the one in flight
+	// (POST /v1/reconcile).
+	Reconcile(ctx context.Context) error
+	// Exec runs one command. ctx ends when the client goes away (which
+	// must cancel a queued or running command) or the server shuts down.
+	Exec(ctx context.Context, req ExecRequest, stream ExecStream) (ExecResult, error)
+}
+
+// ExecStream is the daemon's view of one exec call's streams. All methods are
+// safe for concurrent use.
+type ExecStream interface {
+	// Stdin yields the bytes of stdin frames; io.EOF at stdinEof or at the
+	// end of the request body. It is an empty reader when !req.Stdin.
+	Stdin() io.Reader
+	// Stdout and Stderr turn each Write into one frame, flushed at once.
+	// Writes fail once the client has gone or the call has returned.
+	Stdout() io.Writer
+	Stderr() io.Writer
+	// Signals yields signal names ("INT", "TERM", ...) from signal frames.
+	// It is closed when the request body ends.
+	Signals() <-chan string
+	// Send writes a queued, started or warning frame.
+	Send(ExecOutput) error
+}
+
+// EventSource is the daemon's event bus as the socket API sees it.
+type EventSource interface {
+	// Subscribe streams events after since (nil: only new ones). The
+	// subscription ends when ctx ends or the daemon drops it (slow consumer,
+	// gap); Err says why.
+	Subscribe(ctx context.Context, since *uint64) (EventSubscription, error)
+}
+
+// EventSubscription is one subscriber's view of the event bus.
+type EventSubscription interface {
+	// Events is closed when the subscription ends.
+	Events() <-chan Event
+	// Err says why the subscription ended: nil while it runs or when the
+	// subscriber closed it.
+	Err() error
+	Close()
+}
+
+// DaemonBackend is the daemon process itself.
+type DaemonBackend interface {
+	Health(ctx context.Context) (HealthResponse, error)
+	// Shutdown begins an orderly shutdown (POST /v1/daemon/stop) and
+	// returns at once: the shutdown itself waits for in-flight requests,
+	// including the one that asked for it.
+	Shutdown(ctx context.Context) error
+}
+
+// Backends are the parts of the daemon behind the socket API. A nil Sessions
+// or Events answers 503 on its routes.
+type Backends struct {
+	Daemon   DaemonBackend
+	Sessions SessionBackend
+	Events   EventSource
+}

@@ -1,0 +1,343 @@
+// Package client is the one typed Go client of sandboxd's socket API, used by
+// sbx, editor integrations and the tests. Errors come back as errdefs kinds
+// (errors.Is(err, errdefs.ErrNotFound)) carrying the daemon's message; a
+// daemon that is not running is a *NotRunningError.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+)
+
+// maxSocketPath is the room in sockaddr_un.sun_path (108 with the NUL).
+const maxSocketPath = 107
+
+// maxErrorBody bounds how much of an error answer is read.
+const maxErrorBody = 64 << 10
+
+// Client talks to one sandboxd socket. It is safe for concurrent use.
+type Client struct {
+	socket      string
+	dialTimeout time.Duration
+	userAgent   string
+	hc          *http.Client
+
+	daemonVersion atomic.Pointer[string]
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithDialTimeout bounds connecting to the socket (default 5s).
+func WithDialTimeout(d time.Duration) Option { return func(c *Client) { c.dialTimeout = d } }
+
+// WithUserAgent names the caller in requests (default "sandboxd-client").
+func WithUserAgent(ua string) Option { return func(c *Client) { c.userAgent = ua } }
+
+// New returns a client for the daemon listening on socketPath. It does not
+// connect until the first call.
+func New(socketPath string, opts ...Option) *Client {
+	c := &Client{socket: socketPath, dialTimeout: 5 * time.Second, userAgent: "sandboxd-client"}
+	for _, o := range opts {
+		o(c)
+	}
+	tr := &http.Transport{
+		DialContext:         c.dial,
+		DisableCompression:  true,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     30 * time.Second,
+	}
+	// No overall timeout: exec and events are long streams and start --wait
+	// may take minutes; callers bound calls with their context.
+	c.hc = &http.Client{Transport: tr}
+	return c
+}
+
+// SocketPath is the socket this client talks to.
+func (c *Client) SocketPath() string { return c.socket }
+
+// DaemonVersion is the Sandboxd-Version header of the last answer, or "" when
+// the daemon has not answered yet.
+func (c *Client) DaemonVersion() string {
+	if v := c.daemonVersion.Load(); v != nil {
+		return *v
+	}
+	return ""
+}
+
+// Close releases idle connections.
+func (c *Client) Close() { c.hc.CloseIdleConnections() }
+
+func (c *Client) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	if len(c.socket) > maxSocketPath {
+		return nil, errdefs.Invalidf("socket path %s is %d bytes, longer than the %d a Unix socket allows: set SANDBOXD_SOCKET or XDG_RUNTIME_DIR to a shorter path", c.socket, len(c.socket), maxSocketPath)
+	}
+	d := net.Dialer{Timeout: c.dialTimeout}
+	conn, err := d.DialContext(ctx, "unix", c.socket)
+	if err != nil {
+		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, &NotRunningError{Socket: c.socket, Err: err}
+		}
+		return nil, errdefs.Unavailable(fmt.Errorf("connect to sandboxd at %s: %w", c.socket, err))
+	}
+	return conn, nil
+}
+
+// ErrDaemonNotRunning matches a *NotRunningError with errors.Is.
+var ErrDaemonNotRunning = errors.New("sandboxd is not running")
+
+// NotRunningError says nothing answers on the socket: it is missing, or
+// stale (connection refused).
+type NotRunningError struct {
+	Socket string
+	Err    error
+}
+
+func (e *NotRunningError) Error() string {
+	return fmt.Sprintf("sandboxd is not running (nothing answers on %s): start it with `sandboxd`, or let sbx start it (unset SANDBOXD_NO_AUTOSTART): %v", e.Socket, e.Err)
+}
+
+func (e *NotRunningError) Unwrap() error { return e.Err }
+
+// Is makes a NotRunningError match ErrDaemonNotRunning and
+// errdefs.ErrUnavailable.
+func (e *NotRunningError) Is(target error) bool {
+	return target == ErrDaemonNotRunning || target == errdefs.ErrUnavailable
+}
+
+// APIError is an error answer of the daemon. Call sites branch on its kind
+// through errdefs (it is always wrapped in an *errdefs.Error).
+type APIError struct {
+	Status  int    // HTTP status; 200 for an error frame of a stream
+	Code    string // the wire code (an errdefs kind)
+	Message string
+}
+
+func (e *APIError) Error() string { return e.Message }
+
+// apiError builds the kinded error for an error detail.
+func apiError(status int, d ipc.ErrorDetail) error {
+	kind := errdefs.Kind(d.Code)
+	if !ipc.KnownKind(d.Code) {
+		kind = ipc.KindOfStatus(status)
+	}
+	msg := d.Message
+	if msg == "" {
+		msg = fmt.Sprintf("sandboxd answered %d %s", status, http.StatusText(status))
+	}
+	return &errdefs.Error{Kind: kind, Err: &APIError{Status: status, Code: d.Code, Message: msg}}
+}
+
+// decodeError turns a non-2xx answer into a kinded error.
+func decodeError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	var body ipc.ErrorBody
+	if err := json.Unmarshal(b, &body); err != nil || body.Error.Code == "" {
+		snippet := string(bytes.TrimSpace(b))
+		if len(snippet) > 200 {
+			snippet = snippet[:200] + "..."
+		}
+		return apiError(resp.StatusCode, ipc.ErrorDetail{Message: fmt.Sprintf("sandboxd answered %d %s: %s", resp.StatusCode, http.StatusText(resp.StatusCode), snippet)})
+	}
+	return apiError(resp.StatusCode, body.Error)
+}
+
+// transportError classifies a failed round trip.
+func transportError(ctx context.Context, method, path string, err error) error {
+	var nr *NotRunningError
+	if errors.As(err, &nr) {
+		return nr
+	}
+	var kinded *errdefs.Error
+	if errors.As(err, &kinded) {
+		return err
+	}
+	if ctx.Err() != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return errdefs.Timeout(fmt.Errorf("%s %s: %w", method, path, ctx.Err()))
+		}
+		return errdefs.Canceled(fmt.Errorf("%s %s: %w", method, path, ctx.Err()))
+	}
+	return errdefs.Unavailable(fmt.Errorf("%s %s: the connection to sandboxd failed (did the daemon stop?): %w", method, path, err))
+}
+
+func (c *Client) newRequest(ctx context.Context, method, path string, q url.Values, body io.Reader) (*http.Request, error) {
+	u := "http://sandboxd" + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, errdefs.Invalidf("build request %s %s: %v", method, path, err)
+	}
+	req.Header.Set("User-Agent", c.userAgent)
+	return req, nil
+}
+
+// send performs a request and returns the response of a 2xx answer.
+func (c *Client) send(req *http.Request) (*http.Response, error) {
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, transportError(req.Context(), req.Method, req.URL.Path, err)
+	}
+	if v := resp.Header.Get(ipc.HeaderVersion); v != "" {
+		c.daemonVersion.Store(&v)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+// do sends in (JSON, unless nil) and decodes the answer into out.
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return errdefs.Invalidf("encode the %s %s request: %v", method, path, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := c.newRequest(ctx, method, path, q, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return errdefs.Internal(fmt.Errorf("decode the answer to %s %s: %w", method, path, err))
+	}
+	return nil
+}
+
+// Version is GET /v1/version.
+func (c *Client) Version(ctx context.Context) (ipc.VersionResponse, error) {
+	var v ipc.VersionResponse
+	return v, c.do(ctx, http.MethodGet, "/v1/version", nil, nil, &v)
+}
+
+// Health is GET /v1/health.
+func (c *Client) Health(ctx context.Context) (ipc.HealthResponse, error) {
+	var v ipc.HealthResponse
+	return v, c.do(ctx, http.MethodGet, "/v1/health", nil, nil, &v)
+}
+
+// StopDaemon is POST /v1/daemon/stop: the daemon begins shutting down.
+func (c *Client) StopDaemon(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/v1/daemon/stop", nil, nil, nil)
+}
+
+// OpenAPI is GET /v1/openapi.yaml.
+func (c *Client) OpenAPI(ctx context.Context) ([]byte, error) {
+	req, err := c.newRequest(ctx, http.MethodGet, "/v1/openapi.yaml", nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, transportError(ctx, req.Method, req.URL.Path, err)
+	}
+	return b, nil
+}
+
+// Config is GET /v1/config.
+func (c *Client) Config(ctx context.Context) (ipc.ConfigResponse, error) {
+	var v ipc.ConfigResponse
+	return v, c.do(ctx, http.MethodGet, "/v1/config", nil, nil, &v)
+}
+
+// Start is POST /v1/sessions/start.
+func (c *Client) Start(ctx context.Context, req ipc.StartRequest) (ipc.StartResponse, error) {
+	var v ipc.StartResponse
+	return v, c.do(ctx, http.MethodPost, "/v1/sessions/start", nil, req, &v)
+}
+
+// Reset is POST /v1/sessions/reset.
+func (c *Client) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartResponse, error) {
+	var v ipc.StartResponse
+	return v, c.do(ctx, http.MethodPost, "/v1/sessions/reset", nil, req, &v)
+}
+
+// List is GET /v1/sessions.
+func (c *Client) List(ctx context.Context, req ipc.ListRequest) (ipc.ListResponse, error) {
+	var q url.Values
+	if req.All {
+		q = url.Values{"all": {"true"}}
+	}
+	var v ipc.ListResponse
+	return v, c.do(ctx, http.MethodGet, "/v1/sessions", q, nil, &v)
+}
+
+// Stop is POST /v1/sessions/stop.
+func (c *Client) Stop(ctx context.Context, req ipc.StopRequest) (ipc.StopResponse, error) {
+	var v ipc.StopResponse
+	return v, c.do(ctx, http.MethodPost, "/v1/sessions/stop", nil, req, &v)
+}
+
+// Init is POST /v1/init.
+func (c *Client) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitResponse, error) {
+	var v ipc.InitResponse
+	return v, c.do(ctx, http.MethodPost, "/v1/init", nil, req, &v)
+}
+
+// Status is GET /v1/status.
+func (c *Client) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeResponse, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"cwd": req.Cwd, "configFile": req.ConfigFile, "runId": req.RunID} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	var v ipc.ProbeResponse
+	return v, c.do(ctx, http.MethodGet, "/v1/status", q, nil, &v)
+}
+
+// Probe is GET /v1/sessions/{id}/probe.
+func (c *Client) Probe(ctx context.Context, sessionID string) (ipc.ProbeResponse, error) {
+	var v ipc.ProbeResponse
+	return v, c.do(ctx, http.MethodGet, "/v1/sessions/"+url.PathEscape(sessionID)+"/probe", nil, nil, &v)
+}
+
+// Reconcile is POST /v1/reconcile: it returns once the pass is over.
+func (c *Client) Reconcile(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/v1/reconcile", nil, nil, nil)
+}
+
+// sinceQuery is the ?since= parameter.
+func sinceQuery(since *uint64) url.Values {
+	if since == nil {
+		return nil
+	}
+	return url.Values{"since": {strconv.FormatUint(*since, 10)}}
+}

@@ -1,0 +1,242 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+)
+
+// stdinChunk is the most stdin bytes sent in one frame.
+const stdinChunk = 32 << 10
+
+// ExecOptions are the caller's side of an exec's streams.
+type ExecOptions struct {
+	// Stdin, when set, is forwarded to the command until it returns EOF.
+	// Exec does not wait for a Read that is still blocked when the command
+	// ends (a terminal, say): that goroutine ends with the Read.
+	Stdin io.Reader
+	// Stdout and Stderr receive the command's output as it comes; nil
+	// discards it.
+	Stdout, Stderr io.Writer
+	// Signals are forwarded to the command ("INT", "TERM", ...).
+	Signals <-chan string
+	// OnFrame sees the queued, started and warning frames.
+	OnFrame func(ipc.ExecOutput)
+}
+
+// Exec is POST /v1/exec: it runs req.Argv in the sandbox, streaming stdin and
+// signals up and stdout and stderr down, and returns the command's result.
+// Cancelling ctx disconnects, which cancels a queued or running command.
+// A failure before the command ran is a kinded error with the daemon's
+// message; so is a failure after it started (its outcome is then unknown).
+func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions) (ipc.ExecResult, error) {
+	req.Stdin = opts.Stdin != nil
+	first, err := json.Marshal(req)
+	if err != nil {
+		return ipc.ExecResult{}, errdefs.Invalidf("encode the exec request: %v", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var body io.Reader
+	var up *uplink
+	if opts.Stdin == nil && opts.Signals == nil {
+		// Nothing will follow the request: send it as one plain body.
+		body = bytes.NewReader(first)
+	} else {
+		pr, pw := io.Pipe()
+		up = &uplink{pw: pw, done: make(chan struct{})}
+		body = pr
+		go up.run(ctx, first, opts.Stdin, opts.Signals)
+		defer up.stop()
+	}
+	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/exec", nil, body)
+	if err != nil {
+		return ipc.ExecResult{}, err
+	}
+	hreq.Header.Set("Content-Type", ipc.ContentTypeNDJSON)
+	resp, err := c.send(hreq)
+	if err != nil {
+		if up != nil && up.failed() != nil && ctx.Err() == nil {
+			return ipc.ExecResult{}, up.failed()
+		}
+		return ipc.ExecResult{}, err
+	}
+	defer resp.Body.Close()
+	return c.readExec(ctx, resp, opts, up)
+}
+
+// readExec relays output frames until the final one.
+func (c *Client) readExec(ctx context.Context, resp *http.Response, opts ExecOptions, up *uplink) (ipc.ExecResult, error) {
+	dec := json.NewDecoder(resp.Body)
+	for {
+		var f ipc.ExecOutput
+		if err := dec.Decode(&f); err != nil {
+			if up != nil && up.failed() != nil {
+				return ipc.ExecResult{}, up.failed()
+			}
+			if ctx.Err() != nil {
+				return ipc.ExecResult{}, transportError(ctx, http.MethodPost, "/v1/exec", err)
+			}
+			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("the exec stream ended before the command's result (did the daemon stop?); the command may or may not have completed: %w", err))
+		}
+		switch f.Type {
+		case ipc.ExecStdout:
+			if err := write(opts.Stdout, f.Data); err != nil {
+				return ipc.ExecResult{}, fmt.Errorf("write the command's stdout: %w", err)
+			}
+		case ipc.ExecStderr:
+			if err := write(opts.Stderr, f.Data); err != nil {
+				return ipc.ExecResult{}, fmt.Errorf("write the command's stderr: %w", err)
+			}
+		case ipc.ExecExit:
+			if f.Result == nil {
+				return ipc.ExecResult{}, errdefs.Internal(errors.New("the daemon sent an exit frame without a result"))
+			}
+			return *f.Result, nil
+		case ipc.ExecError:
+			d := ipc.ErrorDetail{Code: string(errdefs.KindInternal), Message: "the daemon sent an error frame without an error"}
+			if f.Error != nil {
+				d = *f.Error
+			}
+			return ipc.ExecResult{}, apiError(resp.StatusCode, d)
+		default:
+			// queued, started, warning, and frame types added later.
+			if opts.OnFrame != nil {
+				opts.OnFrame(f)
+			}
+		}
+	}
+}
+
+func write(w io.Writer, p []byte) error {
+	if w == nil {
+		return nil
+	}
+	_, err := w.Write(p)
+	return err
+}
+
+// uplink writes the request stream: the request line, then stdin and
+// signal frames.
+type uplink struct {
+	pw   *io.PipeWriter
+	done chan struct{}
+	once sync.Once
+
+	mu  sync.Mutex
+	err error // why the uplink failed, if it did
+}
+
+func (u *uplink) stop() {
+	u.once.Do(func() { close(u.done) })
+	_ = u.pw.CloseWithError(errors.New("exec finished"))
+}
+
+func (u *uplink) failed() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.err
+}
+
+func (u *uplink) fail(err error) {
+	u.mu.Lock()
+	if u.err == nil {
+		u.err = err
+	}
+	u.mu.Unlock()
+}
+
+func (u *uplink) run(ctx context.Context, first []byte, stdin io.Reader, signals <-chan string) {
+	enc := func(v any) bool {
+		b, err := json.Marshal(v)
+		if err != nil {
+			u.fail(errdefs.Invalidf("encode an exec frame: %v", err))
+			return false
+		}
+		_, err = u.pw.Write(append(b, '\n'))
+		return err == nil
+	}
+	if _, err := u.pw.Write(append(first, '\n')); err != nil {
+		return
+	}
+	var chunks chan []byte
+	readErr := make(chan error, 1)
+	if stdin != nil {
+		chunks = make(chan []byte)
+		go pumpStdin(stdin, chunks, readErr, u.done)
+	}
+	for {
+		select {
+		case <-u.done:
+			return
+		case <-ctx.Done():
+			return
+		case sig, ok := <-signals:
+			if !ok {
+				signals = nil
+				if chunks == nil {
+					_ = u.pw.Close()
+					return
+				}
+				continue
+			}
+			if !enc(ipc.ExecInput{Signal: sig}) {
+				return
+			}
+		case b, ok := <-chunks:
+			if !ok {
+				chunks = nil
+				if err := <-readErr; err != nil {
+					u.fail(fmt.Errorf("read stdin to forward it: %w", err))
+					_ = u.pw.CloseWithError(err)
+					return
+				}
+				if !enc(ipc.ExecInput{StdinEOF: true}) {
+					return
+				}
+				if signals == nil {
+					_ = u.pw.Close()
+					return
+				}
+				continue
+			}
+			if !enc(ipc.ExecInput{Stdin: b}) {
+				return
+			}
+		}
+	}
+}
+
+// pumpStdin reads r into chunks until EOF (closing chunks, with the read
+// error in errc) or until done.
+func pumpStdin(r io.Reader, chunks chan<- []byte, errc chan<- error, done <-chan struct{}) {
+	defer close(chunks)
+	for {
+		buf := make([]byte, stdinChunk)
+		n, err := r.Read(buf)
+		if n > 0 {
+			select {
+			case chunks <- buf[:n]:
+			case <-done:
+				errc <- nil
+				return
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			errc <- err
+			return
+		}
+	}
+}

@@ -1,0 +1,321 @@
+package ipc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+)
+
+// Exec stream buffering: stdin frames are queued so that a signal frame
+// behind them is not stuck while the command is not reading its stdin.
+const (
+	stdinQueueFrames  = 64
+	signalQueueFrames = 16
+)
+
+// postExec serves POST /v1/exec: a full-duplex NDJSON exchange. The request
+// body is an ExecRequest followed by ExecInput frames; the response is
+// ExecOutput frames ending with exit or error. Until the first frame is
+// written, a failure is answered as an ordinary JSON error with its status.
+func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
+	if err := noQuery(r); err != nil {
+		return err
+	}
+	rc := http.NewResponseController(w)
+	// Without full duplex, net/http's HTTP/1 server closes the request body
+	// once the response has started, which would cut stdin and signals.
+	if err := rc.EnableFullDuplex(); err != nil {
+		return errdefs.Internal(fmt.Errorf("enable full-duplex streaming: %w", err))
+	}
+	in := &frameLimitReader{r: r.Body, limit: s.maxBody}
+	dec := json.NewDecoder(in)
+	dec.DisallowUnknownFields()
+	var req ExecRequest
+	if err := dec.Decode(&req); err != nil {
+		if errors.Is(err, io.EOF) {
+			return errdefs.Invalidf("the request body is empty: send an ExecRequest JSON object, then optional input frames")
+		}
+		return jsonError(err)
+	}
+	if err := req.Validate(); err != nil {
+		return err
+	}
+	b, err := s.sessions()
+	if err != nil {
+		return err
+	}
+	defer s.trackStream()()
+
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	st := newExecStream(ctx, w, rc, req.Stdin, s.log)
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		st.readInput(dec, in, cancel)
+	}()
+
+	res, execErr := b.Exec(ctx, req, st)
+	if execErr != nil {
+		// An input error (a malformed frame) is what cancelled the exec:
+		// report it rather than the cancellation it caused.
+		if cause := context.Cause(ctx); cause != nil && errdefs.KindOf(cause) == errdefs.KindInvalid {
+			execErr = cause
+		}
+	}
+	started := st.finish(res, execErr)
+
+	// The input reader may be blocked on a body the client keeps open
+	// (an interactive stdin): unblock it, as no handler may touch the body
+	// after returning.
+	cancel(errExecOver)
+	_ = rc.SetReadDeadline(time.Now())
+	<-readDone
+	if execErr != nil && !started {
+		return execErr
+	}
+	if execErr != nil {
+		s.log.Debug("exec failed after it started streaming", "err", execErr)
+	}
+	return nil
+}
+
+var errExecOver = errors.New("the exec is over")
+
+// execStream implements ExecStream over one request/response pair.
+type execStream struct {
+	ctx context.Context
+	w   http.ResponseWriter
+	rc  *http.ResponseController
+	log *slog.Logger
+
+	stdin   io.Reader
+	stdinCh chan []byte // nil when the request has no stdin
+	signals chan string
+
+	mu      sync.Mutex
+	started bool // a frame (and so the 200 header) was written
+	done    bool // the final frame was written; no more writes
+	werr    error
+}
+
+func newExecStream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, withStdin bool, log *slog.Logger) *execStream {
+	st := &execStream{ctx: ctx, w: w, rc: rc, log: log, signals: make(chan string, signalQueueFrames)}
+	if withStdin {
+		st.stdinCh = make(chan []byte, stdinQueueFrames)
+		st.stdin = &chanReader{ctx: ctx, ch: st.stdinCh}
+	} else {
+		st.stdin = strings.NewReader("")
+	}
+	return st
+}
+
+func (st *execStream) Stdin() io.Reader       { return st.stdin }
+func (st *execStream) Stdout() io.Writer      { return frameWriter{st, ExecStdout} }
+func (st *execStream) Stderr() io.Writer      { return frameWriter{st, ExecStderr} }
+func (st *execStream) Signals() <-chan string { return st.signals }
+
+func (st *execStream) Send(f ExecOutput) error {
+	switch f.Type {
+	case ExecQueued, ExecStarted, ExecWarning:
+	default:
+		return fmt.Errorf("exec stream: Send takes queued, started or warning frames, not %q", f.Type)
+	}
+	return st.write(f, false)
+}
+
+var errStreamDone = errors.New("the exec stream is closed")
+
+// write sends one frame and flushes it. The first frame commits the 200
+// header. A failed write means the client is gone.
+func (st *execStream) write(f ExecOutput, final bool) error {
+	b, err := json.Marshal(f)
+	if err != nil {
+		return fmt.Errorf("encode exec frame: %w", err)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.done {
+		return errStreamDone
+	}
+	if st.werr != nil {
+		return st.werr
+	}
+	if final {
+		st.done = true
+	}
+	if !st.started {
+		st.w.Header().Set("Content-Type", ContentTypeNDJSON)
+		st.w.Header().Set("X-Content-Type-Options", "nosniff")
+		st.w.WriteHeader(http.StatusOK)
+		st.started = true
+	}
+	if _, err := st.w.Write(append(b, '\n')); err != nil {
+		st.werr = fmt.Errorf("write to the client: %w", err)
+		return st.werr
+	}
+	if err := st.rc.Flush(); err != nil {
+		st.werr = fmt.Errorf("flush to the client: %w", err)
+		return st.werr
+	}
+	return nil
+}
+
+// finish writes the final frame unless the failure can still be answered
+// as a plain JSON error, and reports whether the stream had started.
+func (st *execStream) finish(res ExecResult, err error) (started bool) {
+	st.mu.Lock()
+	started = st.started
+	if err != nil && !started {
+		st.done = true // the handler answers with a JSON error
+	}
+	st.mu.Unlock()
+	if err != nil && !started {
+		return false
+	}
+	if err != nil {
+		d := ErrorDetailOf(err)
+		_ = st.write(ExecOutput{Type: ExecError, Error: &d}, true)
+		return true
+	}
+	if res.PulledFiles == nil {
+		res.PulledFiles = []string{}
+	}
+	_ = st.write(ExecOutput{Type: ExecExit, Result: &res}, true)
+	return true
+}
+
+// readInput decodes input frames until the body ends, feeding stdin and
+// signals. A broken body (the client went away) cancels the exec; a
+// malformed frame cancels it with an Invalid error.
+func (st *execStream) readInput(dec *json.Decoder, in *frameLimitReader, cancel context.CancelCauseFunc) {
+	defer close(st.signals)
+	stdinOpen := st.stdinCh != nil
+	closeStdin := func() {
+		if stdinOpen {
+			close(st.stdinCh)
+			stdinOpen = false
+		}
+	}
+	defer closeStdin()
+	for frame := 1; ; frame++ {
+		in.reset()
+		var f ExecInput
+		err := dec.Decode(&f)
+		if errors.Is(err, io.EOF) {
+			return
+		}
+		if err != nil {
+			if st.ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, io.ErrUnexpectedEOF) || !isJSONError(err) {
+				cancel(errdefs.Canceled(fmt.Errorf("the client went away: %w", err)))
+				return
+			}
+			cancel(errdefs.Invalidf("exec input frame %d: %v", frame, jsonError(err)))
+			return
+		}
+		if f.Signal != "" {
+			if !ValidSignal(f.Signal) {
+				cancel(errdefs.Invalidf("exec input frame %d: unknown signal %q: use a name such as INT, TERM, HUP, QUIT or KILL", frame, f.Signal))
+				return
+			}
+			select {
+			case st.signals <- f.Signal:
+			default:
+				st.log.Warn("dropped a signal: the command is not taking signals", "signal", f.Signal)
+			}
+		}
+		if len(f.Stdin) > 0 && stdinOpen {
+			select {
+			case st.stdinCh <- f.Stdin:
+			case <-st.ctx.Done():
+				return
+			}
+		}
+		if f.StdinEOF {
+			closeStdin()
+		}
+	}
+}
+
+// isJSONError tells a malformed frame from a broken connection.
+func isJSONError(err error) bool {
+	var (
+		syntax   *json.SyntaxError
+		typeErr  *json.UnmarshalTypeError
+		tooLarge *http.MaxBytesError
+	)
+	return errors.As(err, &syntax) || errors.As(err, &typeErr) || errors.As(err, &tooLarge) ||
+		strings.HasPrefix(err.Error(), "json: unknown field ")
+}
+
+// frameWriter turns each Write into one stdout or stderr frame.
+type frameWriter struct {
+	st  *execStream
+	typ string
+}
+
+func (fw frameWriter) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if err := fw.st.write(ExecOutput{Type: fw.typ, Data: p}, false); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// chanReader reads stdin chunks from a channel.
+type chanReader struct {
+	ctx  context.Context
+	ch   <-chan []byte
+	rest []byte
+}
+
+func (c *chanReader) Read(p []byte) (int, error) {
+	for len(c.rest) == 0 {
+		select {
+		case b, ok := <-c.ch:
+			if !ok {
+				return 0, io.EOF
+			}
+			c.rest = b
+		case <-c.ctx.Done():
+			return 0, context.Cause(c.ctx)
+		}
+	}
+	n := copy(p, c.rest)
+	c.rest = c.rest[n:]
+	return n, nil
+}
+
+// frameLimitReader bounds the bytes read for one frame of a stream; the
+// limit restarts at each frame. The JSON decoder reads ahead, so the bound
+// is approximate by at most one read.
+type frameLimitReader struct {
+	r     io.Reader
+	limit int64
+	n     int64
+}
+
+func (f *frameLimitReader) reset() { f.n = 0 }
+
+func (f *frameLimitReader) Read(p []byte) (int, error) {
+	if f.n > f.limit {
+		return 0, &http.MaxBytesError{Limit: f.limit}
+	}
+	n, err := f.r.Read(p)
+	f.n += int64(n)
+	return n, err
+}

@@ -1,0 +1,194 @@
+// Package ipc is sandboxd's socket API: HTTP/1.1 over a Unix socket, routes
+// under /v1, NDJSON streams for exec and events. This file holds the server;
+// types.go the wire types; client/ the one typed Go client.
+package ipc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/mux"
+
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+)
+
+// DefaultMaxBodyBytes bounds a request body, and each frame of an exec
+// request stream.
+const DefaultMaxBodyBytes = 1 << 20
+
+// ServerOptions configure a Server. The zero value is usable.
+type ServerOptions struct {
+	// Version is sent in the Sandboxd-Version header and by GET /v1/version;
+	// default BuildVersion().
+	Version string
+	// Logger defaults to discarding.
+	Logger *slog.Logger
+	// AllowedUID is the only peer UID served; nil means os.Getuid().
+	AllowedUID *int
+	// MaxBodyBytes bounds request bodies (and each exec input frame);
+	// default DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// StartedAt is reported by GET /v1/version; default: NewServer's time.
+	StartedAt time.Time
+}
+
+// Server serves the socket API.
+type Server struct {
+	b         Backends
+	version   string
+	log       *slog.Logger
+	uid       int
+	maxBody   int64
+	startedAt time.Time
+
+	handler http.Handler
+	router  *mux.Router
+	http    *http.Server
+
+	// closing is closed when Shutdown begins: event streams end at once
+	// (they never finish by themselves); exec streams run on.
+	closing     chan struct{}
+	closingOnce sync.Once
+	// hardStop cancels every request context once the shutdown deadline
+	// has passed.
+	baseCtx  context.Context
+	hardStop context.CancelFunc
+
+	requests atomic.Int64
+	streams  atomic.Int64
+}
+
+// NewServer builds the server for b. Serve it with Serve.
+func NewServer(b Backends, opts ServerOptions) *Server {
+	s := &Server{
+		b:         b,
+		version:   opts.Version,
+		log:       opts.Logger,
+		uid:       os.Getuid(),
+		maxBody:   opts.MaxBodyBytes,
+		startedAt: opts.StartedAt,
+		closing:   make(chan struct{}),
+	}
+	if s.version == "" {
+		s.version = BuildVersion()
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if opts.AllowedUID != nil {
+		s.uid = *opts.AllowedUID
+	}
+	if s.maxBody <= 0 {
+		s.maxBody = DefaultMaxBodyBytes
+	}
+	if s.startedAt.IsZero() {
+		s.startedAt = time.Now()
+	}
+	s.baseCtx, s.hardStop = context.WithCancel(context.Background())
+	s.router = s.routes()
+	s.handler = s.middleware(s.router)
+	s.http = &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		BaseContext:       func(net.Listener) context.Context { return s.baseCtx },
+		ConnContext:       withPeer,
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	return s
+}
+
+// Handler is the API with all its checks. It refuses requests whose
+// connection has no peer credentials, so serve it through Serve.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Serve answers connections from ln until Shutdown. It returns nil after
+// Shutdown, and the listener's error otherwise.
+func (s *Server) Serve(ln net.Listener) error {
+	err := s.http.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting connections and ends event streams at once; other
+// in-flight requests, exec streams included, finish until ctx ends. Then
+// every request context is cancelled and the connections are cut.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.closingOnce.Do(func() { close(s.closing) })
+	err := s.http.Shutdown(ctx)
+	if err == nil {
+		return nil
+	}
+	s.hardStop()
+	_ = s.http.Close()
+	return fmt.Errorf("shut down the socket API: requests still running were cut: %w", err)
+}
+
+// ActiveStreams counts open exec and event streams (for idle-exit decisions).
+func (s *Server) ActiveStreams() int { return int(s.streams.Load()) }
+
+// ActiveRequests counts requests being handled, streams included.
+func (s *Server) ActiveRequests() int { return int(s.requests.Load()) }
+
+// apiFunc is a handler that returns its error; serveAPI maps it.
+type apiFunc func(w http.ResponseWriter, r *http.Request) error
+
+func (s *Server) serveAPI(fn apiFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := fn(w, r); err != nil {
+			writeError(w, r, s.log, err)
+		}
+	})
+}
+
+// middleware applies the checks every request goes through, in order: the
+// version header (on every answer, errors included), the peer's UID, the
+// browser guard and the body limit.
+func (s *Server) middleware(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.requests.Add(1)
+		defer s.requests.Add(-1)
+		w.Header().Set(HeaderVersion, s.version)
+		p, err := peerFrom(r.Context())
+		if err != nil {
+			writeError(w, r, s.log, errdefs.Unauthorized(fmt.Errorf("refused: %w", err)))
+			return
+		}
+		if p.uid != s.uid {
+			s.log.Warn("refused a connection from another user", "peer_uid", p.uid, "peer_pid", p.pid, "allowed_uid", s.uid)
+			writeError(w, r, s.log, errdefs.Unauthorized(fmt.Errorf("refused: the connection comes from uid %d, and sandboxd serves only its own user (uid %d)", p.uid, s.uid)))
+			return
+		}
+		for _, h := range []string{"Origin", "Referer"} {
+			if r.Header.Get(h) != "" {
+				writeError(w, r, s.log, errdefs.Unauthorized(fmt.Errorf("refused: the request carries an %s header; sandboxd does not serve browsers", h)))
+				return
+			}
+		}
+		if r.ContentLength > s.maxBody && r.URL.Path != routeExec {
+			writeError(w, r, s.log, errdefs.TooLarge(fmt.Errorf("the request body (%d bytes) is larger than the limit of %d bytes", r.ContentLength, s.maxBody)))
+			return
+		}
+		if r.URL.Path != routeExec {
+			// The exec body is a long-lived stream, bounded per frame instead.
+			r.Body = http.MaxBytesReader(w, r.Body, s.maxBody)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// trackStream counts an open stream until the returned func is called.
+func (s *Server) trackStream() func() {
+	s.streams.Add(1)
+	return func() { s.streams.Add(-1) }
+}

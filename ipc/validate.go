@@ -1,0 +1,103 @@
+package ipc
+
+import (
+	"path/filepath"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/ipc/errdefs"
+)
+
+// Validation at the edge: what can be checked without the daemon's state is
+// refused here with a 400 and a message naming the field. Validate methods
+// also normalise (clean) paths.
+
+// Validate checks that t names a session: a run id, or an absolute cwd.
+func (t *Target) Validate() error {
+	if t.Cwd == "" && t.RunID == "" {
+		return errdefs.Invalidf("cwd or runId is required: send the caller's absolute working directory, or a run id")
+	}
+	if t.Cwd != "" {
+		cwd, err := cleanAbs("cwd", t.Cwd)
+		if err != nil {
+			return err
+		}
+		t.Cwd = cwd
+	}
+	if strings.ContainsRune(t.RunID, '/') || strings.TrimSpace(t.RunID) != t.RunID {
+		return errdefs.Invalidf("runId %q is not a run id", t.RunID)
+	}
+	if t.ConfigFile != "" && !filepath.IsAbs(t.ConfigFile) && t.Cwd == "" {
+		return errdefs.Invalidf("configFile %q is relative, so cwd is required to resolve it", t.ConfigFile)
+	}
+	if strings.ContainsRune(t.Cwd+t.ConfigFile+t.RunID, 0) {
+		return errdefs.Invalidf("cwd, configFile and runId must not contain NUL bytes")
+	}
+	return nil
+}
+
+// Validate checks a start or reset request.
+func (r *StartRequest) Validate() error {
+	if err := r.Target.Validate(); err != nil {
+		return err
+	}
+	for k := range r.Init {
+		if strings.TrimSpace(k) == "" {
+			return errdefs.Invalidf("init parameter with an empty key: pass them as key=value")
+		}
+	}
+	if r.WaitTimeoutSeconds < 0 {
+		return errdefs.Invalidf("waitTimeoutSeconds must not be negative, got %d", r.WaitTimeoutSeconds)
+	}
+	return nil
+}
+
+// Validate checks a stop request: a target, or all, not both.
+func (r *StopRequest) Validate() error {
+	if r.All {
+		if r.Cwd != "" || r.RunID != "" || r.ConfigFile != "" {
+			return errdefs.Invalidf("all=true stops every session: do not combine it with cwd, configFile or runId")
+		}
+		return nil
+	}
+	return r.Target.Validate()
+}
+
+// Validate checks an init request.
+func (r *InitRequest) Validate() error {
+	if r.Cwd == "" {
+		return errdefs.Invalidf("cwd is required: send the caller's absolute working directory")
+	}
+	cwd, err := cleanAbs("cwd", r.Cwd)
+	if err != nil {
+		return err
+	}
+	r.Cwd = cwd
+	if strings.ContainsRune(r.Cwd+r.File, 0) {
+		return errdefs.Invalidf("cwd and file must not contain NUL bytes")
+	}
+	return nil
+}
+
+// Validate checks an exec request.
+func (r *ExecRequest) Validate() error {
+	if err := r.Target.Validate(); err != nil {
+		return err
+	}
+	if len(r.Argv) == 0 {
+		return errdefs.Invalidf("argv is empty: give the command to run, for example [\"make\",\"test\"] (sbx exec -- make test)")
+	}
+	if r.Argv[0] == "" {
+		return errdefs.Invalidf("argv[0] is empty: the first element is the program to run")
+	}
+	for i, a := range r.Argv {
+		if strings.ContainsRune(a, 0) {
+			return errdefs.Invalidf("argv[%d] contains a NUL byte, which no command can receive", i)
+		}
+	}
+	for k, v := range r.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return errdefs.Invalidf("env entry %q is not a valid variable name/value", k)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,275 @@
+// Package agent is the SSH sandbox agent of sandboxd-localcloud: one per
+// sandboxable run, listening on loopback, running commands in the run's
+// workspace and implementing the RWX sandbox directives (lock, sync markers,
+// end).
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// User is the only SSH user the agent accepts, as on RWX Cloud.
+const User = "mint-cli"
+
+// Directives are exec commands the agent interprets itself instead of
+// running them.
+const (
+	DirectiveLockRequested = "__rwx_sandbox_lock_requested__"
+	DirectiveLockReleased  = "__rwx_sandbox_lock_released__"
+	DirectiveSyncStart     = "__rwx_sandbox_sync_start__"
+	DirectiveSyncEnd       = "__rwx_sandbox_sync_end__"
+	DirectiveEnd           = "__rwx_sandbox_end__"
+)
+
+// Config describes one agent.
+type Config struct {
+	// Addr to listen on; "127.0.0.1:0" when empty.
+	Addr string
+	// HostKey identifies the agent; AuthorizedKey is the run's user key,
+	// the only key accepted.
+	HostKey       ssh.Signer
+	AuthorizedKey ssh.PublicKey
+	// Workspace is the directory commands run in; Env their whole
+	// environment (the agent adds TERM for a pty and what env requests set).
+	Workspace string
+	Env       []string
+	// RunLog receives one line per command (not its output), except between
+	// the sync markers; nil discards.
+	RunLog io.Writer
+	Logger *slog.Logger
+	// OnEnd is called (once, in its own goroutine) after
+	// __rwx_sandbox_end__ has been answered.
+	OnEnd func()
+	// OnActivity is called whenever a session channel opens or closes.
+	OnActivity func()
+	// Refuse, when it returns true, makes the agent drop new connections
+	// at once (fault injection).
+	Refuse func() bool
+	// OutputGrace bounds how long the agent waits, after a command exits,
+	// for background processes that keep its stdout or stderr open; 2s
+	// when zero.
+	OutputGrace time.Duration
+}
+
+// Agent is a running SSH sandbox agent.
+type Agent struct {
+	cfg    Config
+	ln     net.Listener
+	server *ssh.ServerConfig
+	lock   fifoLock
+	log    *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	busy   atomic.Int64
+	ended  atomic.Bool
+
+	mu     sync.Mutex
+	conns  map[uint64]*ssh.ServerConn
+	nextID uint64
+	logMu  sync.Mutex
+}
+
+// Start listens and serves until Close.
+func Start(cfg Config) (*Agent, error) {
+	if cfg.HostKey == nil || cfg.AuthorizedKey == nil {
+		return nil, errors.New("start sandbox agent: host key and authorized user key are required")
+	}
+	if cfg.Workspace == "" {
+		return nil, errors.New("start sandbox agent: workspace is required")
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.OutputGrace == 0 {
+		cfg.OutputGrace = 2 * time.Second
+	}
+	want := cfg.AuthorizedKey.Marshal()
+	server := &ssh.ServerConfig{
+		PublicKeyCallback: func(md ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
+			if md.User() != User {
+				return nil, fmt.Errorf("user %q is not accepted: use %q", md.User(), User)
+			}
+			if string(key.Marshal()) != string(want) {
+				return nil, errors.New("public key is not the run's user key")
+			}
+			return &ssh.Permissions{}, nil
+		},
+		ServerVersion: "SSH-2.0-sandboxd-localcloud",
+	}
+	server.AddHostKey(cfg.HostKey)
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("start sandbox agent: listen on %s: %w", cfg.Addr, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &Agent{cfg: cfg, ln: ln, server: server, log: cfg.Logger, ctx: ctx, cancel: cancel, conns: map[uint64]*ssh.ServerConn{}}
+	a.wg.Add(1)
+	go a.acceptLoop()
+	return a, nil
+}
+
+// Addr is the host:port clients connect to.
+func (a *Agent) Addr() string { return a.ln.Addr().String() }
+
+// Busy reports whether a session channel is open (a command running, a
+// lock being waited for); a busy sandbox is not idle.
+func (a *Agent) Busy() bool { return a.busy.Load() > 0 }
+
+// DropConnections closes every client connection (fault injection); the
+// locks they held are released. It returns how many were closed.
+func (a *Agent) DropConnections() int {
+	a.mu.Lock()
+	conns := make([]*ssh.ServerConn, 0, len(a.conns))
+	for _, c := range a.conns {
+		conns = append(conns, c)
+	}
+	a.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+	return len(conns)
+}
+
+// Close stops listening, closes every connection, hangs up running commands
+// and waits for the agent's goroutines.
+func (a *Agent) Close() error {
+	a.cancel()
+	err := a.ln.Close()
+	a.DropConnections()
+	a.wg.Wait()
+	if errors.Is(err, net.ErrClosed) {
+		err = nil
+	}
+	return err
+}
+
+func (a *Agent) acceptLoop() {
+	defer a.wg.Done()
+	for {
+		nc, err := a.ln.Accept()
+		if err != nil {
+			if a.ctx.Err() == nil && !errors.Is(err, net.ErrClosed) {
+				a.log.Warn("sandbox agent stopped accepting", "err", err)
+			}
+			return
+		}
+		if a.cfg.Refuse != nil && a.cfg.Refuse() {
+			nc.Close()
+			continue
+		}
+		a.wg.Add(1)
+		go a.serveConn(nc)
+	}
+}
+
+func (a *Agent) serveConn(nc net.Conn) {
+	defer a.wg.Done()
+	_ = nc.SetDeadline(time.Now().Add(30 * time.Second)) // handshake only
+	conn, chans, reqs, err := ssh.NewServerConn(nc, a.server)
+	if err != nil {
+		nc.Close()
+		a.log.Debug("ssh handshake failed", "remote", nc.RemoteAddr(), "err", err)
+		return
+	}
+	_ = nc.SetDeadline(time.Time{})
+	a.mu.Lock()
+	if a.ctx.Err() != nil {
+		a.mu.Unlock()
+		conn.Close()
+		return
+	}
+	a.nextID++
+	id := a.nextID
+	a.conns[id] = conn
+	a.mu.Unlock()
+
+	c := &connState{agent: a, id: id}
+	ctx, cancel := context.WithCancel(a.ctx)
+	defer func() {
+		cancel()
+		conn.Close()
+		a.lock.releaseOwner(id)
+		a.mu.Lock()
+		delete(a.conns, id)
+		a.mu.Unlock()
+	}()
+	go func() {
+		for req := range reqs {
+			// keepalive@openssh.com and friends: answer so that clients see
+			// a live connection.
+			if req.WantReply {
+				_ = req.Reply(req.Type == "keepalive@openssh.com", nil)
+			}
+		}
+	}()
+	var sessions sync.WaitGroup
+	for nch := range chans {
+		if nch.ChannelType() != "session" {
+			_ = nch.Reject(ssh.UnknownChannelType, "only session channels are supported")
+			continue
+		}
+		ch, chReqs, err := nch.Accept()
+		if err != nil {
+			continue
+		}
+		sessions.Add(1)
+		go func() {
+			defer sessions.Done()
+			s := &session{conn: c, ch: ch}
+			s.serve(ctx, chReqs)
+		}()
+	}
+	// The connection is gone: wake lock waiters and hang up commands.
+	cancel()
+	sessions.Wait()
+}
+
+// connState is one client connection.
+type connState struct {
+	agent  *Agent
+	id     uint64
+	mu     sync.Mutex
+	inSync bool // between sync markers: commands are not logged
+}
+
+func (a *Agent) activity() {
+	if a.cfg.OnActivity != nil {
+		a.cfg.OnActivity()
+	}
+}
+
+func (a *Agent) logCommand(c *connState, line string) {
+	if a.cfg.RunLog == nil {
+		return
+	}
+	c.mu.Lock()
+	hidden := c.inSync
+	c.mu.Unlock()
+	if hidden {
+		return
+	}
+	a.logMu.Lock()
+	defer a.logMu.Unlock()
+	fmt.Fprintf(a.cfg.RunLog, "%s %s\n", time.Now().UTC().Format(time.RFC3339), line)
+}
+
+func (a *Agent) end() {
+	if a.ended.CompareAndSwap(false, true) && a.cfg.OnEnd != nil {
+		go a.cfg.OnEnd()
+	}
+}

@@ -1,0 +1,331 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// session is one SSH session channel: at most one exec or shell.
+type session struct {
+	conn *connState
+	ch   ssh.Channel
+
+	mu      sync.Mutex
+	env     []string
+	pty     *ptyRequest
+	master  *os.File // pty master once the command runs on a pty
+	started bool
+	pid     int // process group of the running command; 0 when none
+}
+
+type ptyRequest struct {
+	Term          string
+	Columns, Rows uint32
+	Width, Height uint32
+	Modes         string
+}
+
+type windowChange struct {
+	Columns, Rows uint32
+	Width, Height uint32
+}
+
+func (s *session) serve(ctx context.Context, reqs <-chan *ssh.Request) {
+	a := s.conn.agent
+	a.busy.Add(1)
+	a.activity()
+	defer func() {
+		a.busy.Add(-1)
+		a.activity()
+	}()
+	// ctx ends when the channel is closed by either side or the connection
+	// goes away: lock waits give up and running commands are hung up.
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		<-ctx.Done()
+		s.hangUp()
+	}()
+	var running sync.WaitGroup
+	for req := range reqs {
+		ok := s.handle(ctx, req, &running)
+		if req.WantReply {
+			_ = req.Reply(ok, nil)
+		}
+	}
+	cancel()
+	running.Wait()
+	s.ch.Close()
+}
+
+func (s *session) handle(ctx context.Context, req *ssh.Request, running *sync.WaitGroup) bool {
+	switch req.Type {
+	case "env":
+		var kv struct{ Name, Value string }
+		if ssh.Unmarshal(req.Payload, &kv) != nil || kv.Name == "" || strings.ContainsAny(kv.Name, "=\x00") {
+			return false
+		}
+		s.mu.Lock()
+		s.env = append(s.env, kv.Name+"="+kv.Value)
+		s.mu.Unlock()
+		return true
+	case "pty-req":
+		var p ptyRequest
+		if ssh.Unmarshal(req.Payload, &p) != nil {
+			return false
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.started {
+			return false
+		}
+		s.pty = &p
+		return true
+	case "window-change":
+		var w windowChange
+		if ssh.Unmarshal(req.Payload, &w) != nil {
+			return false
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.pty != nil {
+			s.pty.Columns, s.pty.Rows = w.Columns, w.Rows
+		}
+		if s.master != nil {
+			_ = setWinsize(s.master, w.Columns, w.Rows)
+		}
+		return true
+	case "exec", "shell":
+		var command string
+		if req.Type == "exec" {
+			var p struct{ Command string }
+			if ssh.Unmarshal(req.Payload, &p) != nil {
+				return false
+			}
+			command = p.Command
+		}
+		s.mu.Lock()
+		if s.started {
+			s.mu.Unlock()
+			return false
+		}
+		s.started = true
+		s.mu.Unlock()
+		running.Add(1)
+		go func() {
+			defer running.Done()
+			s.run(ctx, req.Type == "shell", command)
+		}()
+		return true
+	case "signal":
+		var p struct{ Signal string }
+		if ssh.Unmarshal(req.Payload, &p) != nil {
+			return false
+		}
+		sig, ok := signalsByName[p.Signal]
+		if !ok {
+			return false
+		}
+		return s.signal(sig) == nil
+	case "keepalive@openssh.com":
+		return true
+	default:
+		return false
+	}
+}
+
+// run executes a directive, a command or a shell, then reports its exit and
+// closes the channel.
+func (s *session) run(ctx context.Context, shell bool, command string) {
+	a := s.conn.agent
+	if !shell {
+		if handled := s.directive(ctx, strings.TrimSpace(command)); handled {
+			return
+		}
+		a.logCommand(s.conn, "$ "+command)
+	} else {
+		a.logCommand(s.conn, "$ (interactive shell)")
+	}
+	status, sig, err := s.runProcess(shell, command)
+	if err != nil {
+		fmt.Fprintf(s.ch.Stderr(), "sandboxd-localcloud: %v\n", err)
+	}
+	_ = s.ch.CloseWrite()
+	if sig != "" {
+		_, _ = s.ch.SendRequest("exit-signal", false, ssh.Marshal(struct {
+			Signal     string
+			CoreDumped bool
+			Error      string
+			Lang       string
+		}{Signal: sig}))
+	} else {
+		s.exit(status)
+	}
+	s.ch.Close()
+}
+
+// directive answers the agent's own commands; it reports false for
+// anything else. Directives print nothing.
+func (s *session) directive(ctx context.Context, command string) bool {
+	a := s.conn.agent
+	switch command {
+	case DirectiveLockRequested:
+		if err := a.lock.acquire(ctx, s.conn.id); err != nil {
+			s.ch.Close() // the client went away while waiting
+			return true
+		}
+	case DirectiveLockReleased:
+		a.lock.release(s.conn.id)
+	case DirectiveSyncStart, DirectiveSyncEnd:
+		s.conn.mu.Lock()
+		s.conn.inSync = command == DirectiveSyncStart
+		s.conn.mu.Unlock()
+	case DirectiveEnd:
+		a.logCommand(s.conn, "sandbox ended by the client")
+		s.exit(0)
+		s.ch.Close()
+		a.end()
+		return true
+	default:
+		return false
+	}
+	s.exit(0)
+	s.ch.Close()
+	return true
+}
+
+func (s *session) exit(status int) {
+	_, _ = s.ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{uint32(status)}))
+}
+
+// runProcess runs the command in its own process group (or session, on a
+// pty) and returns its exit status or the name of the signal that killed
+// it.
+func (s *session) runProcess(shell bool, command string) (status int, signal string, err error) {
+	a := s.conn.agent
+	args := []string{"/bin/sh", "-c", command}
+	if shell {
+		args = []string{loginShell(), "-i"}
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Dir = a.cfg.Workspace
+	s.mu.Lock()
+	env := append(append([]string{}, a.cfg.Env...), s.env...)
+	var p *ptyRequest
+	if s.pty != nil {
+		cp := *s.pty // window-change updates s.pty concurrently
+		p = &cp
+	}
+	s.mu.Unlock()
+	if p != nil {
+		term := p.Term
+		if term == "" {
+			term = "xterm"
+		}
+		env = append(env, "TERM="+term)
+	}
+	cmd.Env = env
+	cmd.WaitDelay = a.cfg.OutputGrace
+
+	var master, tty *os.File
+	if p != nil {
+		master, tty, err = openPTY()
+		if err != nil {
+			return 1, "", fmt.Errorf("allocate a terminal: %w", err)
+		}
+		defer master.Close()
+		_ = setWinsize(tty, p.Columns, p.Rows)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	} else {
+		stdin, perr := cmd.StdinPipe()
+		if perr != nil {
+			return 1, "", fmt.Errorf("set up stdin: %w", perr)
+		}
+		go func() {
+			// Not waited for: a client that never closes stdin must not
+			// keep the exit status from being sent.
+			_, _ = io.Copy(stdin, s.ch)
+			stdin.Close()
+		}()
+		cmd.Stdout, cmd.Stderr = s.ch, s.ch.Stderr()
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
+	if err := cmd.Start(); err != nil {
+		if tty != nil {
+			tty.Close()
+		}
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOENT) {
+			return 127, "", fmt.Errorf("start %s in %s: %w", args[0], a.cfg.Workspace, err)
+		}
+		return 126, "", fmt.Errorf("start %s in %s: %w", args[0], a.cfg.Workspace, err)
+	}
+	s.mu.Lock()
+	s.pid = cmd.Process.Pid
+	s.mu.Unlock()
+	var copied sync.WaitGroup
+	if master != nil {
+		tty.Close()
+		s.mu.Lock()
+		s.master = master
+		_ = setWinsize(master, s.pty.Columns, s.pty.Rows) // a resize may have come during the start
+		s.mu.Unlock()
+		copied.Add(1)
+		go func() {
+			defer copied.Done()
+			_, _ = io.Copy(s.ch, master) // ends with EIO once the terminal hangs up
+		}()
+		go func() { _, _ = io.Copy(master, s.ch) }()
+	}
+	werr := cmd.Wait()
+	copied.Wait()
+	s.mu.Lock()
+	s.pid = 0
+	s.master = nil
+	s.mu.Unlock()
+	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if !ok {
+		return 1, "", fmt.Errorf("wait for the command: %w", werr)
+	}
+	if ws.Signaled() {
+		if name := signalName(ws.Signal()); name != "" {
+			return 0, name, nil
+		}
+		return 128 + int(ws.Signal()), "", nil
+	}
+	return ws.ExitStatus(), "", nil
+}
+
+// signal delivers sig to the running command's whole process group.
+func (s *session) signal(sig syscall.Signal) error {
+	s.mu.Lock()
+	pid := s.pid
+	s.mu.Unlock()
+	if pid == 0 {
+		return errors.New("no command is running")
+	}
+	return syscall.Kill(-pid, sig)
+}
+
+// hangUp sends SIGHUP to a command whose client went away, as a terminal
+// hangup would.
+func (s *session) hangUp() {
+	_ = s.signal(syscall.SIGHUP)
+}
+
+func loginShell() string {
+	for _, sh := range []string{"/bin/bash", "/bin/sh"} {
+		if st, err := os.Stat(sh); err == nil && st.Mode()&0o111 != 0 {
+			return sh
+		}
+	}
+	return "/bin/sh"
+}

@@ -1,0 +1,230 @@
+// Package provision prepares a localcloud sandbox: it reads the run's
+// config, clones the repository at the run's commit into the workspace and
+// runs the setup steps that come before the sandbox task.
+package provision
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// SandboxRun is the `run:` value of the task that marks where the sandbox
+// becomes available.
+const SandboxRun = "rwx-sandbox"
+
+// Definition is what localcloud acts on in a sandbox config.
+type Definition struct {
+	// Steps are the tasks with a `run:` that come before the sandbox task,
+	// in file order.
+	Steps []Step
+	// SandboxKey is the key of the sandbox task.
+	SandboxKey string
+}
+
+// Step is one setup command.
+type Step struct {
+	Key string
+	Run string
+}
+
+type configFile struct {
+	Tasks []struct {
+		Key  string `yaml:"key"`
+		Run  string `yaml:"run"`
+		Call string `yaml:"call"`
+		Use  any    `yaml:"use"`
+	} `yaml:"tasks"`
+}
+
+// ErrInvalidConfig is wrapped by every config error (a 400 for the API).
+var ErrInvalidConfig = errors.New("invalid sandbox config")
+
+// ParseConfig reads a sandbox config (the RWX run definition YAML). Tasks
+// that `call:` packages (git/clone and the like) are skipped: localcloud
+// clones the repository itself and has no package registry.
+func ParseConfig(contents []byte) (Definition, error) {
+	var cf configFile
+	if err := yaml.Unmarshal(contents, &cf); err != nil {
+		return Definition{}, fmt.Errorf("%w: not valid YAML: %v", ErrInvalidConfig, err)
+	}
+	if len(cf.Tasks) == 0 {
+		return Definition{}, fmt.Errorf("%w: no tasks: add a task with `run: %s`", ErrInvalidConfig, SandboxRun)
+	}
+	var d Definition
+	for i, t := range cf.Tasks {
+		run := strings.TrimSpace(t.Run)
+		if run == SandboxRun {
+			d.SandboxKey = t.Key
+			return d, nil
+		}
+		if run == "" {
+			continue
+		}
+		key := t.Key
+		if key == "" {
+			key = fmt.Sprintf("task-%d", i+1)
+		}
+		d.Steps = append(d.Steps, Step{Key: key, Run: t.Run})
+	}
+	return Definition{}, fmt.Errorf("%w: no task with `run: %s`: add one after the setup tasks", ErrInvalidConfig, SandboxRun)
+}
+
+// CloneOptions locate the repository to check out.
+type CloneOptions struct {
+	Origin string // a local path or any URL git can reach
+	Sha    string // empty: the origin's default branch
+	Branch string // checked out at Sha when it is a valid branch name
+	Dest   string // must not exist yet
+	// Env for git (the server's own, so the user's credentials work);
+	// nil means the current process environment.
+	Env []string
+	Log io.Writer
+}
+
+var hexSha = regexp.MustCompile(`^[0-9a-fA-F]{4,64}$`)
+
+// ValidSha reports whether s can be a commit id.
+func ValidSha(s string) bool { return s == "" || hexSha.MatchString(s) }
+
+// Clone checks the repository out at the requested commit.
+func Clone(ctx context.Context, o CloneOptions) error {
+	if !ValidSha(o.Sha) {
+		return fmt.Errorf("git sha %q is not a commit id", o.Sha)
+	}
+	env := o.Env
+	if env == nil {
+		env = os.Environ()
+	}
+	env = append(env, "GIT_TERMINAL_PROMPT=0", "GIT_ASKPASS=/bin/false", "GCM_INTERACTIVE=never")
+	git := func(args ...string) ([]byte, error) {
+		cmd := command(ctx, "git", args...)
+		cmd.Env = env
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, "$ git %s\n", strings.Join(args, " "))
+			w := io.MultiWriter(&out, o.Log)
+			cmd.Stdout, cmd.Stderr = w, w
+		}
+		err := cmd.Run()
+		if ctx.Err() != nil {
+			return out.Bytes(), ctx.Err()
+		}
+		return out.Bytes(), err
+	}
+	if out, err := git("clone", "--quiet", "--no-checkout", "--", o.Origin, o.Dest); err != nil {
+		return fmt.Errorf("clone the repository from git.origin_url %q: %s", o.Origin, tail(out, err))
+	}
+	ref := "HEAD"
+	if o.Sha != "" {
+		ref = o.Sha
+		if out, err := git("-C", o.Dest, "cat-file", "-e", o.Sha+"^{commit}"); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("commit %s is not in %s (push it, then start the sandbox again): %s", o.Sha, o.Origin, tail(out, err))
+		}
+	}
+	args := []string{"-C", o.Dest, "checkout", "--quiet", "--detach", ref}
+	if o.Branch != "" && o.Sha != "" {
+		if _, err := git("check-ref-format", "--branch", o.Branch); err == nil {
+			args = []string{"-C", o.Dest, "checkout", "--quiet", "-B", o.Branch, ref}
+		}
+	}
+	if out, err := git(args...); err != nil {
+		return fmt.Errorf("check out %s in %s: %s", ref, o.Dest, tail(out, err))
+	}
+	return nil
+}
+
+// StepError is a setup step that failed.
+type StepError struct {
+	Key    string
+	Err    error // the exit error
+	Output string
+}
+
+func (e *StepError) Error() string {
+	msg := fmt.Sprintf("setup step %q failed: %v", e.Key, e.Err)
+	if e.Output != "" {
+		msg += "\n" + e.Output
+	}
+	return msg
+}
+
+func (e *StepError) Unwrap() error { return e.Err }
+
+// RunSteps runs steps in order under /bin/sh in dir with env, logging to
+// log; the first failure stops and is returned as a *StepError carrying the
+// tail of its output.
+func RunSteps(ctx context.Context, steps []Step, dir string, env []string, log io.Writer) error {
+	if log == nil {
+		log = io.Discard
+	}
+	for _, s := range steps {
+		fmt.Fprintf(log, "==> %s\n$ %s\n", s.Key, s.Run)
+		var out tailBuffer
+		cmd := command(ctx, "/bin/sh", "-c", s.Run)
+		cmd.Dir, cmd.Env = dir, env
+		w := io.MultiWriter(log, &out) // one writer: exec shares one pipe
+		cmd.Stdout, cmd.Stderr = w, w
+		start := time.Now()
+		err := cmd.Run()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil {
+			fmt.Fprintf(log, "==> %s failed after %s: %v\n", s.Key, time.Since(start).Round(time.Millisecond), err)
+			return &StepError{Key: s.Key, Err: err, Output: strings.TrimSpace(out.String())}
+		}
+		fmt.Fprintf(log, "==> %s done in %s\n", s.Key, time.Since(start).Round(time.Millisecond))
+	}
+	return nil
+}
+
+// command runs name in its own process group, killed as a whole when ctx
+// ends (a cancelled run leaves nothing behind).
+func command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 2 * time.Second
+	return cmd
+}
+
+func tail(out []byte, err error) string {
+	s := strings.TrimSpace(string(out))
+	if len(s) > 2000 {
+		s = "..." + s[len(s)-2000:]
+	}
+	if s == "" {
+		return err.Error()
+	}
+	return s
+}
+
+// tailBuffer keeps the last 4 KiB written to it.
+type tailBuffer struct{ b []byte }
+
+const tailMax = 4096
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.b = append(t.b, p...)
+	if len(t.b) > tailMax {
+		t.b = append(t.b[:0], t.b[len(t.b)-tailMax:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string { return string(t.b) }

@@ -1,0 +1,149 @@
+package provision
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseConfig(t *testing.T) {
+	d, err := ParseConfig([]byte(`
+base:
+  image: ubuntu:24.04
+tasks:
+  - key: code
+    call: git/clone 1.9.0
+  - key: deps
+    use: code
+    run: echo deps > deps.txt
+  - key: more
+    use: [deps]
+    run: |
+      echo more
+  - key: sandbox
+    use: more
+    run: rwx-sandbox
+  - key: after
+    run: echo never
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.SandboxKey != "sandbox" || len(d.Steps) != 2 || d.Steps[0].Key != "deps" || d.Steps[1].Key != "more" {
+		t.Fatalf("definition %+v", d)
+	}
+	for _, bad := range []string{"tasks: [", "tasks: []", "tasks:\n  - key: a\n    run: echo\n", "tasks: 3"} {
+		if _, err := ParseConfig([]byte(bad)); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("config %q: want ErrInvalidConfig, got %v", bad, err)
+		}
+	}
+}
+
+func git(t testing.TB, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t", "GIT_CONFIG_GLOBAL=/dev/null")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// origin makes a bare repository with two commits; it returns its path and
+// the first commit.
+func origin(t testing.TB) (string, string) {
+	t.Helper()
+	root := t.TempDir()
+	src := filepath.Join(root, "src")
+	os.MkdirAll(src, 0o755)
+	git(t, src, "init", "-q", "-b", "main")
+	os.WriteFile(filepath.Join(src, "a.txt"), []byte("one\n"), 0o644)
+	git(t, src, "add", ".")
+	git(t, src, "commit", "-q", "-m", "one")
+	first := git(t, src, "rev-parse", "HEAD")
+	os.WriteFile(filepath.Join(src, "a.txt"), []byte("two\n"), 0o644)
+	git(t, src, "commit", "-q", "-am", "two")
+	bare := filepath.Join(root, "origin.git")
+	git(t, root, "clone", "-q", "--bare", src, bare)
+	return bare, first
+}
+
+func TestCloneAtSha(t *testing.T) {
+	bare, first := origin(t)
+	dest := filepath.Join(t.TempDir(), "ws")
+	var log bytes.Buffer
+	if err := Clone(context.Background(), CloneOptions{Origin: bare, Sha: first, Branch: "feature/x", Dest: dest, Log: &log}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dest, "a.txt")); string(b) != "one\n" {
+		t.Fatalf("checked out %q", b)
+	}
+	if br := git(t, dest, "rev-parse", "--abbrev-ref", "HEAD"); br != "feature/x" {
+		t.Fatalf("branch %q", br)
+	}
+	if !strings.Contains(log.String(), "git clone") {
+		t.Fatalf("log: %q", log.String())
+	}
+}
+
+func TestCloneFailuresAreClear(t *testing.T) {
+	bare, _ := origin(t)
+	missing := filepath.Join(t.TempDir(), "nope.git")
+	err := Clone(context.Background(), CloneOptions{Origin: missing, Dest: filepath.Join(t.TempDir(), "ws")})
+	if err == nil || !strings.Contains(err.Error(), missing) || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("missing origin: %v", err)
+	}
+	err = Clone(context.Background(), CloneOptions{Origin: bare, Sha: strings.Repeat("ab", 20), Dest: filepath.Join(t.TempDir(), "ws")})
+	if err == nil || !strings.Contains(err.Error(), "push it") {
+		t.Fatalf("unknown sha: %v", err)
+	}
+	if err := Clone(context.Background(), CloneOptions{Origin: bare, Sha: "HEAD; rm -rf /", Dest: t.TempDir()}); err == nil {
+		t.Fatal("a malformed sha was accepted")
+	}
+}
+
+func TestRunSteps(t *testing.T) {
+	dir := t.TempDir()
+	var log bytes.Buffer
+	env := []string{"PATH=/usr/bin:/bin", "X=42"}
+	err := RunSteps(context.Background(), []Step{{Key: "a", Run: "echo $X > a.txt"}, {Key: "b", Run: "echo boom; exit 3"}, {Key: "c", Run: "touch c"}}, dir, env, &log)
+	var se *StepError
+	if !errors.As(err, &se) || se.Key != "b" || se.Output != "boom" {
+		t.Fatalf("want step b to fail with its output, got %#v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "a.txt")); string(b) != "42\n" {
+		t.Fatalf("step a: %q", b)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "c")); err == nil {
+		t.Fatal("step c ran after a failure")
+	}
+	if !strings.Contains(log.String(), "boom") {
+		t.Fatalf("log: %q", log.String())
+	}
+}
+
+func TestRunStepsCancelKillsGroup(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- RunSteps(ctx, []Step{{Key: "slow", Run: "sleep 30 & sleep 30; wait"}}, t.TempDir(), nil, nil)
+	}()
+	time.Sleep(50 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("got %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancel did not stop the step")
+	}
+}
