@@ -16,6 +16,7 @@ DESTDIR          ?=
 # make test: the whole suite, end-to-end tests included, must stay well
 # under 15 minutes on 2 cores.
 TEST_TIMEOUT ?= 14m
+PKGS         ?= ./...
 # make bench: BENCH selects benchmarks, BENCH_PKGS the packages.
 BENCH       ?= .
 BENCH_PKGS  ?= ./...
@@ -28,7 +29,7 @@ all: build
 help:
 	@echo "make build    build $(BINARIES) into $(BIN)/ (version $(VERSION))"
 	@echo "make run      build, then run sandboxd in the foreground"
-	@echo "make test     go vet, then go test -race ./... (end-to-end tests included)"
+	@echo "make test     go vet, then go test -race ./... (end-to-end tests included; PKGS=./daemon/... narrows)"
 	@echo "make bench    benchmarks (BENCH=regexp BENCH_PKGS=./pkg/... BENCHTIME=1s)"
 	@echo "make install  binaries to \$$PREFIX/bin ($(PREFIX)/bin), systemd user units to $(SYSTEMD_USER_DIR)"
 	@echo "make lint     gofmt and go vet"
@@ -45,8 +46,8 @@ run: build
 	exec $(BIN)/sandboxd
 
 test:
-	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
 
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count 1 -timeout 20m $(BENCH_PKGS)

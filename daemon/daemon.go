@@ -56,6 +56,12 @@ type SessionCounter interface {
 	SessionCount() int
 }
 
+// HandshakeCounter is optionally implemented by Services to report the SSH
+// handshakes made since start in /v1/health.
+type HandshakeCounter interface {
+	Handshakes() uint64
+}
+
 // Deps are what NewServices builds the services from.
 type Deps struct {
 	Store   *store.Store
@@ -565,6 +571,9 @@ func (d *daemon) Health(ctx context.Context) (ipc.HealthResponse, error) {
 	h.Sessions = n
 	if c, ok := d.services.(SessionCounter); ok {
 		h.Sessions = c.SessionCount()
+	}
+	if c, ok := d.services.(HandshakeCounter); ok {
+		h.SSHHandshakes = c.Handshakes()
 	}
 	return h, nil
 }

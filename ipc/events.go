@@ -61,6 +61,12 @@ func (s *Server) getEvents(w http.ResponseWriter, r *http.Request) error {
 	for {
 		select {
 		case ev, ok := <-sub.Events():
+			if ok && ev.Type == EventStreamClosed {
+				// The source ended the stream with its own reason (a slow
+				// consumer): forward it as the last event.
+				send(ev)
+				return nil
+			}
 			if !ok {
 				if ctx.Err() != nil {
 					return nil

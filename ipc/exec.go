@@ -218,11 +218,12 @@ func (st *execStream) readInput(dec *json.Decoder, in *frameLimitReader, cancel 
 			if st.ctx.Err() != nil {
 				return
 			}
-			if errors.Is(err, io.ErrUnexpectedEOF) || !isJSONError(err) {
-				cancel(errdefs.Canceled(fmt.Errorf("the client went away: %w", err)))
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) || (in.readErr == nil && !errors.Is(err, io.ErrUnexpectedEOF)) {
+				cancel(errdefs.Invalidf("exec input frame %d: %v", frame, jsonError(err)))
 				return
 			}
-			cancel(errdefs.Invalidf("exec input frame %d: %v", frame, jsonError(err)))
+			cancel(errdefs.Canceled(fmt.Errorf("the client went away: %w", err)))
 			return
 		}
 		if f.Signal != "" {
@@ -247,17 +248,6 @@ func (st *execStream) readInput(dec *json.Decoder, in *frameLimitReader, cancel 
 			closeStdin()
 		}
 	}
-}
-
-// isJSONError tells a malformed frame from a broken connection.
-func isJSONError(err error) bool {
-	var (
-		syntax   *json.SyntaxError
-		typeErr  *json.UnmarshalTypeError
-		tooLarge *http.MaxBytesError
-	)
-	return errors.As(err, &syntax) || errors.As(err, &typeErr) || errors.As(err, &tooLarge) ||
-		strings.HasPrefix(err.Error(), "json: unknown field ")
 }
 
 // frameWriter turns each Write into one stdout or stderr frame.
@@ -304,9 +294,10 @@ func (c *chanReader) Read(p []byte) (int, error) {
 // limit restarts at each frame. The JSON decoder reads ahead, so the bound
 // is approximate by at most one read.
 type frameLimitReader struct {
-	r     io.Reader
-	limit int64
-	n     int64
+	r       io.Reader
+	limit   int64
+	n       int64
+	readErr error // the connection's error, as opposed to bad JSON
 }
 
 func (f *frameLimitReader) reset() { f.n = 0 }
@@ -317,5 +308,8 @@ func (f *frameLimitReader) Read(p []byte) (int, error) {
 	}
 	n, err := f.r.Read(p)
 	f.n += int64(n)
+	if err != nil && !errors.Is(err, io.EOF) {
+		f.readErr = err
+	}
 	return n, err
 }

@@ -313,3 +313,62 @@ type recorder struct {
 func (r *recorder) Header() http.Header         { return r.header }
 func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
 func (r *recorder) WriteHeader(s int)           { r.status = s }
+
+func execFrames(t *testing.T, s *ipctest.Server, body string) []ipc.ExecOutput {
+	t.Helper()
+	code, h, b, err := rawRequestH(s.Socket, "POST", "/v1/exec", nil, strings.NewReader(body))
+	if err != nil || code != 200 || h.Get("Content-Type") != ipc.ContentTypeNDJSON {
+		t.Fatalf("exec: %d %v %q %s", code, err, h.Get("Content-Type"), b)
+	}
+	var frames []ipc.ExecOutput
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var f ipc.ExecOutput
+		if err := json.Unmarshal([]byte(line), &f); err != nil {
+			t.Fatalf("frame %q: %v", line, err)
+		}
+		frames = append(frames, f)
+	}
+	return frames
+}
+
+// A single plain JSON object (curl -d) is an exec without stdin.
+func TestExecPlainJSONBody(t *testing.T) {
+	s := start(t, ipctest.Options{})
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+		in, _ := io.ReadAll(st.Stdin())
+		io.WriteString(st.Stdout(), fmt.Sprintf("argv=%q stdin=%q", req.Argv, in))
+		return ipc.ExecResult{RunID: "run-1", ExitCode: 7}, nil
+	}
+	frames := execFrames(t, s, "{\n  \"cwd\": \"/x\",\n  \"argv\": [\"printf\", \"%s\", \"a b\"]\n}")
+	if len(frames) != 2 || frames[0].Type != ipc.ExecStdout || string(frames[0].Data) != `argv=["printf" "%s" "a b"] stdin=""` {
+		t.Fatalf("frames %+v", frames)
+	}
+	if frames[1].Type != ipc.ExecExit || frames[1].Result.ExitCode != 7 || frames[1].Result.PulledFiles == nil {
+		t.Fatalf("last frame %+v", frames[1])
+	}
+}
+
+// A malformed input frame ends the exec with an invalid error frame.
+func TestExecMalformedInputFrame(t *testing.T) {
+	s := start(t, ipctest.Options{})
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+		st.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
+		_, err := io.Copy(io.Discard, st.Stdin())
+		if err == nil {
+			<-ctx.Done()
+			err = ctx.Err()
+		}
+		return ipc.ExecResult{}, errdefs.Canceled(err)
+	}
+	for _, c := range []struct{ frame, msg string }{
+		{`{"stdin":"%%%"}`, "exec input frame 1"},
+		{`{"signal":"BOGUS"}`, `unknown signal "BOGUS"`},
+		{`{"stdinEof":true,"extra":1}`, "unknown field"},
+	} {
+		frames := execFrames(t, s, `{"cwd":"/x","argv":["cat"],"stdin":true}`+"\n"+c.frame+"\n")
+		last := frames[len(frames)-1]
+		if last.Type != ipc.ExecError || last.Error.Code != "invalid" || !strings.Contains(last.Error.Message, c.msg) {
+			t.Errorf("frame %s: last frame %+v, want an invalid error containing %q", c.frame, last.Error, c.msg)
+		}
+	}
+}

@@ -34,14 +34,17 @@ type VersionResponse struct {
 
 // HealthResponse is GET /v1/health.
 type HealthResponse struct {
-	Status        string  `json:"status"` // "ok"
-	Store         string  `json:"store"`  // "ok" or the error
-	SocketPath    string  `json:"socketPath,omitempty"`
-	Database      string  `json:"database"`
-	Activated     bool    `json:"socketActivated"`
-	Sessions      int     `json:"sessions"`
-	LiveStreams   int     `json:"liveStreams"`
-	Connections   int     `json:"connections"`
+	Status      string `json:"status"` // "ok"
+	Store       string `json:"store"`  // "ok" or the error
+	SocketPath  string `json:"socketPath,omitempty"`
+	Database    string `json:"database"`
+	Activated   bool   `json:"socketActivated"`
+	Sessions    int    `json:"sessions"`
+	LiveStreams int    `json:"liveStreams"`
+	Connections int    `json:"connections"`
+	// SSHHandshakes counts the SSH handshakes made since start: an exec on
+	// a warm connection adds none.
+	SSHHandshakes uint64  `json:"sshHandshakes"`
 	UptimeSeconds float64 `json:"uptimeSeconds"`
 }
 
@@ -126,7 +129,7 @@ type InitResponse struct {
 	File string `json:"file"`
 }
 
-// StatusRequest is GET /v1/status?cwd=&config=&runId=.
+// StatusRequest is GET /v1/status?cwd=&configFile=&runId=.
 type StatusRequest = Target
 
 // ProbeResponse is GET /v1/sessions/{id}/probe and part of status.

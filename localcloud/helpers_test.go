@@ -206,23 +206,27 @@ func (c *client) connInfo(id string) runsapi.ConnectionInfo {
 	return ci
 }
 
-// dialSandbox connects the way the RWX CLI does.
-func dialSandbox(t testing.TB, ci runsapi.ConnectionInfo) *ssh.Client {
-	t.Helper()
+// sshDial connects the way the RWX CLI does.
+func sshDial(ci runsapi.ConnectionInfo) (*ssh.Client, error) {
 	key, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	host, _, _, _, err := ssh.ParseAuthorizedKey([]byte(ci.PublicHostKey))
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	c, err := ssh.Dial("tcp", ci.Address, &ssh.ClientConfig{
+	return ssh.Dial("tcp", ci.Address, &ssh.ClientConfig{
 		User:            "mint-cli",
 		Auth:            []ssh.AuthMethod{ssh.PublicKeys(key)},
 		HostKeyCallback: ssh.FixedHostKey(host),
 		Timeout:         10 * time.Second,
 	})
+}
+
+func dialSandbox(t testing.TB, ci runsapi.ConnectionInfo) *ssh.Client {
+	t.Helper()
+	c, err := sshDial(ci)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -123,8 +123,8 @@ type Server struct {
 	done      chan struct{}
 }
 
-// New prepares a server: state directory, access token and certificate.
-// Nothing listens until Start.
+// New validates cfg and creates the state directory. Nothing is read or
+// listened on until Start.
 func New(cfg Config) (*Server, error) {
 	if cfg.Dir == "" {
 		l, err := paths.Resolve(paths.OSEnv)
@@ -175,23 +175,16 @@ func New(cfg Config) (*Server, error) {
 	if err := os.Chmod(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("restrict the state directory: %w", err)
 	}
-	token, err := loadOrCreateToken(filepath.Join(cfg.Dir, TokenFile))
-	if err != nil {
-		return nil, err
-	}
-	cert, pool, err := loadOrCreateCert(filepath.Join(cfg.Dir, certDir), time.Now())
-	if err != nil {
-		return nil, err
-	}
-	return &Server{cfg: cfg, log: cfg.Logger, token: token, cert: cert, pool: pool, faults: cfg.Faults, done: make(chan struct{})}, nil
+	return &Server{cfg: cfg, log: cfg.Logger, faults: cfg.Faults, done: make(chan struct{})}, nil
 }
 
 type wallClock struct{}
 
 func (wallClock) Now() time.Time { return time.Now() }
 
-// Start takes the single-instance lock, rehydrates the runs, listens and
-// writes the discovery file.
+// Start takes the single-instance lock, loads (or creates) the access
+// token and certificate, rehydrates the runs, listens and writes the
+// discovery file.
 func (s *Server) Start(ctx context.Context) error {
 	lock, err := acquireLock(filepath.Join(s.cfg.Dir, LockFile))
 	if err != nil {
@@ -201,6 +194,14 @@ func (s *Server) Start(ctx context.Context) error {
 	fail := func(err error) error {
 		s.Close(context.Background())
 		return err
+	}
+	// Token and certificate are created under the lock: racing starters
+	// must not each write their own.
+	if s.token, err = loadOrCreateToken(filepath.Join(s.cfg.Dir, TokenFile)); err != nil {
+		return fail(err)
+	}
+	if s.cert, s.pool, err = loadOrCreateCert(filepath.Join(s.cfg.Dir, certDir), time.Now()); err != nil {
+		return fail(err)
 	}
 	s.runs, err = runs.Open(runs.Config{
 		Dir:         s.cfg.Dir,

@@ -102,7 +102,9 @@ func (e *env) get(key string) string {
 	return ""
 }
 
-func (e *env) socket() string { return filepath.Join(e.get("XDG_RUNTIME_DIR"), "sandboxd", "sandboxd.sock") }
+func (e *env) socket() string {
+	return filepath.Join(e.get("XDG_RUNTIME_DIR"), "sandboxd", "sandboxd.sock")
+}
 
 // daemon is a running sandboxd.
 type daemon struct {

@@ -194,13 +194,17 @@ func TestCtrlCReachesTheRemoteCommand(t *testing.T) {
 	}
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	err := cmd.Wait()
+	// The signal goes to the remote command's process group, as Ctrl-C in a
+	// terminal does: the trapping shell exits 42, and the agent's wrapping
+	// /bin/sh, interrupted too, may report death by SIGINT (130) first.
 	var ee interface{ ExitCode() int }
-	if !errors.As(err, &ee) || ee.ExitCode() != 42 {
-		t.Fatalf("sbx after Ctrl-C: %v (want the remote status 42)", err)
+	if !errors.As(err, &ee) || (ee.ExitCode() != 42 && ee.ExitCode() != 130) {
+		t.Fatalf("sbx after Ctrl-C: %v (want the remote status 42 or 130)", err)
 	}
-	if got := readFile(t, marker); got != "got INT\n" {
-		t.Fatalf("marker = %q", got)
-	}
+	waitUntil(t, 5*time.Second, "the remote trap to run", func() bool {
+		b, _ := os.ReadFile(marker)
+		return string(b) == "got INT\n"
+	})
 }
 
 // TestManyCallersOneSandbox: 30 sbx processes started at once on a branch

@@ -12,10 +12,12 @@ import (
 	"github.com/sandboxd/sandboxd/daemon"
 	"github.com/sandboxd/sandboxd/daemon/paths"
 	"github.com/sandboxd/sandboxd/daemon/services"
+	"github.com/sandboxd/sandboxd/ipc"
 )
 
-// Version is set at build time: -ldflags "-X main.Version=...".
-var Version = "dev"
+// Version is set at build time: -ldflags "-X main.Version=..."; empty means
+// the version recorded by the Go build (the same fallback as sbx's).
+var Version string
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -39,6 +41,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sandboxd: unexpected argument %q\n", fs.Arg(0))
 		fs.Usage()
 		return 2
+	}
+	if Version == "" {
+		Version = ipc.BuildVersion()
 	}
 	switch {
 	case *version:

@@ -193,7 +193,10 @@ func (e *ConflictError) Error() string {
 	if e.Detail != "" {
 		fmt.Fprintf(&b, "; git said: %s", e.Detail)
 	}
-	fmt.Fprintf(&b, "; the full patch from the sandbox is saved at %s (resolve, then delete the .rej files)", e.SavedPatch)
+	fmt.Fprintf(&b, "; the full patch from the sandbox is saved at %s", e.SavedPatch)
+	if len(e.RejectFiles) > 0 {
+		b.WriteString("; once resolved, delete the .rej files")
+	}
 	return b.String()
 }
 

@@ -497,11 +497,11 @@ func TestPatchTooLarge(t *testing.T) {
 	f.push()
 	f.inSandbox("head -c 30000 /dev/urandom > huge.bin")
 	_, err = f.pull()
-	if !errors.Is(err, ErrPatchTooLarge) || !strings.Contains(err.Error(), ".git/sandboxd/pull-") {
+	if !errors.Is(err, ErrPatchTooLarge) || !strings.Contains(err.Error(), ".git/sandboxd/pull.patch") {
 		t.Fatalf("pull err = %v", err)
 	}
 	assertTree(t, f.local, want)
-	kept, _ := filepath.Glob(filepath.Join(f.sandbox, ".git", "sandboxd", "pull-*.patch"))
+	kept, _ := filepath.Glob(filepath.Join(f.sandbox, ".git", "sandboxd", "pull.patch"))
 	if len(kept) != 1 || !bytes.Contains(fileBytes(t, kept[0]), []byte("huge.bin")) {
 		t.Fatalf("kept patches %v", kept)
 	}
@@ -670,4 +670,34 @@ func TestSyncFromSubdirectoryPath(t *testing.T) {
 	if p.RepoRoot != f.local || strings.Join(p.Files, ",") != "sub/b.txt" {
 		t.Fatalf("root %s files %v", p.RepoRoot, p.Files)
 	}
+}
+
+// The sandbox deletes a file the user edits during the exec, and creates one
+// the user creates too: the user's versions stay, the sandbox's are in the
+// saved patch.
+func TestConflictDeleteAndCreate(t *testing.T) {
+	f := newFixture(t, map[string]string{"gone.txt": "v1\n", "other.txt": "o\n"})
+	f.push()
+	f.inSandbox("rm gone.txt && echo sandbox > both.txt && echo sandbox > other.txt")
+	writeFile(t, filepath.Join(f.local, "gone.txt"), "v2 edited during the exec\n")
+	writeFile(t, filepath.Join(f.local, "both.txt"), "local\n")
+	res, err := f.pull()
+	var ce *ConflictError
+	if !errors.As(err, &ce) {
+		t.Fatalf("want a conflict, got %v", err)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "gone.txt"))); !strings.Contains(got, "v2 edited during the exec") {
+		t.Fatalf("the local edit was lost: %q", got)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "both.txt"))); !strings.Contains(got, "local\n") {
+		t.Fatalf("the local file was lost: %q", got)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "other.txt"))); got != "sandbox\n" {
+		t.Fatalf("the change that applies was not applied: %q", got)
+	}
+	saved := string(fileBytes(t, res.SavedPatch))
+	if !strings.Contains(saved, "deleted file mode") || !strings.Contains(saved, "+sandbox") {
+		t.Fatalf("saved patch:\n%s", saved)
+	}
+	t.Logf("conflict reported as: %v", err)
 }

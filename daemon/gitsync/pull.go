@@ -228,8 +228,9 @@ func rejFiles(root string, files []string, since time.Time) []string {
 func gitDetail(stderr string) string {
 	var keep []string
 	for _, l := range strings.Split(stderr, "\n") {
-		if strings.HasPrefix(l, "error: ") {
-			keep = append(keep, strings.TrimPrefix(l, "error: "))
+		// "while searching for:" introduces context lines, not a cause.
+		if msg, ok := strings.CutPrefix(l, "error: "); ok && !strings.HasSuffix(msg, ":") {
+			keep = append(keep, msg)
 		}
 	}
 	return strings.Join(keep, "; ")

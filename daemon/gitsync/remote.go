@@ -33,20 +33,23 @@ const (
 // prelude finds git and the repository and defines the helpers every script
 // uses. The sandbox's PATH may be minimal, so common locations are added.
 // safe.directory lets git read a checkout owned by another sandbox user;
-// no repository hook runs during sync.
+// no repository hook runs during sync. Every process counts on the hot
+// path, so shell builtins are preferred.
 const prelude = `PATH="$PATH:/usr/local/bin:/usr/bin:/bin"; export PATH
-if [ ! -e .git ]; then echo "sandboxd: there is no .git in $(pwd)" >&2; exit 81; fi
+if [ ! -e .git ]; then echo "sandboxd: there is no .git in $PWD" >&2; exit 81; fi
 if ! command -v git >/dev/null 2>&1; then echo "sandboxd: git is not installed in the sandbox" >&2; exit 127; fi
 g() { git -c safe.directory='*' -c core.hooksPath=/dev/null "$@"; }
-gd=$(g rev-parse --absolute-git-dir) || exit 80
+if [ -d .git ]; then gd="$PWD/.git"; else gd=$(g rev-parse --absolute-git-dir) || exit 80; fi
 st="$gd/sandboxd"
-mkdir -p "$st" || exit 80
+[ -d "$st" ] || mkdir -p "$st" || exit 80
 SNAP=` + SnapshotRef + `
 BASE=` + BaseRef + `
 # revert COMMIT: index and files back to COMMIT, untracked files removed
 # (ignored ones, such as build caches, are kept), both refs at COMMIT.
 revert() {
-	g reset -q --hard "$1" && g clean -fdq && g update-ref "$SNAP" "$1" && g update-ref "$BASE" "$1" && rm -f "$st/index"
+	g reset -q --hard "$1" && g clean -fdq &&
+	printf 'update %s %s\nupdate %s %s\n' "$SNAP" "$1" "$BASE" "$1" | g update-ref --stdin &&
+	{ [ ! -e "$st/index" ] || rm -f "$st/index"; }
 }
 # stageall: the worktree, untracked files included, into the sync index
 # (a copy of the real index, so unchanged files are not rehashed).
@@ -62,8 +65,12 @@ func pushScript(base string, withPatch bool, now time.Time) string {
 	var b strings.Builder
 	b.WriteString(prelude)
 	fmt.Fprintf(&b, "base=%s\n", base)
-	b.WriteString(`if ! g cat-file -e "$base^{commit}" 2>/dev/null; then echo "sandboxd: commit $base is not in the sandbox" >&2; exit 82; fi
-revert "$base" || exit 85
+	// The reset fails, touching nothing, when base is missing; only then is
+	// it worth a look at why.
+	b.WriteString(`if ! revert "$base"; then
+	if ! g cat-file -e "$base^{commit}" 2>/dev/null; then echo "sandboxd: commit $base is not in the sandbox" >&2; exit 82; fi
+	exit 85
+fi
 `)
 	if !withPatch {
 		b.WriteString("echo \"$base\"\n")
@@ -87,17 +94,19 @@ fi
 const pullHeader = "sandboxd-pull "
 
 // pullScript writes the sandbox's changes since the snapshot to
-// $st/pull-<id>.patch (kept until the next pull, so a broken transfer can be
-// fetched again), reverts the sandbox to its base, and prints the header and
-// the patch.
+// $st/pull.patch (kept until the next pull, tagged with the pull's id in
+// $st/pull.id, so a broken transfer can be fetched again), reverts the
+// sandbox to its base, and prints the header and the patch.
 func pullScript(id string, max int64) string {
 	var b strings.Builder
 	b.WriteString(prelude)
-	fmt.Fprintf(&b, "out=\"$st/pull-%s.patch\"\nmax=%d\n", id, max)
-	fmt.Fprintf(&b, `snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
-base=$(g rev-parse -q --verify "$BASE^{commit}") || base=$(g rev-parse -q --verify "HEAD^{commit}") || exit 80
-rm -f "$st"/pull-*.patch
+	fmt.Fprintf(&b, "id=%s\nmax=%d\n", id, max)
+	fmt.Fprintf(&b, `refs=$(g rev-parse "$SNAP^{commit}" "$BASE^{commit}" 2>/dev/null) || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
+set -- $refs; snap=$1; base=$2
+out="$st/pull.patch"
+echo >"$st/pull.id"
 stageall && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out" || exit 87
+echo "$id" >"$st/pull.id"
 size=$(($(wc -c <"$out")))
 revert "$base"; rv=$?
 if [ "$size" -gt "$max" ]; then echo "$size" >&2; exit 89; fi
@@ -108,12 +117,15 @@ cat "$out" || exit 87
 	return b.String()
 }
 
-// fetchScript prints a kept pull patch again.
+// keptPatch is where the sandbox keeps the last pull's patch.
+const keptPatch = ".git/sandboxd/pull.patch"
+
+// fetchScript prints the kept pull patch again if it is pull id's.
 func fetchScript(id string) string {
-	return prelude + fmt.Sprintf(`out="$st/pull-%s.patch"
-[ -f "$out" ] || exit 90
-printf '%s%%d\n' "$(($(wc -c <"$out")))"
-cat "$out"
+	return prelude + fmt.Sprintf(`kept=; read -r kept <"$st/pull.id" || true
+[ "$kept" = %s ] || exit 90
+printf '%s%%d\n' "$(($(wc -c <"$st/pull.patch")))"
+cat "$st/pull.patch"
 `, id, pullHeader)
 }
 
@@ -224,8 +236,8 @@ func (s *Syncer) fetchPull(ctx context.Context, r Runner) (patch []byte, warning
 				msg = formatBytes(n)
 			}
 			return nil, nil, errdefs.TooLarge(newError(ErrPatchTooLarge, nil,
-				"the sandbox's changes make a patch over the %s limit (%s), so they were not pulled; the sandbox was reset and the patch is kept there until the next exec: get it with `sbx exec --no-sync -- cat .git/sandboxd/pull-%s.patch > sandbox.patch`",
-				formatBytes(s.maxBytes), msg, id))
+				"the sandbox's changes make a patch over the %s limit (%s), so they were not pulled; the sandbox was reset and the patch is kept there until the next exec: get it with `sbx exec --no-sync -- cat %s > sandbox.patch`",
+				formatBytes(s.maxBytes), msg, keptPatch))
 		case exitDiff, exitGitFailed:
 			return nil, nil, errdefs.Unavailable(newError(ErrSandboxGit, nil, "compute the sandbox's changes (exit %d): %s; they were left in the sandbox", code, msg))
 		default:
@@ -257,7 +269,7 @@ func (s *Syncer) fetchPull(ctx context.Context, r Runner) (patch []byte, warning
 		return nil, nil, errdefs.Unavailable(newError(ErrTransfer, cause, "the pull did not reach the sandbox (%v): its changes stay there until the next exec resets it; pull again to get them", cause))
 	}
 	return nil, nil, errdefs.Unavailable(newError(ErrTransfer, cause,
-		"the sandbox's changes did not arrive complete (%v); the patch is kept in the sandbox until the next exec: get it with `sbx exec --no-sync -- cat .git/sandboxd/pull-%s.patch > sandbox.patch`", cause, id))
+		"the sandbox's changes did not arrive complete (%v); the patch is kept in the sandbox until the next exec: get it with `sbx exec --no-sync -- cat %s > sandbox.patch`", cause, keptPatch))
 }
 
 // parsePull checks the header and the size of pull output.

@@ -36,6 +36,8 @@ type Services struct {
 	layout  remoteLayout
 	log     *slog.Logger
 
+	stopConfigWatch func()
+
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -105,6 +107,16 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	}
 	s.manager = m
 
+	// sandboxd's own config file: a change reloads it as SIGHUP does.
+	if deps.RequestReload != nil && deps.Config.File != "" {
+		stop, err := w.WatchFile(deps.Config.File, deps.RequestReload)
+		if err != nil {
+			log.Warn("watch the config file; reload it with SIGHUP instead", "file", deps.Config.File, "err", err)
+		} else {
+			s.stopConfigWatch = stop
+		}
+	}
+
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	m.Rehydrate(runCtx)
@@ -173,6 +185,9 @@ func (s *Services) Reload(ctx context.Context, cfg config.Config) error {
 
 // Close implements daemon.Services.
 func (s *Services) Close(ctx context.Context) error {
+	if s.stopConfigWatch != nil {
+		s.stopConfigWatch()
+	}
 	s.cancel()
 	errs := []error{s.manager.Close(ctx)}
 	done := make(chan struct{})

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/sandboxd/sandboxd/ipc/errdefs"
 )
@@ -24,7 +25,10 @@ const shortSHALen = 7
 
 // Branches caches the current branch of repositories, read from the HEAD
 // file without running git and refreshed when HEAD changes on disk. After
-// the first call for a repository, Branch is a map read.
+// the first call for a repository, Branch is a map read plus one stat of
+// HEAD: the watcher's notice arrives a moment after the change, and a
+// caller that switched branches and runs sbx at once must not be answered
+// with the old branch.
 type Branches struct {
 	w        *Watcher
 	onChange func(repoRoot, oldBranch, newBranch string)
@@ -39,7 +43,28 @@ type repoHead struct {
 	head   string        // path of the HEAD file
 	err    error         // the first read's error; set before loaded closes
 	branch string        // guarded by Branches.mu
+	stamp  fileStamp     // HEAD's identity when branch was read; guarded by Branches.mu
 	cancel func()        // removes the HEAD watch
+}
+
+// fileStamp identifies one version of a file: git replaces HEAD through a
+// lock file and a rename, so any change gives a new inode or mtime.
+type fileStamp struct {
+	ino   uint64
+	size  int64
+	mtime int64
+}
+
+func stampOf(path string) (fileStamp, error) {
+	info, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	st := fileStamp{size: info.Size(), mtime: info.ModTime().UnixNano()}
+	if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+		st.ino = sys.Ino
+	}
+	return st, nil
 }
 
 // NewBranches returns an empty cache watching HEAD files with w. onChange
@@ -67,12 +92,16 @@ func (b *Branches) Branch(repoRoot string) (string, error) {
 			return "", e.err
 		}
 		b.mu.RLock()
-		branch, current := e.branch, b.repos[root] == e
+		branch, stamp, current := e.branch, e.stamp, b.repos[root] == e
 		b.mu.RUnlock()
-		if current {
+		if !current {
+			continue // forgotten or invalidated meanwhile: look again
+		}
+		if now, err := stampOf(e.head); err == nil && now == stamp {
 			return branch, nil
 		}
-		// Forgotten or invalidated meanwhile: look again.
+		// HEAD changed and the watcher has not caught up yet.
+		b.refresh(root, e)
 	}
 }
 
@@ -88,7 +117,7 @@ func (b *Branches) load(root string) (string, error) {
 	b.repos[root] = e
 	b.mu.Unlock()
 
-	branch, err := b.start(root, e)
+	branch, stamp, err := b.start(root, e)
 	b.mu.Lock()
 	if err != nil {
 		e.err = err
@@ -96,7 +125,7 @@ func (b *Branches) load(root string) (string, error) {
 			delete(b.repos, root) // not cached: the next call reads again
 		}
 	} else {
-		e.branch = branch
+		e.branch, e.stamp = branch, stamp
 	}
 	b.mu.Unlock()
 	close(e.loaded)
@@ -106,16 +135,16 @@ func (b *Branches) load(root string) (string, error) {
 	return branch, err
 }
 
-func (b *Branches) start(root string, e *repoHead) (string, error) {
+func (b *Branches) start(root string, e *repoHead) (string, fileStamp, error) {
 	gitDir, err := resolveGitDir(root)
 	if err != nil {
-		return "", err
+		return "", fileStamp{}, err
 	}
 	e.head = filepath.Join(gitDir, "HEAD")
 	// Watch before reading, so a change in between is reported.
 	cancel, err := b.w.WatchFile(e.head, func() { b.refresh(root, e) })
 	if err != nil {
-		return "", fmt.Errorf("watch HEAD of %s: %w", root, err)
+		return "", fileStamp{}, fmt.Errorf("watch HEAD of %s: %w", root, err)
 	}
 	e.cancel = cancel
 	return b.read(root, e.head)
@@ -127,7 +156,7 @@ func (b *Branches) refresh(root string, e *repoHead) {
 	if e.err != nil {
 		return
 	}
-	branch, err := b.read(root, e.head)
+	branch, stamp, err := b.read(root, e.head)
 	b.mu.Lock()
 	if b.repos[root] != e {
 		b.mu.Unlock()
@@ -143,7 +172,7 @@ func (b *Branches) refresh(root string, e *repoHead) {
 		return
 	}
 	old := e.branch
-	e.branch = branch
+	e.branch, e.stamp = branch, stamp
 	b.mu.Unlock()
 	if old != branch && b.onChange != nil {
 		b.onChange(root, old, branch)
@@ -169,17 +198,23 @@ func (b *Branches) Forget(repoRoot string) {
 // Reads is how many times a HEAD file was read from disk.
 func (b *Branches) Reads() uint64 { return b.reads.Load() }
 
-func (b *Branches) read(root, head string) (string, error) {
+// read reads HEAD. The stamp is taken before the content, so a change in
+// between leaves an older stamp and the next Branch call reads again.
+func (b *Branches) read(root, head string) (string, fileStamp, error) {
 	b.reads.Add(1)
+	stamp, err := stampOf(head)
+	if err != nil {
+		return "", fileStamp{}, errdefs.Invalid(fmt.Errorf("read the current branch of %s: %w", root, err))
+	}
 	data, err := os.ReadFile(head)
 	if err != nil {
-		return "", errdefs.Invalid(fmt.Errorf("read the current branch of %s: %w", root, err))
+		return "", fileStamp{}, errdefs.Invalid(fmt.Errorf("read the current branch of %s: %w", root, err))
 	}
 	branch, err := parseHead(data)
 	if err != nil {
-		return "", errdefs.Invalid(fmt.Errorf("read the current branch of %s from %s: %w", root, head, err))
+		return "", fileStamp{}, errdefs.Invalid(fmt.Errorf("read the current branch of %s from %s: %w", root, head, err))
 	}
-	return branch, nil
+	return branch, stamp, nil
 }
 
 // resolveGitDir returns the git directory of the work tree at root: root/.git,

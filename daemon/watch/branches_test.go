@@ -311,3 +311,22 @@ func BenchmarkBranchCached(b *testing.B) {
 		b.Fatalf("HEAD read %d times", br.Reads())
 	}
 }
+
+// TestBranchIsFreshRightAfterCheckout: a caller that switches branches and
+// asks at once gets the new branch, before the watcher's notice arrives
+// (polling every hour here, so only the freshness check can see it).
+func TestBranchIsFreshRightAfterCheckout(t *testing.T) {
+	root := newRepo(t)
+	b, _ := newBranches(t, Options{MaxWatches: -1, PollInterval: time.Hour})
+	if got, err := b.Branch(root); err != nil || got != "main" {
+		t.Fatalf("Branch = %q, %v", got, err)
+	}
+	git(t, root, "checkout", "-q", "-b", "other")
+	if got, err := b.Branch(root); err != nil || got != "other" {
+		t.Fatalf("right after checkout: Branch = %q, %v; want other", got, err)
+	}
+	reads := b.Reads()
+	if got, _ := b.Branch(root); got != "other" || b.Reads() != reads {
+		t.Fatalf("an unchanged HEAD must be answered from the cache (reads %d → %d)", reads, b.Reads())
+	}
+}

@@ -108,7 +108,7 @@ type NotRunningError struct {
 }
 
 func (e *NotRunningError) Error() string {
-	return fmt.Sprintf("sandboxd is not running (nothing answers on %s): start it with `sandboxd`, or let sbx start it (unset SANDBOXD_NO_AUTOSTART): %v", e.Socket, e.Err)
+	return fmt.Sprintf("sandboxd is not running (nothing answers on %s): %v", e.Socket, e.Err)
 }
 
 func (e *NotRunningError) Unwrap() error { return e.Err }

@@ -83,7 +83,10 @@ func TestTypedCallsAndDaemonVersion(t *testing.T) {
 	for _, f := range []func() error{
 		func() error { _, err := c.Health(ctx(t)); return err },
 		func() error { _, err := c.Config(ctx(t)); return err },
-		func() error { _, err := c.Reset(ctx(t), ipc.StartRequest{Target: ipc.Target{RunID: "run-1"}}); return err },
+		func() error {
+			_, err := c.Reset(ctx(t), ipc.StartRequest{Target: ipc.Target{RunID: "run-1"}})
+			return err
+		},
 		func() error { _, err := c.Stop(ctx(t), ipc.StopRequest{All: true}); return err },
 		func() error { _, err := c.Init(ctx(t), ipc.InitRequest{Cwd: "/r"}); return err },
 		func() error { _, err := c.Probe(ctx(t), "s1"); return err },

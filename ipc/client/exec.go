@@ -125,6 +125,8 @@ func write(w io.Writer, p []byte) error {
 	return err
 }
 
+var errUplinkDone = errors.New("exec request stream ended")
+
 // uplink writes the request stream: the request line, then stdin and
 // signal frames.
 type uplink struct {
@@ -138,7 +140,7 @@ type uplink struct {
 
 func (u *uplink) stop() {
 	u.once.Do(func() { close(u.done) })
-	_ = u.pw.CloseWithError(errors.New("exec finished"))
+	_ = u.pw.CloseWithError(errUplinkDone)
 }
 
 func (u *uplink) failed() error {
@@ -156,6 +158,9 @@ func (u *uplink) fail(err error) {
 }
 
 func (u *uplink) run(ctx context.Context, first []byte, stdin io.Reader, signals <-chan string) {
+	// However the uplink ends, the transport must see the body end: its
+	// write loop (and so a cancelled round trip) waits for that.
+	defer u.pw.CloseWithError(errUplinkDone)
 	enc := func(v any) bool {
 		b, err := json.Marshal(v)
 		if err != nil {

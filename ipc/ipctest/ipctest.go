@@ -32,6 +32,8 @@ type Options struct {
 	Server ipc.ServerOptions
 	// NoSessions / NoEvents leave those backends nil (503).
 	NoSessions, NoEvents bool
+	// Socket is where to listen; default a socket in a new temp dir.
+	Socket string
 	// Mode of the socket directory and socket (0700 / 0600 by default).
 	DirMode, SocketMode os.FileMode
 }
@@ -49,7 +51,11 @@ func Start(t testing.TB, o Options) *Server {
 			t.Fatal(err)
 		}
 	}
-	s := &Server{Socket: filepath.Join(dir, "s.sock"), Dir: dir, Sessions: &Sessions{}, Events: NewEvents(), Daemon: &Daemon{}, served: make(chan error, 1)}
+	sock := o.Socket
+	if sock == "" {
+		sock = filepath.Join(dir, "s.sock")
+	}
+	s := &Server{Socket: sock, Dir: dir, Sessions: &Sessions{}, Events: NewEvents(), Daemon: &Daemon{}, served: make(chan error, 1)}
 	ln, err := net.Listen("unix", s.Socket)
 	if err != nil {
 		t.Fatal(err)

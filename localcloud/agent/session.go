@@ -24,7 +24,9 @@ type session struct {
 	pty     *ptyRequest
 	master  *os.File // pty master once the command runs on a pty
 	started bool
-	pid     int // process group of the running command; 0 when none
+	exited  bool
+	pid     int              // process group of the running command; 0 when none
+	pending []syscall.Signal // signals that came before the process started
 }
 
 type ptyRequest struct {
@@ -56,9 +58,18 @@ func (s *session) serve(ctx context.Context, reqs <-chan *ssh.Request) {
 	}()
 	var running sync.WaitGroup
 	for req := range reqs {
-		ok := s.handle(ctx, req, &running)
+		ok, then := s.handle(req)
 		if req.WantReply {
 			_ = req.Reply(ok, nil)
+		}
+		if then != nil {
+			// Started only after the reply: a fast directive must not
+			// close the channel before the client saw its exec accepted.
+			running.Add(1)
+			go func() {
+				defer running.Done()
+				then(ctx)
+			}()
 		}
 	}
 	cancel()
@@ -66,33 +77,35 @@ func (s *session) serve(ctx context.Context, reqs <-chan *ssh.Request) {
 	s.ch.Close()
 }
 
-func (s *session) handle(ctx context.Context, req *ssh.Request, running *sync.WaitGroup) bool {
+// handle answers one channel request; for exec and shell it also returns
+// the work to start once the request is answered.
+func (s *session) handle(req *ssh.Request) (bool, func(context.Context)) {
 	switch req.Type {
 	case "env":
 		var kv struct{ Name, Value string }
 		if ssh.Unmarshal(req.Payload, &kv) != nil || kv.Name == "" || strings.ContainsAny(kv.Name, "=\x00") {
-			return false
+			return false, nil
 		}
 		s.mu.Lock()
 		s.env = append(s.env, kv.Name+"="+kv.Value)
 		s.mu.Unlock()
-		return true
+		return true, nil
 	case "pty-req":
 		var p ptyRequest
 		if ssh.Unmarshal(req.Payload, &p) != nil {
-			return false
+			return false, nil
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if s.started {
-			return false
+			return false, nil
 		}
 		s.pty = &p
-		return true
+		return true, nil
 	case "window-change":
 		var w windowChange
 		if ssh.Unmarshal(req.Payload, &w) != nil {
-			return false
+			return false, nil
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -102,43 +115,39 @@ func (s *session) handle(ctx context.Context, req *ssh.Request, running *sync.Wa
 		if s.master != nil {
 			_ = setWinsize(s.master, w.Columns, w.Rows)
 		}
-		return true
+		return true, nil
 	case "exec", "shell":
 		var command string
 		if req.Type == "exec" {
 			var p struct{ Command string }
 			if ssh.Unmarshal(req.Payload, &p) != nil {
-				return false
+				return false, nil
 			}
 			command = p.Command
 		}
 		s.mu.Lock()
 		if s.started {
 			s.mu.Unlock()
-			return false
+			return false, nil
 		}
 		s.started = true
 		s.mu.Unlock()
-		running.Add(1)
-		go func() {
-			defer running.Done()
-			s.run(ctx, req.Type == "shell", command)
-		}()
-		return true
+		shell := req.Type == "shell"
+		return true, func(ctx context.Context) { s.run(ctx, shell, command) }
 	case "signal":
 		var p struct{ Signal string }
 		if ssh.Unmarshal(req.Payload, &p) != nil {
-			return false
+			return false, nil
 		}
 		sig, ok := signalsByName[p.Signal]
 		if !ok {
-			return false
+			return false, nil
 		}
-		return s.signal(sig) == nil
+		return s.signal(sig) == nil, nil
 	case "keepalive@openssh.com":
-		return true
+		return true, nil
 	default:
-		return false
+		return false, nil
 	}
 }
 
@@ -270,6 +279,10 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 	}
 	s.mu.Lock()
 	s.pid = cmd.Process.Pid
+	for _, sig := range s.pending {
+		_ = syscall.Kill(-s.pid, sig)
+	}
+	s.pending = nil
 	s.mu.Unlock()
 	var copied sync.WaitGroup
 	if master != nil {
@@ -288,7 +301,7 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 	werr := cmd.Wait()
 	copied.Wait()
 	s.mu.Lock()
-	s.pid = 0
+	s.pid, s.exited = 0, true
 	s.master = nil
 	s.mu.Unlock()
 	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
@@ -307,12 +320,16 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 // signal delivers sig to the running command's whole process group.
 func (s *session) signal(sig syscall.Signal) error {
 	s.mu.Lock()
-	pid := s.pid
-	s.mu.Unlock()
-	if pid == 0 {
+	defer s.mu.Unlock()
+	if s.pid == 0 {
+		if s.started && !s.exited {
+			// Exec accepted, process not started yet: deliver on start.
+			s.pending = append(s.pending, sig)
+			return nil
+		}
 		return errors.New("no command is running")
 	}
-	return syscall.Kill(-pid, sig)
+	return syscall.Kill(-s.pid, sig)
 }
 
 // hangUp sends SIGHUP to a command whose client went away, as a terminal

@@ -138,7 +138,9 @@ func Clone(ctx context.Context, o CloneOptions) error {
 	}
 	args := []string{"-C", o.Dest, "checkout", "--quiet", "--detach", ref}
 	if o.Branch != "" && o.Sha != "" {
-		if _, err := git("check-ref-format", "--branch", o.Branch); err == nil {
+		check := command(ctx, "git", "check-ref-format", "--branch", o.Branch)
+		check.Env = env
+		if check.Run() == nil {
 			args = []string{"-C", o.Dest, "checkout", "--quiet", "-B", o.Branch, ref}
 		}
 	}

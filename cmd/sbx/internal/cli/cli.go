@@ -1,0 +1,204 @@
+// Package cli is sbx: it parses the command line, gathers the caller's
+// context (cwd, stdin, terminal), sends one request to sandboxd, relays the
+// answer and turns it into an exit code. It holds no state and no locks.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"golang.org/x/term"
+
+	"github.com/sandboxd/sandboxd/cmd/sbx/internal/autostart"
+	"github.com/sandboxd/sandboxd/daemon/paths"
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/client"
+)
+
+// Exit codes besides the remote command's own status.
+const (
+	ExitOK         = 0
+	ExitFailure    = 125 // sbx or the daemon failed before the command ran
+	ExitNotRunning = 3   // `sbx daemon status`: no daemon (as systemctl status)
+	ExitInterrupt  = 130 // the user disconnected with a second Ctrl-C
+)
+
+// System is what sbx takes from its process: streams, environment, working
+// directory, signals and time. Tests pass their own.
+type System struct {
+	Stdin            io.Reader
+	Stdout, Stderr   io.Writer
+	StdinIsTerminal  bool
+	StderrIsTerminal bool
+	Env              paths.Env
+	Getwd            func() (string, error)
+	// Notify and StopNotify are signal.Notify and signal.Stop.
+	Notify     func(c chan<- os.Signal, sig ...os.Signal)
+	StopNotify func(c chan<- os.Signal)
+	Now        func() time.Time
+	// Version is sbx's own version.
+	Version string
+	// StartDaemon starts sandboxd in the background; nil disables
+	// autostart.
+	StartDaemon func(ctx context.Context, l paths.Layout, c *client.Client) error
+}
+
+// OS is the System of the running process.
+func OS(version string) System {
+	if version == "" {
+		version = ipc.BuildVersion()
+	}
+	return System{
+		Stdin:            os.Stdin,
+		Stdout:           os.Stdout,
+		Stderr:           os.Stderr,
+		StdinIsTerminal:  term.IsTerminal(int(os.Stdin.Fd())),
+		StderrIsTerminal: term.IsTerminal(int(os.Stderr.Fd())),
+		Env:              paths.OSEnv,
+		Getwd:            os.Getwd,
+		Notify:           signal.Notify,
+		StopNotify:       signal.Stop,
+		Now:              time.Now,
+		Version:          version,
+		StartDaemon:      startDaemon,
+	}
+}
+
+// startDaemon is the production autostart: sandboxd next to sbx or on PATH,
+// logging to the state directory.
+func startDaemon(ctx context.Context, l paths.Layout, c *client.Client) error {
+	_, err := autostart.Start(ctx, autostart.Options{
+		LogFile: l.LogFile(),
+		Ready: func(ctx context.Context) bool {
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			_, err := c.Version(ctx)
+			return err == nil
+		},
+	})
+	return err
+}
+
+// app is one sbx invocation.
+type app struct {
+	sys    System
+	p      *parsed
+	layout paths.Layout
+	c      *client.Client
+}
+
+// Main runs sbx with args (without the program name) and returns its exit
+// code.
+func Main(ctx context.Context, args []string, sys System) int {
+	cmds := commands()
+	p, err := parse(cmds, args)
+	if err != nil {
+		var ue *usageError
+		errors.As(err, &ue)
+		fmt.Fprintf(sys.Stderr, "sbx: %v\n", err)
+		if ue != nil && ue.cmd != nil {
+			fmt.Fprintf(sys.Stderr, "usage: %s (see `sbx %s --help`)\n", synopsis(ue.cmd), ue.cmd.name)
+		}
+		return ExitFailure
+	}
+	if p.cmd == nil {
+		if len(args) == 0 {
+			printHelp(sys.Stderr, cmds)
+			return ExitFailure
+		}
+		printHelp(sys.Stdout, cmds)
+		if p.help() {
+			return ExitOK
+		}
+		return ExitFailure
+	}
+	if p.help() {
+		printCommandHelp(sys.Stdout, p.cmd)
+		return ExitOK
+	}
+	layout, err := paths.Resolve(sys.Env)
+	if err != nil {
+		fmt.Fprintf(sys.Stderr, "sbx: %v\n", err)
+		return ExitFailure
+	}
+	a := &app{sys: sys, p: p, layout: layout, c: client.New(layout.Socket, client.WithUserAgent("sbx/"+sys.Version))}
+	defer a.c.Close()
+	return p.cmd.run(a, ctx)
+}
+
+// fail prints err and returns the failure exit code.
+func (a *app) fail(err error) int {
+	msg := err.Error()
+	if !strings.HasSuffix(msg, "\n") {
+		msg += "\n"
+	}
+	fmt.Fprint(a.sys.Stderr, "sbx: "+msg)
+	return ExitFailure
+}
+
+func (a *app) warn(msg string) {
+	fmt.Fprintf(a.sys.Stderr, "sbx: warning: %s\n", msg)
+}
+
+// printJSON writes v as one line of JSON on stdout.
+func (a *app) printJSON(v any) int {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return a.fail(fmt.Errorf("encode the JSON output: %w", err))
+	}
+	fmt.Fprintln(a.sys.Stdout, string(b))
+	return ExitOK
+}
+
+// autostartEnabled is false when SANDBOXD_NO_AUTOSTART=1 or there is no way
+// to start the daemon.
+func (a *app) autostartEnabled() bool {
+	v, _ := a.sys.Env("SANDBOXD_NO_AUTOSTART")
+	return v != "1" && a.sys.StartDaemon != nil && a.p.cmd.autoStart
+}
+
+// call runs one request; when no daemon answers (the request never left)
+// it starts one and tries once more.
+func (a *app) call(ctx context.Context, f func(ctx context.Context) error) error {
+	err := f(ctx)
+	if !errors.Is(err, client.ErrDaemonNotRunning) {
+		return err
+	}
+	if !a.autostartEnabled() {
+		return fmt.Errorf("%w\nstart it with `sandboxd` (or `systemctl --user start sandboxd.socket`); sbx does not start it itself because SANDBOXD_NO_AUTOSTART=1", err)
+	}
+	if serr := a.sys.StartDaemon(ctx, a.layout, a.c); serr != nil {
+		return fmt.Errorf("sandboxd is not running and starting it failed: %w", serr)
+	}
+	return f(ctx)
+}
+
+// cwd is the caller's working directory, sent with every session request.
+func (a *app) cwd() (string, error) {
+	wd, err := a.sys.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("find the current directory: %w", err)
+	}
+	return wd, nil
+}
+
+// target is the session the command line names: the cwd, an optional config
+// argument and --id.
+func (a *app) target() (ipc.Target, error) {
+	cwd, err := a.cwd()
+	if err != nil {
+		return ipc.Target{}, err
+	}
+	t := ipc.Target{Cwd: cwd, RunID: a.p.strings["id"]}
+	if len(a.p.args) > 0 {
+		t.ConfigFile = a.p.args[0]
+	}
+	return t, nil
+}

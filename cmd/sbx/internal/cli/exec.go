@@ -1,0 +1,188 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/client"
+)
+
+// doubleInterrupt is the window in which a second Ctrl-C disconnects
+// instead of being forwarded.
+const doubleInterrupt = 2 * time.Second
+
+// execJSON is `sbx exec --json`.
+type execJSON struct {
+	RunID       string   `json:"runId"`
+	ExitCode    int      `json:"exitCode"`
+	RunURL      string   `json:"runUrl,omitempty"`
+	PulledFiles []string `json:"pulledFiles"`
+}
+
+func (a *app) exec(ctx context.Context) int {
+	t, err := a.target()
+	if err != nil {
+		return a.fail(err)
+	}
+	req := ipc.ExecRequest{Target: t, Argv: a.p.argv, NoSync: a.p.bools["no-sync"]}
+	ctx, disconnect := context.WithCancel(ctx)
+	defer disconnect()
+
+	fwd := newSignalForwarder(a.sys.Now, disconnect)
+	sigc := make(chan os.Signal, 4)
+	a.sys.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer a.sys.StopNotify(sigc)
+	stopFwd := make(chan struct{})
+	defer close(stopFwd)
+	go fwd.run(sigc, stopFwd)
+
+	opts := client.ExecOptions{
+		Stdout:  a.sys.Stdout,
+		Stderr:  a.sys.Stderr,
+		Signals: fwd.out,
+		OnFrame: func(f ipc.ExecOutput) {
+			switch f.Type {
+			case ipc.ExecWarning:
+				a.warn(f.Message)
+			case ipc.ExecQueued:
+				if a.sys.StderrIsTerminal && f.Position > 0 {
+					fmt.Fprintf(a.sys.Stderr, "sbx: waiting for the sandbox (%d ahead in its queue)\n", f.Position)
+				}
+			}
+		},
+	}
+	if !a.sys.StdinIsTerminal || a.p.bools["interactive"] {
+		opts.Stdin = a.sys.Stdin
+	}
+	var res ipc.ExecResult
+	err = a.call(ctx, func(ctx context.Context) (err error) { res, err = a.c.Exec(ctx, req, opts); return err })
+	if fwd.disconnected() {
+		fmt.Fprintln(a.sys.Stderr, "sbx: disconnected: the command was cancelled")
+		return ExitInterrupt
+	}
+	if err != nil {
+		return a.fail(err)
+	}
+	for _, w := range res.Warnings {
+		a.warn(w)
+	}
+	code := ExitCode(res)
+	if a.p.json() {
+		if res.PulledFiles == nil {
+			res.PulledFiles = []string{}
+		}
+		a.printJSON(execJSON{RunID: res.RunID, ExitCode: code, RunURL: res.RunURL, PulledFiles: res.PulledFiles})
+	}
+	return code
+}
+
+// ExitCode is sbx's exit code for a finished remote command: its status, or
+// 128+n when signal n ended it (as shells report it).
+func ExitCode(res ipc.ExecResult) int {
+	if res.Signal != "" {
+		if n := unix.SignalNum("SIG" + res.Signal); n > 0 {
+			return 128 + int(n)
+		}
+		if res.ExitCode > 128 {
+			return res.ExitCode
+		}
+		return 255 // a signal without a number here
+	}
+	if res.ExitCode < 0 || res.ExitCode > 255 {
+		return 255
+	}
+	return res.ExitCode
+}
+
+// signalForwarder turns the signals sbx receives into signal frames; a
+// second SIGINT within doubleInterrupt disconnects instead.
+type signalForwarder struct {
+	now        func() time.Time
+	disconnect func()
+	out        chan string
+
+	mu        sync.Mutex
+	lastInt   time.Time
+	cancelled bool
+}
+
+func newSignalForwarder(now func() time.Time, disconnect func()) *signalForwarder {
+	return &signalForwarder{now: now, disconnect: disconnect, out: make(chan string, 4)}
+}
+
+func (f *signalForwarder) run(in <-chan os.Signal, stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case s := <-in:
+			f.handle(s)
+		}
+	}
+}
+
+// handle forwards one signal, or disconnects on a quick second Ctrl-C.
+func (f *signalForwarder) handle(s os.Signal) {
+	name := signalName(s)
+	if name == "" {
+		return
+	}
+	f.mu.Lock()
+	if name == "INT" {
+		now := f.now()
+		if !f.lastInt.IsZero() && now.Sub(f.lastInt) < doubleInterrupt {
+			f.cancelled = true
+			f.mu.Unlock()
+			f.disconnect()
+			return
+		}
+		f.lastInt = now
+	}
+	f.mu.Unlock()
+	select {
+	case f.out <- name:
+	default: // the daemon is not taking signals fast enough: drop
+	}
+}
+
+func (f *signalForwarder) disconnected() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.cancelled
+}
+
+func signalName(s os.Signal) string {
+	switch s {
+	case syscall.SIGINT:
+		return "INT"
+	case syscall.SIGTERM:
+		return "TERM"
+	case syscall.SIGHUP:
+		return "HUP"
+	case syscall.SIGQUIT:
+		return "QUIT"
+	}
+	return ""
+}
+
+// interruptContext ends ctx on SIGINT or SIGTERM (for following streams).
+func (a *app) interruptContext(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	sigc := make(chan os.Signal, 1)
+	a.sys.Notify(sigc, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigc:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { a.sys.StopNotify(sigc); cancel() }
+}

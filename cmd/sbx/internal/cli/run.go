@@ -1,0 +1,404 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/client"
+)
+
+// versionJSON is `sbx version --json`.
+type versionJSON struct {
+	Client   ipc.VersionResponse `json:"client"`
+	Daemon   ipc.VersionResponse `json:"daemon"`
+	Mismatch bool                `json:"mismatch"`
+}
+
+func (a *app) version(ctx context.Context) int {
+	var d ipc.VersionResponse
+	err := a.call(ctx, func(ctx context.Context) (err error) { d, err = a.c.Version(ctx); return err })
+	if err != nil {
+		return a.fail(err)
+	}
+	mismatch := d.Version != a.sys.Version
+	if mismatch {
+		a.warn(fmt.Sprintf("sbx %s and sandboxd %s differ: restart the daemon (sbx daemon stop) so that both come from the same build", a.sys.Version, d.Version))
+	}
+	if a.p.json() {
+		return a.printJSON(versionJSON{Client: ipc.VersionResponse{Version: a.sys.Version, GoVersion: runtime.Version()}, Daemon: d, Mismatch: mismatch})
+	}
+	fmt.Fprintf(a.sys.Stdout, "sbx       %s (%s)\nsandboxd  %s (%s, pid %d, up %s)\n", a.sys.Version, runtime.Version(),
+		d.Version, d.GoVersion, d.PID, a.sys.Now().Sub(d.StartedAt).Round(time.Second))
+	return ExitOK
+}
+
+// daemonStatusJSON is `sbx daemon status --json`.
+type daemonStatusJSON struct {
+	Running bool                `json:"running"`
+	Socket  string              `json:"socket"`
+	Version string              `json:"version,omitempty"`
+	Health  *ipc.HealthResponse `json:"health,omitempty"`
+	Error   string              `json:"error,omitempty"`
+}
+
+func (a *app) daemonStatus(ctx context.Context) int {
+	out := daemonStatusJSON{Socket: a.layout.Socket}
+	h, err := a.c.Health(ctx)
+	switch {
+	case errors.Is(err, client.ErrDaemonNotRunning):
+		if a.p.json() {
+			a.printJSON(out)
+		} else {
+			fmt.Fprintf(a.sys.Stdout, "sandboxd is not running (socket %s)\n", a.layout.Socket)
+		}
+		return ExitNotRunning
+	case err != nil:
+		return a.fail(err)
+	}
+	out.Running, out.Version, out.Health = true, a.c.DaemonVersion(), &h
+	if a.p.json() {
+		return a.printJSON(out)
+	}
+	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "sandboxd\trunning (%s), version %s, up %s\n", h.Status, out.Version, (time.Duration(h.UptimeSeconds) * time.Second).String())
+	fmt.Fprintf(tw, "socket\t%s%s\n", a.layout.Socket, map[bool]string{true: " (socket-activated)"}[h.Activated])
+	fmt.Fprintf(tw, "store\t%s (%s)\n", h.Store, h.Database)
+	fmt.Fprintf(tw, "sessions\t%d, %d connected, %d open streams\n", h.Sessions, h.Connections, h.LiveStreams)
+	tw.Flush()
+	return ExitOK
+}
+
+func (a *app) daemonStop(ctx context.Context) int {
+	err := a.c.StopDaemon(ctx)
+	if errors.Is(err, client.ErrDaemonNotRunning) {
+		if a.p.json() {
+			return a.printJSON(map[string]any{"stopped": false, "running": false})
+		}
+		fmt.Fprintln(a.sys.Stdout, "sandboxd is not running")
+		return ExitOK
+	}
+	if err != nil {
+		return a.fail(err)
+	}
+	// Wait until the socket stops answering, so that the next command
+	// does not reach the daemon that is going away.
+	deadline := a.sys.Now().Add(30 * time.Second)
+	for {
+		_, err := a.c.Version(ctx)
+		if errors.Is(err, client.ErrDaemonNotRunning) {
+			break
+		}
+		if a.sys.Now().After(deadline) {
+			return a.fail(errors.New("sandboxd accepted the stop request but still answers after 30s: commands in flight may be holding it; see its log"))
+		}
+		a.c.Close() // a fresh connection each try: the old one may stay open
+		select {
+		case <-ctx.Done():
+			return a.fail(ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if a.p.json() {
+		return a.printJSON(map[string]any{"stopped": true, "running": false})
+	}
+	fmt.Fprintln(a.sys.Stdout, "sandboxd stopped")
+	return ExitOK
+}
+
+func (a *app) config(ctx context.Context) int {
+	var cfg ipc.ConfigResponse
+	if err := a.call(ctx, func(ctx context.Context) (err error) { cfg, err = a.c.Config(ctx); return err }); err != nil {
+		return a.fail(err)
+	}
+	if a.p.json() {
+		return a.printJSON(cfg)
+	}
+	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "remote\t%s\nhost\t%s\n", cfg.Remote, cfg.Host)
+	if cfg.TokenSource != "" {
+		fmt.Fprintf(tw, "token from\t%s\n", cfg.TokenSource)
+	}
+	if cfg.CertFile != "" {
+		fmt.Fprintf(tw, "certificate\t%s\n", cfg.CertFile)
+	}
+	fmt.Fprintf(tw, "config file\t%s\n", cfg.ConfigFile)
+	if cfg.ReconcileIntervalSeconds > 0 {
+		fmt.Fprintf(tw, "reconcile every\t%s\n", time.Duration(cfg.ReconcileIntervalSeconds*float64(time.Second)))
+	}
+	tw.Flush()
+	return ExitOK
+}
+
+// startRequest builds start and reset requests from the flags.
+func (a *app) startRequest() (ipc.StartRequest, error) {
+	t, err := a.target()
+	if err != nil {
+		return ipc.StartRequest{}, err
+	}
+	req := ipc.StartRequest{Target: t, Wait: a.p.bools["wait"]}
+	if s := a.p.strings["timeout"]; s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return req, &usageError{cmd: a.p.cmd, msg: fmt.Sprintf("--timeout %q is not a positive duration (for example 5m)", s)}
+		}
+		req.WaitTimeoutSeconds = int((d + time.Second - 1) / time.Second)
+	}
+	for _, kv := range a.p.lists["init"] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return req, &usageError{cmd: a.p.cmd, msg: fmt.Sprintf("--init %q is not KEY=VALUE", kv)}
+		}
+		if req.Init == nil {
+			req.Init = map[string]string{}
+		}
+		req.Init[k] = v
+	}
+	return req, nil
+}
+
+func (a *app) start(ctx context.Context) int { return a.startOrReset(ctx, false) }
+func (a *app) reset(ctx context.Context) int { return a.startOrReset(ctx, true) }
+
+func (a *app) startOrReset(ctx context.Context, reset bool) int {
+	req, err := a.startRequest()
+	if err != nil {
+		return a.usageOrFail(err)
+	}
+	var resp ipc.StartResponse
+	stopSpinner := func() {}
+	if req.Wait && a.sys.StderrIsTerminal && !a.p.json() {
+		stopSpinner = startSpinner(a.sys.Stderr, "waiting for the sandbox to be ready")
+	}
+	err = a.call(ctx, func(ctx context.Context) (err error) {
+		if reset {
+			resp, err = a.c.Reset(ctx, req)
+		} else {
+			resp, err = a.c.Start(ctx, req)
+		}
+		return err
+	})
+	stopSpinner()
+	if err != nil {
+		return a.fail(err)
+	}
+	for _, w := range resp.Warnings {
+		a.warn(w)
+	}
+	if a.p.json() {
+		return a.printJSON(resp)
+	}
+	s := resp.Session
+	switch {
+	case reset && resp.Replaced != "":
+		fmt.Fprintf(a.sys.Stdout, "Stopped %s; started %s (%s) %s\n", resp.Replaced, s.RunID, s.Status, s.RunURL)
+	case resp.Created:
+		fmt.Fprintf(a.sys.Stdout, "Started sandbox %s (%s) %s\n", s.RunID, s.Status, s.RunURL)
+	default:
+		fmt.Fprintf(a.sys.Stdout, "Sandbox %s is already active for this checkout (%s) %s\nUse `sbx reset` to replace it.\n", s.RunID, s.Status, s.RunURL)
+	}
+	return ExitOK
+}
+
+// usageOrFail prints a usage error with the command's synopsis.
+func (a *app) usageOrFail(err error) int {
+	var ue *usageError
+	if errors.As(err, &ue) {
+		fmt.Fprintf(a.sys.Stderr, "sbx: %v\nusage: %s\n", err, synopsis(a.p.cmd))
+		return ExitFailure
+	}
+	return a.fail(err)
+}
+
+func (a *app) list(ctx context.Context) int {
+	var resp ipc.ListResponse
+	req := ipc.ListRequest{All: a.p.bools["all"]}
+	if err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.List(ctx, req); return err }); err != nil {
+		return a.fail(err)
+	}
+	for _, w := range resp.Warnings {
+		a.warn(w)
+	}
+	if a.p.json() {
+		if resp.Sessions == nil {
+			resp.Sessions = []ipc.SessionInfo{}
+		}
+		return a.printJSON(resp)
+	}
+	if len(resp.Sessions) == 0 {
+		fmt.Fprintln(a.sys.Stdout, "No sandboxes. Start one with `sbx start` or `sbx exec -- CMD`.")
+		return ExitOK
+	}
+	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "RUN\tSTATUS\tREPOSITORY\tBRANCH\tCONFIG\tLAST EXEC")
+	for _, s := range resp.Sessions {
+		status := s.Status
+		if s.Reason != "" && a.p.bools["all"] {
+			status += " (" + s.Reason + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, status, s.RepoRoot, s.Branch, relConfig(s), a.ago(s.LastExecAt))
+	}
+	tw.Flush()
+	return ExitOK
+}
+
+// relConfig shows a session's config relative to its repository.
+func relConfig(s ipc.SessionInfo) string {
+	if rel, err := filepath.Rel(s.RepoRoot, s.ConfigFile); err == nil && !strings.HasPrefix(rel, "..") {
+		return rel
+	}
+	return s.ConfigFile
+}
+
+func (a *app) ago(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return "-"
+	}
+	d := a.sys.Now().Sub(*t)
+	switch {
+	case d < time.Minute:
+		return strconv.Itoa(int(d/time.Second)) + "s ago"
+	case d < time.Hour:
+		return strconv.Itoa(int(d/time.Minute)) + "m ago"
+	case d < 48*time.Hour:
+		return strconv.Itoa(int(d/time.Hour)) + "h ago"
+	}
+	return t.Local().Format("2006-01-02")
+}
+
+func (a *app) stop(ctx context.Context) int {
+	req := ipc.StopRequest{All: a.p.bools["all"]}
+	if !req.All {
+		t, err := a.target()
+		if err != nil {
+			return a.fail(err)
+		}
+		req.Target = t
+	} else if a.p.strings["id"] != "" || len(a.p.args) > 0 {
+		return a.usageOrFail(&usageError{cmd: a.p.cmd, msg: "--all stops every sandbox: give either --all or --id/config, not both"})
+	}
+	var resp ipc.StopResponse
+	if err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.Stop(ctx, req); return err }); err != nil {
+		return a.fail(err)
+	}
+	if a.p.json() {
+		if resp.Stopped == nil {
+			resp.Stopped = []ipc.SessionInfo{}
+		}
+		return a.printJSON(resp)
+	}
+	if len(resp.Stopped) == 0 {
+		fmt.Fprintln(a.sys.Stdout, "No active sandbox to stop.")
+	}
+	for _, s := range resp.Stopped {
+		fmt.Fprintf(a.sys.Stdout, "Stopped %s (%s, %s)\n", s.RunID, s.Branch, s.Status)
+	}
+	return ExitOK
+}
+
+func (a *app) init(ctx context.Context) int {
+	cwd, err := a.cwd()
+	if err != nil {
+		return a.fail(err)
+	}
+	req := ipc.InitRequest{Cwd: cwd}
+	if len(a.p.args) > 0 {
+		req.File = a.p.args[0]
+	}
+	var resp ipc.InitResponse
+	if err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.Init(ctx, req); return err }); err != nil {
+		return a.fail(err)
+	}
+	if a.p.json() {
+		return a.printJSON(resp)
+	}
+	fmt.Fprintf(a.sys.Stdout, "Wrote %s\n", resp.File)
+	return ExitOK
+}
+
+func (a *app) status(ctx context.Context) int {
+	t, err := a.target()
+	if err != nil {
+		return a.fail(err)
+	}
+	var resp ipc.ProbeResponse
+	if err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.Status(ctx, t); return err }); err != nil {
+		return a.fail(err)
+	}
+	if a.p.json() {
+		return a.printJSON(resp)
+	}
+	s, l := resp.Session, resp.Lifecycle
+	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
+	probe := resp.Probe
+	if resp.Detail != "" {
+		probe += " (" + resp.Detail + ")"
+	}
+	fmt.Fprintf(tw, "run\t%s %s\n", s.RunID, s.RunURL)
+	fmt.Fprintf(tw, "probe\t%s\n", probe)
+	if resp.ExpiresAt != nil {
+		fmt.Fprintf(tw, "expires\t%s\n", resp.ExpiresAt.Local().Format(time.RFC3339))
+	}
+	fmt.Fprintf(tw, "repository\t%s\nbranch\t%s\nconfig\t%s\n", s.RepoRoot, s.Branch, relConfig(s))
+	state := l.State
+	if l.Reason != "" {
+		state += " (" + l.Reason + ")"
+	}
+	fmt.Fprintf(tw, "state\t%s, created %s\n", state, l.Created.Local().Format(time.RFC3339))
+	fmt.Fprintf(tw, "execs\t%d, last %s\n", l.ExecCount, a.ago(l.LastExec))
+	fmt.Fprintf(tw, "snapshot\t%v\n", resp.HasSnapshot)
+	tw.Flush()
+	if s.ConfigDrift {
+		a.warn("the config file changed since this sandbox started: run `sbx reset` to use the new one")
+	}
+	return ExitOK
+}
+
+func (a *app) events(ctx context.Context) int {
+	var since *uint64
+	if s := a.p.strings["since"]; s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return a.usageOrFail(&usageError{cmd: a.p.cmd, msg: fmt.Sprintf("--since %q is not a sequence number", s)})
+		}
+		since = &n
+	}
+	ctx, stop := a.interruptContext(ctx)
+	defer stop()
+	var st *client.EventStream
+	if err := a.call(ctx, func(ctx context.Context) (err error) { st, err = a.c.Events(ctx, since); return err }); err != nil {
+		return a.fail(err)
+	}
+	defer st.Close()
+	for {
+		ev, err := st.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ExitOK // the user ended it
+			}
+			return a.fail(err)
+		}
+		if a.p.json() {
+			a.printJSON(ev)
+			continue
+		}
+		line := fmt.Sprintf("%s #%d %s", ev.Time.Local().Format("15:04:05.000"), ev.Seq, ev.Type)
+		if ev.RunID != "" {
+			line += " run=" + ev.RunID
+		}
+		if ev.SessionID != "" {
+			line += " session=" + ev.SessionID
+		}
+		if len(ev.Data) > 0 && string(ev.Data) != "null" {
+			line += " " + string(ev.Data)
+		}
+		fmt.Fprintln(a.sys.Stdout, line)
+	}
+}

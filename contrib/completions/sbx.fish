@@ -1,0 +1,27 @@
+# fish completion for sbx. Install: copy to ~/.config/fish/completions/sbx.fish
+set -l cmds version daemon config start exec list stop reset init status events
+complete -c sbx -f
+complete -c sbx -l json -d 'print JSON on stdout'
+complete -c sbx -s h -l help -d 'show help'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a version -d 'print the versions of sbx and sandboxd'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a daemon -d 'daemon status | stop'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a config -d 'show the effective remote'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a start -d 'start the sandbox of this checkout'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a exec -d 'run a command in the sandbox'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a list -d 'list sandboxes'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a stop -d 'stop the sandbox of this checkout'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a reset -d 'stop the sandbox and start a new one'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a init -d 'write a sandbox config from the template'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a status -d 'probe the sandbox of this checkout'
+complete -c sbx -n "not __fish_seen_subcommand_from $cmds" -a events -d 'follow the daemon events'
+complete -c sbx -n "__fish_seen_subcommand_from daemon; and not __fish_seen_subcommand_from status stop" -a 'status stop'
+complete -c sbx -n "__fish_seen_subcommand_from start exec stop status" -l id -r -d 'run id'
+complete -c sbx -n "__fish_seen_subcommand_from start reset" -l wait -d 'wait until ready'
+complete -c sbx -n "__fish_seen_subcommand_from start reset" -l timeout -r -d 'how long --wait waits'
+complete -c sbx -n "__fish_seen_subcommand_from start reset" -l init -r -d 'init parameter KEY=VALUE'
+complete -c sbx -n "__fish_seen_subcommand_from start reset exec status" -F -a '(__fish_complete_suffix .yml)'
+complete -c sbx -n "__fish_seen_subcommand_from exec" -l no-sync -d 'do not sync local changes'
+complete -c sbx -n "__fish_seen_subcommand_from exec" -s i -l interactive -d 'forward terminal stdin'
+complete -c sbx -n "__fish_seen_subcommand_from list stop" -l all -d 'all sandboxes'
+complete -c sbx -n "__fish_seen_subcommand_from init" -F
+complete -c sbx -n "__fish_seen_subcommand_from events" -l since -r -d 'replay after sequence number'

@@ -1,0 +1,595 @@
+package localcloud
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/localcloud/runs"
+	"golang.org/x/crypto/ssh"
+)
+
+func TestRunLifecycleOverTheNetwork(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	c := newClient(t, srv)
+	def := repo(t, "tasks:\n  - key: deps\n    run: echo prepared > prepared.txt\n  - key: sandbox\n    run: rwx-sandbox\n")
+	id := c.create(def, "")
+	c.waitState(id, runs.Sandboxable)
+
+	// The list echoes cli_state byte for byte.
+	var list runsapi.ListRunsResult
+	c.call(200, "GET", runsapi.PathRuns+"?result_status=sandboxed&execution_status=in_progress&my_runs=true", nil, &list)
+	if len(list.Runs) != 1 || list.Runs[0].ID != id || list.Runs[0].CLIState != def.CLIState || list.Runs[0].Title != def.Title {
+		t.Fatalf("list: %+v", list)
+	}
+
+	ci := c.connInfo(id)
+	if !ci.Sandboxable || ci.Polling.Completed || ci.ExpiresAt == "" {
+		t.Fatalf("connection info %+v", ci)
+	}
+	sc := dialSandbox(t, ci)
+	out, code := output(t, sc, "cat README prepared.txt; /usr/bin/git rev-parse HEAD; echo $RWX_SANDBOX $HOME")
+	if code != 0 || !strings.HasPrefix(out, "hello\nprepared\n"+def.Git.Sha+"\n1 ") {
+		t.Fatalf("sandbox answered %d %q", code, out)
+	}
+
+	// __rwx_sandbox_end__ completes the run: 410 from then on.
+	if out, code := output(t, sc, "__rwx_sandbox_end__"); code != 0 || out != "" {
+		t.Fatalf("end: %d %q", code, out)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		status, body := c.raw("GET", runsapi.PathConnectionInfo+"?sandbox_key="+id, nil)
+		if status == http.StatusGone {
+			var eb runsapi.ErrorBody
+			if json.Unmarshal(body, &eb) != nil || !strings.Contains(eb.Error, "ended") {
+				t.Fatalf("410 body %s", body)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run still answers %d after end", status)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c.call(200, "GET", runsapi.PathRuns+"?result_status=sandboxed&execution_status=in_progress&my_runs=true", nil, &list)
+	if len(list.Runs) != 0 {
+		t.Fatalf("ended run still listed: %+v", list)
+	}
+	if st := c.status(id); st.Reason != runs.ReasonEnded {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func TestNotFoundVersusGone(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	c := newClient(t, srv)
+	status, body := c.raw("GET", runsapi.PathConnectionInfo+"?sandbox_key="+strings.Repeat("0", 32), nil)
+	var eb runsapi.ErrorBody
+	if status != http.StatusNotFound || json.Unmarshal(body, &eb) != nil || eb.Error == "" {
+		t.Fatalf("unknown run: %d %s", status, body)
+	}
+	id := c.create(repo(t, plainConfig), "")
+	c.call(200, "POST", runsapi.CancelPath(id), nil, nil)
+	status, body = c.raw("GET", runsapi.PathConnectionInfo+"?sandbox_key="+id, nil)
+	if status != http.StatusGone || json.Unmarshal(body, &eb) != nil || !strings.Contains(eb.Error, "cancelled") {
+		t.Fatalf("cancelled run: %d %s", status, body)
+	}
+	// Cancel is idempotent.
+	c.call(200, "POST", runsapi.CancelPath(id), nil, nil)
+	c.call(404, "POST", runsapi.CancelPath(strings.Repeat("1", 32)), nil, nil)
+}
+
+func TestIdempotentCreate(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	c := newClient(t, srv)
+	def := repo(t, plainConfig)
+	first := c.create(def, "key-1")
+	if again := c.create(def, "key-1"); again != first {
+		t.Fatalf("same key made a second run: %s then %s", first, again)
+	}
+	other := c.create(def, "key-2")
+	if other == first {
+		t.Fatal("another key returned the same run")
+	}
+	// Once its run is over, the key starts a new run.
+	c.call(200, "POST", runsapi.CancelPath(first), nil, nil)
+	if next := c.create(def, "key-1"); next == first {
+		t.Fatal("a finished run was returned for its key")
+	}
+	if n := len(srv.Runs().List(runs.Filter{})); n != 3 {
+		t.Fatalf("%d runs, want 3", n)
+	}
+}
+
+func TestFailingSetupStep(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	c := newClient(t, srv)
+	id := c.create(repo(t, "tasks:\n  - key: ok\n    run: echo fine\n  - key: broken\n    run: echo the-step-output; exit 4\n  - key: sandbox\n    run: rwx-sandbox\n"), "")
+	st := waitCompleted(t, c, id)
+	if st.Reason != runs.ReasonFailed || !strings.Contains(st.Detail, `"broken"`) || !strings.Contains(st.Detail, "the-step-output") {
+		t.Fatalf("status %+v", st)
+	}
+	if b, _ := os.ReadFile(st.LogFile); !strings.Contains(string(b), "the-step-output") {
+		t.Fatalf("run log: %s", b)
+	}
+	status, body := c.raw("GET", runsapi.PathConnectionInfo+"?sandbox_key="+id, nil)
+	if status != http.StatusGone || !strings.Contains(string(body), "the-step-output") {
+		t.Fatalf("connection info: %d %s", status, body)
+	}
+}
+
+func TestMissingOriginFailsTheRun(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	c := newClient(t, srv)
+	def := repo(t, plainConfig)
+	def.Git.OriginURL = filepath.Join(t.TempDir(), "gone.git")
+	st := waitCompleted(t, c, c.create(def, ""))
+	if st.Reason != runs.ReasonFailed || !strings.Contains(st.Detail, def.Git.OriginURL) || !strings.Contains(st.Detail, "does not exist") {
+		t.Fatalf("status %+v", st)
+	}
+	def = repo(t, plainConfig)
+	def.Git.OriginURL = "http://127.0.0.1:1/nothing.git"
+	st = waitCompleted(t, c, c.create(def, ""))
+	if st.Reason != runs.ReasonFailed || !strings.Contains(st.Detail, "127.0.0.1:1") {
+		t.Fatalf("unreachable origin: %+v", st)
+	}
+}
+
+func waitCompleted(t *testing.T, c *client, id string) RunStatus {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := c.status(id)
+		if st.State == runs.Completed {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("run %s still %s", id, st.State)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestCancelProvisioningRun(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	c := newClient(t, srv)
+	marker := filepath.Join(t.TempDir(), "step.pid")
+	id := c.create(repo(t, "tasks:\n  - key: slow\n    run: echo $$ > "+marker+"; sleep 60\n  - key: sandbox\n    run: rwx-sandbox\n"), "")
+	pid := waitFile(t, marker)
+	ci := c.connInfo(id)
+	if ci.Sandboxable || ci.Polling.Completed || ci.Polling.BackoffMs <= 0 {
+		t.Fatalf("provisioning connection info %+v", ci)
+	}
+	c.call(200, "POST", runsapi.CancelPath(id), nil, nil)
+	st := c.status(id)
+	if st.State != runs.Completed || st.Reason != runs.ReasonCancelled {
+		t.Fatalf("status after cancel %+v", st)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for syscall.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("setup step %d survived the cancel", pid)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func waitFile(t *testing.T, path string) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, err := os.ReadFile(path)
+		if err == nil && strings.HasSuffix(string(b), "\n") {
+			var pid int
+			if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &pid); err == nil {
+				return pid
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", path)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestDeadlinesAreStateAware(t *testing.T) {
+	isolate(t)
+	clock := &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	srv := startServer(t, Config{Clock: clock, IdleTimeout: time.Hour, MaxLifetime: 24 * time.Hour, SweepInterval: time.Hour})
+	c := newClient(t, srv)
+	gate := filepath.Join(t.TempDir(), "gate")
+	slow := c.create(repo(t, "tasks:\n  - key: wait\n    run: while [ ! -e "+gate+" ]; do sleep 0.02; done\n  - key: sandbox\n    run: rwx-sandbox\n"), "")
+	idle := c.create(repo(t, plainConfig), "")
+	c.waitState(idle, runs.Sandboxable)
+
+	clock.Advance(59 * time.Minute)
+	srv.Sweep()
+	c.waitState(idle, runs.Sandboxable)
+
+	clock.Advance(2 * time.Minute)
+	srv.Sweep()
+	if st := c.status(idle); st.Reason != runs.ReasonTimedOut || !strings.Contains(st.Detail, "idle") {
+		t.Fatalf("idle run: %+v", st)
+	}
+	// The idle deadline is for sandboxable runs: provisioning continues.
+	if st := c.status(slow); st.State != runs.Provisioning {
+		t.Fatalf("provisioning run was ended by the idle deadline: %+v", st)
+	}
+	os.WriteFile(gate, nil, 0o644)
+	c.waitState(slow, runs.Sandboxable)
+
+	// Activity (an exec) pushes the idle deadline.
+	ci := c.connInfo(slow)
+	sc := dialSandbox(t, ci)
+	clock.Advance(50 * time.Minute)
+	output(t, sc, "true")
+	clock.Advance(50 * time.Minute)
+	srv.Sweep()
+	c.waitState(slow, runs.Sandboxable)
+
+	// The lifetime deadline ends it whatever the activity.
+	clock.Advance(23 * time.Hour)
+	output(t, sc, "true")
+	srv.Sweep()
+	if st := c.status(slow); st.Reason != runs.ReasonTimedOut || !strings.Contains(st.Detail, "maximum lifetime") {
+		t.Fatalf("lifetime: %+v", st)
+	}
+}
+
+func TestBadInputChangesNothing(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	c := newClient(t, srv)
+	def := repo(t, plainConfig)
+	withDef := func(f func(*runsapi.RunDefinition)) runsapi.CreateRunRequest {
+		d := def
+		d.TaskDefinitions = append([]runsapi.DirectoryEntry{}, def.TaskDefinitions...)
+		d.MintDirectory = append([]runsapi.DirectoryEntry{}, def.MintDirectory...)
+		f(&d)
+		return runsapi.CreateRunRequest{Run: d}
+	}
+	cases := []struct {
+		name   string
+		body   any
+		status int
+		msg    string
+	}{
+		{"malformed JSON", []byte(`{"run": {`), 400, "malformed JSON"},
+		{"empty body", []byte(``), 400, "empty"},
+		{"trailing data", []byte(`{"run":{}} {}`), 400, "after the JSON"},
+		{"wrong type", []byte(`{"run":{"use_cache":"yes","git":{"origin_url":"/x"}}}`), 400, "use_cache"},
+		{"wrong type nested", []byte(`{"run":{"git":{"sha":42}}}`), 400, "sha"},
+		{"missing origin", withDef(func(d *runsapi.RunDefinition) { d.Git.OriginURL = "" }), 400, "origin_url is missing"},
+		{"relative origin", withDef(func(d *runsapi.RunDefinition) { d.Git.OriginURL = "../origin.git" }), 400, "relative path"},
+		{"option as origin", withDef(func(d *runsapi.RunDefinition) { d.Git.OriginURL = "--upload-pack=evil" }), 400, "not a repository"},
+		{"bad sha", withDef(func(d *runsapi.RunDefinition) { d.Git.Sha = "main; rm -rf /" }), 400, "not a commit id"},
+		{"path outside", withDef(func(d *runsapi.RunDefinition) {
+			d.MintDirectory = append(d.MintDirectory, runsapi.DirectoryEntry{Path: "../../escape", Type: "file", FileContents: "x"})
+		}), 400, "outside"},
+		{"absolute path", withDef(func(d *runsapi.RunDefinition) { d.TaskDefinitions[0].Path = "/etc/passwd" }), 400, "relative path"},
+		{"no config", withDef(func(d *runsapi.RunDefinition) { d.TaskDefinitions = nil }), 400, "task_definitions"},
+		{"config without sandbox task", withDef(func(d *runsapi.RunDefinition) {
+			d.TaskDefinitions[0].FileContents = "tasks:\n  - key: a\n    run: echo\n"
+		}), 400, "rwx-sandbox"},
+		{"too large", []byte(`{"run":{"title":"` + strings.Repeat("x", maxBody) + `"}}`), 413, "larger"},
+	}
+	for _, tc := range cases {
+		status, body := c.raw("POST", runsapi.PathRuns, tc.body)
+		var eb runsapi.ErrorBody
+		if status != tc.status || json.Unmarshal(body, &eb) != nil || !strings.Contains(eb.Error, tc.msg) {
+			t.Errorf("%s: %d %s, want %d with %q", tc.name, status, body, tc.status, tc.msg)
+		}
+	}
+	c.call(404, "GET", runsapi.PathConnectionInfo+"?sandbox_key=../../etc", nil, nil)
+	c.call(404, "POST", runsapi.CancelPath("nope"), nil, nil)
+	c.call(400, "GET", runsapi.PathConnectionInfo, nil, nil)
+	c.call(400, "GET", runsapi.PathRuns+"?execution_status=sideways", nil, nil)
+	c.call(404, "GET", "/mint/api/nothing", nil, nil)
+	c.call(405, "DELETE", runsapi.PathRuns, nil, nil)
+
+	wrong := *c
+	wrong.token = "lca_wrong"
+	status, body := wrong.raw("POST", runsapi.PathRuns, runsapi.CreateRunRequest{Run: def})
+	if status != 401 || !strings.Contains(string(body), `"error"`) {
+		t.Errorf("wrong token: %d %s", status, body)
+	}
+	none := *c
+	none.token = ""
+	if status, _ := none.raw("GET", runsapi.PathLeaves, nil); status != 401 {
+		t.Errorf("no token: %d", status)
+	}
+	if n := len(srv.Runs().List(runs.Filter{})); n != 0 {
+		t.Fatalf("bad input created %d runs", n)
+	}
+	entries, _ := os.ReadDir(filepath.Join(srv.Dir(), "runs"))
+	if len(entries) != 0 {
+		t.Fatalf("bad input left run directories: %v", entries)
+	}
+}
+
+func TestScopedTokens(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	c := newClient(t, srv)
+	def := repo(t, plainConfig)
+	a, b := c.create(def, ""), c.create(def, "")
+	var tok runsapi.SandboxToken
+	c.call(201, "POST", runsapi.PathSandboxTokens, runsapi.SandboxTokenRequest{RunID: a}, &tok)
+	if tok.RunID != a || !strings.HasPrefix(tok.Token, "lcs_") || tok.ExpiresAt == "" {
+		t.Fatalf("token %+v", tok)
+	}
+	scoped := *c
+	scoped.token = tok.Token
+	scoped.call(200, "GET", runsapi.PathConnectionInfo+"?sandbox_key="+a, nil, nil)
+	scoped.call(403, "GET", runsapi.PathConnectionInfo+"?sandbox_key="+b, nil, nil)
+	scoped.call(403, "GET", runsapi.PathRuns, nil, nil)
+	scoped.call(403, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 1}, nil)
+	scoped.call(200, "POST", runsapi.CancelPath(a), nil, nil)
+	c.call(400, "POST", runsapi.PathSandboxTokens, runsapi.SandboxTokenRequest{RunID: b, ExpiresInSeconds: -5}, nil)
+	c.call(404, "POST", runsapi.PathSandboxTokens, runsapi.SandboxTokenRequest{RunID: strings.Repeat("a", 32)}, nil)
+	c.call(410, "POST", runsapi.PathSandboxTokens, runsapi.SandboxTokenRequest{RunID: a}, nil)
+}
+
+func TestSideEndpointsOfTheRWXCLI(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	c := newClient(t, srv)
+	var leaves struct {
+		LatestMajor map[string]string `json:"latest_major"`
+	}
+	c.call(200, "GET", runsapi.PathLeaves, nil, &leaves)
+	if leaves.LatestMajor == nil {
+		t.Fatal("leaves answer lacks latest_major")
+	}
+	c.call(404, "GET", runsapi.PathSkillLatest, nil, nil)
+	if status, _ := c.raw("POST", runsapi.PathTelemetry, []byte(`[{"event":"x"}]`)); status != 204 {
+		t.Fatalf("telemetry %d", status)
+	}
+	var base struct{ Image, Config, Arch string }
+	c.call(200, "GET", runsapi.PathBaseDefault, nil, &base)
+	if base.Image == "" || base.Config == "" || base.Arch == "" {
+		t.Fatalf("base %+v", base)
+	}
+	var tmpl runsapi.InitTemplateResult
+	c.call(200, "GET", runsapi.PathInitTemplate, nil, &tmpl)
+	if !strings.Contains(tmpl.Template, "run: rwx-sandbox") {
+		t.Fatalf("template %q", tmpl.Template)
+	}
+}
+
+func TestFaultInjection(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	c := newClient(t, srv)
+	id := c.create(repo(t, plainConfig), "")
+	c.waitState(id, runs.Sandboxable)
+
+	c.call(200, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 1.0}, nil)
+	c.call(503, "GET", runsapi.PathRuns, nil, nil)
+	c.call(503, "GET", runsapi.PathConnectionInfo+"?sandbox_key="+id, nil, nil)
+	c.call(200, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 0.0, "latency_ms": 50}, nil)
+	start := time.Now()
+	c.call(200, "GET", runsapi.PathRuns, nil, nil)
+	if time.Since(start) < 50*time.Millisecond {
+		t.Fatal("latency was not injected")
+	}
+	c.call(400, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 2}, nil)
+	var f Faults
+	c.call(200, "POST", "/admin/faults", map[string]any{"latency_ms": 0}, &f)
+	if f != (Faults{}) {
+		t.Fatalf("faults %+v", f)
+	}
+
+	ci := c.connInfo(id)
+	cl := dialSandbox(t, ci)
+	output(t, cl, "true") // the agent has registered the connection
+	var dropped map[string]int
+	c.call(200, "POST", "/admin/runs/"+id+"/drop-connections", nil, &dropped)
+	if dropped["dropped"] != 1 {
+		t.Fatalf("dropped %v", dropped)
+	}
+	if _, err := cl.NewSession(); err == nil {
+		t.Fatal("connection survived drop-connections")
+	}
+	dialSandbox(t, ci) // a new one works
+
+	c.call(200, "POST", "/admin/faults", map[string]any{"drop_ssh": true}, nil)
+	if _, err := sshDial(ci); err == nil {
+		t.Fatal("a connection was accepted while drop_ssh is on")
+	}
+	c.call(200, "POST", "/admin/faults", map[string]any{"drop_ssh": false}, nil)
+	out, _ := output(t, dialSandbox(t, ci), "echo back")
+	if out != "back\n" {
+		t.Fatalf("after drop_ssh: %q", out)
+	}
+}
+
+func TestRestartKeepsRunsAndCompletesLostWorkspaces(t *testing.T) {
+	isolate(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	srv := startServer(t, Config{Dir: dir})
+	c := newClient(t, srv)
+	keep := c.create(repo(t, plainConfig), "")
+	lose := c.create(repo(t, plainConfig), "")
+	c.waitState(keep, runs.Sandboxable)
+	c.waitState(lose, runs.Sandboxable)
+	before := c.connInfo(keep)
+	if err := srv.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadDiscovery(dir); err == nil {
+		t.Fatal("discovery file left after a graceful stop")
+	}
+	os.RemoveAll(srv.Runs().Workspace(lose))
+
+	srv2 := startServer(t, Config{Dir: dir})
+	c2 := newClient(t, srv2)
+	after := c2.connInfo(keep)
+	if after.PublicHostKey != before.PublicHostKey || userKey(t, after) != userKey(t, before) {
+		t.Fatal("keys changed across the restart")
+	}
+	out, _ := output(t, dialSandbox(t, after), "cat README")
+	if out != "hello\n" {
+		t.Fatalf("after restart: %q", out)
+	}
+	st := c2.status(lose)
+	if st.State != runs.Completed || st.Reason != runs.ReasonFailed || !strings.Contains(st.Detail, "gone") {
+		t.Fatalf("run without workspace: %+v", st)
+	}
+}
+
+// TestRehydrationAfterSIGKILL kills a real server process and starts a new
+// one: an SSH client with the keys it had reconnects and runs a command.
+func TestRehydrationAfterSIGKILL(t *testing.T) {
+	isolate(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	start := func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "serve", "--state-dir", dir)
+		cmd.Env = append(os.Environ(), asBinaryEnv+"=1")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd
+	}
+	first := start()
+	d := waitDiscovery(t, dir, first.Process.Pid)
+	c := discoveryClient(t, d)
+	id := c.create(repo(t, plainConfig), "")
+	c.waitState(id, runs.Sandboxable)
+	before := c.connInfo(id)
+	status := c.status(id)
+	output(t, dialSandbox(t, before), "true")
+
+	first.Process.Kill()
+	first.Wait()
+	second := start()
+	d2 := waitDiscovery(t, dir, second.Process.Pid)
+	c2 := discoveryClient(t, d2)
+	after := c2.connInfo(id)
+	if userKey(t, after) != userKey(t, before) || after.PublicHostKey != before.PublicHostKey {
+		t.Fatal("keys changed across SIGKILL")
+	}
+	// The client reconnects with what it had (same address when the port
+	// was free, which it is here).
+	if after.Address != before.Address {
+		t.Logf("agent moved from %s to %s", before.Address, after.Address)
+	}
+	out, code := output(t, dialSandbox(t, after), "cat README")
+	if code != 0 || out != "hello\n" {
+		t.Fatalf("after SIGKILL: %d %q", code, out)
+	}
+	st2 := c2.status(id)
+	if !st2.ExpiresAt.Equal(status.ExpiresAt) || !st2.CreatedAt.Equal(status.CreatedAt) {
+		t.Fatalf("deadlines changed: %v → %v", status.ExpiresAt, st2.ExpiresAt)
+	}
+}
+
+func waitDiscovery(t *testing.T, dir string, pid int) Discovery {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		d, err := Status(context.Background(), dir)
+		if err == nil && d.PID == pid {
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no live server %d in %s: %v", pid, dir, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func discoveryClient(t *testing.T, d Discovery) *client {
+	t.Helper()
+	hc, token, err := d.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc.Timeout = 30 * time.Second
+	return &client{t: t, base: d.APIURL, token: token, http: hc}
+}
+
+func TestSecondServerRefused(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{})
+	other, err := New(Config{Dir: srv.Dir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = other.Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "already running") {
+		t.Fatalf("second server: %v", err)
+	}
+	// The refused one did not touch the running one's discovery file.
+	if _, err := Status(context.Background(), srv.Dir()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDamagedRegistryIsReportedNotReplaced(t *testing.T) {
+	isolate(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	os.MkdirAll(dir, 0o700)
+	os.WriteFile(filepath.Join(dir, runs.StateFile), []byte("{not json"), 0o600)
+	srv, err := New(Config{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = srv.Start(context.Background())
+	if err == nil || !strings.Contains(err.Error(), runs.StateFile) {
+		t.Fatalf("damaged registry: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, runs.StateFile)); string(b) != "{not json" {
+		t.Fatal("damaged registry was overwritten")
+	}
+}
+
+// userKey is the public half of the private user key (its PEM differs at
+// each encoding: OpenSSH adds a random check value).
+func userKey(t *testing.T, ci runsapi.ConnectionInfo) string {
+	t.Helper()
+	k, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(k.PublicKey().Marshal())
+}
+
+// BenchmarkProvisionSmallRepo measures create → sandboxable for a small
+// repository (a local origin, no setup steps): clone, checkout, agent start.
+func BenchmarkProvisionSmallRepo(b *testing.B) {
+	isolate(b)
+	srv := startServer(b, Config{})
+	c := newClient(b, srv)
+	def := repo(b, plainConfig)
+	for b.Loop() {
+		id := c.create(def, "")
+		for {
+			ci := c.connInfo(id)
+			if ci.Sandboxable {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		b.StopTimer()
+		c.call(200, "POST", runsapi.CancelPath(id), nil, nil)
+		b.StartTimer()
+	}
+}
