@@ -72,7 +72,7 @@ func (e *env) startLocalcloud(args ...string) *localcloud {
 }
 
 // call sends an authenticated request to the local remote.
-func (lc *localcloud) call(t *testing.T, method, path string, body any) []byte {
+func (lc *localcloud) call(t testing.TB, method, path string, body any) []byte {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -318,5 +318,39 @@ func TestSlowEventsConsumerIsCutOff(t *testing.T) {
 	}
 	if n := strings.Count(string(rest), `"stream.closed"`); n != 1 {
 		t.Fatalf("%d stream.closed events, want exactly one", n)
+	}
+}
+
+// TestClientCreateDuringRehydrationSurvives: a session a client creates
+// while the restarted daemon is still re-checking the stored ones (the
+// remote slowed down on purpose) is kept, and so are the stored ones.
+func TestClientCreateDuringRehydrationSurvives(t *testing.T) {
+	e := newEnv(t)
+	lc := e.startLocalcloud()
+	d := e.startDaemon()
+	old := map[string]string{}
+	for i := range 2 {
+		repo := e.newRepo(fmt.Sprintf("stored%d", i), defaultConfig)
+		old[repo] = e.startSandbox(repo)
+	}
+	fresh := e.newRepo("fresh", defaultConfig)
+	d.kill()
+	lc.call(t, "POST", "/admin/faults", map[string]any{"latency_ms": 700})
+	e.startDaemon()
+	// The daemon answers at once, before its checks of the remote are done.
+	st := decode[startJSON](t, e.mustSbx(fresh, "start", "--json").stdout)
+	lc.call(t, "POST", "/admin/faults", map[string]any{"latency_ms": 0})
+	lj := decode[listJSON](t, e.mustSbx(fresh, "list", "--json").stdout)
+	got := map[string]string{}
+	for _, s := range lj.Sessions {
+		got[s.RepoRoot] = s.RunID
+	}
+	for repo, run := range old {
+		if got[repo] != run {
+			t.Errorf("stored session of %s: got run %q, want %q", repo, got[repo], run)
+		}
+	}
+	if got[fresh] != st.Session.RunID {
+		t.Errorf("session created during rehydration: got %q, want %q", got[fresh], st.Session.RunID)
 	}
 }

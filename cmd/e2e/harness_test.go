@@ -38,7 +38,12 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binDir = dir
-	cmd := exec.Command("go", "build", "-o", dir, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx", "github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud")
+	args := []string{"build", "-o", dir}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx", "github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud")
+	cmd := exec.Command("go", args...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)
@@ -49,12 +54,12 @@ func run(m *testing.M) int {
 
 // env is one isolated user: its own HOME, XDG directories and socket.
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	root string
 	vars []string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	root, err := os.MkdirTemp("", "sbxe2e")
 	if err != nil {
@@ -83,6 +88,12 @@ func newEnv(t *testing.T) *env {
 	}
 	t.Cleanup(func() {
 		e.stopLocalcloud()
+		logs, _ := filepath.Glob(filepath.Join(e.get("XDG_DATA_HOME"), "sandboxd", "localcloud", "*.log"))
+		for _, l := range logs {
+			if b, _ := os.ReadFile(l); strings.Contains(string(b), raceReport) {
+				t.Errorf("the race detector fired in sandboxd-localcloud (%s):\n%s", l, b)
+			}
+		}
 		os.RemoveAll(root)
 	})
 	return e
@@ -143,7 +154,7 @@ func (e *env) startDaemon(extra ...string) *daemon {
 }
 
 // stop ends the daemon with SIGTERM (idempotent).
-func (d *daemon) stop(t *testing.T) {
+func (d *daemon) stop(t testing.TB) {
 	if d.cmd.ProcessState != nil {
 		return
 	}
@@ -155,7 +166,13 @@ func (d *daemon) stop(t *testing.T) {
 		_ = d.cmd.Process.Kill()
 		t.Errorf("sandboxd did not stop on SIGTERM\n%s", d.logs)
 	}
+	if strings.Contains(d.logs.String(), raceReport) {
+		t.Errorf("the race detector fired in sandboxd:\n%s", d.logs)
+	}
 }
+
+// raceReport starts a report of the race detector in a binary's output.
+const raceReport = "WARNING: DATA RACE"
 
 // kill ends the daemon with SIGKILL.
 func (d *daemon) kill() {
@@ -216,6 +233,9 @@ func (e *env) sbxIn(dir string, stdin io.Reader, args ...string) result {
 			e.t.Fatalf("run sbx %v: %v", args, err)
 		}
 		code = ee.ExitCode()
+	}
+	if strings.Contains(errb.String(), raceReport) {
+		e.t.Errorf("the race detector fired in sbx %v:\n%s", args, errb.String())
 	}
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }
@@ -312,7 +332,7 @@ func (e *env) newRepo(name, config string) string {
 	return repo
 }
 
-func writeFile(t *testing.T, path, content string) {
+func writeFile(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
@@ -322,7 +342,7 @@ func writeFile(t *testing.T, path, content string) {
 	}
 }
 
-func readFile(t *testing.T, path string) string {
+func readFile(t testing.TB, path string) string {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -370,7 +390,7 @@ func (e *env) followEvents(since string) *eventLog {
 }
 
 // waitFor reads events until match returns true or the timeout passes.
-func (l *eventLog) waitFor(t *testing.T, timeout time.Duration, what string, match func(map[string]any) bool) map[string]any {
+func (l *eventLog) waitFor(t testing.TB, timeout time.Duration, what string, match func(map[string]any) bool) map[string]any {
 	t.Helper()
 	deadline := time.After(timeout)
 	for {

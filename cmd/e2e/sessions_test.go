@@ -44,7 +44,7 @@ type listJSON struct {
 	} `json:"sessions"`
 }
 
-func decode[T any](t *testing.T, s string) T {
+func decode[T any](t testing.TB, s string) T {
 	t.Helper()
 	var v T
 	if err := json.Unmarshal([]byte(strings.TrimSpace(s)), &v); err != nil {
@@ -384,7 +384,7 @@ func TestSocketAPIRejectsBadInput(t *testing.T) {
 }
 
 // waitUntil polls cond until it holds or the timeout passes.
-func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
@@ -394,4 +394,28 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// TestLegacyImport: a session recorded by the RWX CLI in
+// .rwx/sandboxes/sandboxes.json is imported the first time the repository is
+// seen, and its run is used.
+func TestLegacyImport(t *testing.T) {
+	e := newEnv(t)
+	d := e.startDaemon()
+	repo := e.newRepo("legacy", defaultConfig)
+	// A run whose cli_state names another branch, so only the legacy file
+	// can map it to main.
+	e.git(repo, "checkout", "-q", "-b", "feature")
+	run := e.startSandbox(repo)
+	e.git(repo, "checkout", "-q", "main")
+	d.stop(t)
+	os.Remove(filepath.Join(e.get("XDG_STATE_HOME"), "sandboxd", "sandboxd.db"))
+	cfg := filepath.Join(repo, ".rwx", "sandbox.yml")
+	legacy := `{"version":1,"sandboxes":{"main:` + cfg + `":{"runId":"` + run + `","configFile":"` + cfg + `"}}}`
+	writeFile(t, filepath.Join(repo, ".rwx", "sandboxes", "sandboxes.json"), legacy)
+	e.startDaemon()
+	ej := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout)
+	if ej.RunID != run {
+		t.Fatalf("the legacy session's run %s was not used; exec ran in %s", run, ej.RunID)
+	}
 }
