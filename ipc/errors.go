@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"slices"
 
 	"github.com/sandboxd/sandboxd/ipc/errdefs"
 )
@@ -14,71 +15,55 @@ import (
 // the answer (nginx's 499); the caller never sees it.
 const StatusClientClosed = 499
 
+// kindStatuses is the one mapping between error kinds and HTTP statuses. A
+// kind's first status is the one the server answers with; the others also
+// stand for it in answers that carry no JSON code (a proxy, an older
+// daemon). KindInternal is also the fallback both ways.
+var kindStatuses = []struct {
+	kind     errdefs.Kind
+	statuses []int
+}{
+	{errdefs.KindInvalid, []int{http.StatusBadRequest, http.StatusUnprocessableEntity}},
+	{errdefs.KindUnauthorized, []int{http.StatusForbidden, http.StatusUnauthorized}},
+	{errdefs.KindNotFound, []int{http.StatusNotFound}},
+	{errdefs.KindMethod, []int{http.StatusMethodNotAllowed}},
+	{errdefs.KindConflict, []int{http.StatusConflict}},
+	{errdefs.KindGone, []int{http.StatusGone}},
+	{errdefs.KindTooLarge, []int{http.StatusRequestEntityTooLarge}},
+	{errdefs.KindCanceled, []int{StatusClientClosed}},
+	{errdefs.KindUnavailable, []int{http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusTooManyRequests}},
+	{errdefs.KindTimeout, []int{http.StatusGatewayTimeout, http.StatusRequestTimeout}},
+	{errdefs.KindInternal, []int{http.StatusInternalServerError}},
+}
+
 // StatusOf maps an error kind to its HTTP status. It is the one place where
 // kinds become status codes; KindOfStatus is its inverse for answers that
 // carry no JSON code.
 func StatusOf(k errdefs.Kind) int {
-	switch k {
-	case errdefs.KindInvalid:
-		return http.StatusBadRequest
-	case errdefs.KindUnauthorized:
-		return http.StatusForbidden
-	case errdefs.KindNotFound:
-		return http.StatusNotFound
-	case errdefs.KindMethod:
-		return http.StatusMethodNotAllowed
-	case errdefs.KindConflict:
-		return http.StatusConflict
-	case errdefs.KindGone:
-		return http.StatusGone
-	case errdefs.KindTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case errdefs.KindCanceled:
-		return StatusClientClosed
-	case errdefs.KindUnavailable:
-		return http.StatusServiceUnavailable
-	case errdefs.KindTimeout:
-		return http.StatusGatewayTimeout
-	default:
-		return http.StatusInternalServerError
+	for _, ks := range kindStatuses {
+		if ks.kind == k {
+			return ks.statuses[0]
+		}
 	}
+	return http.StatusInternalServerError
 }
 
 // KindOfStatus maps an HTTP status to the error kind it stands for.
 func KindOfStatus(status int) errdefs.Kind {
-	switch status {
-	case http.StatusBadRequest, http.StatusUnprocessableEntity:
-		return errdefs.KindInvalid
-	case http.StatusUnauthorized, http.StatusForbidden:
-		return errdefs.KindUnauthorized
-	case http.StatusNotFound:
-		return errdefs.KindNotFound
-	case http.StatusMethodNotAllowed:
-		return errdefs.KindMethod
-	case http.StatusConflict:
-		return errdefs.KindConflict
-	case http.StatusGone:
-		return errdefs.KindGone
-	case http.StatusRequestEntityTooLarge:
-		return errdefs.KindTooLarge
-	case StatusClientClosed:
-		return errdefs.KindCanceled
-	case http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusTooManyRequests:
-		return errdefs.KindUnavailable
-	case http.StatusGatewayTimeout, http.StatusRequestTimeout:
-		return errdefs.KindTimeout
-	default:
-		return errdefs.KindInternal
+	for _, ks := range kindStatuses {
+		if slices.Contains(ks.statuses, status) {
+			return ks.kind
+		}
 	}
+	return errdefs.KindInternal
 }
 
 // KnownKind reports whether code is one of the errdefs kinds.
 func KnownKind(code string) bool {
-	switch errdefs.Kind(code) {
-	case errdefs.KindInvalid, errdefs.KindUnauthorized, errdefs.KindNotFound, errdefs.KindConflict,
-		errdefs.KindGone, errdefs.KindTooLarge, errdefs.KindUnavailable, errdefs.KindCanceled,
-		errdefs.KindTimeout, errdefs.KindInternal, errdefs.KindMethod:
-		return true
+	for _, ks := range kindStatuses {
+		if string(ks.kind) == code {
+			return true
+		}
 	}
 	return false
 }

@@ -74,6 +74,14 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 	}
 	started := st.finish(res, execErr)
 
+	// A streaming client ends its request once it has the final frame. Give
+	// it a moment to: if the response ended first, its HTTP transport would
+	// stall (net/http waits 50ms for the request write before it reuses or
+	// drops the connection), and every exec would pay for it.
+	select {
+	case <-readDone:
+	case <-time.After(inputDrainWait):
+	}
 	// The input reader may be blocked on a body the client keeps open
 	// (an interactive stdin): unblock it, as no handler may touch the body
 	// after returning.
@@ -90,6 +98,10 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 }
 
 var errExecOver = errors.New("the exec is over")
+
+// inputDrainWait bounds how long a finished exec waits for the client to end
+// its request stream.
+const inputDrainWait = time.Second
 
 // execStream implements ExecStream over one request/response pair.
 type execStream struct {

@@ -53,25 +53,167 @@ func (s *Server) routes() *mux.Router {
 		r.Handle(path, s.serveAPI(fn)).Methods(method)
 	}
 	handle(http.MethodGet, routeVersion, s.getVersion)
-	handle(http.MethodGet, routeHealth, s.getHealth)
-	handle(http.MethodPost, routeStop, s.postDaemonStop)
 	handle(http.MethodGet, routeOpenAPI, s.getOpenAPI)
-	handle(http.MethodGet, routeConfig, s.getConfig)
-	handle(http.MethodPost, routeStart, s.postStart)
-	handle(http.MethodPost, routeReset, s.postReset)
-	handle(http.MethodGet, routeSessions, s.getSessions)
-	handle(http.MethodPost, routeStopSess, s.postStopSessions)
-	handle(http.MethodGet, routeProbe, s.getProbe)
-	handle(http.MethodGet, routeStatus, s.getStatus)
-	handle(http.MethodPost, routeInit, s.postInit)
-	handle(http.MethodPost, routeReconcile, s.postReconcile)
+	handle(http.MethodGet, routeHealth, route(s.daemon, noInput, withoutInput(DaemonBackend.Health), http.StatusOK))
+	handle(http.MethodPost, routeStop, route(s.daemon, emptyBody, stopDaemon, http.StatusAccepted))
+	handle(http.MethodGet, routeConfig, route(s.sessions, noInput, withoutInput(SessionBackend.Config), http.StatusOK))
+	handle(http.MethodPost, routeStart, routeWithStatus(s.sessions, jsonBody[StartRequest], SessionBackend.Start, startStatus))
+	handle(http.MethodPost, routeReset, routeWithStatus(s.sessions, jsonBody[StartRequest], SessionBackend.Reset, startStatus))
+	handle(http.MethodGet, routeSessions, route(s.sessions, listQuery, listSessions, http.StatusOK))
+	handle(http.MethodPost, routeStopSess, route(s.sessions, jsonBody[StopRequest], stopSessions, http.StatusOK))
+	handle(http.MethodGet, routeProbe, route(s.sessions, probeID, SessionBackend.Probe, http.StatusOK))
+	handle(http.MethodGet, routeStatus, route(s.sessions, statusQuery, SessionBackend.Status, http.StatusOK))
+	handle(http.MethodPost, routeInit, route(s.sessions, jsonBody[InitRequest], SessionBackend.Init, http.StatusCreated))
+	handle(http.MethodPost, routeReconcile, route(s.sessions, emptyBody, reconcile, http.StatusOK))
 	handle(http.MethodPost, routeExec, s.postExec)
 	handle(http.MethodGet, routeEvents, s.getEvents)
 	return r
 }
 
+// route is the shape of every plain JSON route: read the request (query,
+// body, validation), then get the backend, call it and answer its response
+// as JSON with status. The order matters: a malformed request is a 400 even
+// while the backend is unavailable (503).
+func route[B, Req, Resp any](
+	backend func() (B, error),
+	read func(*http.Request) (Req, error),
+	call func(B, context.Context, Req) (Resp, error),
+	status int,
+) apiFunc {
+	return routeWithStatus(backend, read, call, func(Resp) int { return status })
+}
+
+// routeWithStatus is route for a route whose status depends on the response.
+func routeWithStatus[B, Req, Resp any](
+	backend func() (B, error),
+	read func(*http.Request) (Req, error),
+	call func(B, context.Context, Req) (Resp, error),
+	statusOf func(Resp) int,
+) apiFunc {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		req, err := read(r)
+		if err != nil {
+			return err
+		}
+		b, err := backend()
+		if err != nil {
+			return err
+		}
+		resp, err := call(b, r.Context(), req)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, statusOf(resp), resp)
+		return nil
+	}
+}
+
+// startStatus is 201 when start or reset created the session, 200 when it
+// was already there.
+func startStatus(resp StartResponse) int {
+	if resp.Created {
+		return http.StatusCreated
+	}
+	return http.StatusOK
+}
+
+// withoutInput adapts a backend call that takes no request to route.
+func withoutInput[B, Resp any](call func(B, context.Context) (Resp, error)) func(B, context.Context, struct{}) (Resp, error) {
+	return func(b B, ctx context.Context, _ struct{}) (Resp, error) { return call(b, ctx) }
+}
+
 // noQuery refuses query parameters on routes that take none.
 func noQuery(r *http.Request) error { return newQuery(r).done() }
+
+// noInput reads a route that takes neither query parameters nor a body.
+func noInput(r *http.Request) (struct{}, error) { return struct{}{}, noQuery(r) }
+
+// emptyBody reads a route whose body, if any, must be an empty JSON object.
+func emptyBody(r *http.Request) (struct{}, error) {
+	if err := noQuery(r); err != nil {
+		return struct{}{}, err
+	}
+	return struct{}{}, decodeBody(r, &struct{}{}, true)
+}
+
+// jsonBody reads a route that takes no query parameters and a required JSON
+// body of type Req, which it validates (and so normalises).
+func jsonBody[Req any, PReq interface {
+	*Req
+	Validate() error
+}](r *http.Request) (Req, error) {
+	var req Req
+	if err := noQuery(r); err != nil {
+		return req, err
+	}
+	if err := decodeBody(r, &req, false); err != nil {
+		return req, err
+	}
+	if err := PReq(&req).Validate(); err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+func listQuery(r *http.Request) (ListRequest, error) {
+	q := newQuery(r)
+	req := ListRequest{All: q.boolean("all")}
+	return req, q.done()
+}
+
+func statusQuery(r *http.Request) (StatusRequest, error) {
+	q := newQuery(r)
+	req := StatusRequest{Cwd: q.str("cwd"), ConfigFile: q.str("configFile"), RunID: q.str("runId")}
+	if err := q.done(); err != nil {
+		return req, err
+	}
+	if err := req.Validate(); err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+func probeID(r *http.Request) (string, error) {
+	if err := noQuery(r); err != nil {
+		return "", err
+	}
+	id := mux.Vars(r)["id"]
+	if strings.TrimSpace(id) == "" {
+		return "", errdefs.Invalidf("the session id in the path is empty")
+	}
+	return id, nil
+}
+
+func stopDaemon(d DaemonBackend, ctx context.Context, _ struct{}) (DaemonStopResponse, error) {
+	if err := d.Shutdown(ctx); err != nil {
+		return DaemonStopResponse{}, err
+	}
+	return DaemonStopResponse{Status: "stopping"}, nil
+}
+
+func reconcile(b SessionBackend, ctx context.Context, _ struct{}) (ReconcileResponse, error) {
+	if err := b.Reconcile(ctx); err != nil {
+		return ReconcileResponse{}, err
+	}
+	return ReconcileResponse{Status: "ok"}, nil
+}
+
+// listSessions and stopSessions answer [] rather than null for no sessions.
+func listSessions(b SessionBackend, ctx context.Context, req ListRequest) (ListResponse, error) {
+	resp, err := b.List(ctx, req)
+	if err == nil && resp.Sessions == nil {
+		resp.Sessions = []SessionInfo{}
+	}
+	return resp, err
+}
+
+func stopSessions(b SessionBackend, ctx context.Context, req StopRequest) (StopResponse, error) {
+	resp, err := b.Stop(ctx, req)
+	if err == nil && resp.Stopped == nil {
+		resp.Stopped = []SessionInfo{}
+	}
+	return resp, err
+}
 
 func (s *Server) getVersion(w http.ResponseWriter, r *http.Request) error {
 	if err := noQuery(r); err != nil {
@@ -102,220 +244,6 @@ func (s *Server) sessions() (SessionBackend, error) {
 		return nil, errdefs.Unavailable(errors.New("sessions are not available: the daemon has not finished starting (or failed to); see `sbx daemon status` and the daemon's log"))
 	}
 	return s.b.Sessions, nil
-}
-
-func (s *Server) getHealth(w http.ResponseWriter, r *http.Request) error {
-	if err := noQuery(r); err != nil {
-		return err
-	}
-	d, err := s.daemon()
-	if err != nil {
-		return err
-	}
-	h, err := d.Health(r.Context())
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, h)
-	return nil
-}
-
-func (s *Server) postDaemonStop(w http.ResponseWriter, r *http.Request) error {
-	if err := noQuery(r); err != nil {
-		return err
-	}
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
-		return err
-	}
-	d, err := s.daemon()
-	if err != nil {
-		return err
-	}
-	if err := d.Shutdown(r.Context()); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusAccepted, DaemonStopResponse{Status: "stopping"})
-	return nil
-}
-
-func (s *Server) getConfig(w http.ResponseWriter, r *http.Request) error {
-	if err := noQuery(r); err != nil {
-		return err
-	}
-	b, err := s.sessions()
-	if err != nil {
-		return err
-	}
-	resp, err := b.Config(r.Context())
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, resp)
-	return nil
-}
-
-func (s *Server) postStart(w http.ResponseWriter, r *http.Request) error {
-	return s.start(w, r, SessionBackend.Start)
-}
-
-func (s *Server) postReset(w http.ResponseWriter, r *http.Request) error {
-	return s.start(w, r, SessionBackend.Reset)
-}
-
-func (s *Server) start(w http.ResponseWriter, r *http.Request, op func(SessionBackend, context.Context, StartRequest) (StartResponse, error)) error {
-	if err := noQuery(r); err != nil {
-		return err
-	}
-	var req StartRequest
-	if err := decodeBody(r, &req, false); err != nil {
-		return err
-	}
-	if err := req.Validate(); err != nil {
-		return err
-	}
-	b, err := s.sessions()
-	if err != nil {
-		return err
-	}
-	resp, err := op(b, r.Context(), req)
-	if err != nil {
-		return err
-	}
-	status := http.StatusOK
-	if resp.Created {
-		status = http.StatusCreated
-	}
-	writeJSON(w, status, resp)
-	return nil
-}
-
-func (s *Server) getSessions(w http.ResponseWriter, r *http.Request) error {
-	q := newQuery(r)
-	req := ListRequest{All: q.boolean("all")}
-	if err := q.done(); err != nil {
-		return err
-	}
-	b, err := s.sessions()
-	if err != nil {
-		return err
-	}
-	resp, err := b.List(r.Context(), req)
-	if err != nil {
-		return err
-	}
-	if resp.Sessions == nil {
-		resp.Sessions = []SessionInfo{}
-	}
-	writeJSON(w, http.StatusOK, resp)
-	return nil
-}
-
-func (s *Server) postStopSessions(w http.ResponseWriter, r *http.Request) error {
-	if err := noQuery(r); err != nil {
-		return err
-	}
-	var req StopRequest
-	if err := decodeBody(r, &req, false); err != nil {
-		return err
-	}
-	if err := req.Validate(); err != nil {
-		return err
-	}
-	b, err := s.sessions()
-	if err != nil {
-		return err
-	}
-	resp, err := b.Stop(r.Context(), req)
-	if err != nil {
-		return err
-	}
-	if resp.Stopped == nil {
-		resp.Stopped = []SessionInfo{}
-	}
-	writeJSON(w, http.StatusOK, resp)
-	return nil
-}
-
-func (s *Server) getProbe(w http.ResponseWriter, r *http.Request) error {
-	if err := noQuery(r); err != nil {
-		return err
-	}
-	id := mux.Vars(r)["id"]
-	if strings.TrimSpace(id) == "" {
-		return errdefs.Invalidf("the session id in the path is empty")
-	}
-	b, err := s.sessions()
-	if err != nil {
-		return err
-	}
-	resp, err := b.Probe(r.Context(), id)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, resp)
-	return nil
-}
-
-func (s *Server) getStatus(w http.ResponseWriter, r *http.Request) error {
-	q := newQuery(r)
-	req := StatusRequest{Cwd: q.str("cwd"), ConfigFile: q.str("configFile"), RunID: q.str("runId")}
-	if err := q.done(); err != nil {
-		return err
-	}
-	if err := req.Validate(); err != nil {
-		return err
-	}
-	b, err := s.sessions()
-	if err != nil {
-		return err
-	}
-	resp, err := b.Status(r.Context(), req)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, resp)
-	return nil
-}
-
-func (s *Server) postInit(w http.ResponseWriter, r *http.Request) error {
-	if err := noQuery(r); err != nil {
-		return err
-	}
-	var req InitRequest
-	if err := decodeBody(r, &req, false); err != nil {
-		return err
-	}
-	if err := req.Validate(); err != nil {
-		return err
-	}
-	b, err := s.sessions()
-	if err != nil {
-		return err
-	}
-	resp, err := b.Init(r.Context(), req)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusCreated, resp)
-	return nil
-}
-
-func (s *Server) postReconcile(w http.ResponseWriter, r *http.Request) error {
-	if err := noQuery(r); err != nil {
-		return err
-	}
-	if err := decodeBody(r, &struct{}{}, true); err != nil {
-		return err
-	}
-	b, err := s.sessions()
-	if err != nil {
-		return err
-	}
-	if err := b.Reconcile(r.Context()); err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, ReconcileResponse{Status: "ok"})
-	return nil
 }
 
 // cleanAbs is filepath.Clean for a path that must be absolute.

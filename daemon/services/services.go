@@ -99,6 +99,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		Watcher:          w,
 		Logger:           log,
 		HistoryRetention: deps.Config.HistoryRetention,
+		DaemonConfig:     sessions.DaemonConfig{File: deps.Config.File, ReconcileInterval: deps.Config.ReconcileInterval},
 	})
 	if err != nil {
 		s.pool.Close()
@@ -178,6 +179,7 @@ func (s *Services) Handshakes() uint64 { return s.pool.Handshakes() }
 // call; the reconcile interval applies from the next pass.
 func (s *Services) Reload(ctx context.Context, cfg config.Config) error {
 	s.remote.Update(s.remoteSettings(cfg))
+	s.manager.SetDaemonConfig(sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval})
 	s.loop.SetInterval(cfg.ReconcileInterval)
 	s.loop.Trigger()
 	return nil

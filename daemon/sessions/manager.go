@@ -102,6 +102,14 @@ type Options struct {
 	TokenTTL time.Duration
 	// HistoryRetention is how long ended sessions stay listed (0: forever).
 	HistoryRetention time.Duration
+	// DaemonConfig describes sandboxd's own configuration for `sbx config`.
+	DaemonConfig DaemonConfig
+}
+
+// DaemonConfig is what `sbx config` shows of sandboxd's own configuration.
+type DaemonConfig struct {
+	File              string
+	ReconcileInterval time.Duration
 }
 
 // Manager implements ipc.SessionBackend.
@@ -116,8 +124,9 @@ type Manager struct {
 	readies    flight[*store.Session] // by session id: one wait-for-ready poller
 	reconciles flight[ReconcileReport]
 
-	mu      sync.Mutex
-	runtime map[string]*sessionRuntime // by session id
+	mu        sync.Mutex
+	runtime   map[string]*sessionRuntime // by session id
+	daemonCfg DaemonConfig
 
 	wg sync.WaitGroup // background work: rehydration, exec records
 }
@@ -160,12 +169,13 @@ func New(opts Options) (*Manager, error) {
 		opts.TokenTTL = 24 * time.Hour
 	}
 	return &Manager{
-		opts:    opts,
-		st:      opts.Store,
-		log:     opts.Logger,
-		now:     opts.Now,
-		git:     gitRunner{binary: opts.GitBinary},
-		runtime: make(map[string]*sessionRuntime),
+		opts:      opts,
+		st:        opts.Store,
+		log:       opts.Logger,
+		now:       opts.Now,
+		git:       gitRunner{binary: opts.GitBinary},
+		runtime:   make(map[string]*sessionRuntime),
+		daemonCfg: opts.DaemonConfig,
 	}, nil
 }
 
@@ -261,8 +271,22 @@ func isClosed(c chan struct{}) bool {
 // Live counts live SSH connections (idle-exit accounting).
 func (m *Manager) Live() int { return m.opts.Pool.Live() }
 
-// Config reports the effective remote.
+// SetDaemonConfig records a reloaded daemon configuration for `sbx config`.
+func (m *Manager) SetDaemonConfig(c DaemonConfig) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.daemonCfg = c
+}
+
+// Config reports the effective remote (never the token) and where the
+// daemon's configuration comes from.
 func (m *Manager) Config(ctx context.Context) (ipc.ConfigResponse, error) {
 	ri := m.opts.Remotes.Info()
-	return ipc.ConfigResponse{Remote: ri.Name, Host: ri.Host, TokenSource: ri.TokenSource, CertFile: ri.CertFile}, nil
+	m.mu.Lock()
+	dc := m.daemonCfg
+	m.mu.Unlock()
+	return ipc.ConfigResponse{
+		Remote: ri.Name, Host: ri.Host, TokenSource: ri.TokenSource, CertFile: ri.CertFile,
+		ConfigFile: dc.File, ReconcileIntervalSeconds: dc.ReconcileInterval.Seconds(),
+	}, nil
 }

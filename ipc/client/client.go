@@ -236,16 +236,24 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, in, 
 	return nil
 }
 
+// call is do for a request with a typed JSON answer.
+func call[Resp any](ctx context.Context, c *Client, method, path string, q url.Values, in any) (Resp, error) {
+	var out Resp
+	if err := c.do(ctx, method, path, q, in, &out); err != nil {
+		var zero Resp
+		return zero, err
+	}
+	return out, nil
+}
+
 // Version is GET /v1/version.
 func (c *Client) Version(ctx context.Context) (ipc.VersionResponse, error) {
-	var v ipc.VersionResponse
-	return v, c.do(ctx, http.MethodGet, "/v1/version", nil, nil, &v)
+	return call[ipc.VersionResponse](ctx, c, http.MethodGet, "/v1/version", nil, nil)
 }
 
 // Health is GET /v1/health.
 func (c *Client) Health(ctx context.Context) (ipc.HealthResponse, error) {
-	var v ipc.HealthResponse
-	return v, c.do(ctx, http.MethodGet, "/v1/health", nil, nil, &v)
+	return call[ipc.HealthResponse](ctx, c, http.MethodGet, "/v1/health", nil, nil)
 }
 
 // StopDaemon is POST /v1/daemon/stop: the daemon begins shutting down.
@@ -273,20 +281,17 @@ func (c *Client) OpenAPI(ctx context.Context) ([]byte, error) {
 
 // Config is GET /v1/config.
 func (c *Client) Config(ctx context.Context) (ipc.ConfigResponse, error) {
-	var v ipc.ConfigResponse
-	return v, c.do(ctx, http.MethodGet, "/v1/config", nil, nil, &v)
+	return call[ipc.ConfigResponse](ctx, c, http.MethodGet, "/v1/config", nil, nil)
 }
 
 // Start is POST /v1/sessions/start.
 func (c *Client) Start(ctx context.Context, req ipc.StartRequest) (ipc.StartResponse, error) {
-	var v ipc.StartResponse
-	return v, c.do(ctx, http.MethodPost, "/v1/sessions/start", nil, req, &v)
+	return call[ipc.StartResponse](ctx, c, http.MethodPost, "/v1/sessions/start", nil, req)
 }
 
 // Reset is POST /v1/sessions/reset.
 func (c *Client) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartResponse, error) {
-	var v ipc.StartResponse
-	return v, c.do(ctx, http.MethodPost, "/v1/sessions/reset", nil, req, &v)
+	return call[ipc.StartResponse](ctx, c, http.MethodPost, "/v1/sessions/reset", nil, req)
 }
 
 // List is GET /v1/sessions.
@@ -295,20 +300,17 @@ func (c *Client) List(ctx context.Context, req ipc.ListRequest) (ipc.ListRespons
 	if req.All {
 		q = url.Values{"all": {"true"}}
 	}
-	var v ipc.ListResponse
-	return v, c.do(ctx, http.MethodGet, "/v1/sessions", q, nil, &v)
+	return call[ipc.ListResponse](ctx, c, http.MethodGet, "/v1/sessions", q, nil)
 }
 
 // Stop is POST /v1/sessions/stop.
 func (c *Client) Stop(ctx context.Context, req ipc.StopRequest) (ipc.StopResponse, error) {
-	var v ipc.StopResponse
-	return v, c.do(ctx, http.MethodPost, "/v1/sessions/stop", nil, req, &v)
+	return call[ipc.StopResponse](ctx, c, http.MethodPost, "/v1/sessions/stop", nil, req)
 }
 
 // Init is POST /v1/init.
 func (c *Client) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitResponse, error) {
-	var v ipc.InitResponse
-	return v, c.do(ctx, http.MethodPost, "/v1/init", nil, req, &v)
+	return call[ipc.InitResponse](ctx, c, http.MethodPost, "/v1/init", nil, req)
 }
 
 // Status is GET /v1/status.
@@ -319,14 +321,12 @@ func (c *Client) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeRe
 			q.Set(k, v)
 		}
 	}
-	var v ipc.ProbeResponse
-	return v, c.do(ctx, http.MethodGet, "/v1/status", q, nil, &v)
+	return call[ipc.ProbeResponse](ctx, c, http.MethodGet, "/v1/status", q, nil)
 }
 
 // Probe is GET /v1/sessions/{id}/probe.
 func (c *Client) Probe(ctx context.Context, sessionID string) (ipc.ProbeResponse, error) {
-	var v ipc.ProbeResponse
-	return v, c.do(ctx, http.MethodGet, "/v1/sessions/"+url.PathEscape(sessionID)+"/probe", nil, nil, &v)
+	return call[ipc.ProbeResponse](ctx, c, http.MethodGet, "/v1/sessions/"+url.PathEscape(sessionID)+"/probe", nil, nil)
 }
 
 // Reconcile is POST /v1/reconcile: it returns once the pass is over.

@@ -71,7 +71,14 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 		return ipc.ExecResult{}, err
 	}
 	defer resp.Body.Close()
-	return c.readExec(ctx, resp, opts, up)
+	res, err := c.readExec(ctx, resp, opts, up)
+	if up != nil {
+		// End the request stream before the response body is closed: a
+		// transport that sees the response end while the request is still
+		// being written waits 50ms for the write before it lets go.
+		up.stop()
+	}
+	return res, err
 }
 
 // readExec relays output frames until the final one.

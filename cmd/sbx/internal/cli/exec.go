@@ -70,9 +70,8 @@ func (a *app) exec(ctx context.Context) int {
 	if err != nil {
 		return a.fail(err)
 	}
-	for _, w := range res.Warnings {
-		a.warn(w)
-	}
+	// Warnings were printed as their frames arrived; res.Warnings repeats
+	// them for callers that only read the result.
 	code := ExitCode(res)
 	if a.p.json() {
 		if res.PulledFiles == nil {
