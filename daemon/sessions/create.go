@@ -24,7 +24,7 @@ func (m *Manager) Start(ctx context.Context, req ipc.StartRequest) (ipc.StartRes
 	if req.RunID != "" {
 		return m.attach(ctx, req)
 	}
-	s, p, err := m.lookup(ctx, req.Target, true)
+	s, p, err := m.lookup(ctx, req.Target)
 	created := false
 	switch {
 	case err == nil && s.RunID != "":
@@ -131,8 +131,9 @@ func (m *Manager) attach(ctx context.Context, req ipc.StartRequest) (ipc.StartRe
 	return ipc.StartResponse{Session: m.info(s), Created: false}, nil
 }
 
-// create creates the session of place p once, however many callers ask at
-// the same time: they all join the one create in flight.
+// create adopts or creates the session of place p once, however many
+// callers ask at the same time: they all join the one call in flight, so a
+// burst of callers costs one list call and at most one create.
 func (m *Manager) create(ctx context.Context, p place, init map[string]string) (*store.Session, error) {
 	return m.creates.do(ctx, p.Key(), m.opts.CreateTimeout, func(ctx context.Context) (*store.Session, error) {
 		existing, err := m.st.ByIdentity(p.Identity)
@@ -143,11 +144,15 @@ func (m *Manager) create(ctx context.Context, p place, init map[string]string) (
 			// A create that did not finish (timeout, crash): resume it with
 			// its idempotency key.
 			return m.createLocked(ctx, p, init, existing)
-		case errors.Is(err, store.ErrNotFound):
-			return m.createLocked(ctx, p, init, nil)
-		default:
+		case !errors.Is(err, store.ErrNotFound):
 			return nil, err
 		}
+		// A run on the remote may already be this identity's (its local
+		// record was lost, or another client started it).
+		if s, err := m.adoptRemote(ctx, p); err != nil || s != nil {
+			return s, err
+		}
+		return m.createLocked(ctx, p, init, nil)
 	})
 }
 

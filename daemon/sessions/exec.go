@@ -107,7 +107,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 // sessionForExec finds the caller's session, adopting or creating it, and
 // waits until it is ready.
 func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target) (*store.Session, place, error) {
-	s, p, err := m.lookup(ctx, t, true)
+	s, p, err := m.lookup(ctx, t)
 	switch {
 	case err == nil && s.RunID != "":
 	case err == nil || errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "":

@@ -313,7 +313,15 @@ func (m *Manager) List(ctx context.Context, req ipc.ListRequest) (ipc.ListRespon
 
 // Status probes the caller's session.
 func (m *Manager) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeResponse, error) {
-	s, _, err := m.lookup(ctx, req, true)
+	s, p, err := m.lookup(ctx, req)
+	if errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "" {
+		// The local record may be lost while the run lives on.
+		if adopted, aerr := m.adoptRemote(ctx, p); aerr != nil {
+			return ipc.ProbeResponse{}, aerr
+		} else if adopted != nil {
+			s, err = adopted, nil
+		}
+	}
 	if err != nil {
 		return ipc.ProbeResponse{}, err
 	}

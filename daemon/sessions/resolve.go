@@ -66,11 +66,12 @@ func (m *Manager) locate(t ipc.Target) (place, error) {
 	return place{cwd: cwd, Identity: store.Identity{RepoRoot: root, Branch: branch, ConfigFile: cfg}}, nil
 }
 
-// lookup finds the session a request means without creating one: by run id,
-// else by identity (adopting a detached session whose commit is an ancestor of
-// HEAD, a legacy RWX CLI record, or a remote run whose cli_state matches).
-// It returns errdefs.ErrNotFound when there is none.
-func (m *Manager) lookup(ctx context.Context, t ipc.Target, adoptRemote bool) (*store.Session, place, error) {
+// lookup finds the session a request means without creating one and
+// without calling the remote: by run id, else by identity (adopting a
+// detached session whose commit is an ancestor of HEAD, or a legacy RWX CLI
+// record). It returns errdefs.ErrNotFound when there is none; create then
+// looks for a matching run on the remote.
+func (m *Manager) lookup(ctx context.Context, t ipc.Target) (*store.Session, place, error) {
 	if t.RunID != "" {
 		s, err := m.st.ByRunID(t.RunID)
 		if err == nil {
@@ -94,11 +95,6 @@ func (m *Manager) lookup(ctx context.Context, t ipc.Target, adoptRemote bool) (*
 	}
 	if s, err := m.adoptLocal(ctx, p); err != nil || s != nil {
 		return s, p, err
-	}
-	if adoptRemote {
-		if s, err := m.adoptRemote(ctx, p); err != nil || s != nil {
-			return s, p, err
-		}
 	}
 	return nil, p, errdefs.NotFoundf("no sandbox for %s (branch %s, config %s): start one with `sbx start`", p.RepoRoot, p.Branch, p.configRel())
 }

@@ -30,7 +30,7 @@ func (m *Manager) Stop(ctx context.Context, req ipc.StopRequest) (ipc.StopRespon
 			}
 		}
 	default:
-		s, _, err := m.lookup(ctx, req.Target, false)
+		s, _, err := m.lookup(ctx, req.Target)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return ipc.StopResponse{Stopped: []ipc.SessionInfo{}}, nil
 		}
