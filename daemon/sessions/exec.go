@@ -34,7 +34,9 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	if len(req.Argv) == 0 {
 		return ipc.ExecResult{}, errdefs.Invalidf("no command given: pass it after --, for example `sbx exec -- make test`")
 	}
-	s, p, err := m.sessionForExec(ctx, req.Target)
+	s, p, err := m.sessionForExec(ctx, req.Target, func(msg string) {
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
+	})
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}
@@ -105,17 +107,21 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 }
 
 // sessionForExec finds the caller's session, adopting or creating it, and
-// waits until it is ready.
-func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target) (*store.Session, place, error) {
+// waits until it is ready, telling the caller when it has to wait.
+func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target, progress func(string)) (*store.Session, place, error) {
 	s, p, err := m.lookup(ctx, t)
 	switch {
 	case err == nil && s.RunID != "":
 	case err == nil || errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "":
+		progress(fmt.Sprintf("starting a sandbox for %s (branch %s)", p.RepoRoot, p.Branch))
 		if s, err = m.create(ctx, p, nil); err != nil {
 			return nil, p, err
 		}
 	default:
 		return nil, p, err
+	}
+	if s.State != store.StateReady {
+		progress(fmt.Sprintf("waiting for sandbox %s to be ready (%s)", s.RunID, s.RunURL))
 	}
 	s, err = m.waitReady(ctx, s, 0)
 	return s, p, err

@@ -52,7 +52,11 @@ func (a *app) exec(ctx context.Context) int {
 			case ipc.ExecWarning:
 				a.warn(f.Message)
 			case ipc.ExecQueued:
-				if a.sys.StderrIsTerminal && f.Position > 0 {
+				switch {
+				case !a.sys.StderrIsTerminal:
+				case f.Message != "":
+					fmt.Fprintf(a.sys.Stderr, "sbx: %s\n", f.Message)
+				case f.Position > 0:
 					fmt.Fprintf(a.sys.Stderr, "sbx: waiting for the sandbox (%d ahead in its queue)\n", f.Position)
 				}
 			}

@@ -1,0 +1,69 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestAutostartVersionAndStop: with no daemon running, sbx starts one in
+// the background (logging to the state directory), versions match, and
+// `sbx daemon stop` ends it; with autostart off, sbx says how to start it.
+func TestAutostartVersionAndStop(t *testing.T) {
+	e := newEnv(t)
+	if r := e.sbx(e.root, "version"); r.code != 125 || !strings.Contains(r.stderr, "SANDBOXD_NO_AUTOSTART") {
+		t.Fatalf("with autostart off: %s", r)
+	}
+	e.vars = append(e.vars, "SANDBOXD_NO_AUTOSTART=")
+	t.Cleanup(func() {
+		// The autostarted daemon is not a child of the test: stop it by pid.
+		pidFile := filepath.Join(e.get("XDG_STATE_HOME"), "sandboxd", "sandboxd.pid")
+		if b, err := os.ReadFile(pidFile); err == nil {
+			if pid, err := strconv.Atoi(strings.SplitN(string(b), "\n", 2)[0]); err == nil && pid > 0 {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	r := e.mustSbx(e.root, "version", "--json")
+	v := decode[struct {
+		Client   struct{ Version string } `json:"client"`
+		Daemon   struct{ Version string } `json:"daemon"`
+		Mismatch bool                     `json:"mismatch"`
+	}](t, r.stdout)
+	if v.Daemon.Version == "" || v.Mismatch || v.Client.Version != v.Daemon.Version {
+		t.Fatalf("versions: %s", r)
+	}
+	if _, err := os.Stat(filepath.Join(e.get("XDG_STATE_HOME"), "sandboxd", "sandboxd.log")); err != nil {
+		t.Fatalf("the autostarted daemon has no log file: %v", err)
+	}
+	e.mustSbx(e.root, "daemon", "stop")
+	waitUntil(t, 10*time.Second, "the daemon to stop", func() bool {
+		_, err := os.Stat(e.socket())
+		return os.IsNotExist(err)
+	})
+	if r := e.sbx(e.root, "daemon", "status"); r.code == 0 {
+		t.Fatalf("daemon status after stop: %s", r)
+	}
+}
+
+// TestConfigNeverShowsTheToken: `sbx config` names the remote and where the
+// token comes from, never the token itself.
+func TestConfigNeverShowsTheToken(t *testing.T) {
+	e := newEnv(t)
+	const secret = "rwx-secret-token-value"
+	e.vars = append(e.vars, "RWX_ACCESS_TOKEN="+secret, "SANDBOXD_REMOTE=rwx", "RWX_HOST=cloud.example.invalid")
+	e.startDaemon()
+	for _, args := range [][]string{{"config"}, {"config", "--json"}} {
+		r := e.mustSbx(e.root, args...)
+		if strings.Contains(r.stdout+r.stderr, secret) {
+			t.Fatalf("sbx %v shows the token: %s", args, r)
+		}
+		if !strings.Contains(r.stdout, "rwx") || !strings.Contains(r.stdout, "cloud.example.invalid") || !strings.Contains(r.stdout, "RWX_ACCESS_TOKEN") {
+			t.Fatalf("sbx %v does not describe the remote: %s", args, r)
+		}
+	}
+}
