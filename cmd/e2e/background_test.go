@@ -199,6 +199,24 @@ func TestTransientRemoteErrorsPruneNothing(t *testing.T) {
 		t.Fatalf("a transient error pruned the session: %+v", lj)
 	}
 	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+
+	// The sandbox's SSH connections drop and new ones are refused: the
+	// daemon keeps the session (the remote still says the run is alive)
+	// and reconnects once the agent answers again.
+	lc.call(t, "POST", "/admin/faults", map[string]any{"drop_ssh": true})
+	lc.call(t, "POST", "/admin/runs/"+run+"/drop-connections", nil)
+	evs.waitFor(t, 20*time.Second, "connection.down", func(ev map[string]any) bool {
+		return ev["type"] == "connection.down" && ev["runId"] == run
+	})
+	for range 2 {
+		evs.waitFor(t, 20*time.Second, "reconcile.finished", eventType("reconcile.finished"))
+	}
+	lc.call(t, "POST", "/admin/faults", map[string]any{"drop_ssh": false})
+	lj = decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout)
+	if len(lj.Sessions) != 1 || lj.Sessions[0].RunID != run || lj.Sessions[0].Status == "expired" {
+		t.Fatalf("a dropped connection pruned the session: %+v", lj)
+	}
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
 }
 
 // TestConnectionKilledBetweenExecs: the SSH connection dies between two
