@@ -67,3 +67,21 @@ func TestConfigNeverShowsTheToken(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigFileChangeReloads: saving sandboxd's config file reloads it, as
+// SIGHUP does.
+func TestConfigFileChangeReloads(t *testing.T) {
+	e := newEnv(t)
+	e.writeConfig(map[string]any{"reconcile_interval": "30s"})
+	e.startDaemon()
+	interval := func() float64 {
+		return decode[struct {
+			Seconds float64 `json:"reconcileIntervalSeconds"`
+		}](t, e.mustSbx(e.root, "config", "--json").stdout).Seconds
+	}
+	if got := interval(); got != 30 {
+		t.Fatalf("interval %v, want 30", got)
+	}
+	e.writeConfig(map[string]any{"reconcile_interval": "7s"})
+	waitUntil(t, 10*time.Second, "the config change to apply", func() bool { return interval() == 7 })
+}

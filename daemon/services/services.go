@@ -89,17 +89,16 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		},
 	})
 	m, err := sessions.New(sessions.Options{
-		Store:            deps.Store,
-		Remotes:          s.remote,
-		Pool:             s.pool,
-		Queue:            execq.New(),
-		Sync:             gitsync.New(gitsync.Options{Logger: log}),
-		Events:           s.bus,
-		Branches:         branches,
-		Watcher:          w,
-		Logger:           log,
-		HistoryRetention: deps.Config.HistoryRetention,
-		DaemonConfig:     sessions.DaemonConfig{File: deps.Config.File, ReconcileInterval: deps.Config.ReconcileInterval},
+		Store:        deps.Store,
+		Remotes:      s.remote,
+		Pool:         s.pool,
+		Queue:        execq.New(),
+		Sync:         gitsync.New(gitsync.Options{Logger: log}),
+		Events:       s.bus,
+		Branches:     branches,
+		Watcher:      w,
+		Logger:       log,
+		DaemonConfig: daemonConfig(deps.Config),
 	})
 	if err != nil {
 		s.pool.Close()
@@ -158,6 +157,10 @@ func (s *Services) remoteSettings(cfg config.Config) remote.Settings {
 	}
 }
 
+func daemonConfig(cfg config.Config) sessions.DaemonConfig {
+	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention}
+}
+
 func fileExists(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && !st.IsDir()
@@ -179,7 +182,7 @@ func (s *Services) Handshakes() uint64 { return s.pool.Handshakes() }
 // call; the reconcile interval applies from the next pass.
 func (s *Services) Reload(ctx context.Context, cfg config.Config) error {
 	s.remote.Update(s.remoteSettings(cfg))
-	s.manager.SetDaemonConfig(sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval})
+	s.manager.SetDaemonConfig(daemonConfig(cfg))
 	s.loop.SetInterval(cfg.ReconcileInterval)
 	s.loop.Trigger()
 	return nil

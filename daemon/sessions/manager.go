@@ -100,16 +100,18 @@ type Options struct {
 	CreateTimeout time.Duration
 	// TokenTTL is the lifetime asked for scoped tokens (default 24h).
 	TokenTTL time.Duration
-	// HistoryRetention is how long ended sessions stay listed (0: forever).
-	HistoryRetention time.Duration
-	// DaemonConfig describes sandboxd's own configuration for `sbx config`.
+	// DaemonConfig is the part of sandboxd's configuration the manager
+	// uses or shows; SetDaemonConfig replaces it on a reload.
 	DaemonConfig DaemonConfig
 }
 
-// DaemonConfig is what `sbx config` shows of sandboxd's own configuration.
+// DaemonConfig is the part of sandboxd's own configuration the manager uses
+// (history retention) or shows in `sbx config`.
 type DaemonConfig struct {
 	File              string
 	ReconcileInterval time.Duration
+	// HistoryRetention is how long ended sessions stay listed (0: forever).
+	HistoryRetention time.Duration
 }
 
 // Manager implements ipc.SessionBackend.
@@ -271,7 +273,7 @@ func isClosed(c chan struct{}) bool {
 // Live counts live SSH connections (idle-exit accounting).
 func (m *Manager) Live() int { return m.opts.Pool.Live() }
 
-// SetDaemonConfig records a reloaded daemon configuration for `sbx config`.
+// SetDaemonConfig applies a reloaded daemon configuration.
 func (m *Manager) SetDaemonConfig(c DaemonConfig) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -62,8 +62,11 @@ func (m *Manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	defer func() {
 		m.opts.Events.Publish(eventReconciled, "", "", rep)
 	}()
-	if m.opts.HistoryRetention > 0 {
-		n, err := m.st.PruneHistory(m.now().Add(-m.opts.HistoryRetention))
+	m.mu.Lock()
+	retention := m.daemonCfg.HistoryRetention
+	m.mu.Unlock()
+	if retention > 0 {
+		n, err := m.st.PruneHistory(m.now().Add(-retention))
 		if err != nil {
 			m.log.Warn("prune session history", "err", err)
 		}
