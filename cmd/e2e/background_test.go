@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -370,5 +371,31 @@ func TestClientCreateDuringRehydrationSurvives(t *testing.T) {
 	}
 	if got[fresh] != st.Session.RunID {
 		t.Errorf("session created during rehydration: got %q, want %q", got[fresh], st.Session.RunID)
+	}
+}
+
+// TestLocalRemoteRestartKeepsSandboxes: the local remote dies (SIGKILL);
+// the next exec starts it again, its sandboxes come back with their keys,
+// and the daemon follows the agent to its new address.
+func TestLocalRemoteRestartKeepsSandboxes(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("lcrestart", defaultConfig)
+	run := e.startSandbox(repo)
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	discovery := filepath.Join(e.get("XDG_DATA_HOME"), "sandboxd", "localcloud", "localcloud.json")
+	var d struct {
+		PID int `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(readFile(t, discovery)), &d); err != nil || d.PID == 0 {
+		t.Fatalf("discovery file: %v", err)
+	}
+	if err := syscall.Kill(d.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the local remote to die", func() bool { return syscall.Kill(d.PID, 0) != nil })
+	ej := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout)
+	if ej.RunID != run {
+		t.Fatalf("after the remote restarted, exec used run %s, want %s", ej.RunID, run)
 	}
 }

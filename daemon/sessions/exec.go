@@ -127,23 +127,36 @@ func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target, progress fun
 	return s, p, err
 }
 
-// connect returns the held connection of session s, telling a sandbox that
-// is gone (pruned) from one that is unreachable for now (kept).
+// connect returns the held connection of session s. When the agent cannot
+// be reached it asks the remote why: a run that is over ends the session, an
+// agent that moved (the local remote restarted) is followed, anything else
+// is reported as unavailable and the session kept.
 func (m *Manager) connect(ctx context.Context, s *store.Session) (*sshpool.Conn, error) {
 	conn, err := m.opts.Pool.Get(ctx, target(s))
 	if err == nil {
 		return conn, nil
 	}
-	if remote, rerr := m.remote(ctx); rerr == nil {
-		if ci, cerr := m.connectionInfo(ctx, remote, s); definitelyOver(cerr) || (cerr == nil && ci.Polling.Completed) {
-			reason := "the run is over"
-			if cerr != nil {
-				reason = remoteReason(cerr)
-			}
-			return nil, endedError(m.expire(s, reason))
+	remote, rerr := m.remote(ctx)
+	if rerr != nil {
+		return nil, errdefs.Unavailable(fmt.Errorf("%w (and the remote cannot be asked about it: %v)", err, rerr))
+	}
+	ci, cerr := m.connectionInfo(ctx, remote, s)
+	switch {
+	case definitelyOver(cerr):
+		return nil, endedError(m.expire(s, remoteReason(cerr)))
+	case cerr != nil:
+	case ci.Polling.Completed:
+		return nil, endedError(m.expire(s, "the run is over"))
+	case moved(s, ci):
+		moved, merr := m.markReady(s, ci)
+		if merr != nil {
+			return nil, merr
+		}
+		if conn, err = m.opts.Pool.Get(ctx, target(moved)); err == nil {
+			return conn, nil
 		}
 	}
-	return nil, errdefs.Unavailable(fmt.Errorf("connect to sandbox %s: %w", s.RunID, err))
+	return nil, errdefs.Unavailable(err)
 }
 
 // lockSandbox connects and takes the agent lock. The lock request is the

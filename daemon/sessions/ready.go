@@ -103,6 +103,12 @@ func (m *Manager) connectionInfo(ctx context.Context, remote Remote, s *store.Se
 	return ci, err
 }
 
+// moved reports whether a sandboxable run's agent is no longer where (or
+// with the keys) session s knows it.
+func moved(s *store.Session, ci runsapi.ConnectionInfo) bool {
+	return ci.Sandboxable && (ci.Address != s.Address || ci.PublicHostKey != s.PublicHostKey || ci.PrivateUserKey != s.PrivateUserKey)
+}
+
 // definitelyOver reports whether err is the remote's definite word that a run
 // is over or was never there (404, 410): the only answers that prune.
 func definitelyOver(err error) bool {
@@ -205,6 +211,11 @@ func (m *Manager) CheckAlive(ctx context.Context, runID string) error {
 		return errdefs.Unavailable(err)
 	case ci.Polling.Completed:
 		return endedError(m.expire(s, "the run is over"))
+	case moved(s, ci):
+		// The agent moved (the local remote restarted, say): record where
+		// it is now, which also points the pool's reconnects there.
+		_, err := m.markReady(s, ci)
+		return err
 	}
 	return nil
 }
