@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -84,4 +85,30 @@ func TestConfigFileChangeReloads(t *testing.T) {
 	}
 	e.writeConfig(map[string]any{"reconcile_interval": "7s"})
 	waitUntil(t, 10*time.Second, "the config change to apply", func() bool { return interval() == 7 })
+}
+
+// TestCorruptDatabaseIsReportedAndKept: a database that cannot be read
+// stops the daemon with a message naming the file, which is left as it was.
+func TestCorruptDatabaseIsReportedAndKept(t *testing.T) {
+	e := newEnv(t)
+	db := filepath.Join(e.get("XDG_STATE_HOME"), "sandboxd", "sandboxd.db")
+	garbage := strings.Repeat("not a bbolt file ", 1000)
+	writeFile(t, db, garbage)
+	cmd := exec.Command(filepath.Join(binDir, "sandboxd"))
+	cmd.Env = e.vars
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("sandboxd started on a corrupt database:\n%s", out)
+	}
+	if !strings.Contains(string(out), db) {
+		t.Fatalf("the error does not name the database file:\n%s", out)
+	}
+	if readFile(t, db) != garbage {
+		t.Fatal("the corrupt database was changed")
+	}
+	// sbx, starting the daemon itself, shows the daemon's own error.
+	e.vars = append(e.vars, "SANDBOXD_NO_AUTOSTART=")
+	if r := e.sbx(e.root, "version"); r.code != 125 || !strings.Contains(r.stderr, db) {
+		t.Fatalf("sbx autostart on a corrupt database: %s", r)
+	}
 }
