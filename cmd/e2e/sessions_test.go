@@ -94,19 +94,13 @@ func TestStartExecListStopLifecycle(t *testing.T) {
 	}
 
 	st := e.mustSbx(repo, "status", "--json")
-	var probe struct {
-		Probe     string `json:"probe"`
-		Lifecycle struct {
-			ExecCount int `json:"execCount"`
-		} `json:"lifecycle"`
-	}
-	probe = decode[struct {
+	probe := decode[struct {
 		Probe     string `json:"probe"`
 		Lifecycle struct {
 			ExecCount int `json:"execCount"`
 		} `json:"lifecycle"`
 	}](t, st.stdout)
-	if probe.Probe != "connected" {
+	if probe.Probe != "connected" || probe.Lifecycle.ExecCount != 2 {
 		t.Fatalf("status = %s", st)
 	}
 

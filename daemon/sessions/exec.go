@@ -272,10 +272,14 @@ func exitCode(st sshpool.ExitStatus) int {
 }
 
 // recordExec updates the exec statistics off the hot path: the caller has
-// its answer before the store write is synced.
+// its answer before the store write is synced. Readers that show the
+// statistics call flushExecRecords first, so they never see them stale.
 func (m *Manager) recordExec(s *store.Session, res ipc.ExecResult) {
 	now := m.now()
 	m.publish(eventExecFinished, s, map[string]any{"exitCode": res.ExitCode, "durationMs": res.DurationMs})
+	m.records.Lock()
+	m.pendingRecords++
+	m.records.Unlock()
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -286,7 +290,23 @@ func (m *Manager) recordExec(s *store.Session, res ipc.ExecResult) {
 		}); err != nil {
 			m.log.Warn("record exec", "session", s.ID, "err", err)
 		}
+		m.records.Lock()
+		m.pendingRecords--
+		if m.pendingRecords == 0 {
+			m.recordsDone.Broadcast()
+		}
+		m.records.Unlock()
 	}()
+}
+
+// flushExecRecords waits until the exec statistics recorded so far are in
+// the store.
+func (m *Manager) flushExecRecords() {
+	m.records.Lock()
+	defer m.records.Unlock()
+	for m.pendingRecords > 0 {
+		m.recordsDone.Wait()
+	}
 }
 
 // connRunner runs sync commands over a held connection.

@@ -131,6 +131,10 @@ type Manager struct {
 	daemonCfg DaemonConfig
 
 	wg sync.WaitGroup // background work: rehydration, exec records
+
+	records        sync.Mutex // guards pendingRecords
+	recordsDone    *sync.Cond // signalled when pendingRecords drops to 0
+	pendingRecords int        // exec statistics not yet in the store
 }
 
 // sessionRuntime is what the daemon knows about a session beyond the store:
@@ -170,7 +174,7 @@ func New(opts Options) (*Manager, error) {
 	if opts.TokenTTL <= 0 {
 		opts.TokenTTL = 24 * time.Hour
 	}
-	return &Manager{
+	m := &Manager{
 		opts:      opts,
 		st:        opts.Store,
 		log:       opts.Logger,
@@ -178,7 +182,9 @@ func New(opts Options) (*Manager, error) {
 		git:       gitRunner{binary: opts.GitBinary},
 		runtime:   make(map[string]*sessionRuntime),
 		daemonCfg: opts.DaemonConfig,
-	}, nil
+	}
+	m.recordsDone = sync.NewCond(&m.records)
+	return m, nil
 }
 
 // rt returns the runtime record of a session, creating it on first use.

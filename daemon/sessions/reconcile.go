@@ -301,6 +301,7 @@ func (m *Manager) List(ctx context.Context, req ipc.ListRequest) (ipc.ListRespon
 		}
 		resp.Warnings = append(resp.Warnings, fmt.Sprintf("could not check with the remote (%v): statuses are the last known ones", err))
 	}
+	m.flushExecRecords()
 	all, err := m.st.List()
 	if err != nil {
 		return resp, err
@@ -368,6 +369,7 @@ func (m *Manager) probe(ctx context.Context, s *store.Session) (ipc.ProbeRespons
 		}
 	}
 	now := m.now()
+	m.flushExecRecords()
 	if cur, err := m.st.Update(s.ID, func(s *store.Session) error { s.LastProbeAt = now; return nil }); err == nil {
 		s = cur
 	}

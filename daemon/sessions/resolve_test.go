@@ -75,7 +75,9 @@ func TestFindConfig(t *testing.T) {
 func TestRemoteRunMatching(t *testing.T) {
 	m := &Manager{}
 	p := place{Identity: store.Identity{RepoRoot: "/src/app", Branch: "main", ConfigFile: "/src/app/.rwx/sandbox.yml"}}
-	run := func(cs runsapi.CLIState) runsapi.RunSummary { return runsapi.RunSummary{ID: "r", CLIState: cs.Encode()} }
+	run := func(cs runsapi.CLIState) runsapi.RunSummary {
+		return runsapi.RunSummary{ID: "r", CLIState: cs.Encode()}
+	}
 	cases := []struct {
 		name string
 		run  runsapi.RunSummary
