@@ -109,6 +109,11 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 
 	// sandboxd's own config file: a change reloads it as SIGHUP does.
 	if deps.RequestReload != nil && deps.Config.File != "" {
+		// The directory is watched for the file to appear; without it the
+		// watcher would fall back to polling.
+		if err := os.MkdirAll(filepath.Dir(deps.Config.File), 0o700); err != nil {
+			log.Warn("create the config directory", "dir", filepath.Dir(deps.Config.File), "err", err)
+		}
 		stop, err := w.WatchFile(deps.Config.File, deps.RequestReload)
 		if err != nil {
 			log.Warn("watch the config file; reload it with SIGHUP instead", "file", deps.Config.File, "err", err)
