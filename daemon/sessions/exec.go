@@ -29,7 +29,7 @@ const unlockTimeout = 10 * time.Second
 // the session, wait for its turn in the sandbox's FIFO, hold the agent lock,
 // push the working tree, run the command with the caller's streams, pull the
 // sandbox's edits back, release the lock.
-func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.ExecStream) (ipc.ExecResult, error) {
+func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.ExecStream) (_ ipc.ExecResult, err error) {
 	started := m.now()
 	if len(req.Argv) == 0 {
 		return ipc.ExecResult{}, errdefs.Invalidf("no command given: pass it after --, for example `sbx exec -- make test`")
@@ -41,6 +41,12 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 		return ipc.ExecResult{}, err
 	}
 	m.publish(eventExecQueued, s, map[string]any{"argv0": req.Argv[0]})
+	defer func() {
+		if err != nil {
+			// Editors following events see every queued exec end.
+			m.publish(eventExecFinished, s, map[string]any{"error": err.Error(), "durationMs": m.now().Sub(started).Milliseconds()})
+		}
+	}()
 	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(position int) {
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Position: position})
 	})
