@@ -83,6 +83,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	}
 	runner := connRunner{conn}
 	sync := !req.NoSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot
+	locked := m.now()
 	if sync {
 		if err := m.push(ctx, runner, s, warn); err != nil {
 			return ipc.ExecResult{}, err
@@ -91,11 +92,13 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 
 	m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 	_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
+	pushed := m.now()
 	status, runErr := m.run(ctx, conn, req, stream)
 	if runErr != nil {
 		return ipc.ExecResult{}, runErr
 	}
 	res.ExitCode, res.Signal = exitCode(status), status.Signal
+	ran := m.now()
 
 	if sync {
 		pull, err := m.opts.Sync.Pull(context.WithoutCancel(ctx), runner, s.RepoRoot)
@@ -107,7 +110,10 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 			warn(w)
 		}
 	}
-	res.DurationMs = m.now().Sub(started).Milliseconds()
+	done := m.now()
+	res.DurationMs = done.Sub(started).Milliseconds()
+	m.log.Debug("exec", "run", s.RunID, "exit", res.ExitCode, "sync", sync,
+		"wait_and_lock", locked.Sub(started), "push", pushed.Sub(locked), "command", ran.Sub(pushed), "pull", done.Sub(ran))
 	m.recordExec(s, res)
 	return res, nil
 }
