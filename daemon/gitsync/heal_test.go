@@ -1,0 +1,46 @@
+package gitsync
+
+import (
+	"strings"
+	"testing"
+)
+
+// Whatever changes the sandbox between two synced execs (a --no-sync
+// command, an interrupted exec, a merge left half done) is healed by the
+// next push: HEAD, index and files are at the base again.
+func TestPushHealsChangesBetweenExecs(t *testing.T) {
+	for name, change := range map[string]string{
+		"tracked edit":   "echo changed > a.txt",
+		"untracked file": "mkdir -p d && echo u > d/u.txt",
+		"staged only":    "echo staged > a.txt && git add a.txt && git checkout -- a.txt 2>/dev/null || git restore --worktree a.txt",
+		"commit":         "echo c > c.txt && git add c.txt && git -c user.name=x -c user.email=x@x commit -q -m c",
+		"merge state":    "git rev-parse HEAD > .git/MERGE_HEAD && echo merge > .git/MERGE_MSG",
+		"packed refs":    "git pack-refs --all && echo changed > a.txt",
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n"})
+			writeFile(t, f.local+"/b.txt", "local b\n")
+			if _, _, err := f.exec("true"); err != nil {
+				t.Fatal(err)
+			}
+			f.inSandbox(change)
+			f.pushAndCompare()
+			if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
+				t.Fatalf("sandbox HEAD %s, want base %s", got, f.base)
+			}
+			if st := git(t, f.sandbox, "diff", "--cached", "--name-only"); st != "" {
+				t.Fatalf("sandbox index not at base: %q", st)
+			}
+			if _, err := f.pull(); err != nil {
+				t.Fatal(err)
+			}
+			for _, state := range []string{"MERGE_HEAD", "MERGE_MSG"} {
+				if out := f.inSandbox("test -e .git/" + state + " && echo left || true"); out != "" {
+					t.Fatalf("%s left behind", state)
+				}
+			}
+		})
+	}
+}
+
+// A patch that creates no path is applied to the sync index directly; the
