@@ -45,8 +45,6 @@ type principal struct {
 	runID string
 }
 
-type ctxKey struct{}
-
 type handlerFunc func(w http.ResponseWriter, r *http.Request, p principal) error
 
 func (s *Server) routes() http.Handler {

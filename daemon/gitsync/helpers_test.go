@@ -284,17 +284,6 @@ func withFiles(tr map[string]string, files map[string]string) map[string]string 
 	return out
 }
 
-func withoutPaths(tr map[string]string, paths ...string) map[string]string {
-	out := make(map[string]string, len(tr))
-	for k, v := range tr {
-		out[k] = v
-	}
-	for _, p := range paths {
-		delete(out, p)
-	}
-	return out
-}
-
 func quoteShort(s string) string {
 	if len(s) > 80 {
 		s = s[:80] + "..."

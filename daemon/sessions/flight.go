@@ -50,11 +50,3 @@ func (f *flight[T]) do(ctx context.Context, key string, timeout time.Duration, f
 		return zero, ctx.Err()
 	}
 }
-
-// inFlight reports whether a call for key is running.
-func (f *flight[T]) inFlight(key string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	_, ok := f.calls[key]
-	return ok
-}

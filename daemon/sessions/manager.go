@@ -53,8 +53,6 @@ type Pool interface {
 	Get(ctx context.Context, t sshpool.Target) (*sshpool.Conn, error)
 	Ensure(t sshpool.Target)
 	Forget(runID string)
-	Live() int
-	Connected(runID string) bool
 }
 
 // Syncer moves the working tree to the sandbox and back (*gitsync.Syncer).
@@ -275,9 +273,6 @@ func isClosed(c chan struct{}) bool {
 		return false
 	}
 }
-
-// Live counts live SSH connections (idle-exit accounting).
-func (m *Manager) Live() int { return m.opts.Pool.Live() }
 
 // SetDaemonConfig applies a reloaded daemon configuration.
 func (m *Manager) SetDaemonConfig(c DaemonConfig) {

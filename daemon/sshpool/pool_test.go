@@ -600,13 +600,12 @@ func BenchmarkExecTrueWarm(b *testing.B) {
 	defer p.Close()
 	tg := srv.target("run-1")
 	ctx := context.Background()
-	c, err := p.Get(ctx, tg)
-	if err != nil {
+	if _, err := p.Get(ctx, tg); err != nil {
 		b.Fatal(err)
 	}
 	b.ResetTimer()
 	for b.Loop() {
-		c, err = p.Get(ctx, tg)
+		c, err := p.Get(ctx, tg)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -80,13 +80,6 @@ func (l *fifoLock) releaseOwner(owner uint64) {
 	}
 }
 
-// held reports the current holder (0 when free).
-func (l *fifoLock) held() uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.holder
-}
-
 func (l *fifoLock) handOffLocked() {
 	l.holder = 0
 	if len(l.waiters) == 0 {

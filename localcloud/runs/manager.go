@@ -66,11 +66,10 @@ type Manager struct {
 
 type entry struct {
 	Run
-	agent     *agent.Agent
-	cancel    context.CancelCauseFunc // of provisioning
-	logFile   *os.File
-	connInfo  runsapi.ConnectionInfo // cached while sandboxable
-	stopAgent sync.Once
+	agent    *agent.Agent
+	cancel   context.CancelCauseFunc // of provisioning
+	logFile  *os.File
+	connInfo runsapi.ConnectionInfo // cached while sandboxable
 }
 
 // errShutdown interrupts provisioning that resumes after a restart.
@@ -462,8 +461,11 @@ func (m *Manager) startAgentLocked(e *entry) error {
 	}
 	var a *agent.Agent
 	if e.AgentAddr != "" {
+		// Keep the address clients know, if it is still free.
 		cfg.Addr = e.AgentAddr
-		a, err = agent.Start(cfg)
+		if a, err = agent.Start(cfg); err != nil {
+			m.log.Info("the agent's previous address is not available; using a new one", "run", id, "addr", e.AgentAddr, "err", err)
+		}
 	}
 	if a == nil {
 		cfg.Addr = m.cfg.AgentHost + ":0"
