@@ -144,7 +144,6 @@ type sessionRuntime struct {
 	drift       bool
 	driftHash   string
 	cancelWatch func()
-	lastProbe   string
 	expiresAt   time.Time
 }
 

@@ -20,9 +20,11 @@ const (
 // waitReady waits until session s is sandboxable. Concurrent waiters of one
 // session share one poller. timeout 0 means the configured default.
 func (m *Manager) waitReady(ctx context.Context, s *store.Session, timeout time.Duration) (*store.Session, error) {
-	m.awaitCheck(ctx, s.ID)
-	if cur, err := m.st.Get(s.ID); err == nil {
-		s = cur
+	// A record just read and ready needs no second read (the exec path).
+	if m.awaitCheck(ctx, s.ID) || s.State != store.StateReady {
+		if cur, err := m.st.Get(s.ID); err == nil {
+			s = cur
+		}
 	}
 	if s.State == store.StateReady {
 		return s, nil

@@ -275,8 +275,9 @@ func (m *Manager) checkDone(id string) {
 	}
 }
 
-// awaitCheck waits for the rehydration check of session id, if one runs.
-func (m *Manager) awaitCheck(ctx context.Context, id string) {
+// awaitCheck waits for the rehydration check of session id, if one runs,
+// and reports whether there was one (the stored record may have changed).
+func (m *Manager) awaitCheck(ctx context.Context, id string) bool {
 	m.mu.Lock()
 	var ch chan struct{}
 	if r, ok := m.runtime[id]; ok {
@@ -284,12 +285,13 @@ func (m *Manager) awaitCheck(ctx context.Context, id string) {
 	}
 	m.mu.Unlock()
 	if ch == nil {
-		return
+		return false
 	}
 	select {
 	case <-ch:
 	case <-ctx.Done():
 	}
+	return true
 }
 
 // List reconciles (joining a pass in flight) and lists the sessions.
@@ -381,7 +383,6 @@ func (m *Manager) probe(ctx context.Context, s *store.Session) (ipc.ProbeRespons
 	resp := ipc.ProbeResponse{Session: m.info(s), Probe: outcome, Detail: detail, HasSnapshot: hasSnapshot, Lifecycle: lifecycle(s)}
 	m.mu.Lock()
 	if r, ok := m.runtime[s.ID]; ok {
-		r.lastProbe = outcome
 		if !r.expiresAt.IsZero() && outcome == ProbeConnected {
 			t := r.expiresAt
 			resp.ExpiresAt = &t
