@@ -12,7 +12,7 @@ import (
 	"strings"
 	"unicode"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // decodeBody decodes a request body that must hold exactly one JSON value of

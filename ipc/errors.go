@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"slices"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // StatusClientClosed is the status recorded when the caller went away before

@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // eventWriteTimeout bounds one event write: a client that stops reading for

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // Exec stream buffering: stdin frames are queued so that a signal frame

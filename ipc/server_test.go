@@ -17,8 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 	"github.com/sandboxd/sandboxd/ipc/ipctest"
 )
 

@@ -11,8 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxd/sandboxd/rwxapi"
+
 	"github.com/gorilla/mux"
-	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/localcloud/runs"
 )
 
@@ -60,17 +61,17 @@ func (s *Server) routes() http.Handler {
 			return h(w, r, p)
 		}, false)).Methods(method)
 	}
-	api(http.MethodPost, runsapi.PathRuns, s.createRun)
-	api(http.MethodGet, runsapi.PathRuns, s.listRuns)
-	api(http.MethodGet, runsapi.PathRuns+"/{id}", s.getRun)
-	api(http.MethodPost, runsapi.PathRuns+"/{id}/cancel", s.cancelRun)
-	api(http.MethodGet, runsapi.PathConnectionInfo, s.connectionInfo)
-	api(http.MethodPost, runsapi.PathSandboxTokens, s.sandboxToken)
-	api(http.MethodGet, runsapi.PathInitTemplate, s.initTemplate)
-	api(http.MethodGet, runsapi.PathLeaves, s.leaves)
-	api(http.MethodGet, runsapi.PathBaseDefault, s.baseDefault)
-	api(http.MethodGet, runsapi.PathSkillLatest, s.skillLatest)
-	api(http.MethodPost, runsapi.PathTelemetry, s.telemetry)
+	api(http.MethodPost, rwxapi.PathRuns, s.createRun)
+	api(http.MethodGet, rwxapi.PathRuns, s.listRuns)
+	api(http.MethodGet, rwxapi.PathRuns+"/{id}", s.getRun)
+	api(http.MethodPost, rwxapi.PathRuns+"/{id}/cancel", s.cancelRun)
+	api(http.MethodGet, rwxapi.PathConnectionInfo, s.connectionInfo)
+	api(http.MethodPost, rwxapi.PathSandboxTokens, s.sandboxToken)
+	api(http.MethodGet, rwxapi.PathInitTemplate, s.initTemplate)
+	api(http.MethodGet, rwxapi.PathLeaves, s.leaves)
+	api(http.MethodGet, rwxapi.PathBaseDefault, s.baseDefault)
+	api(http.MethodGet, rwxapi.PathSkillLatest, s.skillLatest)
+	api(http.MethodPost, rwxapi.PathTelemetry, s.telemetry)
 	api(http.MethodGet, "/runs/{id}", s.getRun) // the run_url
 	admin(http.MethodGet, "/localcloud/health", s.health)
 	admin(http.MethodGet, "/admin/faults", s.getFaults)
@@ -173,7 +174,7 @@ func writeError(w http.ResponseWriter, err error) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(runsapi.ErrorBody{Error: err.Error()})
+	_ = json.NewEncoder(w).Encode(rwxapi.ErrorBody{Error: err.Error()})
 }
 
 // decode reads one JSON value; unknown fields are ignored (newer clients
@@ -202,11 +203,11 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p principal) 
 	if err := requireAccess(p); err != nil {
 		return err
 	}
-	var req runsapi.CreateRunRequest
+	var req rwxapi.CreateRunRequest
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	run, existing, err := s.runs.Create(runs.CreateRequest{Definition: req.Run, IdempotencyKey: r.Header.Get(runsapi.HeaderIdempotencyKey)})
+	run, existing, err := s.runs.Create(runs.CreateRequest{Definition: req.Run, IdempotencyKey: r.Header.Get(rwxapi.HeaderIdempotencyKey)})
 	if err != nil {
 		return err
 	}
@@ -214,7 +215,7 @@ func (s *Server) createRun(w http.ResponseWriter, r *http.Request, p principal) 
 		s.log.Info("create run: idempotent replay", "run", run.ID)
 	}
 	// 201 for a replay too: the RWX CLI accepts nothing else.
-	return writeJSON(w, http.StatusCreated, runsapi.CreateRunResult{RunID: run.ID, RunURL: s.runURL(run.ID)})
+	return writeJSON(w, http.StatusCreated, rwxapi.CreateRunResult{RunID: run.ID, RunURL: s.runURL(run.ID)})
 }
 
 func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, p principal) error {
@@ -231,18 +232,18 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, p principal) e
 		}
 	}
 	var filter runs.Filter
-	switch v := q.Get(runsapi.QueryExecutionStatus); v {
+	switch v := q.Get(rwxapi.QueryExecutionStatus); v {
 	case "":
-	case runsapi.ExecutionStatusInProgress:
+	case rwxapi.ExecutionStatusInProgress:
 		keep(runs.Provisioning, runs.Sandboxable)
 	case "finished", "completed":
 		keep(runs.Completed)
 	default:
 		return errorf(http.StatusBadRequest, "execution_status %q is not supported: use in_progress or finished", v)
 	}
-	switch v := q.Get(runsapi.QueryResultStatus); v {
+	switch v := q.Get(rwxapi.QueryResultStatus); v {
 	case "":
-	case runsapi.ResultStatusSandboxed:
+	case rwxapi.ResultStatusSandboxed:
 		keep(runs.Sandboxable)
 	case string(runs.ReasonEnded), string(runs.ReasonCancelled), string(runs.ReasonTimedOut), string(runs.ReasonFailed):
 		keep(runs.Completed)
@@ -250,7 +251,7 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, p principal) e
 	default:
 		return errorf(http.StatusBadRequest, "result_status %q is not supported: use sandboxed, ended, cancelled, timed_out or failed", v)
 	}
-	switch v := q.Get(runsapi.QueryMyRuns); v {
+	switch v := q.Get(rwxapi.QueryMyRuns); v {
 	case "", "true", "false": // every run on this machine is the user's
 	default:
 		return errorf(http.StatusBadRequest, "my_runs %q must be true or false", v)
@@ -258,10 +259,10 @@ func (s *Server) listRuns(w http.ResponseWriter, r *http.Request, p principal) e
 	for st := range states {
 		filter.States = append(filter.States, st)
 	}
-	res := runsapi.ListRunsResult{Runs: []runsapi.RunSummary{}}
+	res := rwxapi.ListRunsResult{Runs: []rwxapi.RunSummary{}}
 	if len(filter.States) > 0 {
 		for _, run := range s.runs.List(filter) {
-			res.Runs = append(res.Runs, runsapi.RunSummary{ID: run.ID, RunURL: s.runURL(run.ID), Title: run.Title, CLIState: run.CLIState})
+			res.Runs = append(res.Runs, rwxapi.RunSummary{ID: run.ID, RunURL: s.runURL(run.ID), Title: run.Title, CLIState: run.CLIState})
 		}
 	}
 	return writeJSON(w, http.StatusOK, res)
@@ -279,23 +280,23 @@ func contains[T comparable](xs []T, x T) bool {
 // RunStatus is localcloud's own view of a run (GET /mint/api/runs/{id} and
 // the run_url).
 type RunStatus struct {
-	ID            string              `json:"id"`
-	RunURL        string              `json:"run_url"`
-	Title         string              `json:"title"`
-	State         runs.State          `json:"state"`
-	Reason        runs.Reason         `json:"reason,omitempty"`
-	Detail        string              `json:"detail,omitempty"`
-	Git           runsapi.GitMetadata `json:"git"`
-	CLIState      string              `json:"cli_state,omitempty"`
-	CreatedAt     time.Time           `json:"created_at"`
-	SandboxableAt time.Time           `json:"sandboxable_at,omitzero"`
-	CompletedAt   time.Time           `json:"completed_at,omitzero"`
-	LastActivity  time.Time           `json:"last_activity_at,omitzero"`
-	ExpiresAt     time.Time           `json:"expires_at"`
-	IdleDeadline  time.Time           `json:"idle_deadline,omitzero"`
-	AgentAddress  string              `json:"agent_address,omitempty"`
-	Workspace     string              `json:"workspace"`
-	LogFile       string              `json:"log_file"`
+	ID            string             `json:"id"`
+	RunURL        string             `json:"run_url"`
+	Title         string             `json:"title"`
+	State         runs.State         `json:"state"`
+	Reason        runs.Reason        `json:"reason,omitempty"`
+	Detail        string             `json:"detail,omitempty"`
+	Git           rwxapi.GitMetadata `json:"git"`
+	CLIState      string             `json:"cli_state,omitempty"`
+	CreatedAt     time.Time          `json:"created_at"`
+	SandboxableAt time.Time          `json:"sandboxable_at,omitzero"`
+	CompletedAt   time.Time          `json:"completed_at,omitzero"`
+	LastActivity  time.Time          `json:"last_activity_at,omitzero"`
+	ExpiresAt     time.Time          `json:"expires_at"`
+	IdleDeadline  time.Time          `json:"idle_deadline,omitzero"`
+	AgentAddress  string             `json:"agent_address,omitempty"`
+	Workspace     string             `json:"workspace"`
+	LogFile       string             `json:"log_file"`
 }
 
 func (s *Server) runID(r *http.Request) (string, error) {
@@ -364,7 +365,7 @@ func (s *Server) connectionInfo(w http.ResponseWriter, r *http.Request, p princi
 }
 
 func (s *Server) sandboxToken(w http.ResponseWriter, r *http.Request, p principal) error {
-	var req runsapi.SandboxTokenRequest
+	var req rwxapi.SandboxTokenRequest
 	if err := decode(r, &req); err != nil {
 		return err
 	}
@@ -395,7 +396,7 @@ func (s *Server) sandboxToken(w http.ResponseWriter, r *http.Request, p principa
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusCreated, runsapi.SandboxToken{Token: token, ExpiresAt: exp.Format(time.RFC3339), RunID: req.RunID})
+	return writeJSON(w, http.StatusCreated, rwxapi.SandboxToken{Token: token, ExpiresAt: exp.Format(time.RFC3339), RunID: req.RunID})
 }
 
 // InitTemplate is the .rwx/sandbox.yml localcloud suggests. It carries a
@@ -427,7 +428,7 @@ tasks:
 `
 
 func (s *Server) initTemplate(w http.ResponseWriter, r *http.Request, p principal) error {
-	return writeJSON(w, http.StatusOK, runsapi.InitTemplateResult{Template: InitTemplate})
+	return writeJSON(w, http.StatusOK, rwxapi.InitTemplateResult{Template: InitTemplate})
 }
 
 func (s *Server) leaves(w http.ResponseWriter, r *http.Request, p principal) error {

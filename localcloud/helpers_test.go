@@ -20,7 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/rwxapi"
+
 	"github.com/sandboxd/sandboxd/localcloud/runs"
 	"golang.org/x/crypto/ssh"
 )
@@ -162,14 +163,14 @@ func (c *client) call(want int, method, path string, body, out any, headers ...s
 	}
 }
 
-func (c *client) create(def runsapi.RunDefinition, key string) string {
+func (c *client) create(def rwxapi.RunDefinition, key string) string {
 	c.t.Helper()
-	var res runsapi.CreateRunResult
+	var res rwxapi.CreateRunResult
 	var hdr []string
 	if key != "" {
-		hdr = []string{runsapi.HeaderIdempotencyKey, key}
+		hdr = []string{rwxapi.HeaderIdempotencyKey, key}
 	}
-	c.call(http.StatusCreated, "POST", runsapi.PathRuns, runsapi.CreateRunRequest{Run: def}, &res, hdr...)
+	c.call(http.StatusCreated, "POST", rwxapi.PathRuns, rwxapi.CreateRunRequest{Run: def}, &res, hdr...)
 	if res.RunID == "" || !strings.HasSuffix(res.RunURL, "/runs/"+res.RunID) {
 		c.t.Fatalf("create answered %+v", res)
 	}
@@ -179,7 +180,7 @@ func (c *client) create(def runsapi.RunDefinition, key string) string {
 func (c *client) status(id string) RunStatus {
 	c.t.Helper()
 	var st RunStatus
-	c.call(http.StatusOK, "GET", runsapi.PathRuns+"/"+id, nil, &st)
+	c.call(http.StatusOK, "GET", rwxapi.PathRuns+"/"+id, nil, &st)
 	return st
 }
 
@@ -199,15 +200,15 @@ func (c *client) waitState(id string, want runs.State) RunStatus {
 	}
 }
 
-func (c *client) connInfo(id string) runsapi.ConnectionInfo {
+func (c *client) connInfo(id string) rwxapi.ConnectionInfo {
 	c.t.Helper()
-	var ci runsapi.ConnectionInfo
-	c.call(http.StatusOK, "GET", runsapi.PathConnectionInfo+"?sandbox_key="+id, nil, &ci)
+	var ci rwxapi.ConnectionInfo
+	c.call(http.StatusOK, "GET", rwxapi.PathConnectionInfo+"?sandbox_key="+id, nil, &ci)
 	return ci
 }
 
 // sshDial connects the way the RWX CLI does.
-func sshDial(ci runsapi.ConnectionInfo) (*ssh.Client, error) {
+func sshDial(ci rwxapi.ConnectionInfo) (*ssh.Client, error) {
 	key, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
 	if err != nil {
 		return nil, err
@@ -224,7 +225,7 @@ func sshDial(ci runsapi.ConnectionInfo) (*ssh.Client, error) {
 	})
 }
 
-func dialSandbox(t testing.TB, ci runsapi.ConnectionInfo) *ssh.Client {
+func dialSandbox(t testing.TB, ci rwxapi.ConnectionInfo) *ssh.Client {
 	t.Helper()
 	c, err := sshDial(ci)
 	if err != nil {
@@ -269,7 +270,7 @@ const plainConfig = "tasks:\n  - key: sandbox\n    run: rwx-sandbox\n"
 
 // repo makes a repository pushed to a bare origin and returns a run
 // definition for it with config as the sandbox config.
-func repo(t testing.TB, config string) runsapi.RunDefinition {
+func repo(t testing.TB, config string) rwxapi.RunDefinition {
 	t.Helper()
 	root := t.TempDir()
 	src := filepath.Join(root, "src")
@@ -281,13 +282,13 @@ func repo(t testing.TB, config string) runsapi.RunDefinition {
 	git(t, src, "commit", "-q", "-m", "init")
 	origin := filepath.Join(root, "origin.git")
 	git(t, root, "clone", "-q", "--bare", src, origin)
-	state := runsapi.CLIState{Branch: "main", ConfigFile: filepath.Join(src, ".rwx", "sandbox.yml")}
-	return runsapi.RunDefinition{
+	state := rwxapi.CLIState{Branch: "main", ConfigFile: filepath.Join(src, ".rwx", "sandbox.yml")}
+	return rwxapi.RunDefinition{
 		Title:           "Sandbox: src (main)",
 		CLIState:        state.Encode(),
-		Git:             runsapi.GitMetadata{Branch: "main", Sha: git(t, src, "rev-parse", "HEAD"), OriginURL: origin},
-		TaskDefinitions: []runsapi.DirectoryEntry{{Path: ".rwx/sandbox.yml", Type: "file", Permissions: 0o644, FileContents: config}},
-		MintDirectory:   []runsapi.DirectoryEntry{{Path: ".rwx", Type: "dir", Permissions: 0o755}, {Path: ".rwx/sandbox.yml", Type: "file", Permissions: 0o644, FileContents: config}},
+		Git:             rwxapi.GitMetadata{Branch: "main", Sha: git(t, src, "rev-parse", "HEAD"), OriginURL: origin},
+		TaskDefinitions: []rwxapi.DirectoryEntry{{Path: ".rwx/sandbox.yml", Type: "file", Permissions: 0o644, FileContents: config}},
+		MintDirectory:   []rwxapi.DirectoryEntry{{Path: ".rwx", Type: "dir", Permissions: 0o755}, {Path: ".rwx/sandbox.yml", Type: "file", Permissions: 0o644, FileContents: config}},
 		UseCache:        true,
 		Patch:           json.RawMessage(`{"sent":false,"lfs_files":null,"lfs_count":0,"untracked_files":null,"untracked_count":0,"git_directory":true,"git_installed":true}`),
 	}

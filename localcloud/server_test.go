@@ -13,7 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/rwxapi"
+
 	"github.com/sandboxd/sandboxd/localcloud/runs"
 	"golang.org/x/crypto/ssh"
 )
@@ -27,8 +28,8 @@ func TestRunLifecycleOverTheNetwork(t *testing.T) {
 	c.waitState(id, runs.Sandboxable)
 
 	// The list echoes cli_state byte for byte.
-	var list runsapi.ListRunsResult
-	c.call(200, "GET", runsapi.PathRuns+"?result_status=sandboxed&execution_status=in_progress&my_runs=true", nil, &list)
+	var list rwxapi.ListRunsResult
+	c.call(200, "GET", rwxapi.PathRuns+"?result_status=sandboxed&execution_status=in_progress&my_runs=true", nil, &list)
 	if len(list.Runs) != 1 || list.Runs[0].ID != id || list.Runs[0].CLIState != def.CLIState || list.Runs[0].Title != def.Title {
 		t.Fatalf("list: %+v", list)
 	}
@@ -49,9 +50,9 @@ func TestRunLifecycleOverTheNetwork(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		status, body := c.raw("GET", runsapi.PathConnectionInfo+"?sandbox_key="+id, nil)
+		status, body := c.raw("GET", rwxapi.PathConnectionInfo+"?sandbox_key="+id, nil)
 		if status == http.StatusGone {
-			var eb runsapi.ErrorBody
+			var eb rwxapi.ErrorBody
 			if json.Unmarshal(body, &eb) != nil || !strings.Contains(eb.Error, "ended") {
 				t.Fatalf("410 body %s", body)
 			}
@@ -62,7 +63,7 @@ func TestRunLifecycleOverTheNetwork(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	c.call(200, "GET", runsapi.PathRuns+"?result_status=sandboxed&execution_status=in_progress&my_runs=true", nil, &list)
+	c.call(200, "GET", rwxapi.PathRuns+"?result_status=sandboxed&execution_status=in_progress&my_runs=true", nil, &list)
 	if len(list.Runs) != 0 {
 		t.Fatalf("ended run still listed: %+v", list)
 	}
@@ -75,20 +76,20 @@ func TestNotFoundVersusGone(t *testing.T) {
 	isolate(t)
 	srv := startServer(t, Config{})
 	c := newClient(t, srv)
-	status, body := c.raw("GET", runsapi.PathConnectionInfo+"?sandbox_key="+strings.Repeat("0", 32), nil)
-	var eb runsapi.ErrorBody
+	status, body := c.raw("GET", rwxapi.PathConnectionInfo+"?sandbox_key="+strings.Repeat("0", 32), nil)
+	var eb rwxapi.ErrorBody
 	if status != http.StatusNotFound || json.Unmarshal(body, &eb) != nil || eb.Error == "" {
 		t.Fatalf("unknown run: %d %s", status, body)
 	}
 	id := c.create(repo(t, plainConfig), "")
-	c.call(200, "POST", runsapi.CancelPath(id), nil, nil)
-	status, body = c.raw("GET", runsapi.PathConnectionInfo+"?sandbox_key="+id, nil)
+	c.call(200, "POST", rwxapi.CancelPath(id), nil, nil)
+	status, body = c.raw("GET", rwxapi.PathConnectionInfo+"?sandbox_key="+id, nil)
 	if status != http.StatusGone || json.Unmarshal(body, &eb) != nil || !strings.Contains(eb.Error, "cancelled") {
 		t.Fatalf("cancelled run: %d %s", status, body)
 	}
 	// Cancel is idempotent.
-	c.call(200, "POST", runsapi.CancelPath(id), nil, nil)
-	c.call(404, "POST", runsapi.CancelPath(strings.Repeat("1", 32)), nil, nil)
+	c.call(200, "POST", rwxapi.CancelPath(id), nil, nil)
+	c.call(404, "POST", rwxapi.CancelPath(strings.Repeat("1", 32)), nil, nil)
 }
 
 func TestIdempotentCreate(t *testing.T) {
@@ -105,7 +106,7 @@ func TestIdempotentCreate(t *testing.T) {
 		t.Fatal("another key returned the same run")
 	}
 	// Once its run is over, the key starts a new run.
-	c.call(200, "POST", runsapi.CancelPath(first), nil, nil)
+	c.call(200, "POST", rwxapi.CancelPath(first), nil, nil)
 	if next := c.create(def, "key-1"); next == first {
 		t.Fatal("a finished run was returned for its key")
 	}
@@ -126,7 +127,7 @@ func TestFailingSetupStep(t *testing.T) {
 	if b, _ := os.ReadFile(st.LogFile); !strings.Contains(string(b), "the-step-output") {
 		t.Fatalf("run log: %s", b)
 	}
-	status, body := c.raw("GET", runsapi.PathConnectionInfo+"?sandbox_key="+id, nil)
+	status, body := c.raw("GET", rwxapi.PathConnectionInfo+"?sandbox_key="+id, nil)
 	if status != http.StatusGone || !strings.Contains(string(body), "the-step-output") {
 		t.Fatalf("connection info: %d %s", status, body)
 	}
@@ -176,7 +177,7 @@ func TestCancelProvisioningRun(t *testing.T) {
 	if ci.Sandboxable || ci.Polling.Completed || ci.Polling.BackoffMs <= 0 {
 		t.Fatalf("provisioning connection info %+v", ci)
 	}
-	c.call(200, "POST", runsapi.CancelPath(id), nil, nil)
+	c.call(200, "POST", rwxapi.CancelPath(id), nil, nil)
 	st := c.status(id)
 	if st.State != runs.Completed || st.Reason != runs.ReasonCancelled {
 		t.Fatalf("status after cancel %+v", st)
@@ -257,12 +258,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 	srv := startServer(t, Config{})
 	c := newClient(t, srv)
 	def := repo(t, plainConfig)
-	withDef := func(f func(*runsapi.RunDefinition)) runsapi.CreateRunRequest {
+	withDef := func(f func(*rwxapi.RunDefinition)) rwxapi.CreateRunRequest {
 		d := def
-		d.TaskDefinitions = append([]runsapi.DirectoryEntry{}, def.TaskDefinitions...)
-		d.MintDirectory = append([]runsapi.DirectoryEntry{}, def.MintDirectory...)
+		d.TaskDefinitions = append([]rwxapi.DirectoryEntry{}, def.TaskDefinitions...)
+		d.MintDirectory = append([]rwxapi.DirectoryEntry{}, def.MintDirectory...)
 		f(&d)
-		return runsapi.CreateRunRequest{Run: d}
+		return rwxapi.CreateRunRequest{Run: d}
 	}
 	cases := []struct {
 		name   string
@@ -275,43 +276,43 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"trailing data", []byte(`{"run":{}} {}`), 400, "after the JSON"},
 		{"wrong type", []byte(`{"run":{"use_cache":"yes","git":{"origin_url":"/x"}}}`), 400, "use_cache"},
 		{"wrong type nested", []byte(`{"run":{"git":{"sha":42}}}`), 400, "sha"},
-		{"missing origin", withDef(func(d *runsapi.RunDefinition) { d.Git.OriginURL = "" }), 400, "origin_url is missing"},
-		{"relative origin", withDef(func(d *runsapi.RunDefinition) { d.Git.OriginURL = "../origin.git" }), 400, "relative path"},
-		{"option as origin", withDef(func(d *runsapi.RunDefinition) { d.Git.OriginURL = "--upload-pack=evil" }), 400, "not a repository"},
-		{"bad sha", withDef(func(d *runsapi.RunDefinition) { d.Git.Sha = "main; rm -rf /" }), 400, "not a commit id"},
-		{"path outside", withDef(func(d *runsapi.RunDefinition) {
-			d.MintDirectory = append(d.MintDirectory, runsapi.DirectoryEntry{Path: "../../escape", Type: "file", FileContents: "x"})
+		{"missing origin", withDef(func(d *rwxapi.RunDefinition) { d.Git.OriginURL = "" }), 400, "origin_url is missing"},
+		{"relative origin", withDef(func(d *rwxapi.RunDefinition) { d.Git.OriginURL = "../origin.git" }), 400, "relative path"},
+		{"option as origin", withDef(func(d *rwxapi.RunDefinition) { d.Git.OriginURL = "--upload-pack=evil" }), 400, "not a repository"},
+		{"bad sha", withDef(func(d *rwxapi.RunDefinition) { d.Git.Sha = "main; rm -rf /" }), 400, "not a commit id"},
+		{"path outside", withDef(func(d *rwxapi.RunDefinition) {
+			d.MintDirectory = append(d.MintDirectory, rwxapi.DirectoryEntry{Path: "../../escape", Type: "file", FileContents: "x"})
 		}), 400, "outside"},
-		{"absolute path", withDef(func(d *runsapi.RunDefinition) { d.TaskDefinitions[0].Path = "/etc/passwd" }), 400, "relative path"},
-		{"no config", withDef(func(d *runsapi.RunDefinition) { d.TaskDefinitions = nil }), 400, "task_definitions"},
-		{"config without sandbox task", withDef(func(d *runsapi.RunDefinition) {
+		{"absolute path", withDef(func(d *rwxapi.RunDefinition) { d.TaskDefinitions[0].Path = "/etc/passwd" }), 400, "relative path"},
+		{"no config", withDef(func(d *rwxapi.RunDefinition) { d.TaskDefinitions = nil }), 400, "task_definitions"},
+		{"config without sandbox task", withDef(func(d *rwxapi.RunDefinition) {
 			d.TaskDefinitions[0].FileContents = "tasks:\n  - key: a\n    run: echo\n"
 		}), 400, "rwx-sandbox"},
 		{"too large", []byte(`{"run":{"title":"` + strings.Repeat("x", maxBody) + `"}}`), 413, "larger"},
 	}
 	for _, tc := range cases {
-		status, body := c.raw("POST", runsapi.PathRuns, tc.body)
-		var eb runsapi.ErrorBody
+		status, body := c.raw("POST", rwxapi.PathRuns, tc.body)
+		var eb rwxapi.ErrorBody
 		if status != tc.status || json.Unmarshal(body, &eb) != nil || !strings.Contains(eb.Error, tc.msg) {
 			t.Errorf("%s: %d %s, want %d with %q", tc.name, status, body, tc.status, tc.msg)
 		}
 	}
-	c.call(404, "GET", runsapi.PathConnectionInfo+"?sandbox_key=../../etc", nil, nil)
-	c.call(404, "POST", runsapi.CancelPath("nope"), nil, nil)
-	c.call(400, "GET", runsapi.PathConnectionInfo, nil, nil)
-	c.call(400, "GET", runsapi.PathRuns+"?execution_status=sideways", nil, nil)
+	c.call(404, "GET", rwxapi.PathConnectionInfo+"?sandbox_key=../../etc", nil, nil)
+	c.call(404, "POST", rwxapi.CancelPath("nope"), nil, nil)
+	c.call(400, "GET", rwxapi.PathConnectionInfo, nil, nil)
+	c.call(400, "GET", rwxapi.PathRuns+"?execution_status=sideways", nil, nil)
 	c.call(404, "GET", "/mint/api/nothing", nil, nil)
-	c.call(405, "DELETE", runsapi.PathRuns, nil, nil)
+	c.call(405, "DELETE", rwxapi.PathRuns, nil, nil)
 
 	wrong := *c
 	wrong.token = "lca_wrong"
-	status, body := wrong.raw("POST", runsapi.PathRuns, runsapi.CreateRunRequest{Run: def})
+	status, body := wrong.raw("POST", rwxapi.PathRuns, rwxapi.CreateRunRequest{Run: def})
 	if status != 401 || !strings.Contains(string(body), `"error"`) {
 		t.Errorf("wrong token: %d %s", status, body)
 	}
 	none := *c
 	none.token = ""
-	if status, _ := none.raw("GET", runsapi.PathLeaves, nil); status != 401 {
+	if status, _ := none.raw("GET", rwxapi.PathLeaves, nil); status != 401 {
 		t.Errorf("no token: %d", status)
 	}
 	if n := len(srv.Runs().List(runs.Filter{})); n != 0 {
@@ -329,21 +330,21 @@ func TestScopedTokens(t *testing.T) {
 	c := newClient(t, srv)
 	def := repo(t, plainConfig)
 	a, b := c.create(def, ""), c.create(def, "")
-	var tok runsapi.SandboxToken
-	c.call(201, "POST", runsapi.PathSandboxTokens, runsapi.SandboxTokenRequest{RunID: a}, &tok)
+	var tok rwxapi.SandboxToken
+	c.call(201, "POST", rwxapi.PathSandboxTokens, rwxapi.SandboxTokenRequest{RunID: a}, &tok)
 	if tok.RunID != a || !strings.HasPrefix(tok.Token, "lcs_") || tok.ExpiresAt == "" {
 		t.Fatalf("token %+v", tok)
 	}
 	scoped := *c
 	scoped.token = tok.Token
-	scoped.call(200, "GET", runsapi.PathConnectionInfo+"?sandbox_key="+a, nil, nil)
-	scoped.call(403, "GET", runsapi.PathConnectionInfo+"?sandbox_key="+b, nil, nil)
-	scoped.call(403, "GET", runsapi.PathRuns, nil, nil)
+	scoped.call(200, "GET", rwxapi.PathConnectionInfo+"?sandbox_key="+a, nil, nil)
+	scoped.call(403, "GET", rwxapi.PathConnectionInfo+"?sandbox_key="+b, nil, nil)
+	scoped.call(403, "GET", rwxapi.PathRuns, nil, nil)
 	scoped.call(403, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 1}, nil)
-	scoped.call(200, "POST", runsapi.CancelPath(a), nil, nil)
-	c.call(400, "POST", runsapi.PathSandboxTokens, runsapi.SandboxTokenRequest{RunID: b, ExpiresInSeconds: -5}, nil)
-	c.call(404, "POST", runsapi.PathSandboxTokens, runsapi.SandboxTokenRequest{RunID: strings.Repeat("a", 32)}, nil)
-	c.call(410, "POST", runsapi.PathSandboxTokens, runsapi.SandboxTokenRequest{RunID: a}, nil)
+	scoped.call(200, "POST", rwxapi.CancelPath(a), nil, nil)
+	c.call(400, "POST", rwxapi.PathSandboxTokens, rwxapi.SandboxTokenRequest{RunID: b, ExpiresInSeconds: -5}, nil)
+	c.call(404, "POST", rwxapi.PathSandboxTokens, rwxapi.SandboxTokenRequest{RunID: strings.Repeat("a", 32)}, nil)
+	c.call(410, "POST", rwxapi.PathSandboxTokens, rwxapi.SandboxTokenRequest{RunID: a}, nil)
 }
 
 func TestSideEndpointsOfTheRWXCLI(t *testing.T) {
@@ -353,21 +354,21 @@ func TestSideEndpointsOfTheRWXCLI(t *testing.T) {
 	var leaves struct {
 		LatestMajor map[string]string `json:"latest_major"`
 	}
-	c.call(200, "GET", runsapi.PathLeaves, nil, &leaves)
+	c.call(200, "GET", rwxapi.PathLeaves, nil, &leaves)
 	if leaves.LatestMajor == nil {
 		t.Fatal("leaves answer lacks latest_major")
 	}
-	c.call(404, "GET", runsapi.PathSkillLatest, nil, nil)
-	if status, _ := c.raw("POST", runsapi.PathTelemetry, []byte(`[{"event":"x"}]`)); status != 204 {
+	c.call(404, "GET", rwxapi.PathSkillLatest, nil, nil)
+	if status, _ := c.raw("POST", rwxapi.PathTelemetry, []byte(`[{"event":"x"}]`)); status != 204 {
 		t.Fatalf("telemetry %d", status)
 	}
 	var base struct{ Image, Config, Arch string }
-	c.call(200, "GET", runsapi.PathBaseDefault, nil, &base)
+	c.call(200, "GET", rwxapi.PathBaseDefault, nil, &base)
 	if base.Image == "" || base.Config == "" || base.Arch == "" {
 		t.Fatalf("base %+v", base)
 	}
-	var tmpl runsapi.InitTemplateResult
-	c.call(200, "GET", runsapi.PathInitTemplate, nil, &tmpl)
+	var tmpl rwxapi.InitTemplateResult
+	c.call(200, "GET", rwxapi.PathInitTemplate, nil, &tmpl)
 	if !strings.Contains(tmpl.Template, "run: rwx-sandbox") {
 		t.Fatalf("template %q", tmpl.Template)
 	}
@@ -381,11 +382,11 @@ func TestFaultInjection(t *testing.T) {
 	c.waitState(id, runs.Sandboxable)
 
 	c.call(200, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 1.0}, nil)
-	c.call(503, "GET", runsapi.PathRuns, nil, nil)
-	c.call(503, "GET", runsapi.PathConnectionInfo+"?sandbox_key="+id, nil, nil)
+	c.call(503, "GET", rwxapi.PathRuns, nil, nil)
+	c.call(503, "GET", rwxapi.PathConnectionInfo+"?sandbox_key="+id, nil, nil)
 	c.call(200, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 0.0, "latency_ms": 50}, nil)
 	start := time.Now()
-	c.call(200, "GET", runsapi.PathRuns, nil, nil)
+	c.call(200, "GET", rwxapi.PathRuns, nil, nil)
 	if time.Since(start) < 50*time.Millisecond {
 		t.Fatal("latency was not injected")
 	}
@@ -563,7 +564,7 @@ func TestDamagedRegistryIsReportedNotReplaced(t *testing.T) {
 
 // userKey is the public half of the private user key (its PEM differs at
 // each encoding: OpenSSH adds a random check value).
-func userKey(t *testing.T, ci runsapi.ConnectionInfo) string {
+func userKey(t *testing.T, ci rwxapi.ConnectionInfo) string {
 	t.Helper()
 	k, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
 	if err != nil {
@@ -589,7 +590,7 @@ func BenchmarkProvisionSmallRepo(b *testing.B) {
 			time.Sleep(time.Millisecond)
 		}
 		b.StopTimer()
-		c.call(200, "POST", runsapi.CancelPath(id), nil, nil)
+		c.call(200, "POST", rwxapi.CancelPath(id), nil, nil)
 		b.StartTimer()
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // Sentinels for errors.Is. The typed errors below wrap them.

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // indexesIdentity reports whether sess owns an entry in by_identity: only

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 func TestInsertGetAndIndices(t *testing.T) {

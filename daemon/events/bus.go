@@ -13,8 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 )
 
 // Event is the wire event (ipc.Event).

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 )
 
 var _ ipc.EventSource = (*Bus)(nil)

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // pushAndCompare pushes and checks the sandbox now holds exactly the local

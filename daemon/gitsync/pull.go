@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // Pull brings the sandbox's changes since the last Push into repoRoot's

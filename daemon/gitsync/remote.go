@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // Exit codes of the sandbox scripts. They sit above git's own codes (0, 1,

@@ -16,7 +16,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/daemon/sessions"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/localcloud"
 )
 

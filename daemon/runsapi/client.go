@@ -1,3 +1,5 @@
+// Package runsapi is the typed client sandboxd uses to call the RWX runs API
+// (the wire contract itself is package rwxapi).
 package runsapi
 
 import (
@@ -15,6 +17,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/sandboxd/sandboxd/rwxapi"
 )
 
 // Defaults of Options.
@@ -139,11 +143,11 @@ func New(opts Options) (*Client, error) {
 // CreateRun starts a run. idempotencyKey is sent as Idempotency-Key so that a
 // caller retrying after a timeout gets the same run back; the client itself
 // never sends this request twice.
-func (c *Client) CreateRun(ctx context.Context, def RunDefinition, idempotencyKey string) (CreateRunResult, error) {
-	var res CreateRunResult
+func (c *Client) CreateRun(ctx context.Context, def rwxapi.RunDefinition, idempotencyKey string) (rwxapi.CreateRunResult, error) {
+	var res rwxapi.CreateRunResult
 	err := c.do(ctx, call{
-		op: "create run", method: http.MethodPost, path: PathRuns,
-		body: CreateRunRequest{Run: def}, idempotencyKey: idempotencyKey,
+		op: "create run", method: http.MethodPost, path: rwxapi.PathRuns,
+		body: rwxapi.CreateRunRequest{Run: def}, idempotencyKey: idempotencyKey,
 	}, &res)
 	if err == nil && res.RunID == "" {
 		err = &APIError{Op: "create run", Message: "the answer has no run_id"}
@@ -153,13 +157,13 @@ func (c *Client) CreateRun(ctx context.Context, def RunDefinition, idempotencyKe
 
 // ConnectionInfo asks how to reach run runID's sandbox. token is a token
 // scoped to the run; "" uses the client's own token.
-func (c *Client) ConnectionInfo(ctx context.Context, runID, token string) (ConnectionInfo, error) {
-	var res ConnectionInfo
+func (c *Client) ConnectionInfo(ctx context.Context, runID, token string) (rwxapi.ConnectionInfo, error) {
+	var res rwxapi.ConnectionInfo
 	if runID == "" {
 		return res, &APIError{Op: "connection info", Status: http.StatusBadRequest, Message: "no run id given"}
 	}
 	err := c.do(ctx, call{
-		op: "connection info", method: http.MethodGet, path: PathConnectionInfo,
+		op: "connection info", method: http.MethodGet, path: rwxapi.PathConnectionInfo,
 		query: url.Values{"sandbox_key": {runID}}, token: token,
 	}, &res)
 	return res, err
@@ -167,11 +171,11 @@ func (c *Client) ConnectionInfo(ctx context.Context, runID, token string) (Conne
 
 // CreateSandboxToken asks for a token scoped to runID, valid for expiresIn
 // (0 lets the remote choose).
-func (c *Client) CreateSandboxToken(ctx context.Context, runID string, expiresIn time.Duration) (SandboxToken, error) {
-	var res SandboxToken
+func (c *Client) CreateSandboxToken(ctx context.Context, runID string, expiresIn time.Duration) (rwxapi.SandboxToken, error) {
+	var res rwxapi.SandboxToken
 	err := c.do(ctx, call{
-		op: "create sandbox token", method: http.MethodPost, path: PathSandboxTokens,
-		body: SandboxTokenRequest{RunID: runID, ExpiresInSeconds: int64(expiresIn / time.Second)},
+		op: "create sandbox token", method: http.MethodPost, path: rwxapi.PathSandboxTokens,
+		body: rwxapi.SandboxTokenRequest{RunID: runID, ExpiresInSeconds: int64(expiresIn / time.Second)},
 	}, &res)
 	if err == nil && res.Token == "" {
 		err = &APIError{Op: "create sandbox token", Message: "the answer has no token"}
@@ -180,14 +184,14 @@ func (c *Client) CreateSandboxToken(ctx context.Context, runID string, expiresIn
 }
 
 // ListSandboxes lists the caller's runs that are sandboxes in progress.
-func (c *Client) ListSandboxes(ctx context.Context) ([]RunSummary, error) {
-	var res ListRunsResult
+func (c *Client) ListSandboxes(ctx context.Context) ([]rwxapi.RunSummary, error) {
+	var res rwxapi.ListRunsResult
 	err := c.do(ctx, call{
-		op: "list sandboxes", method: http.MethodGet, path: PathRuns,
+		op: "list sandboxes", method: http.MethodGet, path: rwxapi.PathRuns,
 		query: url.Values{
-			QueryResultStatus:    {ResultStatusSandboxed},
-			QueryExecutionStatus: {ExecutionStatusInProgress},
-			QueryMyRuns:          {"true"},
+			rwxapi.QueryResultStatus:    {rwxapi.ResultStatusSandboxed},
+			rwxapi.QueryExecutionStatus: {rwxapi.ExecutionStatusInProgress},
+			rwxapi.QueryMyRuns:          {"true"},
 		},
 	}, &res)
 	return res.Runs, err
@@ -198,13 +202,13 @@ func (c *Client) CancelRun(ctx context.Context, runID string) error {
 	if runID == "" {
 		return &APIError{Op: "cancel run", Status: http.StatusBadRequest, Message: "no run id given"}
 	}
-	return c.do(ctx, call{op: "cancel run", method: http.MethodPost, path: CancelPath(runID)}, nil)
+	return c.do(ctx, call{op: "cancel run", method: http.MethodPost, path: rwxapi.CancelPath(runID)}, nil)
 }
 
 // InitTemplate returns the remote's template for a new .rwx/sandbox.yml.
 func (c *Client) InitTemplate(ctx context.Context) (string, error) {
-	var res InitTemplateResult
-	err := c.do(ctx, call{op: "init template", method: http.MethodGet, path: PathInitTemplate}, &res)
+	var res rwxapi.InitTemplateResult
+	err := c.do(ctx, call{op: "init template", method: http.MethodGet, path: rwxapi.PathInitTemplate}, &res)
 	return res.Template, err
 }
 
@@ -277,7 +281,7 @@ func (c *Client) once(ctx context.Context, cl call, body []byte, out any) error 
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if cl.idempotencyKey != "" {
-		req.Header.Set(HeaderIdempotencyKey, cl.idempotencyKey)
+		req.Header.Set(rwxapi.HeaderIdempotencyKey, cl.idempotencyKey)
 	}
 
 	start := c.opts.Now()

@@ -17,7 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/rwxapi"
+
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 const testToken = "tok-secret-123"
@@ -41,7 +43,7 @@ func newFakeRemote(t *testing.T, h http.HandlerFunc) *fakeRemote {
 	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		f.mu.Lock()
-		f.reqs = append(f.reqs, recorded{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Authorization"), r.Header.Get(HeaderIdempotencyKey), r.Header.Get("Content-Type"), b})
+		f.reqs = append(f.reqs, recorded{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Authorization"), r.Header.Get(rwxapi.HeaderIdempotencyKey), r.Header.Get("Content-Type"), b})
 		f.mu.Unlock()
 		r.Body = io.NopCloser(bytes.NewReader(b))
 		f.handler(w, r)
@@ -89,12 +91,12 @@ func TestCreateRunSendsBodyAndIdempotencyKey(t *testing.T) {
 		writeJSON(w, http.StatusCreated, map[string]string{"run_id": "run-1", "run_url": "https://x/runs/run-1"})
 	})
 	c := f.client(t, nil)
-	def := RunDefinition{
+	def := rwxapi.RunDefinition{
 		Title:           "sandbox",
-		CLIState:        CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml"}.Encode(),
-		Git:             GitMetadata{Branch: "main", Sha: "abc", OriginURL: "git@x:y.git"},
-		TaskDefinitions: []DirectoryEntry{{Path: ".rwx/sandbox.yml", Type: "file", Permissions: 0o644, FileContents: "tasks: []"}},
-		MintDirectory:   []DirectoryEntry{{Path: ".rwx", Type: "dir", Permissions: 0o755}},
+		CLIState:        rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml"}.Encode(),
+		Git:             rwxapi.GitMetadata{Branch: "main", Sha: "abc", OriginURL: "git@x:y.git"},
+		TaskDefinitions: []rwxapi.DirectoryEntry{{Path: ".rwx/sandbox.yml", Type: "file", Permissions: 0o644, FileContents: "tasks: []"}},
+		MintDirectory:   []rwxapi.DirectoryEntry{{Path: ".rwx", Type: "dir", Permissions: 0o755}},
 	}
 	res, err := c.CreateRun(context.Background(), def, "idem-42")
 	if err != nil {
@@ -108,7 +110,7 @@ func TestCreateRunSendsBodyAndIdempotencyKey(t *testing.T) {
 		t.Fatalf("%d requests, want 1", len(reqs))
 	}
 	r := reqs[0]
-	if r.method != http.MethodPost || r.path != PathRuns {
+	if r.method != http.MethodPost || r.path != rwxapi.PathRuns {
 		t.Errorf("request %s %s", r.method, r.path)
 	}
 	if r.idem != "idem-42" {
@@ -140,10 +142,10 @@ func TestPostIsNeverResent(t *testing.T) {
 		var n atomic.Int32
 		f := newFakeRemote(t, func(w http.ResponseWriter, r *http.Request) {
 			n.Add(1)
-			writeJSON(w, status, ErrorBody{Error: "busy"})
+			writeJSON(w, status, rwxapi.ErrorBody{Error: "busy"})
 		})
 		c := f.client(t, nil)
-		_, err := c.CreateRun(context.Background(), RunDefinition{}, "k")
+		_, err := c.CreateRun(context.Background(), rwxapi.RunDefinition{}, "k")
 		if !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("%d: err = %v, want unavailable", status, err)
 		}
@@ -163,10 +165,10 @@ func TestGetRetriedOnTransientFailureWithBackoff(t *testing.T) {
 	var n atomic.Int32
 	f := newFakeRemote(t, func(w http.ResponseWriter, r *http.Request) {
 		if n.Add(1) <= 2 {
-			writeJSON(w, http.StatusServiceUnavailable, ErrorBody{Error: "warming up"})
+			writeJSON(w, http.StatusServiceUnavailable, rwxapi.ErrorBody{Error: "warming up"})
 			return
 		}
-		writeJSON(w, http.StatusOK, InitTemplateResult{Template: "tasks: []\n"})
+		writeJSON(w, http.StatusOK, rwxapi.InitTemplateResult{Template: "tasks: []\n"})
 	})
 	var sleeps []time.Duration
 	c := f.client(t, func(o *Options) {
@@ -209,7 +211,7 @@ func TestDefiniteAnswersAreNotRetried(t *testing.T) {
 	var n atomic.Int32
 	f := newFakeRemote(t, func(w http.ResponseWriter, r *http.Request) {
 		n.Add(1)
-		writeJSON(w, http.StatusGone, ErrorBody{Error: "run finished"})
+		writeJSON(w, http.StatusGone, rwxapi.ErrorBody{Error: "run finished"})
 	})
 	c := f.client(t, nil)
 	if _, err := c.ConnectionInfo(context.Background(), "r", ""); !errors.Is(err, ErrGone) {
@@ -316,10 +318,10 @@ func TestErrorKindsKeepTheirKind(t *testing.T) {
 func TestConnectionInfoTokens(t *testing.T) {
 	f := newFakeRemote(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Query().Get("sandbox_key") != "run 7" {
-			writeJSON(w, 400, ErrorBody{Error: "sandbox_key"})
+			writeJSON(w, 400, rwxapi.ErrorBody{Error: "sandbox_key"})
 			return
 		}
-		writeJSON(w, 200, ConnectionInfo{Sandboxable: true, Address: "127.0.0.1:2222", PublicHostKey: "ssh-ed25519 AAAA", PrivateUserKey: "PEM", Polling: Polling{Completed: false, BackoffMs: 500}})
+		writeJSON(w, 200, rwxapi.ConnectionInfo{Sandboxable: true, Address: "127.0.0.1:2222", PublicHostKey: "ssh-ed25519 AAAA", PrivateUserKey: "PEM", Polling: rwxapi.Polling{Completed: false, BackoffMs: 500}})
 	})
 	c := f.client(t, nil)
 	ci, err := c.ConnectionInfo(context.Background(), "run 7", "")
@@ -336,7 +338,7 @@ func TestConnectionInfoTokens(t *testing.T) {
 	if reqs[0].auth != "Bearer "+testToken || reqs[1].auth != "Bearer scoped-1" {
 		t.Errorf("auth headers %q, %q", reqs[0].auth, reqs[1].auth)
 	}
-	if reqs[0].method != http.MethodGet || reqs[0].path != PathConnectionInfo {
+	if reqs[0].method != http.MethodGet || reqs[0].path != rwxapi.PathConnectionInfo {
 		t.Errorf("request %s %s", reqs[0].method, reqs[0].path)
 	}
 }
@@ -344,20 +346,20 @@ func TestConnectionInfoTokens(t *testing.T) {
 func TestListTokenCancelTemplateShapes(t *testing.T) {
 	f := newFakeRemote(t, func(w http.ResponseWriter, r *http.Request) {
 		switch {
-		case r.Method == http.MethodGet && r.URL.Path == PathRuns:
-			writeJSON(w, 200, ListRunsResult{Runs: []RunSummary{{ID: "a", RunURL: "u", Title: "t", CLIState: "cs"}}})
-		case r.Method == http.MethodPost && r.URL.Path == PathSandboxTokens:
-			writeJSON(w, 201, SandboxToken{Token: "scoped", ExpiresAt: "2030-01-01T00:00:00Z", RunID: "a"})
-		case r.Method == http.MethodPost && r.URL.Path == CancelPath("a"):
+		case r.Method == http.MethodGet && r.URL.Path == rwxapi.PathRuns:
+			writeJSON(w, 200, rwxapi.ListRunsResult{Runs: []rwxapi.RunSummary{{ID: "a", RunURL: "u", Title: "t", CLIState: "cs"}}})
+		case r.Method == http.MethodPost && r.URL.Path == rwxapi.PathSandboxTokens:
+			writeJSON(w, 201, rwxapi.SandboxToken{Token: "scoped", ExpiresAt: "2030-01-01T00:00:00Z", RunID: "a"})
+		case r.Method == http.MethodPost && r.URL.Path == rwxapi.CancelPath("a"):
 			w.WriteHeader(200)
 		default:
-			writeJSON(w, 404, ErrorBody{Error: "no route"})
+			writeJSON(w, 404, rwxapi.ErrorBody{Error: "no route"})
 		}
 	})
 	c := f.client(t, nil)
 	ctx := context.Background()
 	runs, err := c.ListSandboxes(ctx)
-	if err != nil || len(runs) != 1 || runs[0] != (RunSummary{ID: "a", RunURL: "u", Title: "t", CLIState: "cs"}) {
+	if err != nil || len(runs) != 1 || runs[0] != (rwxapi.RunSummary{ID: "a", RunURL: "u", Title: "t", CLIState: "cs"}) {
 		t.Fatalf("list = %+v, %v", runs, err)
 	}
 	tok, err := c.CreateSandboxToken(ctx, "a", 90*time.Minute)
@@ -374,7 +376,7 @@ func TestListTokenCancelTemplateShapes(t *testing.T) {
 	if q := reqs[0].query; !strings.Contains(q, "result_status=sandboxed") || !strings.Contains(q, "execution_status=in_progress") || !strings.Contains(q, "my_runs=true") {
 		t.Errorf("list query %q", q)
 	}
-	var tr SandboxTokenRequest
+	var tr rwxapi.SandboxTokenRequest
 	if err := json.Unmarshal(reqs[1].body, &tr); err != nil || tr.RunID != "a" || tr.ExpiresInSeconds != 5400 {
 		t.Errorf("token body %s", reqs[1].body)
 	}
@@ -386,7 +388,7 @@ func TestMalformedAnswer(t *testing.T) {
 		_, _ = io.WriteString(w, "<html>not json")
 	})
 	c := f.client(t, nil)
-	_, err := c.CreateRun(context.Background(), RunDefinition{}, "k")
+	_, err := c.CreateRun(context.Background(), rwxapi.RunDefinition{}, "k")
 	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "not the expected JSON") {
 		t.Fatalf("err = %v", err)
 	}
@@ -396,7 +398,7 @@ func TestMalformedAnswer(t *testing.T) {
 }
 
 func TestUnpinnedCertificateIsRefused(t *testing.T) {
-	f := newFakeRemote(t, func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, InitTemplateResult{}) })
+	f := newFakeRemote(t, func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, rwxapi.InitTemplateResult{}) })
 	c, err := New(Options{BaseURL: f.srv.URL, Token: testToken, RootCAs: x509.NewCertPool(), MaxRetries: -1})
 	if err != nil {
 		t.Fatal(err)

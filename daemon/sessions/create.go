@@ -13,9 +13,10 @@ import (
 	"sort"
 	"time"
 
-	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/rwxapi"
+
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -116,7 +117,7 @@ func (m *Manager) attach(ctx context.Context, req ipc.StartRequest) (ipc.StartRe
 			}
 		}
 	}
-	s, err := m.adopt(ctx, runsapi.RunSummary{ID: req.RunID}, id)
+	s, err := m.adopt(ctx, rwxapi.RunSummary{ID: req.RunID}, id)
 	if err != nil {
 		return ipc.StartResponse{}, err
 	}
@@ -227,8 +228,8 @@ func (m *Manager) createLocked(ctx context.Context, p place, init map[string]str
 }
 
 // runDefinition builds the create-run request of place p.
-func (m *Manager) runDefinition(ctx context.Context, p place, init map[string]string) (runsapi.RunDefinition, string, string, error) {
-	var def runsapi.RunDefinition
+func (m *Manager) runDefinition(ctx context.Context, p place, init map[string]string) (rwxapi.RunDefinition, string, string, error) {
+	var def rwxapi.RunDefinition
 	cfgBytes, err := os.ReadFile(p.ConfigFile)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -263,13 +264,13 @@ func (m *Manager) runDefinition(ctx context.Context, p place, init map[string]st
 	if err != nil {
 		return def, "", "", err
 	}
-	def = runsapi.RunDefinition{
+	def = rwxapi.RunDefinition{
 		Title: title(p),
-		CLIState: runsapi.CLIState{
+		CLIState: rwxapi.CLIState{
 			Branch: p.Branch, ConfigFile: p.configRel(), RepoRoot: p.RepoRoot, OriginURL: origin, ConfigRel: p.configRel(),
 		}.Encode(),
-		Git:             runsapi.GitMetadata{Branch: branch, Sha: sha, OriginURL: cloneURL},
-		TaskDefinitions: []runsapi.DirectoryEntry{{Path: p.configRel(), Type: "file", Permissions: 0o644, FileContents: string(cfgBytes)}},
+		Git:             rwxapi.GitMetadata{Branch: branch, Sha: sha, OriginURL: cloneURL},
+		TaskDefinitions: []rwxapi.DirectoryEntry{{Path: p.configRel(), Type: "file", Permissions: 0o644, FileContents: string(cfgBytes)}},
 		MintDirectory:   rwxDir,
 		UseCache:        true,
 	}
@@ -279,7 +280,7 @@ func (m *Manager) runDefinition(ctx context.Context, p place, init map[string]st
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		def.InitializationParameters = append(def.InitializationParameters, runsapi.InitParameter{Key: k, Value: init[k]})
+		def.InitializationParameters = append(def.InitializationParameters, rwxapi.InitParameter{Key: k, Value: init[k]})
 	}
 	return def, sha, origin, nil
 }
@@ -289,8 +290,8 @@ const maxRwxDirectoryBytes = 5 << 20
 
 // readRwxDirectory lists the config's directory (normally .rwx) as run
 // directory entries, skipping the RWX CLI's own sandbox bookkeeping.
-func readRwxDirectory(dir string) ([]runsapi.DirectoryEntry, error) {
-	var entries []runsapi.DirectoryEntry
+func readRwxDirectory(dir string) ([]rwxapi.DirectoryEntry, error) {
+	var entries []rwxapi.DirectoryEntry
 	total := 0
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -307,7 +308,7 @@ func readRwxDirectory(dir string) ([]runsapi.DirectoryEntry, error) {
 		if err != nil {
 			return err
 		}
-		e := runsapi.DirectoryEntry{Path: filepath.ToSlash(rel), Permissions: uint32(info.Mode().Perm())}
+		e := rwxapi.DirectoryEntry{Path: filepath.ToSlash(rel), Permissions: uint32(info.Mode().Perm())}
 		switch {
 		case d.IsDir():
 			e.Type = "dir"

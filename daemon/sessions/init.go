@@ -8,8 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 )
 
 // Init writes the remote's sandbox config template, refusing to overwrite.

@@ -13,22 +13,23 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/rwxapi"
+
 	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
-	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 	"github.com/sandboxd/sandboxd/store"
 )
 
 // Remote is the runs API as the session manager uses it
 // (*runsapi.Client satisfies it).
 type Remote interface {
-	CreateRun(ctx context.Context, def runsapi.RunDefinition, idempotencyKey string) (runsapi.CreateRunResult, error)
-	ConnectionInfo(ctx context.Context, runID, token string) (runsapi.ConnectionInfo, error)
-	CreateSandboxToken(ctx context.Context, runID string, expiresIn time.Duration) (runsapi.SandboxToken, error)
-	ListSandboxes(ctx context.Context) ([]runsapi.RunSummary, error)
+	CreateRun(ctx context.Context, def rwxapi.RunDefinition, idempotencyKey string) (rwxapi.CreateRunResult, error)
+	ConnectionInfo(ctx context.Context, runID, token string) (rwxapi.ConnectionInfo, error)
+	CreateSandboxToken(ctx context.Context, runID string, expiresIn time.Duration) (rwxapi.SandboxToken, error)
+	ListSandboxes(ctx context.Context) ([]rwxapi.RunSummary, error)
 	CancelRun(ctx context.Context, runID string) error
 	InitTemplate(ctx context.Context) (string, error)
 }

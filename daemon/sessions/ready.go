@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sandboxd/sandboxd/rwxapi"
+
 	"github.com/sandboxd/sandboxd/daemon/runsapi"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -97,7 +99,7 @@ func (m *Manager) pollReady(ctx context.Context, id string) (*store.Session, err
 
 // connectionInfo asks with the session's scoped token, falling back to the
 // account token when the scoped one was refused (expired).
-func (m *Manager) connectionInfo(ctx context.Context, remote Remote, s *store.Session) (runsapi.ConnectionInfo, error) {
+func (m *Manager) connectionInfo(ctx context.Context, remote Remote, s *store.Session) (rwxapi.ConnectionInfo, error) {
 	ci, err := remote.ConnectionInfo(ctx, s.RunID, s.Token)
 	if err != nil && s.Token != "" && errors.Is(err, errdefs.ErrUnauthorized) {
 		ci, err = remote.ConnectionInfo(ctx, s.RunID, "")
@@ -107,7 +109,7 @@ func (m *Manager) connectionInfo(ctx context.Context, remote Remote, s *store.Se
 
 // moved reports whether a sandboxable run's agent is no longer where (or
 // with the keys) session s knows it.
-func moved(s *store.Session, ci runsapi.ConnectionInfo) bool {
+func moved(s *store.Session, ci rwxapi.ConnectionInfo) bool {
 	return ci.Sandboxable && (ci.Address != s.Address || ci.PublicHostKey != s.PublicHostKey || ci.PrivateUserKey != s.PrivateUserKey)
 }
 
@@ -127,7 +129,7 @@ func remoteReason(err error) string {
 
 // markReady records the connection facts of a sandboxable run and starts
 // keeping a connection to it.
-func (m *Manager) markReady(s *store.Session, ci runsapi.ConnectionInfo) (*store.Session, error) {
+func (m *Manager) markReady(s *store.Session, ci rwxapi.ConnectionInfo) (*store.Session, error) {
 	wasReady := s.State == store.StateReady
 	s, err := m.st.Update(s.ID, func(s *store.Session) error {
 		s.Address, s.PublicHostKey, s.PrivateUserKey = ci.Address, ci.PublicHostKey, ci.PrivateUserKey

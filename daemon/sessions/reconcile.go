@@ -9,11 +9,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/rwxapi"
+
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
-	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -129,11 +130,11 @@ func (m *Manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 // identityOf is the identity a remote run claims through its cli_state, when
 // that names a repository on this machine (sandboxd stamps its repo root;
 // runs of the RWX CLI are adopted when a caller in their repository asks).
-func (m *Manager) identityOf(run runsapi.RunSummary) (store.Identity, bool) {
+func (m *Manager) identityOf(run rwxapi.RunSummary) (store.Identity, bool) {
 	if run.CLIState == "" {
 		return store.Identity{}, false
 	}
-	cs, err := runsapi.DecodeCLIState(run.CLIState)
+	cs, err := rwxapi.DecodeCLIState(run.CLIState)
 	if err != nil || cs.RepoRoot == "" || !filepath.IsAbs(cs.RepoRoot) {
 		return store.Identity{}, false
 	}

@@ -8,9 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/rwxapi"
+
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -192,11 +193,11 @@ func (m *Manager) adoptRemote(ctx context.Context, p place) (*store.Session, err
 }
 
 // matches reports whether a remote run belongs to place p.
-func (m *Manager) matches(run runsapi.RunSummary, p place) bool {
+func (m *Manager) matches(run rwxapi.RunSummary, p place) bool {
 	if run.CLIState == "" {
 		return false
 	}
-	cs, err := runsapi.DecodeCLIState(run.CLIState)
+	cs, err := rwxapi.DecodeCLIState(run.CLIState)
 	if err != nil {
 		return false
 	}
@@ -219,7 +220,7 @@ func (m *Manager) matches(run runsapi.RunSummary, p place) bool {
 // adopt records a remote run as the session of identity id (never
 // overwriting an existing one: if the identity was taken meanwhile, that
 // session wins).
-func (m *Manager) adopt(ctx context.Context, run runsapi.RunSummary, id store.Identity) (*store.Session, error) {
+func (m *Manager) adopt(ctx context.Context, run rwxapi.RunSummary, id store.Identity) (*store.Session, error) {
 	s := &store.Session{
 		Identity:       id,
 		Remote:         m.opts.Remotes.Info().Name,

@@ -7,9 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/rwxapi"
+
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -75,21 +76,21 @@ func TestFindConfig(t *testing.T) {
 func TestRemoteRunMatching(t *testing.T) {
 	m := &Manager{}
 	p := place{Identity: store.Identity{RepoRoot: "/src/app", Branch: "main", ConfigFile: "/src/app/.rwx/sandbox.yml"}}
-	run := func(cs runsapi.CLIState) runsapi.RunSummary {
-		return runsapi.RunSummary{ID: "r", CLIState: cs.Encode()}
+	run := func(cs rwxapi.CLIState) rwxapi.RunSummary {
+		return rwxapi.RunSummary{ID: "r", CLIState: cs.Encode()}
 	}
 	cases := []struct {
 		name string
-		run  runsapi.RunSummary
+		run  rwxapi.RunSummary
 		want bool
 	}{
-		{"the RWX CLI's state", run(runsapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml"}), true},
-		{"sandboxd's state", run(runsapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml", RepoRoot: "/src/app"}), true},
-		{"another repository", run(runsapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml", RepoRoot: "/src/other"}), false},
-		{"another branch", run(runsapi.CLIState{Branch: "dev", ConfigFile: ".rwx/sandbox.yml"}), false},
-		{"another config", run(runsapi.CLIState{Branch: "main", ConfigFile: ".rwx/other.yml"}), false},
-		{"no state", runsapi.RunSummary{ID: "r"}, false},
-		{"garbage state", runsapi.RunSummary{ID: "r", CLIState: "%%%"}, false},
+		{"the RWX CLI's state", run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml"}), true},
+		{"sandboxd's state", run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml", RepoRoot: "/src/app"}), true},
+		{"another repository", run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml", RepoRoot: "/src/other"}), false},
+		{"another branch", run(rwxapi.CLIState{Branch: "dev", ConfigFile: ".rwx/sandbox.yml"}), false},
+		{"another config", run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/other.yml"}), false},
+		{"no state", rwxapi.RunSummary{ID: "r"}, false},
+		{"garbage state", rwxapi.RunSummary{ID: "r", CLIState: "%%%"}, false},
 	}
 	for _, c := range cases {
 		if got := m.matches(c.run, p); got != c.want {
@@ -97,10 +98,10 @@ func TestRemoteRunMatching(t *testing.T) {
 		}
 	}
 	// Background adoption only trusts states that name a repository.
-	if _, ok := m.identityOf(run(runsapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml"})); ok {
+	if _, ok := m.identityOf(run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml"})); ok {
 		t.Error("a state without a repository root must not be adopted in the background")
 	}
-	id, ok := m.identityOf(run(runsapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml", RepoRoot: "/src/app"}))
+	id, ok := m.identityOf(run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml", RepoRoot: "/src/app"}))
 	if !ok || id != p.Identity {
 		t.Errorf("identityOf = %+v, %v; want %+v", id, ok, p.Identity)
 	}

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 	"github.com/sandboxd/sandboxd/store"
 )
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
+	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // git runs git in dir for the test (Branches itself never runs git).

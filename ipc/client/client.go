@@ -19,8 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 )
 
 // maxSocketPath is the room in sockaddr_un.sun_path (108 with the NUL).

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 	"github.com/sandboxd/sandboxd/ipc/ipctest"
 )
 

@@ -8,8 +8,8 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 )
 
 // EventStream follows GET /v1/events.

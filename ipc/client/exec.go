@@ -10,8 +10,8 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 )
 
 // stdinChunk is the most stdin bytes sent in one frame.

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 )
 
 // Server is a running ipc.Server on a socket in its own short temp dir.

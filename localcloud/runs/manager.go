@@ -21,7 +21,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/rwxapi"
+
 	"github.com/sandboxd/sandboxd/localcloud/agent"
 	"github.com/sandboxd/sandboxd/localcloud/provision"
 )
@@ -69,7 +70,7 @@ type entry struct {
 	agent    *agent.Agent
 	cancel   context.CancelCauseFunc // of provisioning
 	logFile  *os.File
-	connInfo runsapi.ConnectionInfo // cached while sandboxable
+	connInfo rwxapi.ConnectionInfo // cached while sandboxable
 }
 
 // errShutdown interrupts provisioning that resumes after a restart.
@@ -166,7 +167,7 @@ func (m *Manager) LogFile(id string) string { return filepath.Join(m.runDir(id),
 
 // CreateRequest is a create-run call.
 type CreateRequest struct {
-	Definition     runsapi.RunDefinition
+	Definition     rwxapi.RunDefinition
 	IdempotencyKey string
 }
 
@@ -243,9 +244,9 @@ func (m *Manager) Create(req CreateRequest) (run Run, existing bool, err error) 
 }
 
 // validate checks a definition and returns its config file entry.
-func validate(def runsapi.RunDefinition, key string) (runsapi.DirectoryEntry, error) {
-	bad := func(format string, a ...any) (runsapi.DirectoryEntry, error) {
-		return runsapi.DirectoryEntry{}, fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
+func validate(def rwxapi.RunDefinition, key string) (rwxapi.DirectoryEntry, error) {
+	bad := func(format string, a ...any) (rwxapi.DirectoryEntry, error) {
+		return rwxapi.DirectoryEntry{}, fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, a...))
 	}
 	if len(key) > 255 {
 		return bad("the Idempotency-Key header is longer than 255 characters")
@@ -263,12 +264,12 @@ func validate(def runsapi.RunDefinition, key string) (runsapi.DirectoryEntry, er
 	if !provision.ValidSha(def.Git.Sha) {
 		return bad("git.sha %q is not a commit id", def.Git.Sha)
 	}
-	for _, e := range append(append([]runsapi.DirectoryEntry{}, def.TaskDefinitions...), def.MintDirectory...) {
+	for _, e := range append(append([]rwxapi.DirectoryEntry{}, def.TaskDefinitions...), def.MintDirectory...) {
 		if err := checkEntry(e); err != nil {
-			return runsapi.DirectoryEntry{}, err
+			return rwxapi.DirectoryEntry{}, err
 		}
 	}
-	var cfg *runsapi.DirectoryEntry
+	var cfg *rwxapi.DirectoryEntry
 	for i, e := range def.TaskDefinitions {
 		if e.Type == "file" || e.Type == "" {
 			cfg = &def.TaskDefinitions[i]
@@ -287,7 +288,7 @@ func validate(def runsapi.RunDefinition, key string) (runsapi.DirectoryEntry, er
 // scpLike matches git's user@host:path form.
 var scpLike = regexp.MustCompile(`^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:`)
 
-func checkEntry(e runsapi.DirectoryEntry) error {
+func checkEntry(e rwxapi.DirectoryEntry) error {
 	if e.Type != "file" && e.Type != "dir" && e.Type != "" {
 		return fmt.Errorf("%w: entry %q has type %q: use \"file\" or \"dir\"", ErrInvalid, e.Path, e.Type)
 	}
@@ -304,7 +305,7 @@ func checkEntry(e runsapi.DirectoryEntry) error {
 // writeMintDirectory materializes the .rwx directory sent with the run
 // under the run's directory (not in the workspace, which stays a clean
 // checkout).
-func (m *Manager) writeMintDirectory(id string, entries []runsapi.DirectoryEntry) error {
+func (m *Manager) writeMintDirectory(id string, entries []rwxapi.DirectoryEntry) error {
 	base := filepath.Join(m.runDir(id), "rwx")
 	if err := os.MkdirAll(base, 0o700); err != nil {
 		return fmt.Errorf("create the run directory: %w", err)
@@ -479,16 +480,16 @@ func (m *Manager) startAgentLocked(e *entry) error {
 	return err
 }
 
-func connectionInfo(r Run) (runsapi.ConnectionInfo, error) {
+func connectionInfo(r Run) (rwxapi.ConnectionInfo, error) {
 	hostKey, err := r.publicHostKey()
 	if err != nil {
-		return runsapi.ConnectionInfo{}, err
+		return rwxapi.ConnectionInfo{}, err
 	}
 	userKey, err := r.privateUserKeyPEM()
 	if err != nil {
-		return runsapi.ConnectionInfo{}, err
+		return rwxapi.ConnectionInfo{}, err
 	}
-	return runsapi.ConnectionInfo{Sandboxable: true, Address: r.AgentAddr, PublicHostKey: hostKey, PrivateUserKey: userKey}, nil
+	return rwxapi.ConnectionInfo{Sandboxable: true, Address: r.AgentAddr, PublicHostKey: hostKey, PrivateUserKey: userKey}, nil
 }
 
 // completeLocked ends a run; the agent is stopped in the background so
@@ -539,22 +540,22 @@ func (m *Manager) Get(id string) (Run, error) {
 
 // ConnectionInfo answers sandbox_connection_info: not yet sandboxable
 // (with a polling hint), sandboxable (address and keys), or ErrGone.
-func (m *Manager) ConnectionInfo(id string) (runsapi.ConnectionInfo, error) {
+func (m *Manager) ConnectionInfo(id string) (rwxapi.ConnectionInfo, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.runs[id]
 	if !ok {
-		return runsapi.ConnectionInfo{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+		return rwxapi.ConnectionInfo{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	switch e.State {
 	case Provisioning:
-		return runsapi.ConnectionInfo{Polling: runsapi.Polling{BackoffMs: 250}}, nil
+		return rwxapi.ConnectionInfo{Polling: rwxapi.Polling{BackoffMs: 250}}, nil
 	case Sandboxable:
 		ci := e.connInfo
 		ci.ExpiresAt = e.Deadline().UTC().Format(time.RFC3339)
 		return ci, nil
 	default:
-		return runsapi.ConnectionInfo{}, fmt.Errorf("%w: run %s %s", ErrGone, id, e.Ended())
+		return rwxapi.ConnectionInfo{}, fmt.Errorf("%w: run %s %s", ErrGone, id, e.Ended())
 	}
 }
 

@@ -11,7 +11,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sandboxd/sandboxd/daemon/runsapi"
+	"github.com/sandboxd/sandboxd/rwxapi"
+
 	"golang.org/x/crypto/ssh"
 )
 
@@ -46,21 +47,21 @@ var (
 
 // Run is the persisted record of one run.
 type Run struct {
-	ID             string                  `json:"id"`
-	Title          string                  `json:"title"`
-	CLIState       string                  `json:"cli_state,omitempty"`
-	IdempotencyKey string                  `json:"idempotency_key,omitempty"`
-	Git            runsapi.GitMetadata     `json:"git"`
-	ConfigPath     string                  `json:"config_path"`
-	Config         string                  `json:"config"`
-	InitParams     []runsapi.InitParameter `json:"init_params,omitempty"`
-	State          State                   `json:"state"`
-	Reason         Reason                  `json:"reason,omitempty"`
-	Detail         string                  `json:"detail,omitempty"`
-	CreatedAt      time.Time               `json:"created_at"`
-	SandboxableAt  time.Time               `json:"sandboxable_at,omitzero"`
-	CompletedAt    time.Time               `json:"completed_at,omitzero"`
-	LastActivityAt time.Time               `json:"last_activity_at,omitzero"`
+	ID             string                 `json:"id"`
+	Title          string                 `json:"title"`
+	CLIState       string                 `json:"cli_state,omitempty"`
+	IdempotencyKey string                 `json:"idempotency_key,omitempty"`
+	Git            rwxapi.GitMetadata     `json:"git"`
+	ConfigPath     string                 `json:"config_path"`
+	Config         string                 `json:"config"`
+	InitParams     []rwxapi.InitParameter `json:"init_params,omitempty"`
+	State          State                  `json:"state"`
+	Reason         Reason                 `json:"reason,omitempty"`
+	Detail         string                 `json:"detail,omitempty"`
+	CreatedAt      time.Time              `json:"created_at"`
+	SandboxableAt  time.Time              `json:"sandboxable_at,omitzero"`
+	CompletedAt    time.Time              `json:"completed_at,omitzero"`
+	LastActivityAt time.Time              `json:"last_activity_at,omitzero"`
 	// ExpiresAt is the end of the run's maximum lifetime, fixed at creation.
 	ExpiresAt time.Time `json:"expires_at"`
 	// IdleTimeout is fixed at creation too.

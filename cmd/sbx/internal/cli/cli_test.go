@@ -16,9 +16,9 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/paths"
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
-	"github.com/sandboxd/sandboxd/ipc/errdefs"
 	"github.com/sandboxd/sandboxd/ipc/ipctest"
 )
 

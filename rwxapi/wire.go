@@ -1,7 +1,7 @@
-// Package runsapi holds the wire types of the RWX runs API (shared by the
-// sandboxd client and the sandboxd-localcloud server) and the typed client
-// sandboxd uses to call it.
-package runsapi
+// Package rwxapi is the wire contract of the RWX runs API: paths, request and
+// answer bodies, and cli_state. Both sides use it: sandboxd's client
+// (daemon/runsapi) and the sandboxd-localcloud server.
+package rwxapi
 
 import (
 	"encoding/base64"

@@ -1,4 +1,5 @@
-// Package errdefs defines the error kinds that cross the socket API. Daemon
+// Package errdefs defines the error kinds shared by every layer (store,
+// daemon, remote clients) and carried across the socket API. Daemon
 // code wraps an error with a kind (errdefs.NotFound(err)); the ipc layer maps
 // kinds to HTTP status codes and JSON error codes in one place; the client
 // turns them back into the same kinds so callers branch with errors.Is.
