@@ -218,7 +218,7 @@ func sshDial(ci rwxapi.ConnectionInfo) (*ssh.Client, error) {
 		return nil, err
 	}
 	return ssh.Dial("tcp", ci.Address, &ssh.ClientConfig{
-		User:            "mint-cli",
+		User:            "rwx-cli",
 		Auth:            []ssh.AuthMethod{ssh.PublicKeys(key)},
 		HostKeyCallback: ssh.FixedHostKey(host),
 		Timeout:         10 * time.Second,

@@ -94,7 +94,7 @@ func BenchmarkExecTrueFreshSSHConnection(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg := &ssh.ClientConfig{User: "mint-cli", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hostKey), Timeout: 10 * time.Second}
+	cfg := &ssh.ClientConfig{User: "rwx-cli", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hostKey), Timeout: 10 * time.Second}
 	var samples []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {

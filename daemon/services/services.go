@@ -72,7 +72,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	// reconnect whether the run is still alive; the manager needs the pool,
 	// so the callbacks reach the manager through s once it is built.
 	s.pool = sshpool.New(sshpool.Options{
-		User:   "mint-cli",
+		User:   "rwx-cli",
 		Logger: log,
 		CheckAlive: func(ctx context.Context, runID string) error {
 			return s.manager.CheckAlive(ctx, runID)

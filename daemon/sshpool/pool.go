@@ -55,7 +55,7 @@ type Target struct {
 
 // Options configure a Pool. Zero values get the defaults noted.
 type Options struct {
-	User              string        // default "mint-cli"
+	User              string        // default "rwx-cli", as today's RWX CLI
 	DialTimeout       time.Duration // TCP connect + SSH handshake, default 10s
 	KeepaliveInterval time.Duration // default 10s
 	KeepaliveTimeout  time.Duration // no reply within it = dead, default 15s
@@ -114,7 +114,7 @@ type dialCall struct {
 // New returns an empty pool.
 func New(opts Options) *Pool {
 	if opts.User == "" {
-		opts.User = "mint-cli"
+		opts.User = "rwx-cli"
 	}
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = 10 * time.Second

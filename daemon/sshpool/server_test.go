@@ -86,7 +86,7 @@ func newTestServer(t testing.TB) *testServer {
 	}
 	s.cfg = &ssh.ServerConfig{
 		PublicKeyCallback: func(md ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
-			if md.User() == "mint-cli" && string(key.Marshal()) == string(sshUserPub.Marshal()) {
+			if md.User() == "rwx-cli" && string(key.Marshal()) == string(sshUserPub.Marshal()) {
 				return nil, nil
 			}
 			return nil, fmt.Errorf("unknown key for %s", md.User())

@@ -18,8 +18,13 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// User is the only SSH user the agent accepts, as on RWX Cloud.
-const User = "mint-cli"
+// SSH users the agent accepts, each only with the run's own key: User is
+// the one today's RWX CLI logs in as, LegacyUser the one older CLIs (and
+// older sandboxd) used. RWX Cloud accepts both.
+const (
+	User       = "rwx-cli"
+	LegacyUser = "mint-cli"
+)
 
 // Directives are exec commands the agent interprets itself instead of
 // running them.
@@ -101,8 +106,8 @@ func Start(cfg Config) (*Agent, error) {
 	want := cfg.AuthorizedKey.Marshal()
 	server := &ssh.ServerConfig{
 		PublicKeyCallback: func(md ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
-			if md.User() != User {
-				return nil, fmt.Errorf("user %q is not accepted: use %q", md.User(), User)
+			if u := md.User(); u != User && u != LegacyUser {
+				return nil, fmt.Errorf("user %q is not accepted: use %q", u, User)
 			}
 			if string(key.Marshal()) != string(want) {
 				return nil, errors.New("public key is not the run's user key")

@@ -390,13 +390,29 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-func TestAuthRefusesOtherKeysAndUsers(t *testing.T) {
+// TestAuthUsersAndKeys: both the RWX CLI's users (rwx-cli today, mint-cli
+// before) log in with the run's key, neither with another key, and no other
+// user at all.
+func TestAuthUsersAndKeys(t *testing.T) {
 	f := start(t)
-	bad := *f.client
-	bad.Auth = []ssh.AuthMethod{ssh.PublicKeys(newSigner(t))}
-	if c, err := ssh.Dial("tcp", f.agent.Addr(), &bad); err == nil {
+	foreign := newSigner(t)
+	for _, user := range []string{User, LegacyUser} {
+		good := *f.client
+		good.User = user
+		c, err := ssh.Dial("tcp", f.agent.Addr(), &good)
+		if err != nil {
+			t.Fatalf("user %s with the run's key was refused: %v", user, err)
+		}
+		if out, _, code := run(t, c, "echo ok", ""); out != "ok\n" || code != 0 {
+			t.Fatalf("user %s: exec answered %q, %d", user, out, code)
+		}
 		c.Close()
-		t.Fatal("a foreign key was accepted")
+		bad := good
+		bad.Auth = []ssh.AuthMethod{ssh.PublicKeys(foreign)}
+		if c, err := ssh.Dial("tcp", f.agent.Addr(), &bad); err == nil {
+			c.Close()
+			t.Fatalf("user %s with a foreign key was accepted", user)
+		}
 	}
 	other := *f.client
 	other.User = "root"
