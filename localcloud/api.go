@@ -78,6 +78,7 @@ func (s *Server) routes() http.Handler {
 	admin(http.MethodPost, "/admin/faults", s.setFaults)
 	admin(http.MethodPost, "/admin/runs/{id}/drop-connections", s.dropConnections)
 	admin(http.MethodPost, "/admin/sweep", s.sweep)
+	admin(http.MethodGet, "/admin/runs/{id}/ssh-stats", s.sshStats)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, errorf(http.StatusNotFound, "no route for %s %s", r.Method, r.URL.Path))
 	})
@@ -504,6 +505,21 @@ func (s *Server) dropConnections(w http.ResponseWriter, r *http.Request, p princ
 		return err
 	}
 	return writeJSON(w, http.StatusOK, map[string]int{"dropped": n})
+}
+
+// sshStats is GET /admin/runs/{id}/ssh-stats: connections, channel opens
+// and exec requests of the run's agent, in total and per connection
+// (agent.Stats).
+func (s *Server) sshStats(w http.ResponseWriter, r *http.Request, p principal) error {
+	id, err := s.runID(r)
+	if err != nil {
+		return err
+	}
+	st, err := s.runs.SSHStats(id)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, st)
 }
 
 func (s *Server) sweep(w http.ResponseWriter, r *http.Request, p principal) error {

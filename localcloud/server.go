@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/paths"
+	"github.com/sandboxd/sandboxd/localcloud/delayline"
 	"github.com/sandboxd/sandboxd/localcloud/runs"
 )
 
@@ -93,6 +94,10 @@ type Config struct {
 	Rand func() float64
 	// Version reported to clients; the package default when empty.
 	Version string
+	// OneWayDelay is added to every byte of the API's and the agents'
+	// traffic, each way (a round trip grows by twice it), to measure
+	// sandboxd as if the remote were far away. Zero adds nothing.
+	OneWayDelay time.Duration
 }
 
 // ErrAlreadyRunning is returned by Start when another server holds the
@@ -166,6 +171,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Version == "" {
 		cfg.Version = defaultVersion
 	}
+	if cfg.OneWayDelay < 0 || cfg.OneWayDelay > 10*time.Second {
+		return nil, fmt.Errorf("one-way delay %s is out of range 0..10s", cfg.OneWayDelay)
+	}
 	if err := cfg.Faults.validate(); err != nil {
 		return nil, fmt.Errorf("faults: %w", err)
 	}
@@ -210,6 +218,9 @@ func (s *Server) Start(ctx context.Context) error {
 		MaxLifetime: s.cfg.MaxLifetime,
 		RefuseSSH:   func() bool { return s.Faults().DropSSH },
 		Logger:      s.log,
+		WrapListener: func(ln net.Listener) net.Listener {
+			return delayline.Listener(ln, s.cfg.OneWayDelay)
+		},
 	})
 	if err != nil {
 		return fail(err)
@@ -229,6 +240,7 @@ func (s *Server) Start(ctx context.Context) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
+			ln = delayline.Listener(ln, s.cfg.OneWayDelay)
 			if tlsCfg != nil {
 				ln = tls.NewListener(ln, tlsCfg)
 			}
@@ -249,7 +261,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if err := s.writeDiscovery(); err != nil {
 		return fail(err)
 	}
-	s.log.Info("sandboxd-localcloud serving", "api", s.APIURL(), "http", s.HTTPURL(), "state", s.cfg.Dir, "pid", os.Getpid())
+	s.log.Info("sandboxd-localcloud serving", "api", s.APIURL(), "http", s.HTTPURL(), "state", s.cfg.Dir, "pid", os.Getpid(), "one_way_delay", s.cfg.OneWayDelay)
 	return nil
 }
 

@@ -92,6 +92,12 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	lifetime := fs.Duration("max-lifetime", localcloud.DefaultMaxLifetime, "end any run after this long")
 	sweep := fs.Duration("sweep-interval", 0, "how often deadlines are checked (derived from the timeouts when 0)")
 	latency := fs.Duration("fault-latency", 0, "fault injection: added latency per API request")
+	delayDefault, err := envDuration(OneWayDelayEnv)
+	if err != nil {
+		fmt.Fprintf(stderr, "sandboxd-localcloud serve: %v\n", err)
+		return 2
+	}
+	delay := fs.Duration("one-way-delay", delayDefault, "delay every byte of API and SSH traffic by this much each way (a round trip grows by twice it); default from $"+OneWayDelayEnv)
 	rate := fs.Float64("fault-5xx-rate", 0, "fault injection: share of API requests answered 503 (0..1)")
 	dropSSH := fs.Bool("fault-drop-ssh", false, "fault injection: refuse SSH connections to agents")
 	verbose := fs.Bool("verbose", false, "debug logging")
@@ -115,9 +121,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	srv, err := localcloud.New(localcloud.Config{
 		Dir: *dir, Listen: *listen, HTTPListen: *httpAddr,
 		IdleTimeout: *idle, MaxLifetime: *lifetime, SweepInterval: *sweep,
-		Faults:  localcloud.Faults{LatencyMS: latency.Milliseconds(), ErrorRate5xx: *rate, DropSSH: *dropSSH},
-		Logger:  log,
-		Version: Version,
+		Faults:      localcloud.Faults{LatencyMS: latency.Milliseconds(), ErrorRate5xx: *rate, DropSSH: *dropSSH},
+		Logger:      log,
+		Version:     Version,
+		OneWayDelay: *delay,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxd-localcloud: %v\n", err)
@@ -206,6 +213,23 @@ func stop(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "stopped sandboxd-localcloud (pid %d)\n", d.PID)
 	return 0
+}
+
+// OneWayDelayEnv sets the default of serve --one-way-delay, so that a
+// localcloud started by sandboxd (which passes its environment on) can be
+// made to behave like a distant remote.
+const OneWayDelayEnv = "SANDBOXD_LOCALCLOUD_ONE_WAY_DELAY"
+
+func envDuration(name string) (time.Duration, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("$%s=%q is not a duration: use a value such as 10ms", name, v)
+	}
+	return d, nil
 }
 
 func printJSON(w io.Writer, v any) int {

@@ -64,6 +64,8 @@ type Config struct {
 	// for background processes that keep its stdout or stderr open; 2s
 	// when zero.
 	OutputGrace time.Duration
+	// WrapListener, when set, wraps the listener (latency injection).
+	WrapListener func(net.Listener) net.Listener
 }
 
 // Agent is a running SSH sandbox agent.
@@ -80,10 +82,69 @@ type Agent struct {
 	busy   atomic.Int64
 	ended  atomic.Bool
 
-	mu     sync.Mutex
-	conns  map[uint64]*ssh.ServerConn
-	nextID uint64
-	logMu  sync.Mutex
+	mu      sync.Mutex
+	conns   map[uint64]*ssh.ServerConn
+	nextID  uint64
+	history []*connState // for Stats: every connection, the oldest closed ones dropped
+	total   counters
+	logMu   sync.Mutex
+}
+
+// maxStatsHistory bounds the connections Stats remembers.
+const maxStatsHistory = 256
+
+// ConnStats counts what one client connection asked of the agent, so that
+// a benchmark can tell how many round trips a client spends per call.
+type ConnStats struct {
+	ID           uint64 `json:"id"`
+	Remote       string `json:"remote"`
+	Open         bool   `json:"open"`
+	ChannelOpens int64  `json:"channel_opens"`
+	ExecRequests int64  `json:"exec_requests"`
+}
+
+// Stats are the agent's counters: totals since it started, and per
+// connection (open ones and the most recent closed ones, oldest first).
+type Stats struct {
+	Connections  int64       `json:"connections"`
+	ChannelOpens int64       `json:"channel_opens"`
+	ExecRequests int64       `json:"exec_requests"`
+	PerConn      []ConnStats `json:"per_connection"`
+}
+
+// Stats returns the agent's counters.
+func (a *Agent) Stats() Stats {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	st := Stats{Connections: a.total.connections.Load(), ChannelOpens: a.total.channelOpens.Load(), ExecRequests: a.total.execRequests.Load()}
+	st.PerConn = make([]ConnStats, 0, len(a.history))
+	for _, c := range a.history {
+		st.PerConn = append(st.PerConn, ConnStats{ID: c.id, Remote: c.remote, Open: !c.closed.Load(), ChannelOpens: c.channelOpens.Load(), ExecRequests: c.execRequests.Load()})
+	}
+	return st
+}
+
+// counters are the agent-wide totals.
+type counters struct {
+	connections, channelOpens, execRequests atomic.Int64
+}
+
+// track records c for Stats; the caller holds a.mu.
+func (a *Agent) trackLocked(c *connState) {
+	a.history = append(a.history, c)
+	if len(a.history) <= maxStatsHistory {
+		return
+	}
+	kept := a.history[:0]
+	drop := len(a.history) - maxStatsHistory
+	for _, x := range a.history {
+		if drop > 0 && x.closed.Load() {
+			drop--
+			continue
+		}
+		kept = append(kept, x)
+	}
+	a.history = kept
 }
 
 // Start listens and serves until Close.
@@ -120,6 +181,9 @@ func Start(cfg Config) (*Agent, error) {
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("start sandbox agent: listen on %s: %w", cfg.Addr, err)
+	}
+	if cfg.WrapListener != nil {
+		ln = cfg.WrapListener(ln)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &Agent{cfg: cfg, ln: ln, server: server, log: cfg.Logger, ctx: ctx, cancel: cancel, conns: map[uint64]*ssh.ServerConn{}}
@@ -201,11 +265,14 @@ func (a *Agent) serveConn(nc net.Conn) {
 	a.nextID++
 	id := a.nextID
 	a.conns[id] = conn
+	c := &connState{agent: a, id: id, remote: nc.RemoteAddr().String()}
+	a.trackLocked(c)
+	a.total.connections.Add(1)
 	a.mu.Unlock()
 
-	c := &connState{agent: a, id: id}
 	ctx, cancel := context.WithCancel(a.ctx)
 	defer func() {
+		c.closed.Store(true)
 		cancel()
 		conn.Close()
 		a.lock.releaseOwner(id)
@@ -224,6 +291,8 @@ func (a *Agent) serveConn(nc net.Conn) {
 	}()
 	var sessions sync.WaitGroup
 	for nch := range chans {
+		c.channelOpens.Add(1)
+		a.total.channelOpens.Add(1)
 		if nch.ChannelType() != "session" {
 			_ = nch.Reject(ssh.UnknownChannelType, "only session channels are supported")
 			continue
@@ -248,6 +317,12 @@ func (a *Agent) serveConn(nc net.Conn) {
 type connState struct {
 	agent  *Agent
 	id     uint64
+	remote string
+
+	channelOpens atomic.Int64
+	execRequests atomic.Int64
+	closed       atomic.Bool
+
 	mu     sync.Mutex
 	inSync bool // between sync markers: commands are not logged
 }

@@ -117,6 +117,8 @@ func (s *session) handle(req *ssh.Request) (bool, func(context.Context)) {
 		}
 		return true, nil
 	case "exec", "shell":
+		s.conn.execRequests.Add(1)
+		s.conn.agent.total.execRequests.Add(1)
 		var command string
 		if req.Type == "exec" {
 			var p struct{ Command string }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -49,6 +50,9 @@ type Config struct {
 	GitEnv []string
 	Logger *slog.Logger
 	Random io.Reader // crypto/rand when nil
+	// WrapListener, when set, wraps each agent's listener (latency
+	// injection).
+	WrapListener func(net.Listener) net.Listener
 }
 
 // Manager owns every run.
@@ -459,6 +463,7 @@ func (m *Manager) startAgentLocked(e *entry) error {
 		OnEnd:         func() { m.end(id) },
 		OnActivity:    func() { m.touch(id) },
 		Refuse:        m.cfg.RefuseSSH,
+		WrapListener:  m.cfg.WrapListener,
 	}
 	var a *agent.Agent
 	if e.AgentAddr != "" {
@@ -678,6 +683,24 @@ func (m *Manager) TokenRun(token string) (string, bool) {
 func hashToken(t string) string {
 	s := sha256.Sum256([]byte(t))
 	return hex.EncodeToString(s[:])
+}
+
+// SSHStats returns the counters of run id's agent connections.
+func (m *Manager) SSHStats(id string) (agent.Stats, error) {
+	m.mu.Lock()
+	e, ok := m.runs[id]
+	var a *agent.Agent
+	if ok {
+		a = e.agent
+	}
+	m.mu.Unlock()
+	if !ok {
+		return agent.Stats{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if a == nil {
+		return agent.Stats{}, fmt.Errorf("%w: run %s has no sandbox agent (%s)", ErrGone, id, e.State)
+	}
+	return a.Stats(), nil
 }
 
 // DropConnections closes every SSH connection to run id's agent.
