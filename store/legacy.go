@@ -67,6 +67,13 @@ func ReadLegacyFile(path string) ([]LegacySession, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read RWX CLI sandboxes file: %w", err)
 	}
+	return ParseLegacy(path, data)
+}
+
+// ParseLegacy parses the contents of the RWX CLI sandboxes.json at path
+// (named in errors), like ReadLegacyFile; the caller reads the file, within
+// whatever limits it applies to repository files.
+func ParseLegacy(path string, data []byte) ([]LegacySession, error) {
 	var f legacyFile
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v; fix or remove it (sandboxd imports nothing from it)", ErrLegacyMalformed, path, err)

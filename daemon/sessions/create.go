@@ -8,13 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"sort"
 	"time"
 
 	"github.com/sandboxd/sandboxd/rwxapi"
 
+	"github.com/sandboxd/sandboxd/daemon/repofile"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/store"
@@ -176,7 +176,7 @@ func (m *Manager) createLocked(ctx context.Context, p place, init map[string]str
 			Identity:       p.Identity,
 			Remote:         m.opts.Remotes.Info().Name,
 			IdempotencyKey: newIdempotencyKey(),
-			ConfigHash:     hashFile(p.ConfigFile),
+			ConfigHash:     hashFile(p.RepoRoot, p.ConfigFile),
 			BaseSHA:        baseSHA,
 			OriginURL:      origin,
 			State:          store.StateCreating,
@@ -230,7 +230,7 @@ func (m *Manager) createLocked(ctx context.Context, p place, init map[string]str
 // runDefinition builds the create-run request of place p.
 func (m *Manager) runDefinition(ctx context.Context, p place, init map[string]string) (rwxapi.RunDefinition, string, string, error) {
 	var def rwxapi.RunDefinition
-	cfgBytes, err := os.ReadFile(p.ConfigFile)
+	cfgBytes, err := repofile.ReadFile(ctx, p.RepoRoot, p.ConfigFile, repofile.MaxFileBytes)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return def, "", "", errdefs.Invalidf("no sandbox config at %s: create one with `sbx init`", p.ConfigFile)
@@ -260,7 +260,7 @@ func (m *Manager) runDefinition(ctx context.Context, p place, init map[string]st
 	if len(branch) > len(detachedPrefix) && branch[:len(detachedPrefix)] == detachedPrefix {
 		branch = ""
 	}
-	rwxDir, err := readRwxDirectory(filepath.Dir(p.ConfigFile))
+	rwxDir, err := readRwxDirectory(ctx, p.RepoRoot, filepath.Dir(p.ConfigFile))
 	if err != nil {
 		return def, "", "", err
 	}
@@ -285,51 +285,21 @@ func (m *Manager) runDefinition(ctx context.Context, p place, init map[string]st
 	return def, sha, origin, nil
 }
 
-// maxRwxDirectoryBytes bounds what is sent of the config's directory.
-const maxRwxDirectoryBytes = 5 << 20
-
 // readRwxDirectory lists the config's directory (normally .rwx) as run
-// directory entries, skipping the RWX CLI's own sandbox bookkeeping.
-func readRwxDirectory(dir string) ([]rwxapi.DirectoryEntry, error) {
-	var entries []rwxapi.DirectoryEntry
-	total := 0
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(dir, path)
-		if rel == "." {
-			return nil
-		}
-		if d.IsDir() && rel == "sandboxes" {
-			return filepath.SkipDir
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		e := rwxapi.DirectoryEntry{Path: filepath.ToSlash(rel), Permissions: uint32(info.Mode().Perm())}
-		switch {
-		case d.IsDir():
+// directory entries, skipping the RWX CLI's own sandbox bookkeeping. Only
+// regular files inside the repository are read, within repofile's limits.
+func readRwxDirectory(ctx context.Context, repoRoot, dir string) ([]rwxapi.DirectoryEntry, error) {
+	files, err := repofile.ReadDir(ctx, repoRoot, dir, "sandboxes")
+	if err != nil {
+		return nil, fmt.Errorf("read the config directory: %w", err)
+	}
+	entries := make([]rwxapi.DirectoryEntry, 0, len(files))
+	for _, f := range files {
+		e := rwxapi.DirectoryEntry{Path: f.Path, Permissions: uint32(f.Perm), Type: "file", FileContents: string(f.Data)}
+		if f.Dir {
 			e.Type = "dir"
-		case info.Mode().IsRegular():
-			b, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			total += len(b)
-			if total > maxRwxDirectoryBytes {
-				return fmt.Errorf("the directory %s holds more than %d MiB: sandbox configs must stay small", dir, maxRwxDirectoryBytes>>20)
-			}
-			e.Type, e.FileContents = "file", string(b)
-		default:
-			return nil
 		}
 		entries = append(entries, e)
-		return nil
-	})
-	if err != nil {
-		return nil, errdefs.Invalid(fmt.Errorf("read the config directory: %w", err))
 	}
 	return entries, nil
 }
@@ -352,9 +322,13 @@ func newIdempotencyKey() string {
 	return "sandboxd-" + hex.EncodeToString(b)
 }
 
-// hashFile is the config hash used for drift detection ("" when unreadable).
-func hashFile(path string) string {
-	b, err := os.ReadFile(path)
+// hashFile is the config hash used for drift detection ("" when
+// unreadable, outside the repository or too large).
+func hashFile(repoRoot, path string) string {
+	if repoRoot == "" {
+		return ""
+	}
+	b, err := repofile.ReadFile(context.Background(), repoRoot, path, repofile.MaxFileBytes)
 	if err != nil {
 		return ""
 	}

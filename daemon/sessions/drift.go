@@ -21,9 +21,9 @@ func (m *Manager) watchConfig(s *store.Session) {
 	}
 	r.cancelWatch = func() {} // reserve: concurrent callers must not double-watch
 	m.mu.Unlock()
-	id, runID, startHash, file := s.ID, s.RunID, s.ConfigHash, s.ConfigFile
+	id, runID, startHash, file, root := s.ID, s.RunID, s.ConfigHash, s.ConfigFile, s.RepoRoot
 	cancel, err := m.opts.Watcher.WatchFile(file, func() {
-		h := hashFile(file)
+		h := hashFile(root, file)
 		m.mu.Lock()
 		r, ok := m.runtime[id]
 		if !ok {
@@ -73,7 +73,7 @@ func (m *Manager) drifted(s *store.Session) bool {
 			return drift
 		}
 	}
-	return hashFile(s.ConfigFile) != s.ConfigHash
+	return hashFile(s.RepoRoot, s.ConfigFile) != s.ConfigHash
 }
 
 // Close stops background work and waits for it.

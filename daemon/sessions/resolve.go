@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/rwxapi"
 
+	"github.com/sandboxd/sandboxd/daemon/repofile"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/store"
@@ -144,9 +145,15 @@ func (m *Manager) importLegacy(repoRoot string) error {
 		return nil
 	}
 	path := filepath.Join(repoRoot, ".rwx", "sandboxes", "sandboxes.json")
-	legacy, err := store.ReadLegacyFile(path)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
+	var legacy []store.LegacySession
+	data, err := repofile.ReadFile(context.Background(), repoRoot, path, repofile.MaxFileBytes)
+	switch {
+	case err == nil:
+		if legacy, err = store.ParseLegacy(path, data); err != nil {
+			return err
+		}
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("read the RWX CLI's sandboxes file: %w", err)
 	}
 	remote := m.opts.Remotes.Info().Name
 	n, err := m.st.ImportLegacy(repoRoot, legacy, func(l store.LegacySession) store.Identity {
@@ -229,7 +236,7 @@ func (m *Manager) adopt(ctx context.Context, run rwxapi.RunSummary, id store.Ide
 		IdempotencyKey: newIdempotencyKey(),
 		State:          store.StateUnknown,
 		Adopted:        true,
-		ConfigHash:     hashFile(id.ConfigFile),
+		ConfigHash:     hashFile(id.RepoRoot, id.ConfigFile),
 	}
 	if err := m.st.Insert(s); err != nil {
 		var exists *store.ExistsError

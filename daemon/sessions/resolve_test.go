@@ -1,6 +1,7 @@
 package sessions
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/rwxapi"
 
+	"github.com/sandboxd/sandboxd/daemon/repofile"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/store"
@@ -108,11 +110,12 @@ func TestRemoteRunMatching(t *testing.T) {
 }
 
 func TestReadRwxDirectorySkipsBookkeepingAndBoundsSize(t *testing.T) {
-	dir := t.TempDir()
+	root := t.TempDir()
+	dir := filepath.Join(root, ".rwx")
 	touch(t, filepath.Join(dir, "sandbox.yml"), "tasks: []\n")
 	touch(t, filepath.Join(dir, "lib", "steps.yml"), "x\n")
 	touch(t, filepath.Join(dir, "sandboxes", "sandboxes.json"), "{}")
-	entries, err := readRwxDirectory(dir)
+	entries, err := readRwxDirectory(context.Background(), root, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,8 +126,8 @@ func TestReadRwxDirectorySkipsBookkeepingAndBoundsSize(t *testing.T) {
 	if got := strings.Join(paths, ","); got != "dir:lib,file:lib/steps.yml,file:sandbox.yml" {
 		t.Fatalf("entries = %s", got)
 	}
-	touch(t, filepath.Join(dir, "big.bin"), strings.Repeat("x", maxRwxDirectoryBytes+1))
-	if _, err := readRwxDirectory(dir); !errors.Is(err, errdefs.ErrInvalid) {
+	touch(t, filepath.Join(dir, "big.bin"), strings.Repeat("x", repofile.MaxDirBytes+1))
+	if _, err := readRwxDirectory(context.Background(), root, dir); !errors.Is(err, errdefs.ErrTooLarge) {
 		t.Fatalf("an oversized directory: %v", err)
 	}
 }

@@ -473,8 +473,15 @@ func (w *Watcher) compare(path string, c check) {
 	}
 }
 
+// maxHashed bounds what is read of a watched file. The files watched are
+// small (HEAD, configs); past the bound the size and modification time stand
+// in for the rest, so a file swapped for a huge one, or a link to /dev/zero,
+// costs a bounded read.
+const maxHashed = 1 << 20
+
 func readContent(path string) (content, error) {
-	file, err := os.Open(path)
+	// O_NONBLOCK: a FIFO must not block the watcher waiting for a writer.
+	file, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		return content{}, nil
 	}
@@ -482,9 +489,23 @@ func readContent(path string) (content, error) {
 		return content{}, fmt.Errorf("read %s: %w", path, err)
 	}
 	defer file.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, file); err != nil {
+	st, err := file.Stat()
+	if err != nil {
 		return content{}, fmt.Errorf("read %s: %w", path, err)
+	}
+	if st.IsDir() {
+		return content{}, fmt.Errorf("%s is a directory, not a file", path)
+	}
+	h := sha256.New()
+	// Only regular files are read; anything else is identified by its type.
+	fmt.Fprintf(h, "%v\x00", st.Mode().Type())
+	if st.Mode().IsRegular() {
+		if _, err := io.Copy(h, io.LimitReader(file, maxHashed)); err != nil {
+			return content{}, fmt.Errorf("read %s: %w", path, err)
+		}
+		if st.Size() > maxHashed {
+			fmt.Fprintf(h, "\x00%d\x00%d", st.Size(), st.ModTime().UnixNano())
+		}
 	}
 	c := content{exists: true}
 	h.Sum(c.sum[:0])

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -325,6 +326,37 @@ func TestWatchFileBadInput(t *testing.T) {
 	}
 	if list := w.fsw.WatchList(); len(list) != 0 {
 		t.Fatalf("a failed WatchFile left inotify watches %v", list)
+	}
+}
+
+// A watched path that is (or becomes) a link to /dev/zero or a FIFO costs a
+// bounded, non-blocking read: a repository can commit either.
+func TestWatchingSpecialFilesNeverBlocks(t *testing.T) {
+	w, _ := newWatcher(t, Options{})
+	dir := t.TempDir()
+	zero, fifo := filepath.Join(dir, "zero.yml"), filepath.Join(dir, "fifo.yml")
+	if err := os.Symlink("/dev/zero", zero); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 2)
+	for _, p := range []string{zero, fifo} {
+		go func() {
+			_, err := w.WatchFile(p, func() {})
+			done <- err
+		}()
+	}
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(waitLimit):
+			t.Fatal("watching /dev/zero or a FIFO blocked")
+		}
 	}
 }
 
