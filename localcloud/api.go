@@ -475,6 +475,7 @@ func (s *Server) setFaults(w http.ResponseWriter, r *http.Request, p principal) 
 		LatencyMS    *int64   `json:"latency_ms"`
 		ErrorRate5xx *float64 `json:"error_rate_5xx"`
 		DropSSH      *bool    `json:"drop_ssh"`
+		OneWayDelay  *int64   `json:"one_way_delay_ms"`
 	}
 	if err := decode(r, &req); err != nil {
 		return err
@@ -488,6 +489,9 @@ func (s *Server) setFaults(w http.ResponseWriter, r *http.Request, p principal) 
 	}
 	if req.DropSSH != nil {
 		f.DropSSH = *req.DropSSH
+	}
+	if req.OneWayDelay != nil {
+		f.OneWayDelayMS = *req.OneWayDelay
 	}
 	if err := s.SetFaults(f); err != nil {
 		return errorf(http.StatusBadRequest, "%v", err)

@@ -44,6 +44,14 @@ func TestOneWayDelayAndSSHStats(t *testing.T) {
 	if d := after.ChannelOpens - before.ChannelOpens; d != 2 {
 		t.Fatalf("channel opens grew by %d over two execs, want 2", d)
 	}
+	// The delay can change while the connection lives.
+	c.call(200, "POST", "/admin/faults", map[string]int64{"one_way_delay_ms": 25}, nil)
+	start = time.Now()
+	output(t, sc, "true")
+	if took := time.Since(start); took < 50*time.Millisecond {
+		t.Fatalf("after raising the delay to 25ms an exec took %s", took)
+	}
+	c.call(200, "GET", "/admin/runs/"+id+"/ssh-stats", nil, &after)
 	if after.Connections != 1 || len(after.PerConn) != 1 || after.PerConn[0].ExecRequests != after.ExecRequests || !after.PerConn[0].Open {
 		t.Fatalf("per-connection stats %+v", after)
 	}

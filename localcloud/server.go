@@ -59,11 +59,18 @@ type Faults struct {
 	// DropSSH closes every agent connection when set and refuses new ones
 	// while it stays set.
 	DropSSH bool `json:"drop_ssh"`
+	// OneWayDelayMS delays every byte of API and agent traffic each way
+	// (Config.OneWayDelay sets it at start); changing it affects open
+	// connections too.
+	OneWayDelayMS int64 `json:"one_way_delay_ms"`
 }
 
 func (f Faults) validate() error {
 	if f.LatencyMS < 0 || f.LatencyMS > 600_000 {
 		return fmt.Errorf("latency_ms %d is out of range 0..600000", f.LatencyMS)
+	}
+	if f.OneWayDelayMS < 0 || f.OneWayDelayMS > 10_000 {
+		return fmt.Errorf("one_way_delay_ms %d is out of range 0..10000", f.OneWayDelayMS)
 	}
 	if f.ErrorRate5xx < 0 || f.ErrorRate5xx > 1 {
 		return fmt.Errorf("error_rate_5xx %v is out of range 0..1", f.ErrorRate5xx)
@@ -96,7 +103,8 @@ type Config struct {
 	Version string
 	// OneWayDelay is added to every byte of the API's and the agents'
 	// traffic, each way (a round trip grows by twice it), to measure
-	// sandboxd as if the remote were far away. Zero adds nothing.
+	// sandboxd as if the remote were far away (Faults.OneWayDelayMS; whole
+	// milliseconds). Zero adds nothing.
 	OneWayDelay time.Duration
 }
 
@@ -171,8 +179,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Version == "" {
 		cfg.Version = defaultVersion
 	}
-	if cfg.OneWayDelay < 0 || cfg.OneWayDelay > 10*time.Second {
-		return nil, fmt.Errorf("one-way delay %s is out of range 0..10s", cfg.OneWayDelay)
+	if cfg.OneWayDelay != 0 {
+		cfg.Faults.OneWayDelayMS = cfg.OneWayDelay.Milliseconds()
 	}
 	if err := cfg.Faults.validate(); err != nil {
 		return nil, fmt.Errorf("faults: %w", err)
@@ -219,7 +227,7 @@ func (s *Server) Start(ctx context.Context) error {
 		RefuseSSH:   func() bool { return s.Faults().DropSSH },
 		Logger:      s.log,
 		WrapListener: func(ln net.Listener) net.Listener {
-			return delayline.Listener(ln, s.cfg.OneWayDelay)
+			return delayline.Listener(ln, s.oneWayDelay)
 		},
 	})
 	if err != nil {
@@ -240,7 +248,7 @@ func (s *Server) Start(ctx context.Context) error {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			ln = delayline.Listener(ln, s.cfg.OneWayDelay)
+			ln = delayline.Listener(ln, s.oneWayDelay)
 			if tlsCfg != nil {
 				ln = tls.NewListener(ln, tlsCfg)
 			}
@@ -327,6 +335,10 @@ func (s *Server) Faults() Faults {
 	return s.faults
 }
 
+func (s *Server) oneWayDelay() time.Duration {
+	return time.Duration(s.Faults().OneWayDelayMS) * time.Millisecond
+}
+
 // SetFaults replaces the injected faults; turning DropSSH on closes every
 // agent connection.
 func (s *Server) SetFaults(f Faults) error {
@@ -341,7 +353,7 @@ func (s *Server) SetFaults(f Faults) error {
 			_, _ = s.runs.DropConnections(r.ID)
 		}
 	}
-	s.log.Info("faults set", "latency_ms", f.LatencyMS, "error_rate_5xx", f.ErrorRate5xx, "drop_ssh", f.DropSSH)
+	s.log.Info("faults set", "latency_ms", f.LatencyMS, "error_rate_5xx", f.ErrorRate5xx, "drop_ssh", f.DropSSH, "one_way_delay_ms", f.OneWayDelayMS)
 	return nil
 }
 

@@ -21,18 +21,19 @@ import (
 // waits (backpressure) instead of buffering without end.
 const queueChunks = 1024
 
-// Listener wraps ln so that every accepted connection is delayed by d each
-// way. A zero or negative d returns ln unchanged.
-func Listener(ln net.Listener, d time.Duration) net.Listener {
-	if d <= 0 {
-		return ln
-	}
+// Listener wraps ln so that every accepted connection is delayed by d()
+// each way; d is asked for each chunk, so the delay can change while
+// connections live (a zero delay still passes through the line).
+func Listener(ln net.Listener, d func() time.Duration) net.Listener {
 	return &listener{Listener: ln, d: d}
 }
 
+// Fixed returns a delay function of constant d.
+func Fixed(d time.Duration) func() time.Duration { return func() time.Duration { return d } }
+
 type listener struct {
 	net.Listener
-	d time.Duration
+	d func() time.Duration
 }
 
 func (l *listener) Accept() (net.Conn, error) {
@@ -44,8 +45,8 @@ func (l *listener) Accept() (net.Conn, error) {
 }
 
 // Conn wraps c so that what it reads and what it writes are each delayed by
-// d.
-func Conn(c net.Conn, d time.Duration) net.Conn {
+// d().
+func Conn(c net.Conn, d func() time.Duration) net.Conn {
 	dc := &conn{
 		Conn:     c,
 		d:        d,
@@ -67,7 +68,7 @@ type chunk struct {
 
 type conn struct {
 	net.Conn
-	d time.Duration
+	d func() time.Duration
 
 	in  chan chunk // arrived from the peer, not yet due
 	out chan chunk // written by us, not yet sent
@@ -94,14 +95,14 @@ func (c *conn) readLoop() {
 		now := time.Now()
 		if n > 0 {
 			select {
-			case c.in <- chunk{b: buf[:n], due: now.Add(c.d)}:
+			case c.in <- chunk{b: buf[:n], due: now.Add(c.d())}:
 			case <-c.closed:
 				return
 			}
 		}
 		if err != nil {
 			select {
-			case c.in <- chunk{err: err, due: now.Add(c.d)}:
+			case c.in <- chunk{err: err, due: now.Add(c.d())}:
 			case <-c.closed:
 			}
 			return
@@ -161,7 +162,7 @@ func (c *conn) Write(p []byte) (int, error) {
 	b := make([]byte, len(p))
 	copy(b, p)
 	select {
-	case c.out <- chunk{b: b, due: time.Now().Add(c.d)}:
+	case c.out <- chunk{b: b, due: time.Now().Add(c.d())}:
 		return len(p), nil
 	case <-c.closed:
 		return 0, net.ErrClosed

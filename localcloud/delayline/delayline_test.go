@@ -35,7 +35,7 @@ func listen(t *testing.T, d time.Duration) net.Listener {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	return delayline.Listener(ln, d)
+	return delayline.Listener(ln, delayline.Fixed(d))
 }
 
 // A round trip through a delayed server takes at least 2*d.
