@@ -8,6 +8,8 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.Version=$(VERSION)
 BINARIES  := sandboxd sbx sandboxd-localcloud
 BIN       := ./bin
+# Generated documentation (man pages, completions), laid out as under /usr/share.
+SHARE     := $(BIN)/share
 
 PREFIX           ?= $(HOME)/.local
 SYSTEMD_USER_DIR ?= $(HOME)/.config/systemd/user
@@ -22,7 +24,7 @@ BENCH       ?= .
 BENCH_PKGS  ?= ./...
 BENCHTIME   ?= 1s
 
-.PHONY: all help build run test bench install uninstall lint clean
+.PHONY: all help build run test bench install uninstall lint clean man completions
 
 all: build
 
@@ -32,6 +34,8 @@ help:
 	@echo "make test     go vet, then go test -race ./... (end-to-end tests included; PKGS=./daemon/... narrows)"
 	@echo "make bench    benchmarks (BENCH=regexp BENCH_PKGS=./pkg/... BENCHTIME=1s)"
 	@echo "make install  binaries to \$$PREFIX/bin ($(PREFIX)/bin), systemd user units to $(SYSTEMD_USER_DIR)"
+	@echo "make man      man pages into $(SHARE)/man (generated from the command table)"
+	@echo "make completions  bash, zsh and fish completions into $(SHARE) (generated too)"
 	@echo "make lint     gofmt and go vet"
 
 build:
@@ -45,6 +49,18 @@ run: build
 	@echo
 	exec $(BIN)/sandboxd
 
+# The man page and the completions are generated from sbx's command table
+# (cmd/sbx/internal/cli/commands.go); nothing of them is kept by hand.
+man: build
+	@mkdir -p $(SHARE)/man/man1
+	$(BIN)/sbx man > $(SHARE)/man/man1/sbx.1
+
+completions: build
+	@mkdir -p $(SHARE)/bash-completion/completions $(SHARE)/zsh/site-functions $(SHARE)/fish/vendor_completions.d
+	$(BIN)/sbx completion bash > $(SHARE)/bash-completion/completions/sbx
+	$(BIN)/sbx completion zsh > $(SHARE)/zsh/site-functions/_sbx
+	$(BIN)/sbx completion fish > $(SHARE)/fish/vendor_completions.d/sbx.fish
+
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
@@ -52,19 +68,40 @@ test:
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count 1 -timeout 20m $(BENCH_PKGS)
 
-install: build
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSTEMD_USER_DIR)
+# systemd reads user units only from these directories (systemd.unit(5));
+# `systemctl` advice is printed only when SYSTEMD_USER_DIR is one of them.
+SYSTEMD_USER_PATHS = $(HOME)/.config/systemd/user /etc/systemd/user $(HOME)/.local/share/systemd/user \
+	/usr/local/share/systemd/user /usr/share/systemd/user /usr/local/lib/systemd/user /usr/lib/systemd/user
+
+install: build man completions
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSTEMD_USER_DIR) $(DESTDIR)$(PREFIX)/share/man/man1 \
+		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
+		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
 	install -m 0755 $(addprefix $(BIN)/,$(BINARIES)) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(SHARE)/man/man1/sbx.1 $(DESTDIR)$(PREFIX)/share/man/man1/sbx.1
+	install -m 0644 $(SHARE)/bash-completion/completions/sbx $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sbx
+	install -m 0644 $(SHARE)/zsh/site-functions/_sbx $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sbx
+	install -m 0644 $(SHARE)/fish/vendor_completions.d/sbx.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/sbx.fish
 	install -m 0644 packaging/systemd/sandboxd.socket $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.socket
 	sed 's|^ExecStart=.*|ExecStart=$(PREFIX)/bin/sandboxd|' packaging/systemd/sandboxd.service > $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
 	chmod 0644 $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
 	@echo
-	@echo "Installed. To let systemd start sandboxd on demand and at login:"
-	@echo "  systemctl --user daemon-reload"
-	@echo "  systemctl --user enable --now sandboxd.socket sandboxd.service"
+	@echo "Installed sandboxd, sbx and sandboxd-localcloud to $(DESTDIR)$(PREFIX)/bin, with the sbx man page and"
+	@echo "bash, zsh and fish completions under $(DESTDIR)$(PREFIX)/share (zsh: add $(PREFIX)/share/zsh/site-functions"
+	@echo "to fpath if it is not there already)."
+	@if [ -z "$(DESTDIR)" ] && [ -n "$(filter $(abspath $(SYSTEMD_USER_DIR)),$(SYSTEMD_USER_PATHS))" ]; then \
+		echo "To let systemd start sandboxd on demand and at login:"; \
+		echo "  systemctl --user daemon-reload"; \
+		echo "  systemctl --user enable --now sandboxd.socket sandboxd.service"; \
+	elif [ -z "$(DESTDIR)" ]; then \
+		echo "The systemd units went to $(SYSTEMD_USER_DIR), which systemd does not read: link or copy them"; \
+		echo "into ~/.config/systemd/user to use them (sbx starts sandboxd by itself otherwise)."; \
+	fi
 
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(BINARIES))
+	rm -f $(DESTDIR)$(PREFIX)/share/man/man1/sbx.1 $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sbx \
+		$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sbx $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/sbx.fish
 	rm -f $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.socket $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
 
 lint:

@@ -16,33 +16,118 @@ const (
 	listFlag                   // --init k=v, repeatable
 )
 
+// complKind is what a shell completes for a positional argument or a flag's
+// value.
+type complKind int
+
+const (
+	complNone     complKind = iota // nothing (free text: a run id, a duration)
+	complYAML                      // a sandbox config file (*.yml, *.yaml)
+	complFile                      // any file
+	complDir                       // a directory
+	complValues                    // one of the listed values
+	complCommands                  // an sbx command name (for `sbx help`)
+)
+
 // flagSpec describes one flag of a command.
 type flagSpec struct {
-	name  string // long name, without dashes
-	short string // one letter, or ""
-	kind  flagKind
-	arg   string // value placeholder for help
-	help  string
+	name   string // long name, without dashes
+	short  string // one letter, or ""
+	kind   flagKind
+	arg    string // value placeholder for help ("RUN"); empty for bools
+	help   string
+	compl  complKind // what completes the value (stringFlag, listFlag)
+	values []string  // with complValues
 }
 
-// command describes one sbx command for parsing and help.
+// command is one node of the command tree. Every generated artefact (help,
+// `sbx help`, bash/zsh/fish completions, the man page) reads these fields;
+// nothing about a command is written anywhere else.
 type command struct {
-	name      string // "daemon status" for subcommands
-	args      string // positional synopsis, e.g. "[config]"
-	maxArgs   int    // positional arguments allowed before "--"
-	argv      bool   // takes a command after "--"
-	summary   string
+	name    string // one word; a subcommand's full name is its path ("daemon stop")
+	summary string // one line, lower case, no final period
+	long    string // optional paragraphs for `sbx help CMD` and the man page
+	args    string // positional synopsis, e.g. "[config]"
+	maxArgs int    // positional arguments allowed before "--"
+	argv    bool   // takes a command after "--"
+	// argCompl/argValues: what completes the positional arguments.
+	argCompl  complKind
+	argValues []string
 	flags     []flagSpec
-	autoStart bool                            // start the daemon when it is not running
-	run       func(*app, context.Context) int // a method of app
+	subs      []*command // subcommands; a command with subs and no run needs one
+	hidden    bool       // left out of help, completions and the man page
+	autoStart bool       // start the daemon when it is not running
+	run       func(*app, context.Context) int
+
+	parent *command // set by link
 }
 
-// globalFlags are accepted before or after the command name.
+// path is the command's full name without "sbx", e.g. "daemon stop"; "" for
+// the root.
+func (c *command) path() string {
+	if c.parent == nil {
+		return ""
+	}
+	if c.parent.parent == nil {
+		return c.name
+	}
+	return c.parent.path() + " " + c.name
+}
+
+// isRoot is true for the tree's root ("sbx" itself).
+func (c *command) isRoot() bool { return c.parent == nil }
+
+// visible are the subcommands shown in help and completions.
+func (c *command) visible() []*command {
+	var out []*command
+	for _, s := range c.subs {
+		if !s.hidden {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// walk calls f on c and every command below it, depth first, in table
+// order.
+func (c *command) walk(f func(*command)) {
+	f(c)
+	for _, s := range c.subs {
+		s.walk(f)
+	}
+}
+
+// allFlags are the flags the command accepts: its own, then the global ones.
+func (c *command) allFlags() []flagSpec {
+	out := append([]flagSpec{}, c.flags...)
+	out = append(out, globalFlags()...)
+	if c.isRoot() {
+		out = append(out, versionFlag())
+	}
+	return out
+}
+
+// link sets the parent pointers of the tree under root and returns root.
+func link(root *command) *command {
+	for _, s := range root.subs {
+		s.parent = root
+		link(s)
+	}
+	return root
+}
+
+// globalFlags are accepted by every command, before or after its name.
 func globalFlags() []flagSpec {
 	return []flagSpec{
-		{name: "json", kind: boolFlag, help: "print machine-readable JSON on stdout"},
+		{name: "json", kind: boolFlag, help: "machine-readable output: JSON on stdout, errors as JSON objects (see docs/json.md)"},
+		{name: "quiet", short: "q", kind: boolFlag, help: "no progress messages on stderr"},
 		{name: "help", short: "h", kind: boolFlag, help: "show help"},
 	}
+}
+
+// versionFlag is `sbx --version`, the same as `sbx version`.
+func versionFlag() flagSpec {
+	return flagSpec{name: "version", kind: boolFlag, help: "print the versions of sbx and sandboxd (as `sbx version`)"}
 }
 
 // parsed is a command line, split into its parts.
@@ -56,8 +141,9 @@ type parsed struct {
 	dashes  bool     // "--" was given
 }
 
-func (p *parsed) json() bool { return p.bools["json"] }
-func (p *parsed) help() bool { return p.bools["help"] }
+func (p *parsed) json() bool  { return p.bools["json"] }
+func (p *parsed) help() bool  { return p.bools["help"] }
+func (p *parsed) quiet() bool { return p.bools["quiet"] }
 
 // errUsage marks a command line sbx cannot run; it exits 125 with the
 // command's usage.
@@ -72,37 +158,37 @@ func (e *usageError) Error() string   { return e.msg }
 func (e *usageError) Is(t error) bool { return t == errUsage }
 
 // parse splits args (without the program name) into a command and its
-// flags. Flags and positionals may be interleaved until "--"; everything
-// after "--" is the remote command's argv, passed through untouched.
-func parse(cmds []*command, args []string) (*parsed, error) {
-	p := &parsed{bools: map[string]bool{}, strings: map[string]string{}, lists: map[string][]string{}}
-	// The command name is the first one or two words that are not flags.
-	var words []string
-	rest := make([]string, 0, len(args))
+// flags. The command is found by walking the tree with the words that are
+// not flags; after it, flags and positionals may be interleaved until "--";
+// everything after "--" is the remote command's argv, passed through
+// untouched. On an error, the returned parsed still says how far the
+// command was found and whether --json was given (so the error can be
+// printed as JSON).
+func parse(root *command, args []string) (*parsed, error) {
+	p := &parsed{cmd: root, bools: map[string]bool{}, strings: map[string]string{}, lists: map[string][]string{}}
+	var rest []string
+	descending := true
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		if a == "--" {
 			rest = append(rest, args[i:]...)
 			break
 		}
-		if p.cmd == nil && !strings.HasPrefix(a, "-") {
-			words = append(words, a)
-			if c := lookup(cmds, words); c != nil {
-				p.cmd = c
-			} else if !isPrefix(cmds, words) {
-				return nil, &usageError{msg: fmt.Sprintf("unknown command %q: run `sbx --help` for the list", strings.Join(words, " "))}
+		if descending && !strings.HasPrefix(a, "-") {
+			if len(p.cmd.subs) > 0 {
+				sub := p.cmd.sub(a)
+				if sub == nil {
+					p.scanJSON(args)
+					return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("unknown command %q: run `%s --help` for the list", strings.TrimSpace(p.cmd.path()+" "+a), p.cmd.synopsisName())}
+				}
+				p.cmd = sub
+				continue
 			}
-			continue
+			descending = false
 		}
 		rest = append(rest, a)
 	}
-	if p.cmd == nil && len(words) > 0 {
-		return nil, &usageError{msg: fmt.Sprintf("%q needs a subcommand: run `sbx %s --help`", strings.Join(words, " "), words[0])}
-	}
-	flags := globalFlags()
-	if p.cmd != nil {
-		flags = append(globalFlags(), p.cmd.flags...)
-	}
+	flags := p.cmd.allFlags()
 	for i := 0; i < len(rest); i++ {
 		a := rest[i]
 		if a == "--" {
@@ -118,18 +204,21 @@ func parse(cmds []*command, args []string) (*parsed, error) {
 		long := strings.HasPrefix(a, "--")
 		spec := findFlag(flags, name, long)
 		if spec == nil {
-			return nil, &usageError{cmd: p.cmd, msg: fmt.Sprintf("unknown flag %s", a)}
+			p.scanJSON(args)
+			return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("unknown flag %s", a)}
 		}
 		switch spec.kind {
 		case boolFlag:
 			if hasValue {
-				return nil, &usageError{cmd: p.cmd, msg: fmt.Sprintf("flag --%s takes no value", spec.name)}
+				p.scanJSON(args)
+				return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("flag --%s takes no value", spec.name)}
 			}
 			p.bools[spec.name] = true
 		case stringFlag, listFlag:
 			if !hasValue {
 				if i+1 >= len(rest) || rest[i+1] == "--" {
-					return nil, &usageError{cmd: p.cmd, msg: fmt.Sprintf("flag --%s needs a value (--%s %s)", spec.name, spec.name, spec.arg)}
+					p.scanJSON(args)
+					return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("flag --%s needs a value (--%s %s)", spec.name, spec.name, spec.arg)}
 				}
 				i++
 				value = rest[i]
@@ -141,39 +230,68 @@ func parse(cmds []*command, args []string) (*parsed, error) {
 			}
 		}
 	}
-	if p.cmd == nil || p.help() {
+	if p.help() || p.bools["version"] {
 		return p, nil
 	}
+	if p.cmd.run == nil {
+		if p.cmd.isRoot() {
+			return p, nil // bare `sbx`: the caller prints the help
+		}
+		return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("%q needs a subcommand: run `sbx help %s` for the list", p.cmd.path(), p.cmd.path())}
+	}
 	if len(p.args) > p.cmd.maxArgs {
-		return nil, &usageError{cmd: p.cmd, msg: fmt.Sprintf("too many arguments: %s", strings.Join(p.args[p.cmd.maxArgs:], " "))}
+		return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("too many arguments: %s", strings.Join(p.args[p.cmd.maxArgs:], " "))}
+	}
+	if p.cmd.argValues != nil && len(p.args) > 0 && !contains(p.cmd.argValues, p.args[0]) {
+		return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("%q is not one of %s", p.args[0], strings.Join(p.cmd.argValues, ", "))}
 	}
 	if p.cmd.argv && len(p.argv) == 0 {
-		return nil, &usageError{cmd: p.cmd, msg: "no command given: put it after --, for example `sbx exec -- make test`"}
+		return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("no command given: put it after --, for example `sbx %s -- make test`", p.cmd.path())}
 	}
 	if !p.cmd.argv && p.dashes {
-		return nil, &usageError{cmd: p.cmd, msg: fmt.Sprintf("sbx %s takes no command after --", p.cmd.name)}
+		return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("sbx %s takes no command after --", p.cmd.path())}
 	}
 	return p, nil
 }
 
-func lookup(cmds []*command, words []string) *command {
-	name := strings.Join(words, " ")
-	for _, c := range cmds {
-		if c.name == name {
-			return c
+// scanJSON sets --json when it appears before "--" even though the line
+// did not parse, so that the usage error is printed as JSON.
+func (p *parsed) scanJSON(args []string) {
+	for _, a := range args {
+		if a == "--" {
+			return
+		}
+		if a == "--json" {
+			p.bools["json"] = true
+		}
+	}
+}
+
+func (c *command) sub(name string) *command {
+	for _, s := range c.subs {
+		if s.name == name {
+			return s
 		}
 	}
 	return nil
 }
 
-func isPrefix(cmds []*command, words []string) bool {
-	prefix := strings.Join(words, " ") + " "
-	for _, c := range cmds {
-		if strings.HasPrefix(c.name, prefix) {
-			return true
+// find returns the command at words below c, or nil.
+func (c *command) find(words []string) *command {
+	for _, w := range words {
+		if c = c.sub(w); c == nil {
+			return nil
 		}
 	}
-	return false
+	return c
+}
+
+// synopsisName is "sbx" or "sbx daemon".
+func (c *command) synopsisName() string {
+	if c.isRoot() {
+		return "sbx"
+	}
+	return "sbx " + c.path()
 }
 
 func findFlag(flags []flagSpec, name string, long bool) *flagSpec {
@@ -183,4 +301,13 @@ func findFlag(flags []flagSpec, name string, long bool) *flagSpec {
 		}
 	}
 	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
 }

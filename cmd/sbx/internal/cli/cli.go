@@ -89,6 +89,7 @@ func startDaemon(ctx context.Context, l paths.Layout, c *client.Client) error {
 // app is one sbx invocation.
 type app struct {
 	sys    System
+	root   *command
 	p      *parsed
 	layout paths.Layout
 	c      *client.Client
@@ -97,40 +98,47 @@ type app struct {
 // Main runs sbx with args (without the program name) and returns its exit
 // code.
 func Main(ctx context.Context, args []string, sys System) int {
-	cmds := commands()
-	p, err := parse(cmds, args)
+	a := &app{sys: sys, root: root()}
+	p, err := parse(a.root, args)
+	a.p = p
 	if err != nil {
-		var ue *usageError
-		errors.As(err, &ue)
-		fmt.Fprintf(sys.Stderr, "sbx: %v\n", err)
-		if ue != nil && ue.cmd != nil {
-			fmt.Fprintf(sys.Stderr, "usage: %s (see `sbx %s --help`)\n", synopsis(ue.cmd), ue.cmd.name)
-		}
-		return ExitFailure
+		return a.usage(err)
 	}
-	if p.cmd == nil {
-		if len(args) == 0 {
-			printHelp(sys.Stderr, cmds)
-			return ExitFailure
-		}
-		printHelp(sys.Stdout, cmds)
-		if p.help() {
-			return ExitOK
-		}
-		return ExitFailure
-	}
-	if p.help() {
-		printCommandHelp(sys.Stdout, p.cmd)
+	switch {
+	case p.help():
+		printHelp(sys.Stdout, p.cmd)
 		return ExitOK
+	case p.cmd.isRoot() && p.bools["version"]:
+		p.cmd = a.root.sub("version")
+	case p.cmd.isRoot():
+		printHelp(sys.Stderr, p.cmd)
+		return ExitFailure
 	}
 	layout, err := paths.Resolve(sys.Env)
 	if err != nil {
-		fmt.Fprintf(sys.Stderr, "sbx: %v\n", err)
-		return ExitFailure
+		return a.fail(err)
 	}
-	a := &app{sys: sys, p: p, layout: layout, c: client.New(layout.Socket, client.WithUserAgent("sbx/"+sys.Version))}
+	a.layout = layout
+	a.c = client.New(layout.Socket, client.WithUserAgent("sbx/"+sys.Version))
 	defer a.c.Close()
 	return p.cmd.run(a, ctx)
+}
+
+// usage prints a usage error (with the command's synopsis) and returns the
+// failure exit code; other errors go to fail.
+func (a *app) usage(err error) int {
+	var ue *usageError
+	if !errors.As(err, &ue) {
+		return a.fail(err)
+	}
+	if a.p != nil && a.p.json() {
+		return a.fail(err)
+	}
+	fmt.Fprintf(a.sys.Stderr, "sbx: %v\n", err)
+	if ue.cmd != nil {
+		fmt.Fprintf(a.sys.Stderr, "usage: %s (see `sbx help %s`)\n", synopsis(ue.cmd), ue.cmd.path())
+	}
+	return ExitFailure
 }
 
 // fail prints err and returns the failure exit code.

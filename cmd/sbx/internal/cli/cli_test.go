@@ -60,7 +60,7 @@ func TestParse(t *testing.T) {
 		{args: []string{"daemon", "restart"}, wantErr: `unknown command "daemon restart"`},
 	}
 	for _, c := range cases {
-		p, err := parse(commands(), c.args)
+		p, err := parse(root(), c.args)
 		if c.wantErr != "" {
 			if err == nil || !strings.Contains(err.Error(), c.wantErr) || !errors.Is(err, errUsage) {
 				t.Errorf("%q: error %v, want %q", c.args, err, c.wantErr)
@@ -71,8 +71,8 @@ func TestParse(t *testing.T) {
 			t.Errorf("%q: %v", c.args, err)
 			continue
 		}
-		if p.cmd.name != c.cmd || p.json() != c.json {
-			t.Errorf("%q: command %q json %v", c.args, p.cmd.name, p.json())
+		if p.cmd.path() != c.cmd || p.json() != c.json {
+			t.Errorf("%q: command %q json %v", c.args, p.cmd.path(), p.json())
 		}
 		for _, b := range c.bools {
 			if !p.bools[b] {

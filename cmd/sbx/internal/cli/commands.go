@@ -1,11 +1,28 @@
 package cli
 
-import (
-	"fmt"
-	"io"
-	"strings"
-)
+// The command table below is the ONE definition of sbx's command line.
+// Parsing, `sbx --help`, `sbx help CMD`, `sbx CMD --help`, the bash, zsh and
+// fish completions (`sbx completion SHELL`) and the man page (`sbx man`,
+// `make man`) are all generated from it; TestGeneratedDocsCoverTable checks
+// that every command and flag appears in each.
+//
+// To add a command, add ONE entry to root() (or to the subs of its parent,
+// for `sbx bg logs`-style subcommands) and write its run method on *app:
+//
+//	{name: "push", summary: "push local changes to the sandbox without running anything",
+//	 args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true,
+//	 flags: []flagSpec{idFlag(), {name: "force", kind: boolFlag, help: "..."}},
+//	 run: (*app).push},
+//
+// Rules: summary is one lower-case line without a final period; every flag
+// has help (and arg, compl for flags with a value); `--json`, `--quiet` and
+// `--help` are global (globalFlags) and need no entry; with --json the run
+// method prints JSON on stdout only and returns errors through a.fail (which
+// prints them as JSON objects). Nothing else needs editing: completions, help
+// and the man page pick the entry up.
 
+// idFlag is --id RUN, shared by the commands that take a run instead of the
+// checkout's session.
 func idFlag() flagSpec {
 	return flagSpec{name: "id", kind: stringFlag, arg: "RUN", help: "the sandbox run to use instead of the one of this checkout"}
 }
@@ -18,93 +35,63 @@ func waitFlags() []flagSpec {
 	}
 }
 
-// commands is the table of sbx commands.
-func commands() []*command {
-	return []*command{
-		{name: "version", summary: "print the versions of sbx and sandboxd", autoStart: true, run: (*app).version},
-		{name: "daemon status", summary: "show whether sandboxd runs, and its health (exit 3 when it does not)", run: (*app).daemonStatus},
-		{name: "daemon stop", summary: "stop sandboxd (in-flight commands finish first)", run: (*app).daemonStop},
-		{name: "config", summary: "show the effective remote (never the token)", autoStart: true, run: (*app).config},
-		{name: "start", args: "[config]", maxArgs: 1, autoStart: true, run: (*app).start,
-			summary: "start the sandbox of this checkout, branch and config (or report the active one)",
-			flags:   append([]flagSpec{idFlag()}, waitFlags()...)},
-		{name: "exec", args: "[config] -- CMD [ARG...]", maxArgs: 1, argv: true, autoStart: true, run: (*app).exec,
-			summary: "run a command in the sandbox, with your changes synced both ways",
-			flags: []flagSpec{idFlag(),
-				{name: "no-sync", kind: boolFlag, help: "do not sync local changes to the sandbox and back"},
-				{name: "interactive", short: "i", kind: boolFlag, help: "forward stdin even when it is a terminal"},
-			}},
-		{name: "list", summary: "list sandboxes", autoStart: true, run: (*app).list,
-			flags: []flagSpec{{name: "all", kind: boolFlag, help: "include ended sandboxes kept as history"}}},
-		{name: "stop", args: "[config]", maxArgs: 1, autoStart: true, run: (*app).stop,
-			summary: "stop the sandbox of this checkout (idempotent)",
-			flags:   []flagSpec{idFlag(), {name: "all", kind: boolFlag, help: "stop every sandbox"}}},
-		{name: "reset", args: "[config]", maxArgs: 1, autoStart: true, run: (*app).reset,
-			summary: "stop the sandbox of this checkout and start a new one",
-			flags:   waitFlags()},
-		{name: "init", args: "[file]", maxArgs: 1, autoStart: true, run: (*app).init,
-			summary: "write a sandbox config from the remote's template (default .rwx/sandbox.yml)"},
-		{name: "status", args: "[config]", maxArgs: 1, autoStart: true, run: (*app).status,
-			summary: "probe the sandbox of this checkout",
-			flags:   []flagSpec{idFlag()}},
-		{name: "events", summary: "follow the daemon's events", autoStart: true, run: (*app).events,
-			flags: []flagSpec{{name: "since", kind: stringFlag, arg: "SEQ", help: "replay buffered events after sequence number SEQ first"}}},
-	}
-}
+// shells are the shells `sbx completion` writes scripts for.
+var shells = []string{"bash", "zsh", "fish"}
 
-func synopsis(c *command) string {
-	s := "sbx " + c.name
-	if len(c.flags) > 0 {
-		s += " [flags]"
-	}
-	if c.args != "" {
-		s += " " + c.args
-	}
-	return s
-}
-
-func printHelp(w io.Writer, cmds []*command) {
-	fmt.Fprint(w, `sbx runs commands in a remote sandbox through the sandboxd daemon.
-
-Usage: sbx [--json] COMMAND [flags] [args]
-
-Commands:
-`)
-	for _, c := range cmds {
-		fmt.Fprintf(w, "  %-14s %s\n", c.name, c.summary)
-	}
-	fmt.Fprint(w, `
-Global flags (before or after the command):
-  --json         print machine-readable JSON on stdout
-  -h, --help     show help
-
-Exit codes: the remote command's status (128+n when a signal ended it);
-125 when sbx or sandboxd failed before the command ran.
-Environment: SANDBOXD_SOCKET (socket path), SANDBOXD_NO_AUTOSTART=1 (never
-start sandboxd), XDG_RUNTIME_DIR, XDG_STATE_HOME.
-`)
-}
-
-func printCommandHelp(w io.Writer, c *command) {
-	fmt.Fprintf(w, "Usage: %s\n\n%s.\n", synopsis(c), strings.ToUpper(c.summary[:1])+c.summary[1:])
-	flags := append(append([]flagSpec{}, c.flags...), globalFlags()...)
-	fmt.Fprintln(w, "\nFlags:")
-	for _, f := range flags {
-		name := "--" + f.name
-		if f.short != "" {
-			name = "-" + f.short + ", " + name
-		}
-		if f.arg != "" {
-			name += " " + f.arg
-		}
-		fmt.Fprintf(w, "  %-24s %s\n", name, f.help)
-	}
-	if c.name == "exec" {
-		fmt.Fprint(w, `
-The command after -- reaches the sandbox's shell with every argument exactly
-as given (spaces, quotes, $, globs and newlines are not interpreted). stdin is
-forwarded when it is not a terminal (or with -i). Ctrl-C sends SIGINT to the
-remote command; a second Ctrl-C within 2s disconnects, which cancels it.
-`)
-	}
+// root is the command tree of sbx.
+func root() *command {
+	return link(&command{
+		name:    "sbx",
+		summary: "run commands in a remote sandbox through the sandboxd daemon",
+		long: "sbx is the thin client of sandboxd, the per-user daemon that owns every sandbox and every " +
+			"connection to them. Run it anywhere inside a git checkout: the sandbox it means is that of the " +
+			"repository root, the current branch and the nearest .rwx/sandbox.yml (or the config file given). " +
+			"sbx starts sandboxd in the background on first use when no daemon answers.",
+		subs: []*command{
+			{name: "init", args: "[file]", maxArgs: 1, argCompl: complFile, autoStart: true, run: (*app).init,
+				summary: "write a sandbox config from the remote's template (default .rwx/sandbox.yml); never overwrites"},
+			{name: "start", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).start,
+				summary: "start the sandbox of this checkout, branch and config (or report the active one)",
+				flags:   append([]flagSpec{idFlag()}, waitFlags()...)},
+			{name: "exec", args: "[config] -- CMD [ARG...]", maxArgs: 1, argv: true, argCompl: complYAML, autoStart: true, run: (*app).exec,
+				summary: "run a command in the sandbox, with your changes synced both ways",
+				long: "The command after -- reaches the sandbox's shell with every argument exactly as given " +
+					"(spaces, quotes, $, globs and newlines are not interpreted). stdin is forwarded when it is " +
+					"not a terminal (or with -i). Ctrl-C sends SIGINT to the remote command; a second Ctrl-C " +
+					"within 2s disconnects, which cancels it. The exit status is the remote command's.",
+				flags: []flagSpec{idFlag(),
+					{name: "no-sync", kind: boolFlag, help: "do not sync local changes to the sandbox and back"},
+					{name: "interactive", short: "i", kind: boolFlag, help: "forward stdin even when it is a terminal"},
+				}},
+			{name: "list", summary: "list sandboxes, checked against the remote", autoStart: true, run: (*app).list,
+				flags: []flagSpec{{name: "all", kind: boolFlag, help: "include ended sandboxes kept as history"}}},
+			{name: "status", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).status,
+				summary: "probe the sandbox of this checkout (connected, expired, no_sandbox or unknown)",
+				flags:   []flagSpec{idFlag()}},
+			{name: "stop", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).stop,
+				summary: "stop the sandbox of this checkout (idempotent)",
+				flags:   []flagSpec{idFlag(), {name: "all", kind: boolFlag, help: "stop every sandbox"}}},
+			{name: "reset", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).reset,
+				summary: "stop the sandbox of this checkout and start a new one",
+				flags:   waitFlags()},
+			{name: "events", summary: "follow the daemon's events", autoStart: true, run: (*app).events,
+				flags: []flagSpec{{name: "since", kind: stringFlag, arg: "SEQ", help: "replay buffered events after sequence number SEQ first"}}},
+			{name: "config", summary: "show the effective remote and configuration (never the token)", autoStart: true, run: (*app).config},
+			{name: "version", summary: "print the versions of sbx and sandboxd", autoStart: true, run: (*app).version},
+			{name: "daemon", summary: "manage the sandboxd daemon",
+				subs: []*command{
+					{name: "status", summary: "show whether sandboxd runs, and its health (exit 3 when it does not)", run: (*app).daemonStatus},
+					{name: "stop", summary: "stop sandboxd (in-flight commands finish first)", run: (*app).daemonStop},
+				}},
+			{name: "help", args: "[COMMAND...]", maxArgs: 3, argCompl: complCommands, run: (*app).help,
+				summary: "show help for sbx or one of its commands"},
+			{name: "completion", args: "SHELL", maxArgs: 1, argCompl: complValues, argValues: shells, run: (*app).completion,
+				summary: "print the shell completion script for bash, zsh or fish",
+				long: "bash: sbx completion bash > ~/.local/share/bash-completion/completions/sbx\n" +
+					"zsh: sbx completion zsh > ~/.zfunc/_sbx (with ~/.zfunc in $fpath before compinit)\n" +
+					"fish: sbx completion fish > ~/.config/fish/completions/sbx.fish\n" +
+					"make install and the packages install all three."},
+			{name: "man", summary: "print the sbx(1) man page (roff) on stdout", run: (*app).man},
+		},
+	})
 }

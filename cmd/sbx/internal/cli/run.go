@@ -170,7 +170,7 @@ func (a *app) reset(ctx context.Context) int { return a.startOrReset(ctx, true) 
 func (a *app) startOrReset(ctx context.Context, reset bool) int {
 	req, err := a.startRequest()
 	if err != nil {
-		return a.usageOrFail(err)
+		return a.usage(err)
 	}
 	var resp ipc.StartResponse
 	stopSpinner := func() {}
@@ -205,16 +205,6 @@ func (a *app) startOrReset(ctx context.Context, reset bool) int {
 		fmt.Fprintf(a.sys.Stdout, "Sandbox %s is already active for this checkout (%s) %s\nUse `sbx reset` to replace it.\n", s.RunID, s.Status, s.RunURL)
 	}
 	return ExitOK
-}
-
-// usageOrFail prints a usage error with the command's synopsis.
-func (a *app) usageOrFail(err error) int {
-	var ue *usageError
-	if errors.As(err, &ue) {
-		fmt.Fprintf(a.sys.Stderr, "sbx: %v\nusage: %s\n", err, synopsis(a.p.cmd))
-		return ExitFailure
-	}
-	return a.fail(err)
 }
 
 func (a *app) list(ctx context.Context) int {
@@ -282,7 +272,7 @@ func (a *app) stop(ctx context.Context) int {
 		}
 		req.Target = t
 	} else if a.p.strings["id"] != "" || len(a.p.args) > 0 {
-		return a.usageOrFail(&usageError{cmd: a.p.cmd, msg: "--all stops every sandbox: give either --all or --id/config, not both"})
+		return a.usage(&usageError{cmd: a.p.cmd, msg: "--all stops every sandbox: give either --all or --id/config, not both"})
 	}
 	var resp ipc.StopResponse
 	if err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.Stop(ctx, req); return err }); err != nil {
@@ -366,7 +356,7 @@ func (a *app) events(ctx context.Context) int {
 	if s := a.p.strings["since"]; s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {
-			return a.usageOrFail(&usageError{cmd: a.p.cmd, msg: fmt.Sprintf("--since %q is not a sequence number", s)})
+			return a.usage(&usageError{cmd: a.p.cmd, msg: fmt.Sprintf("--since %q is not a sequence number", s)})
 		}
 		since = &n
 	}

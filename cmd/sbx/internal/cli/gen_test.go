@@ -1,0 +1,126 @@
+package cli
+
+import (
+	"bytes"
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// generated returns each generated artefact of the table.
+func generated(t *testing.T) map[string]string {
+	t.Helper()
+	r := root()
+	out := map[string]string{}
+	for name, f := range map[string]func(*bytes.Buffer) error{
+		"bash": func(b *bytes.Buffer) error { return writeBash(b, r) },
+		"zsh":  func(b *bytes.Buffer) error { return writeZsh(b, r) },
+		"fish": func(b *bytes.Buffer) error { return writeFish(b, r) },
+		"man":  func(b *bytes.Buffer) error { return writeMan(b, r, "v1.0.0") },
+	} {
+		var b bytes.Buffer
+		if err := f(&b); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		out[name] = b.String()
+	}
+	var help bytes.Buffer
+	r.walk(func(c *command) { printHelp(&help, c) })
+	out["help"] = help.String()
+	return out
+}
+
+// Every command and every flag of the table appears in each completion
+// script, in the man page and in the help: nothing is kept by hand.
+func TestGeneratedDocsCoverTable(t *testing.T) {
+	docs := generated(t)
+	r := root()
+	n := 0
+	r.walk(func(c *command) {
+		if c.hidden || c.isRoot() {
+			return
+		}
+		n++
+		for doc, text := range docs {
+			word := c.name
+			if doc == "man" {
+				word = roff("sbx " + c.path())
+			}
+			if !strings.Contains(text, word) {
+				t.Errorf("%s does not mention command %q", doc, c.path())
+			}
+			for _, f := range c.allFlags() {
+				long, short := "--"+f.name, "-"+f.short
+				switch doc {
+				case "fish":
+					long, short = "-l "+f.name, "-s "+f.short
+				case "man":
+					long, short = roff(long), roff(short)
+				}
+				if !strings.Contains(text, long) || (f.short != "" && !strings.Contains(text, short)) {
+					t.Errorf("%s does not mention flag --%s of %q", doc, f.name, c.path())
+				}
+			}
+		}
+	})
+	if n < 14 {
+		t.Fatalf("only %d commands in the table", n)
+	}
+}
+
+// The bash script completes commands, subcommands, flags (-i included) and
+// the values of the completion command, run by a real bash.
+func TestBashCompletionCompletes(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash")
+	}
+	script := generated(t)["bash"]
+	complete := func(words ...string) []string {
+		t.Helper()
+		prog := script + `
+COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
+_sbx
+printf '%s\n' "${COMPREPLY[@]}"
+`
+		cmd := exec.Command(bash, append([]string{"--norc", "--noprofile", "-c", prog, "bash"}, words...)...)
+		cmd.Dir = t.TempDir()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("bash: %v\n%s", err, out)
+		}
+		return strings.Fields(string(out))
+	}
+	for _, c := range []struct {
+		words []string
+		want  []string
+	}{
+		{[]string{"sbx", "ex"}, []string{"exec"}},
+		{[]string{"sbx", "daemon", "s"}, []string{"status", "stop"}},
+		{[]string{"sbx", "exec", "-"}, []string{"--id", "--no-sync", "--interactive", "-i", "--json", "--quiet", "-q", "--help", "-h"}},
+		{[]string{"sbx", "--json", "exec", "--no-sync", "--i"}, []string{"--id", "--interactive"}},
+		{[]string{"sbx", "completion", ""}, []string{"bash", "zsh", "fish"}},
+		{[]string{"sbx", "help", "da"}, []string{"daemon"}},
+		{[]string{"sbx", "start", "--id", ""}, nil},
+		{[]string{"sbx", "exec", "--", "ma"}, nil},
+	} {
+		if got := complete(c.words...); !reflect.DeepEqual(got, c.want) && len(got)+len(c.want) > 0 {
+			t.Errorf("%q: completions %q, want %q", c.words, got, c.want)
+		}
+	}
+}
+
+// The man page is valid roff: man renders it without warnings.
+func TestManPageRenders(t *testing.T) {
+	groff, err := exec.LookPath("groff")
+	if err != nil {
+		t.Skip("no groff")
+	}
+	cmd := exec.Command(groff, "-man", "-Tutf8", "-ww", "-z")
+	cmd.Stdin = strings.NewReader(generated(t)["man"])
+	out, err := cmd.CombinedOutput()
+	if err != nil || len(out) > 0 {
+		t.Fatalf("groff: %v\n%s", err, out)
+	}
+}
