@@ -1,7 +1,7 @@
 // Package agent is the SSH sandbox agent of sandboxd-localcloud: one per
 // sandboxable run, listening on loopback, running commands in the run's
 // workspace and implementing the RWX sandbox directives (lock, sync markers,
-// end).
+// end, managed background processes) and port forwards to its loopback.
 package agent
 
 import (
@@ -66,6 +66,12 @@ type Config struct {
 	OutputGrace time.Duration
 	// WrapListener, when set, wraps the listener (latency injection).
 	WrapListener func(net.Listener) net.Listener
+	// ProcessDir holds the logs of managed background processes (see
+	// process.go); "processes" next to the workspace when empty.
+	ProcessDir string
+	// ProcessGrace is how long a stopped background process gets between
+	// TERM and KILL; 3s when zero.
+	ProcessGrace time.Duration
 }
 
 // Agent is a running SSH sandbox agent.
@@ -88,6 +94,7 @@ type Agent struct {
 	history []*connState // for Stats: every connection, the oldest closed ones dropped
 	total   counters
 	logMu   sync.Mutex
+	procs   processTable
 }
 
 // maxStatsHistory bounds the connections Stats remembers.
@@ -220,6 +227,7 @@ func (a *Agent) Close() error {
 	a.cancel()
 	err := a.ln.Close()
 	a.DropConnections()
+	a.stopAllProcesses() // the run is over: nothing it started survives
 	a.wg.Wait()
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
@@ -293,6 +301,11 @@ func (a *Agent) serveConn(nc net.Conn) {
 	for nch := range chans {
 		c.channelOpens.Add(1)
 		a.total.channelOpens.Add(1)
+		if nch.ChannelType() == "direct-tcpip" {
+			a.wg.Add(1)
+			go a.forward(nch)
+			continue
+		}
 		if nch.ChannelType() != "session" {
 			_ = nch.Reject(ssh.UnknownChannelType, "only session channels are supported")
 			continue

@@ -206,7 +206,7 @@ func (s *session) directive(ctx context.Context, command string) bool {
 		a.end()
 		return true
 	default:
-		return false
+		return s.processDirective(command)
 	}
 	s.exit(0)
 	s.ch.Close()
