@@ -23,8 +23,10 @@ PKGS         ?= ./...
 BENCH       ?= .
 BENCH_PKGS  ?= ./...
 BENCHTIME   ?= 1s
+# make fuzz: how long each fuzz target runs.
+FUZZTIME    ?= 30s
 
-.PHONY: all help build run test bench install uninstall lint clean man completions
+.PHONY: all help build run test test-long fuzz bench install uninstall lint clean man completions
 
 all: build
 
@@ -32,6 +34,8 @@ help:
 	@echo "make build    build $(BINARIES) into $(BIN)/ (version $(VERSION))"
 	@echo "make run      build, then run sandboxd in the foreground"
 	@echo "make test     go vet, then go test -race ./... (end-to-end tests included; PKGS=./daemon/... narrows)"
+	@echo "make test-long  the long forms of the load, fault and crash suites (SANDBOXD_TEST_LONG=1)"
+	@echo "make fuzz     every fuzz target for FUZZTIME each ($(FUZZTIME)); make test runs their seed corpora"
 	@echo "make bench    benchmarks (BENCH=regexp BENCH_PKGS=./pkg/... BENCHTIME=1s)"
 	@echo "make install  binaries to \$$PREFIX/bin ($(PREFIX)/bin), systemd user units to $(SYSTEMD_USER_DIR)"
 	@echo "make man      man pages into $(SHARE)/man (generated from the command table)"
@@ -64,6 +68,14 @@ completions: build
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+# The long forms of the reliability suites (load, faults, crashes); make
+# test runs their short forms.
+test-long:
+	SANDBOXD_TEST_LONG=1 $(GO) test -race -count=1 -timeout 40m -run 'Load|Fault|Crash' ./cmd/e2e/
+
+fuzz:
+	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
 
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count 1 -timeout 20m $(BENCH_PKGS)

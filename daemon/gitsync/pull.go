@@ -164,8 +164,14 @@ func (s *Syncer) patchFiles(ctx context.Context, dir string, patch []byte) ([]st
 	if err != nil {
 		return nil, err
 	}
-	// Records: "added\tdeleted\tpath\0", or for a rename
-	// "added\tdeleted\t\0old\0new\0".
+	return numstatFiles(out), nil
+}
+
+// numstatFiles parses `git apply --numstat -z`: records
+// "added\tdeleted\tpath\0", or for a rename "added\tdeleted\t\0old\0new\0".
+// The patch comes from the sandbox, so the output is not trusted to be
+// well formed: what does not parse is skipped, never a panic.
+func numstatFiles(out []byte) []string {
 	var files []string
 	f := splitZ(out)
 	for i := 0; i < len(f); i++ {
@@ -177,13 +183,13 @@ func (s *Syncer) patchFiles(ctx context.Context, dir string, patch []byte) ([]st
 			files = append(files, parts[2])
 			continue
 		}
-		if i+2 < len(f) {
+		if i+2 < len(f) && f[i+2] != "" {
 			files = append(files, f[i+2])
 		}
 		i += 2
 	}
 	sort.Strings(files)
-	return files, nil
+	return files
 }
 
 // savePatch keeps a pulled patch under <git dir>/sandboxd/pulls/.
