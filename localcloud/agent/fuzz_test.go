@@ -37,7 +37,7 @@ func FuzzSessionRequests(f *testing.F) {
 	f.Add(enc(byte(0), struct{ Name, Value string }{"A=B", "c"}, byte(0), struct{ Name, Value string }{"", "c"}, byte(7), nil))
 	f.Add([]byte{3, 2, 0, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s := &session{conn: &connState{}}
+		s := &session{conn: &connState{agent: &Agent{}}}
 		accepted := 0
 		for len(data) >= 2 {
 			typ := fuzzRequestTypes[int(data[0])%len(fuzzRequestTypes)]
