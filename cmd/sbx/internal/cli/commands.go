@@ -76,6 +76,15 @@ func root() *command {
 				flags:   waitFlags()},
 			{name: "events", summary: "follow the daemon's events", autoStart: true, run: (*app).events,
 				flags: []flagSpec{{name: "since", kind: stringFlag, arg: "SEQ", help: "replay buffered events after sequence number SEQ first"}}},
+			{name: "mcp", autoStart: true, run: (*app).mcpServe,
+				summary: "serve the sandbox tools to a coding agent (Model Context Protocol on stdio)",
+				long: "Register it with an agent as the command sbx with the arguments [\"mcp\"] (see docs/agents.md). " +
+					"Tools: exec, status, list, start, stop, reset. Each call names its checkout with cwd, or means " +
+					"the directory the server started in (or --dir). The protocol is JSON already: --json changes nothing.",
+				flags: []flagSpec{
+					{name: "dir", kind: stringFlag, arg: "DIR", compl: complDir, help: "the checkout a tool call means when it names none (default: the current directory)"},
+					{name: "max-output", kind: stringFlag, arg: "BYTES", compl: complNone, help: "the most stdout (and stderr) bytes an exec returns (default 32768)"},
+				}},
 			{name: "config", summary: "show the effective remote and configuration (never the token)", autoStart: true, run: (*app).config},
 			{name: "version", summary: "print the versions of sbx and sandboxd", autoStart: true, run: (*app).version},
 			{name: "daemon", summary: "manage the sandboxd daemon",
