@@ -94,6 +94,10 @@ func (c *Client) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 		}
 		return nil, errdefs.Unavailable(fmt.Errorf("connect to sandboxd at %s: %w", c.socket, err))
 	}
+	if err := verifyDaemon(conn, c.socket); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	return conn, nil
 }
 
@@ -161,6 +165,10 @@ func transportError(ctx context.Context, method, path string, err error) error {
 	var nr *NotRunningError
 	if errors.As(err, &nr) {
 		return nr
+	}
+	var ue *UntrustedError
+	if errors.As(err, &ue) {
+		return ue
 	}
 	var kinded *errdefs.Error
 	if errors.As(err, &kinded) {
