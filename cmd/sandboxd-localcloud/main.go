@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -127,13 +128,13 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		OneWayDelay: *delay,
 	})
 	if err != nil {
-		fmt.Fprintf(stderr, "sandboxd-localcloud: %v\n", err)
+		fmt.Fprintln(stderr, prefixed("sandboxd-localcloud", err))
 		return 1
 	}
 	ctx, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stopSignals()
 	if err := srv.Start(ctx); err != nil {
-		fmt.Fprintf(stderr, "sandboxd-localcloud: %v\n", err)
+		fmt.Fprintln(stderr, prefixed("sandboxd-localcloud", err))
 		if errors.Is(err, localcloud.ErrAlreadyRunning) {
 			return localcloud.ExitAlreadyRunning
 		}
@@ -164,7 +165,7 @@ func status(args []string, stdout, stderr io.Writer) int {
 		if *asJSON {
 			printJSON(stdout, map[string]any{"running": false, "error": err.Error(), "state_dir": *dir})
 		} else {
-			fmt.Fprintf(stderr, "sandboxd-localcloud: %v\n", err)
+			fmt.Fprintln(stderr, prefixed("sandboxd-localcloud", err))
 		}
 		return 1
 	}
@@ -204,7 +205,7 @@ func stop(args []string, stdout, stderr io.Writer) int {
 		if *asJSON {
 			printJSON(stdout, map[string]any{"stopped": false, "error": err.Error()})
 		} else {
-			fmt.Fprintf(stderr, "sandboxd-localcloud: %v\n", err)
+			fmt.Fprintln(stderr, prefixed("sandboxd-localcloud", err))
 		}
 		return 1
 	}
@@ -239,4 +240,14 @@ func printJSON(w io.Writer, v any) int {
 		return 1
 	}
 	return 0
+}
+
+// prefixed is "prog: err", naming the program once: an error that starts
+// with the program's name already says who speaks.
+func prefixed(prog string, err error) string {
+	msg := err.Error()
+	if strings.HasPrefix(msg, prog+" ") || strings.HasPrefix(msg, prog+":") {
+		return msg
+	}
+	return prog + ": " + msg
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 
 	"github.com/sandboxd/sandboxd/daemon"
 	"github.com/sandboxd/sandboxd/daemon/paths"
@@ -52,7 +53,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case *printSocket:
 		layout, err := paths.Resolve(paths.OSEnv)
 		if err != nil {
-			fmt.Fprintln(stderr, "sandboxd:", err)
+			fmt.Fprintln(stderr, prefixed("sandboxd", err))
 			return 1
 		}
 		if *socket != "" {
@@ -70,8 +71,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		NewServices: services.New,
 	})
 	if err != nil {
-		fmt.Fprintln(stderr, "sandboxd:", err)
+		fmt.Fprintln(stderr, prefixed("sandboxd", err))
 		return 1
 	}
 	return 0
+}
+
+// prefixed is "prog: err", naming the program once: an error that starts
+// with the program's name already says who speaks.
+func prefixed(prog string, err error) string {
+	msg := err.Error()
+	if strings.HasPrefix(msg, prog+" ") || strings.HasPrefix(msg, prog+":") {
+		return msg
+	}
+	return prog + ": " + msg
 }

@@ -3,6 +3,7 @@ package sessions
 import (
 	"context"
 
+	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -74,6 +75,23 @@ func (m *Manager) drifted(s *store.Session) bool {
 		}
 	}
 	return hashFile(s.RepoRoot, s.ConfigFile) != s.ConfigHash
+}
+
+// driftWarning is the drift warning an exec of session s prints: once per
+// change of the config (not on every exec), worded as `sbx status` words it.
+func (m *Manager) driftWarning(s *store.Session) string {
+	if !m.drifted(s) {
+		return ""
+	}
+	h := hashFile(s.RepoRoot, s.ConfigFile)
+	r := m.rt(s.ID)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r.driftWarned == h {
+		return ""
+	}
+	r.driftWarned = h
+	return ipc.DriftWarning(s.ConfigFile)
 }
 
 // Close stops background work and waits for it.

@@ -78,8 +78,8 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 		res.Warnings = append(res.Warnings, msg)
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: msg})
 	}
-	if m.drifted(s) {
-		warn(fmt.Sprintf("%s changed since this sandbox started; run `sbx reset` to start a sandbox with the new config", s.ConfigFile))
+	if msg := m.driftWarning(s); msg != "" {
+		warn(msg)
 	}
 	runner := connRunner{conn}
 	sync := !req.NoSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot

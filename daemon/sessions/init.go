@@ -20,9 +20,15 @@ func (m *Manager) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitRespon
 	if _, err := os.Stat(req.Cwd); err != nil {
 		return ipc.InitResponse{}, errdefs.Invalidf("cwd %s does not exist: %v", req.Cwd, err)
 	}
-	base := req.Cwd
-	if root, err := findRepoRoot(req.Cwd); err == nil {
-		base = root
+	// A config belongs to a checkout: outside one, sbx could only leave a
+	// stray file in whatever directory the user happened to be in.
+	base, err := findRepoRoot(req.Cwd)
+	if err != nil {
+		var nr *notRepoError
+		if errors.As(err, &nr) {
+			return ipc.InitResponse{}, errdefs.Invalidf("%s is not inside a git repository: sbx init writes the sandbox config of a checkout; cd into your project (or run `git init` first)", req.Cwd)
+		}
+		return ipc.InitResponse{}, err
 	}
 	file := req.File
 	switch {

@@ -144,6 +144,7 @@ type sessionRuntime struct {
 	checked     chan struct{}
 	drift       bool
 	driftHash   string
+	driftWarned string // the config hash an exec last warned about (once per change)
 	cancelWatch func()
 	expiresAt   time.Time
 }

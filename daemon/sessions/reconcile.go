@@ -329,6 +329,15 @@ func (m *Manager) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeR
 			s, err = adopted, nil
 		}
 	}
+	if errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "" {
+		// No sandbox for this checkout is an answer, not a failure.
+		return ipc.ProbeResponse{
+			Session:   ipc.SessionInfo{RepoRoot: p.RepoRoot, Branch: p.Branch, ConfigFile: p.ConfigFile, Status: ProbeNoSandbox},
+			Probe:     ProbeNoSandbox,
+			Detail:    "no sandbox for this checkout, branch and config: `sbx start` or `sbx exec -- CMD` starts one",
+			Lifecycle: ipc.Lifecycle{State: ProbeNoSandbox},
+		}, nil
+	}
 	if err != nil {
 		return ipc.ProbeResponse{}, err
 	}

@@ -29,10 +29,29 @@ func findRepoRoot(dir string) (string, error) {
 		}
 		parent := filepath.Dir(d)
 		if parent == d {
-			return "", errdefs.Invalidf("%s is not inside a git repository: run sbx from your project's checkout, or pass --id RUN to use an existing sandbox", dir)
+			return "", errdefs.Invalid(&notRepoError{dir: dir})
 		}
 		d = parent
 	}
+}
+
+// notRepoError says a directory is outside any git repository. Its message
+// names the fix every command shares; the commands that can also work on a
+// run by id (--id) say so themselves (withIDHint).
+type notRepoError struct{ dir string }
+
+func (e *notRepoError) Error() string {
+	return fmt.Sprintf("%s is not inside a git repository: run sbx from your project's checkout", e.dir)
+}
+
+// withIDHint adds the --id alternative to a not-a-repository error, for the
+// commands that take --id.
+func withIDHint(err error) error {
+	var nr *notRepoError
+	if errors.As(err, &nr) {
+		return errdefs.Invalidf("%s, or pass --id RUN to use an existing sandbox", nr.Error())
+	}
+	return err
 }
 
 // findConfig returns the absolute config file: explicit (relative to cwd)

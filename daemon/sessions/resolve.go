@@ -86,7 +86,7 @@ func (m *Manager) lookup(ctx context.Context, t ipc.Target) (*store.Session, pla
 	}
 	p, err := m.locate(t)
 	if err != nil {
-		return nil, p, err
+		return nil, p, withIDHint(err) // start, exec, status and stop take --id
 	}
 	s, err := m.st.ByIdentity(p.Identity)
 	if err == nil {

@@ -46,7 +46,7 @@ func TestFindRepoRootWalksUpToDotGit(t *testing.T) {
 		t.Fatalf("worktree: %q, %v", got, err)
 	}
 	outside := t.TempDir()
-	if _, err := findRepoRoot(outside); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "--id") {
+	if _, err := findRepoRoot(outside); !errors.Is(err, errdefs.ErrInvalid) || strings.Contains(err.Error(), "--id") || !strings.Contains(withIDHint(err).Error(), "--id") {
 		t.Fatalf("outside a repository: %v", err)
 	}
 }

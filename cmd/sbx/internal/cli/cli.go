@@ -141,9 +141,16 @@ func (a *app) usage(err error) int {
 	return ExitFailure
 }
 
-// fail prints err and returns the failure exit code.
+// fail prints err and returns the failure exit code. Under --json the error
+// is one JSON object on stdout (errorJSON) and nothing goes to stderr.
 func (a *app) fail(err error) int {
-	msg := err.Error()
+	if a.p != nil && a.p.json() {
+		e := errorRecord(err)
+		b, _ := json.Marshal(e)
+		fmt.Fprintln(a.sys.Stdout, string(b))
+		return ExitFailure
+	}
+	msg := strings.TrimPrefix(err.Error(), "sbx: ")
 	if !strings.HasSuffix(msg, "\n") {
 		msg += "\n"
 	}

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -226,16 +227,48 @@ func TestExecPassesArgvAndStdinAndExitCode(t *testing.T) {
 		t.Fatalf("stderr %q", h.stderr.String())
 	}
 
-	// --json: one final object after the command's output.
-	h.stdin = strings.NewReader("")
+	// --json: stdout is NDJSON records only: the warning, the output
+	// chunks with their stream, then the result; stderr stays empty.
+	h.stdin = strings.NewReader("piped\xffbytes")
 	if code := h.run("exec", "--json", "--", "true"); code != 7 {
 		t.Fatalf("--json exit %d", code)
 	}
+	lines := strings.Split(strings.TrimSpace(h.stdout.String()), "\n")
+	var recs []map[string]any
+	for _, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("--json line %q: %v", l, err)
+		}
+		recs = append(recs, m)
+	}
+	var stdoutBytes []byte
+	var sawWarning, sawStderr bool
+	for _, m := range recs[:len(recs)-1] {
+		switch {
+		case m["type"] == "warning":
+			sawWarning = true
+		case m["type"] == "output" && m["stream"] == "stdout":
+			if s, ok := m["text"].(string); ok {
+				stdoutBytes = append(stdoutBytes, s...)
+			} else {
+				b, _ := base64.StdEncoding.DecodeString(m["base64"].(string))
+				stdoutBytes = append(stdoutBytes, b...)
+			}
+		case m["type"] == "output" && m["stream"] == "stderr":
+			sawStderr = m["text"] == "to stderr\n"
+		default:
+			t.Fatalf("unexpected record %v", m)
+		}
+	}
+	if string(stdoutBytes) != "piped\xffbytes" || !sawWarning || !sawStderr || h.stderr.Len() != 0 {
+		t.Fatalf("--json records %q stderr %q", h.stdout.String(), h.stderr.String())
+	}
 	var out execJSON
-	if err := json.Unmarshal(bytes.TrimSpace(h.stdout.Bytes()), &out); err != nil {
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &out); err != nil {
 		t.Fatalf("--json output %q: %v", h.stdout.String(), err)
 	}
-	if out.RunID != "run-9" || out.ExitCode != 7 || out.RunURL != "https://x/run-9" || !reflect.DeepEqual(out.PulledFiles, []string{"a.txt"}) {
+	if out.Type != "result" || out.RunID != "run-9" || out.ExitCode != 7 || out.RunURL != "https://x/run-9" || !reflect.DeepEqual(out.PulledFiles, []string{"a.txt"}) {
 		t.Fatalf("--json %+v", out)
 	}
 
@@ -369,6 +402,13 @@ func TestVersionAndDaemonCommands(t *testing.T) {
 	if err := json.Unmarshal(h.stdout.Bytes(), &v); err != nil || v.Client.Version != "v1.0.0" || v.Daemon.Version != "v1.0.0" || v.Mismatch {
 		t.Fatalf("version --json %q %v", h.stdout.String(), err)
 	}
+	var raw struct{ Client map[string]any }
+	if json.Unmarshal(h.stdout.Bytes(), &raw); raw.Client["pid"] != nil || raw.Client["startedAt"] != nil {
+		t.Fatalf("the client's version has a pid or start time: %q", h.stdout.String())
+	}
+	if code := h.run("--version"); code != 0 || !strings.Contains(h.stdout.String(), "sbx       v1.0.0") {
+		t.Fatalf("sbx --version: %d %q %q", code, h.stdout.String(), h.stderr.String())
+	}
 	other := ipctest.Start(t, ipctest.Options{Server: ipc.ServerOptions{Version: "v0.9.0"}})
 	h.env["SANDBOXD_SOCKET"] = other.Socket
 	if code := h.run("version"); code != 0 || strings.Count(h.stderr.String(), "\n") != 1 || !strings.Contains(h.stderr.String(), "sbx v1.0.0 and sandboxd v0.9.0 differ") {
@@ -389,6 +429,25 @@ func TestVersionAndDaemonCommands(t *testing.T) {
 	}
 	if code := h.run("exec", "-h"); code != 0 || !strings.Contains(h.stdout.String(), "--no-sync") {
 		t.Fatalf("exec help: %d %q", code, h.stdout.String())
+	}
+	// sbx help [cmd], sbx daemon --help, sbx --version.
+	if code := h.run("help"); code != 0 || !strings.Contains(h.stdout.String(), "Commands:") {
+		t.Fatalf("sbx help: %d %q", code, h.stdout.String())
+	}
+	if code := h.run("help", "exec"); code != 0 || !strings.Contains(h.stdout.String(), "Usage: sbx exec") {
+		t.Fatalf("sbx help exec: %d %q", code, h.stdout.String())
+	}
+	if code := h.run("help", "daemon", "stop"); code != 0 || !strings.Contains(h.stdout.String(), "Usage: sbx daemon stop") {
+		t.Fatalf("sbx help daemon stop: %d %q", code, h.stdout.String())
+	}
+	if code := h.run("help", "nope"); code != 125 || !strings.Contains(h.stderr.String(), "unknown command") {
+		t.Fatalf("sbx help nope: %d %q", code, h.stderr.String())
+	}
+	if code := h.run("daemon", "--help"); code != 0 || !strings.Contains(h.stdout.String(), "status") || !strings.Contains(h.stdout.String(), "stop") || strings.Contains(h.stdout.String()+h.stderr.String(), "run `sbx daemon --help`") {
+		t.Fatalf("sbx daemon --help: %d %q %q", code, h.stdout.String(), h.stderr.String())
+	}
+	if code := h.run("daemon"); code != 125 || !strings.Contains(h.stderr.String(), "sbx help daemon") {
+		t.Fatalf("sbx daemon: %d %q", code, h.stderr.String())
 	}
 }
 

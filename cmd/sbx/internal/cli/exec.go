@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
 )
@@ -18,12 +19,21 @@ import (
 // instead of being forwarded.
 const doubleInterrupt = 2 * time.Second
 
-// execJSON is `sbx exec --json`.
+// execJSON is the last record of `sbx exec --json` (docs/json.md).
 type execJSON struct {
+	Type        string   `json:"type"` // "result"
 	RunID       string   `json:"runId"`
 	ExitCode    int      `json:"exitCode"`
+	Signal      string   `json:"signal,omitempty"`
 	RunURL      string   `json:"runUrl,omitempty"`
 	PulledFiles []string `json:"pulledFiles"`
+	DurationMs  int64    `json:"durationMs"`
+}
+
+// warningJSON is a warning record of `sbx exec --json`.
+type warningJSON struct {
+	Type    string `json:"type"` // "warning"
+	Message string `json:"message"`
 }
 
 func (a *app) exec(ctx context.Context) int {
@@ -43,6 +53,14 @@ func (a *app) exec(ctx context.Context) int {
 	defer close(stopFwd)
 	go fwd.run(sigc, stopFwd)
 
+	// Under --json, stdout carries only NDJSON records: the output chunks
+	// with their stream, warnings, then the result (or an error).
+	var records *ndjson
+	var jsonOut, jsonErr *streamWriter
+	if a.p.json() {
+		records = &ndjson{w: a.sys.Stdout}
+		jsonOut, jsonErr = &streamWriter{out: records, stream: "stdout"}, &streamWriter{out: records, stream: "stderr"}
+	}
 	opts := client.ExecOptions{
 		Stdout:  a.sys.Stdout,
 		Stderr:  a.sys.Stderr,
@@ -50,6 +68,10 @@ func (a *app) exec(ctx context.Context) int {
 		OnFrame: func(f ipc.ExecOutput) {
 			switch f.Type {
 			case ipc.ExecWarning:
+				if records != nil {
+					_ = records.write(warningJSON{Type: "warning", Message: f.Message})
+					return
+				}
 				a.warn(f.Message)
 			case ipc.ExecQueued:
 				switch {
@@ -62,12 +84,23 @@ func (a *app) exec(ctx context.Context) int {
 			}
 		},
 	}
+	if records != nil {
+		opts.Stdout, opts.Stderr = jsonOut, jsonErr
+	}
 	if !a.sys.StdinIsTerminal || a.p.bools["interactive"] {
 		opts.Stdin = a.sys.Stdin
 	}
 	var res ipc.ExecResult
 	err = a.call(ctx, func(ctx context.Context) (err error) { res, err = a.c.Exec(ctx, req, opts); return err })
+	if records != nil {
+		_ = jsonOut.flush()
+		_ = jsonErr.flush()
+	}
 	if fwd.disconnected() {
+		if records != nil {
+			_ = records.write(errorJSON{Type: "error", Code: string(errdefs.KindCanceled), Message: "disconnected: the command was cancelled", Hint: "a second Ctrl-C within 2s disconnects; one Ctrl-C only interrupts the remote command"})
+			return ExitInterrupt
+		}
 		fmt.Fprintln(a.sys.Stderr, "sbx: disconnected: the command was cancelled")
 		return ExitInterrupt
 	}
@@ -77,11 +110,13 @@ func (a *app) exec(ctx context.Context) int {
 	// Warnings were printed as their frames arrived; res.Warnings repeats
 	// them for callers that only read the result.
 	code := ExitCode(res)
-	if a.p.json() {
+	if records != nil {
+		_ = jsonOut.flush()
+		_ = jsonErr.flush()
 		if res.PulledFiles == nil {
 			res.PulledFiles = []string{}
 		}
-		a.printJSON(execJSON{RunID: res.RunID, ExitCode: code, RunURL: res.RunURL, PulledFiles: res.PulledFiles})
+		_ = records.write(execJSON{Type: "result", RunID: res.RunID, ExitCode: code, Signal: res.Signal, RunURL: res.RunURL, PulledFiles: res.PulledFiles, DurationMs: res.DurationMs})
 	}
 	return code
 }

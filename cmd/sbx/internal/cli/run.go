@@ -17,9 +17,16 @@ import (
 
 // versionJSON is `sbx version --json`.
 type versionJSON struct {
-	Client   ipc.VersionResponse `json:"client"`
+	Client   clientVersion       `json:"client"`
 	Daemon   ipc.VersionResponse `json:"daemon"`
 	Mismatch bool                `json:"mismatch"`
+}
+
+// clientVersion is sbx's own version: a short-lived process has no pid or
+// start time worth reporting.
+type clientVersion struct {
+	Version   string `json:"version"`
+	GoVersion string `json:"goVersion"`
 }
 
 func (a *app) version(ctx context.Context) int {
@@ -33,7 +40,7 @@ func (a *app) version(ctx context.Context) int {
 		a.warn(fmt.Sprintf("sbx %s and sandboxd %s differ: restart the daemon (sbx daemon stop) so that both come from the same build", a.sys.Version, d.Version))
 	}
 	if a.p.json() {
-		return a.printJSON(versionJSON{Client: ipc.VersionResponse{Version: a.sys.Version, GoVersion: runtime.Version()}, Daemon: d, Mismatch: mismatch})
+		return a.printJSON(versionJSON{Client: clientVersion{Version: a.sys.Version, GoVersion: runtime.Version()}, Daemon: d, Mismatch: mismatch})
 	}
 	fmt.Fprintf(a.sys.Stdout, "sbx       %s (%s)\nsandboxd  %s (%s, pid %d, up %s)\n", a.sys.Version, runtime.Version(),
 		d.Version, d.GoVersion, d.PID, a.sys.Now().Sub(d.StartedAt).Round(time.Second))
@@ -327,6 +334,12 @@ func (a *app) status(ctx context.Context) int {
 	}
 	s, l := resp.Session, resp.Lifecycle
 	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
+	if resp.Probe == "no_sandbox" && s.RunID == "" {
+		fmt.Fprintf(tw, "probe\t%s (%s)\n", resp.Probe, resp.Detail)
+		fmt.Fprintf(tw, "repository\t%s\nbranch\t%s\nconfig\t%s\n", s.RepoRoot, s.Branch, relConfig(s))
+		tw.Flush()
+		return ExitOK
+	}
 	probe := resp.Probe
 	if resp.Detail != "" {
 		probe += " (" + resp.Detail + ")"
@@ -346,7 +359,7 @@ func (a *app) status(ctx context.Context) int {
 	fmt.Fprintf(tw, "snapshot\t%v\n", resp.HasSnapshot)
 	tw.Flush()
 	if s.ConfigDrift {
-		a.warn("the config file changed since this sandbox started: run `sbx reset` to use the new one")
+		a.warn(ipc.DriftWarning(s.ConfigFile))
 	}
 	return ExitOK
 }

@@ -1,0 +1,43 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// A rune split across two chunks stays text; bytes that are not UTF-8 are
+// carried as base64.
+func TestStreamWriterKeepsRunesWhole(t *testing.T) {
+	var b bytes.Buffer
+	w := &streamWriter{out: &ndjson{w: &b}, stream: "stdout"}
+	w.Write([]byte("caf\xc3"))
+	w.Write([]byte("\xa9!"))
+	w.Write([]byte("\xff"))
+	w.Write([]byte("\xe2\x82")) // an unfinished rune at the end
+	w.flush()
+	want := `{"type":"output","stream":"stdout","text":"caf"}
+{"type":"output","stream":"stdout","text":"é!"}
+{"type":"output","stream":"stdout","base64":"/w=="}
+{"type":"output","stream":"stdout","base64":"4oI="}
+`
+	if b.String() != want {
+		t.Fatalf("records:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+func TestSplitHint(t *testing.T) {
+	for _, c := range []struct{ in, msg, hint string }{
+		{"no session for run x: attach to it with `sbx start --id x`", "no session for run x", "attach to it with `sbx start --id x`"},
+		{"sandboxd is not running\nstart it with `sandboxd`", "sandboxd is not running", "start it with `sandboxd`"},
+		{"create the sandbox run: remote said no", "create the sandbox run: remote said no", ""},
+	} {
+		msg, hint := splitHint(c.in)
+		if msg != c.msg || hint != c.hint {
+			t.Errorf("splitHint(%q) = %q, %q", c.in, msg, hint)
+		}
+	}
+	if e := errorRecord(&usageError{cmd: root().sub("exec"), msg: "unknown flag --x"}); e.Code != "usage" || !strings.Contains(e.Hint, "sbx help exec") {
+		t.Errorf("usage error record %+v", e)
+	}
+}
