@@ -44,10 +44,13 @@ type listJSON struct {
 	} `json:"sessions"`
 }
 
+// decode decodes sbx's JSON output: the object of a command, or the last
+// record of a stream (`exec --json` ends with its result).
 func decode[T any](t testing.TB, s string) T {
 	t.Helper()
 	var v T
-	if err := json.Unmarshal([]byte(strings.TrimSpace(s)), &v); err != nil {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &v); err != nil {
 		t.Fatalf("decode %q: %v", s, err)
 	}
 	return v
