@@ -10,6 +10,7 @@ BINARIES  := sandboxd sbx sandboxd-localcloud
 BIN       := ./bin
 # Generated documentation (man pages, completions), laid out as under /usr/share.
 SHARE     := $(BIN)/share
+DIST      := ./dist
 
 PREFIX           ?= $(HOME)/.local
 SYSTEMD_USER_DIR ?= $(HOME)/.config/systemd/user
@@ -26,7 +27,7 @@ BENCHTIME   ?= 1s
 # make fuzz: how long each fuzz target runs.
 FUZZTIME    ?= 30s
 
-.PHONY: all help build run test test-long fuzz bench install uninstall lint clean man completions
+.PHONY: all help build run test test-long fuzz bench install uninstall lint clean man completions package
 
 all: build
 
@@ -40,6 +41,7 @@ help:
 	@echo "make install  binaries to \$$PREFIX/bin ($(PREFIX)/bin), systemd user units to $(SYSTEMD_USER_DIR)"
 	@echo "make man      man pages into $(SHARE)/man (generated from the command table)"
 	@echo "make completions  bash, zsh and fish completions into $(SHARE) (generated too)"
+	@echo "make package  .deb, .rpm and tarball into $(DIST)/ (packaging/nfpm/nfpm.yaml; GOARCH=arm64 for arm64)"
 	@echo "make lint     gofmt and go vet"
 
 build:
@@ -58,12 +60,23 @@ run: build
 man: build
 	@mkdir -p $(SHARE)/man/man1
 	$(BIN)/sbx man > $(SHARE)/man/man1/sbx.1
+	$(BIN)/sandboxd --man > $(SHARE)/man/man1/sandboxd.1
 
 completions: build
 	@mkdir -p $(SHARE)/bash-completion/completions $(SHARE)/zsh/site-functions $(SHARE)/fish/vendor_completions.d
 	$(BIN)/sbx completion bash > $(SHARE)/bash-completion/completions/sbx
 	$(BIN)/sbx completion zsh > $(SHARE)/zsh/site-functions/_sbx
 	$(BIN)/sbx completion fish > $(SHARE)/fish/vendor_completions.d/sbx.fish
+
+# make package: the .deb, the .rpm and the tarball, from the one definition in
+# packaging/nfpm/nfpm.yaml (nfpm as a library, pinned in go.mod). The binaries
+# are built for Linux and $(PKG_ARCH) (GOARCH=arm64 make package for arm64);
+# the man pages and completions come from the host's build.
+PKG_ARCH ?= $(or $(GOARCH),$(shell $(GO) env GOARCH))
+package: man completions
+	@mkdir -p $(DIST)/bin-$(PKG_ARCH)
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(DIST)/bin-$(PKG_ARCH)/ $(addprefix ./cmd/,$(BINARIES))
+	GOOS= GOARCH= $(GO) run ./packaging/build -version '$(VERSION)' -arch $(PKG_ARCH) -bin $(DIST)/bin-$(PKG_ARCH) -share $(SHARE) -out $(DIST)
 
 test:
 	$(GO) vet $(PKGS)
@@ -90,7 +103,7 @@ install: build man completions
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
 		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
 	install -m 0755 $(addprefix $(BIN)/,$(BINARIES)) $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 $(SHARE)/man/man1/sbx.1 $(DESTDIR)$(PREFIX)/share/man/man1/sbx.1
+	install -m 0644 $(SHARE)/man/man1/sbx.1 $(SHARE)/man/man1/sandboxd.1 $(DESTDIR)$(PREFIX)/share/man/man1/
 	install -m 0644 $(SHARE)/bash-completion/completions/sbx $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sbx
 	install -m 0644 $(SHARE)/zsh/site-functions/_sbx $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sbx
 	install -m 0644 $(SHARE)/fish/vendor_completions.d/sbx.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/sbx.fish
@@ -112,7 +125,7 @@ install: build man completions
 
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(BINARIES))
-	rm -f $(DESTDIR)$(PREFIX)/share/man/man1/sbx.1 $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sbx \
+	rm -f $(DESTDIR)$(PREFIX)/share/man/man1/sbx.1 $(DESTDIR)$(PREFIX)/share/man/man1/sandboxd.1 $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sbx \
 		$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sbx $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/sbx.fish
 	rm -f $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.socket $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
 
@@ -122,4 +135,4 @@ lint:
 	$(GO) vet ./...
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) $(DIST)

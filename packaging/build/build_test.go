@@ -1,0 +1,172 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestPackageVersion(t *testing.T) {
+	for in, want := range map[string]string{
+		"v1.2.3":                  "1.2.3",
+		"v1.2.3-4-gabcdef0":       "1.2.3+4+gabcdef0",
+		"v1.2.3-4-gabcdef0-dirty": "1.2.3+4+gabcdef0+dirty",
+		"24d4616":                 "0.0.0+git24d4616",
+		"24d4616-dirty":           "0.0.0+git24d4616+dirty",
+		"dev":                     "0.0.0+gitdev",
+	} {
+		if got := PackageVersion(in); got != want {
+			t.Errorf("PackageVersion(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// must runs a command and fails the test unless it succeeds.
+func must(t *testing.T, env []string, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	if env != nil {
+		cmd.Env = env
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// TestDebInstallsRunsAndRemoves builds the .deb from the real binaries,
+// checks its metadata and contents with dpkg-deb, installs it into a
+// throwaway root with dpkg, runs the installed sbx version (which starts the
+// installed sandboxd), and removes it, leaving nothing behind. The
+// postinst starts nothing: a systemctl on PATH that records its calls is
+// never called.
+func TestDebInstallsRunsAndRemoves(t *testing.T) {
+	for _, tool := range []string{"dpkg", "dpkg-deb", "go"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("no %s", tool)
+		}
+	}
+	tmp := t.TempDir()
+	bin, share := filepath.Join(tmp, "bin"), filepath.Join(tmp, "share")
+	must(t, nil, "go", "build", "-trimpath", "-ldflags", "-X main.Version=v9.8.7", "-o", bin+"/",
+		"../../cmd/sbx", "../../cmd/sandboxd", "../../cmd/sandboxd-localcloud")
+	gen := func(rel string, name string, args ...string) {
+		path := filepath.Join(share, rel)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(must(t, nil, filepath.Join(bin, name), args...)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gen("man/man1/sbx.1", "sbx", "man")
+	gen("man/man1/sandboxd.1", "sandboxd", "--man")
+	gen("bash-completion/completions/sbx", "sbx", "completion", "bash")
+	gen("zsh/site-functions/_sbx", "sbx", "completion", "zsh")
+	gen("fish/vendor_completions.d/sbx.fish", "sbx", "completion", "fish")
+
+	out := filepath.Join(tmp, "dist")
+	paths, err := Build(context.Background(), Options{
+		Definition: "../nfpm/nfpm.yaml", Version: "v9.8.7", Arch: "amd64",
+		Bin: bin, Share: share, Out: out, Formats: []string{"deb", "rpm", "tar"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(paths) != 3 || !strings.HasSuffix(paths[0], "sandboxd_9.8.7_amd64.deb") {
+		t.Fatalf("packages %v", paths)
+	}
+	deb := paths[0]
+
+	info := must(t, nil, "dpkg-deb", "-I", deb)
+	for _, want := range []string{"Package: sandboxd", "Version: 9.8.7", "Architecture: amd64", "postinst"} {
+		if !strings.Contains(info, want) {
+			t.Errorf("dpkg-deb -I lacks %q:\n%s", want, info)
+		}
+	}
+	list := must(t, nil, "dpkg-deb", "-c", deb)
+	for _, want := range []string{
+		"./usr/bin/sbx", "./usr/bin/sandboxd", "./usr/bin/sandboxd-localcloud",
+		"./usr/lib/systemd/user/sandboxd.service", "./usr/lib/systemd/user/sandboxd.socket",
+		"./usr/share/bash-completion/completions/sbx", "./usr/share/zsh/vendor-completions/_sbx",
+		"./usr/share/fish/vendor_completions.d/sbx.fish",
+		"./usr/share/man/man1/sbx.1.gz", "./usr/share/man/man1/sandboxd.1.gz",
+		"./usr/share/doc/sandboxd/copyright", "./usr/share/doc/sandboxd/README.md", "./usr/share/doc/sandboxd/json.md",
+	} {
+		if !strings.Contains(list, want+"\n") {
+			t.Errorf("dpkg-deb -c lacks %s:\n%s", want, list)
+		}
+	}
+	unit := must(t, nil, "dpkg-deb", "--fsys-tarfile", deb)
+	if !strings.Contains(unit, "ExecStart=/usr/bin/sandboxd") {
+		t.Error("the packaged sandboxd.service does not start /usr/bin/sandboxd")
+	}
+
+	// Install into a throwaway root. A systemctl that records its calls is
+	// first on PATH: the postinst must not call it.
+	root := filepath.Join(tmp, "root")
+	admin := filepath.Join(root, "var", "lib", "dpkg")
+	for _, d := range []string{filepath.Join(admin, "info"), filepath.Join(admin, "updates"), filepath.Join(root, "usr", "bin")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(admin, "status"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fake := filepath.Join(tmp, "fakebin")
+	calls := filepath.Join(tmp, "systemctl-calls")
+	os.MkdirAll(fake, 0o755)
+	os.WriteFile(filepath.Join(fake, "systemctl"), []byte("#!/bin/sh\necho \"$@\" >> "+calls+"\n"), 0o755)
+	dpkgEnv := append(os.Environ(), "PATH="+fake+":"+os.Getenv("PATH"))
+	dpkg := func(args ...string) string {
+		return must(t, dpkgEnv, "dpkg", append([]string{"--root=" + root, "--force-not-root", "--force-script-chrootless", "--log=/dev/null"}, args...)...)
+	}
+	installOut := dpkg("-i", deb)
+	if !strings.Contains(installOut, "systemctl --user enable") {
+		t.Errorf("the postinst does not say how to enable the user units:\n%s", installOut)
+	}
+	if b, err := os.ReadFile(calls); err == nil {
+		t.Errorf("the postinst ran systemctl %s", b)
+	}
+
+	// The installed sbx starts the installed sandboxd and reports both.
+	home := filepath.Join(tmp, "home")
+	env := []string{"HOME=" + home, "PATH=/usr/bin:/bin",
+		"XDG_RUNTIME_DIR=" + filepath.Join(home, "run"), "XDG_STATE_HOME=" + filepath.Join(home, "state"),
+		"XDG_CONFIG_HOME=" + filepath.Join(home, "config"), "XDG_DATA_HOME=" + filepath.Join(home, "data")}
+	os.MkdirAll(filepath.Join(home, "run"), 0o700)
+	sbx := filepath.Join(root, "usr", "bin", "sbx")
+	t.Cleanup(func() {
+		cmd := exec.Command(sbx, "daemon", "stop")
+		cmd.Env = env
+		_ = cmd.Run()
+	})
+	v := must(t, env, sbx, "version")
+	if !strings.Contains(v, "sbx       v9.8.7") || !strings.Contains(v, "sandboxd  v9.8.7") {
+		t.Fatalf("installed sbx version:\n%s", v)
+	}
+	must(t, env, sbx, "daemon", "stop")
+
+	// Removal leaves no file of the package.
+	dpkg("--purge", "sandboxd")
+	var left []string
+	filepath.Walk(filepath.Join(root, "usr"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() {
+			left = append(left, p)
+		}
+		return nil
+	})
+	if len(left) > 0 {
+		t.Fatalf("files left after purge: %v", left)
+	}
+	status, _ := os.ReadFile(filepath.Join(admin, "status"))
+	if bytes.Contains(status, []byte("Package: sandboxd")) && !bytes.Contains(status, []byte("not-installed")) {
+		t.Fatalf("dpkg still lists sandboxd:\n%s", status)
+	}
+}
