@@ -38,6 +38,7 @@ func (s *slowSessions) List(ctx context.Context, _ ipc.ListRequest) (ipc.ListRes
 // fakeServices records what the lifecycle does to the services.
 type fakeServices struct {
 	sessions *slowSessions
+	events   ipc.EventSource // nil: no event stream
 	live     atomic.Int64
 	reloads  chan config.Config
 	closed   atomic.Bool
@@ -52,7 +53,7 @@ func newFakeServices() *fakeServices {
 }
 
 func (f *fakeServices) Sessions() ipc.SessionBackend { return f.sessions }
-func (f *fakeServices) Events() ipc.EventSource      { return nil }
+func (f *fakeServices) Events() ipc.EventSource      { return f.events }
 func (f *fakeServices) Live() int                    { return int(f.live.Load()) }
 func (f *fakeServices) Close(context.Context) error  { f.closed.Store(true); return nil }
 func (f *fakeServices) Reload(_ context.Context, c config.Config) error {

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -131,12 +134,33 @@ func TestRunSteps(t *testing.T) {
 }
 
 func TestRunStepsCancelKillsGroup(t *testing.T) {
+	// The step's shell starts two background processes and records their
+	// pids; cancelling must end all of them, not only the shell.
+	dir := t.TempDir()
+	pids := filepath.Join(dir, "pids")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- RunSteps(ctx, []Step{{Key: "slow", Run: "sleep 30 & sleep 30; wait"}}, t.TempDir(), nil, nil)
+		done <- RunSteps(ctx, []Step{{Key: "slow", Run: "sleep 300 & echo $! >> " + pids + "; sleep 300 & echo $! >> " + pids + "; wait"}}, dir, nil, nil)
 	}()
-	time.Sleep(50 * time.Millisecond)
+	var children []int
+	waitFor(t, 10*time.Second, "the step's processes to start", func() bool {
+		b, _ := os.ReadFile(pids)
+		children = children[:0]
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				children = append(children, pid)
+			}
+		}
+		return len(children) == 2
+	})
+	t.Cleanup(func() {
+		for _, pid := range children {
+			if alive(pid) {
+				syscall.Kill(pid, syscall.SIGKILL) // the test failed: leave nothing behind
+			}
+		}
+	})
 	cancel()
 	select {
 	case err := <-done:
@@ -145,5 +169,31 @@ func TestRunStepsCancelKillsGroup(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("cancel did not stop the step")
+	}
+	for _, pid := range children {
+		waitFor(t, 10*time.Second, fmt.Sprintf("background process %d of the cancelled step to end", pid), func() bool { return !alive(pid) })
+	}
+}
+
+// alive reports whether pid runs (a zombie waiting for its reaper does not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": the state follows the last ')'.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
