@@ -17,6 +17,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -563,6 +565,14 @@ func (d *daemon) Health(ctx context.Context) (ipc.HealthResponse, error) {
 		LiveStreams:   d.srv.ActiveStreams(),
 		Connections:   d.live(),
 		UptimeSeconds: d.now().Sub(d.startedAt).Seconds(),
+		Goroutines:    runtime.NumGoroutine(),
+	}
+	// The heap that survived the last collection: garbage not yet collected
+	// would hide a leak's trend in noise.
+	live := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(live)
+	if live[0].Value.Kind() == metrics.KindUint64 {
+		h.HeapBytes = live[0].Value.Uint64()
 	}
 	n, err := d.store.Count() // one read transaction: also the liveness check
 	if err != nil {

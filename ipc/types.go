@@ -46,6 +46,11 @@ type HealthResponse struct {
 	// a warm connection adds none.
 	SSHHandshakes uint64  `json:"sshHandshakes"`
 	UptimeSeconds float64 `json:"uptimeSeconds"`
+	// Goroutines and HeapBytes (the heap live after the last garbage
+	// collection) let a load test check that the daemon returns to its
+	// starting level (no leak).
+	Goroutines int    `json:"goroutines"`
+	HeapBytes  uint64 `json:"heapBytes"`
 }
 
 // Target selects a session. Exactly one of (Cwd) or (RunID) identifies it;

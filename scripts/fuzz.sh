@@ -14,6 +14,7 @@ targets=(
 	"./ipc/client FuzzExecOutputFrames"
 	"./daemon/gitsync FuzzNumstatFiles"
 	"./localcloud/agent FuzzSessionRequests"
+	"./localcloud/agent FuzzProcessRequest"
 )
 total=0
 for t in "${targets[@]}"; do

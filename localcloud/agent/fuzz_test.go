@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -72,6 +74,48 @@ func FuzzSessionRequests(f *testing.F) {
 		}
 		if s.pid != 0 {
 			t.Fatal("a process was started")
+		}
+	})
+}
+
+// FuzzProcessRequest: the JSON request of the managed-process directives
+// (`__rwx_sandbox_process_<op>__ <json>`) is parsed and checked without a
+// panic; a key that passes is safe as a file name under the process
+// directory (its logs are named after it). Only the directives that start
+// nothing are run: on an empty table each must answer an error naming what
+// is wrong.
+func FuzzProcessRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"key":"web","command":"python3 -m http.server 8000","targetPort":8000}`,
+		`{"key":"../../etc/passwd"}`,
+		`{"key":"a b"}`,
+		`{"key":""}`,
+		`{"key":"web"} trailing`,
+		`{"key":1}`,
+		`not json`,
+		``,
+		`{"key":"` + strings.Repeat("k", 300) + `"}`,
+	} {
+		for op := range byte(4) {
+			f.Add(op, s)
+		}
+	}
+	ops := []string{DirectiveProcessStatus, DirectiveProcessLogs, DirectiveProcessStop, DirectiveProcessRestart}
+	f.Fuzz(func(t *testing.T, op byte, arg string) {
+		var req processRequest
+		if json.Unmarshal([]byte(arg), &req) == nil && validProcessKey(req.Key) == nil {
+			k := req.Key
+			if k == "." || k == ".." || filepath.Base(k) != k || strings.ContainsAny(k, "/\x00") {
+				t.Fatalf("key %q was accepted but is not a plain file name", k)
+			}
+		}
+		a := &Agent{}
+		_, err := a.process(ops[int(op)%len(ops)], arg)
+		if err == nil {
+			t.Fatalf("%s %q on an empty table succeeded", ops[int(op)%len(ops)], arg)
+		}
+		if err.Error() == "" {
+			t.Fatal("an error without a message")
 		}
 	})
 }
