@@ -7,6 +7,8 @@ GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.Version=$(VERSION)
 BINARIES  := sandboxd sbx sandboxd-localcloud
+# Built but not installed.
+TOOLS     := sandboxd-bench
 BIN       := ./bin
 # Generated documentation (man pages, completions), laid out as under /usr/share.
 SHARE     := $(BIN)/share
@@ -20,14 +22,17 @@ DESTDIR          ?=
 # under 15 minutes on 2 cores.
 TEST_TIMEOUT ?= 14m
 PKGS         ?= ./...
-# make bench: BENCH selects benchmarks, BENCH_PKGS the packages.
+# make bench: the benchmark program (BENCH_QUICK=1 for the quick version;
+# BENCH_RTT=0,20ms the round-trip times). make bench-go: the packages' Go
+# micro-benchmarks, BENCH selects them, BENCH_PKGS the packages.
+BENCH_RTT   ?= 0,20ms
 BENCH       ?= .
 BENCH_PKGS  ?= ./...
 BENCHTIME   ?= 1s
 # make fuzz: how long each fuzz target runs.
 FUZZTIME    ?= 30s
 
-.PHONY: all help build run test test-long fuzz bench install uninstall lint clean man completions package
+.PHONY: all help build run test test-long fuzz bench bench-go install uninstall lint clean man completions package
 
 all: build
 
@@ -37,7 +42,8 @@ help:
 	@echo "make test     go vet, then go test -race ./... (end-to-end tests included; PKGS=./daemon/... narrows)"
 	@echo "make test-long  the long forms of the load, fault and crash suites (SANDBOXD_TEST_LONG=1)"
 	@echo "make fuzz     every fuzz target for FUZZTIME each ($(FUZZTIME)); make test runs their seed corpora"
-	@echo "make bench    benchmarks (BENCH=regexp BENCH_PKGS=./pkg/... BENCHTIME=1s)"
+	@echo "make bench    every exec scenario at 0 and 20 ms RTT: table on stdout, JSON in $(BIN)/bench.json (BENCH_QUICK=1: under a minute)"
+	@echo "make bench-go the packages' Go micro-benchmarks (BENCH=regexp BENCH_PKGS=./pkg/... BENCHTIME=1s)"
 	@echo "make install  binaries to \$$PREFIX/bin ($(PREFIX)/bin), systemd user units to $(SYSTEMD_USER_DIR)"
 	@echo "make man      man pages into $(SHARE)/man (generated from the command table)"
 	@echo "make completions  bash, zsh and fish completions into $(SHARE) (generated too)"
@@ -46,7 +52,7 @@ help:
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES))
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES) $(TOOLS))
 
 run: build
 	@echo "sandboxd $(VERSION) in the foreground (Ctrl-C stops it)"
@@ -90,7 +96,10 @@ test-long:
 fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
 
-bench:
+bench: build
+	$(BIN)/sandboxd-bench -bin $(BIN) -rtt '$(BENCH_RTT)' -json $(BIN)/bench.json
+
+bench-go:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count 1 -timeout 20m $(BENCH_PKGS)
 
 # systemd reads user units only from these directories (systemd.unit(5));

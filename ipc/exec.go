@@ -84,10 +84,16 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 	}
 	// The input reader may be blocked on a body the client keeps open
 	// (an interactive stdin): unblock it, as no handler may touch the body
-	// after returning.
+	// after returning. Only then: a read deadline set after the body ended
+	// fails net/http's background read of the kept-alive connection, which
+	// cancels the context of every later request on it.
 	cancel(errExecOver)
-	_ = rc.SetReadDeadline(time.Now())
-	<-readDone
+	select {
+	case <-readDone:
+	default:
+		_ = rc.SetReadDeadline(time.Now())
+		<-readDone
+	}
 	if execErr != nil && !started {
 		return execErr
 	}

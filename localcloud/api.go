@@ -99,6 +99,7 @@ func (s *Server) wrap(h handlerFunc, faulty bool) http.Handler {
 			return
 		}
 		if faulty {
+			s.apiRequests.Add(1)
 			f := s.Faults()
 			if f.LatencyMS > 0 {
 				select {
@@ -459,10 +460,12 @@ type Health struct {
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"started_at"`
 	Runs      int       `json:"runs"`
+	// APIRequests counts the runs API requests served since the start.
+	APIRequests int64 `json:"api_requests"`
 }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request, p principal) error {
-	return writeJSON(w, http.StatusOK, Health{PID: os.Getpid(), Version: s.cfg.Version, StartedAt: s.started, Runs: len(s.runs.List(runs.Filter{}))})
+	return writeJSON(w, http.StatusOK, Health{PID: os.Getpid(), Version: s.cfg.Version, StartedAt: s.started, Runs: len(s.runs.List(runs.Filter{})), APIRequests: s.apiRequests.Load()})
 }
 
 func (s *Server) getFaults(w http.ResponseWriter, r *http.Request, p principal) error {

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -123,6 +124,8 @@ type Server struct {
 
 	faultsMu sync.Mutex
 	faults   Faults
+
+	apiRequests atomic.Int64
 
 	runs      *runs.Manager
 	lock      *os.File

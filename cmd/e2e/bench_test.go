@@ -1,20 +1,17 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/ssh"
 )
 
-// The end-to-end benchmarks time what a user waits for, through the real
-// binaries: ns/op is the mean, ms-median the median.
+// What these time beyond `make bench` (cmd/sandboxd-bench, which has the
+// exec scenarios): ns/op is the mean, ms-median the median.
 //
-//	go test -run '^$' -bench . -benchtime 200x ./cmd/e2e/
+//	make bench-go BENCH_PKGS=./cmd/e2e/ BENCHTIME=20x
 
 func reportMedian(b *testing.B, samples []time.Duration) {
 	b.Helper()
@@ -45,76 +42,6 @@ func BenchmarkSbxVersion(b *testing.B) {
 	e := newEnv(b)
 	e.startDaemon()
 	timeSbx(b, e, e.root, "version")
-}
-
-// BenchmarkExecNoSyncWarm: `sbx exec --no-sync -- true` on a warm sandbox.
-func BenchmarkExecNoSyncWarm(b *testing.B) {
-	e := newEnv(b)
-	e.startDaemon()
-	repo := e.newRepo("warm", defaultConfig)
-	e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
-	timeSbx(b, e, repo, "exec", "--no-sync", "--", "true")
-}
-
-// BenchmarkExecSyncedOneFileChange: `sbx exec -- true` with one changed
-// file to push, on a warm sandbox.
-func BenchmarkExecSyncedOneFileChange(b *testing.B) {
-	e := newEnv(b)
-	e.startDaemon()
-	repo := e.newRepo("synced", defaultConfig)
-	e.startSandbox(repo)
-	writeFile(e.t, filepath.Join(repo, "README.md"), "one local change\n")
-	e.mustSbx(repo, "exec", "--", "true")
-	timeSbx(b, e, repo, "exec", "--", "true")
-}
-
-// BenchmarkExecTrueFreshSSHConnection: the floor of the one-process-per-
-// command design: a new SSH connection (handshake) and one exec of `true`
-// per command, straight to the same sandbox agent; no API call, no sync.
-func BenchmarkExecTrueFreshSSHConnection(b *testing.B) {
-	e := newEnv(b)
-	lc := e.startLocalcloud()
-	e.startDaemon()
-	repo := e.newRepo("fresh", defaultConfig)
-	run := e.startSandbox(repo)
-	var ci struct {
-		Address        string `json:"address"`
-		PublicHostKey  string `json:"public_host_key"`
-		PrivateUserKey string `json:"private_user_key"`
-	}
-	if err := json.Unmarshal(lc.call(b, "GET", "/mint/api/sandbox_connection_info?sandbox_key="+run, nil), &ci); err != nil {
-		b.Fatal(err)
-	}
-	signer, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
-	if err != nil {
-		b.Fatal(err)
-	}
-	hostKey, _, _, _, err := ssh.ParseAuthorizedKey([]byte(ci.PublicHostKey))
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg := &ssh.ClientConfig{User: "rwx-cli", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hostKey), Timeout: 10 * time.Second}
-	var samples []time.Duration
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		start := time.Now()
-		c, err := ssh.Dial("tcp", ci.Address, cfg)
-		if err != nil {
-			b.Fatal(err)
-		}
-		sess, err := c.NewSession()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := sess.Run("true"); err != nil {
-			b.Fatal(err)
-		}
-		c.Close()
-		samples = append(samples, time.Since(start))
-	}
-	b.StopTimer()
-	reportMedian(b, samples)
 }
 
 // BenchmarkReconnect20AfterRestart: time from a restart (after SIGKILL) of

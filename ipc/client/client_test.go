@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -405,5 +407,26 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 5s")
 		}
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Execs back to back on one client reuse its connections: an exec must
+// never start with a context the previous exec on the connection cancelled.
+func TestExecsBackToBackOnKeptConnections(t *testing.T) {
+	s, c := start(t)
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+		select {
+		case <-ctx.Done():
+			return ipc.ExecResult{}, fmt.Errorf("exec %s: cancelled before it ran: %w", req.Argv[0], ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+		_, _ = io.WriteString(st.Stdout(), "ok\n")
+		return ipc.ExecResult{RunID: "run-1"}, nil
+	}
+	for i := range 40 {
+		var out bytes.Buffer
+		if _, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{strconv.Itoa(i)}}, client.ExecOptions{Stdout: &out}); err != nil {
+			t.Fatalf("exec %d: %v", i, err)
+		}
 	}
 }

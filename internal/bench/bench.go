@@ -1,0 +1,178 @@
+// Package bench is sandboxd-bench (`make bench`): one program that starts
+// its own isolated localcloud and daemon, makes its own repositories and
+// sandboxes, runs every scenario at each round-trip time (localcloud's
+// injected one-way delay), and prints a table plus the same as JSON.
+//
+// Round trips per call come from localcloud's counters (exec requests and
+// channel opens on the sandbox's agent, runs API requests), read before and
+// after each scenario.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Options of one benchmark run.
+type Options struct {
+	Bin   string          // directory of sandboxd, sbx, sandboxd-localcloud
+	JSON  string          // where the JSON goes ("" for none)
+	Quick bool            // fewer samples and smaller sizes (the smoke test)
+	RTTs  []time.Duration // round-trip times to run at
+	// RWXCLI is the RWX CLI binary for baseline A ("" for the project's
+	// own one-process-per-command steps).
+	RWXCLI string
+	Log    io.Writer // progress
+}
+
+// Row is one line of the table.
+type Row struct {
+	Scenario string  `json:"scenario"`
+	RTTms    int     `json:"rtt_ms"`
+	N        int     `json:"n"`
+	MedianMs float64 `json:"median_ms"`
+	P95Ms    float64 `json:"p95_ms"`
+	// Per call, from localcloud's counters; -1 when not counted.
+	ExecsPerCall float64 `json:"exec_requests_per_call"`
+	ChansPerCall float64 `json:"channel_opens_per_call"`
+	APIPerCall   float64 `json:"api_requests_per_call"`
+	// RTTs is the median in round trips (at a non-zero RTT).
+	RTTs  float64            `json:"median_in_rtts,omitempty"`
+	Extra map[string]float64 `json:"extra,omitempty"`
+	Note  string             `json:"note,omitempty"`
+}
+
+// Ratio compares two rows of the same run.
+type Ratio struct {
+	Name  string  `json:"name"`
+	RTTms int     `json:"rtt_ms"`
+	Value float64 `json:"value"`
+	Note  string  `json:"note,omitempty"`
+}
+
+// Result is the whole run, as written to the JSON file.
+type Result struct {
+	StartedAt time.Time `json:"started_at"`
+	Quick     bool      `json:"quick"`
+	Seconds   float64   `json:"seconds"`
+	CPUs      int       `json:"cpus"`
+	Rows      []Row     `json:"rows"`
+	Ratios    []Ratio   `json:"ratios"`
+	Notes     []string  `json:"notes,omitempty"`
+}
+
+// Main is the program: flags, run, print. It returns the exit code.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("sandboxd-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	self, _ := os.Executable()
+	bin := fs.String("bin", filepath.Dir(self), "directory holding sandboxd, sbx and sandboxd-localcloud")
+	jsonOut := fs.String("json", "bench.json", "write the results as JSON to this file (\"\" for none)")
+	quick := fs.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "quick mode: few samples, small sizes (default from BENCH_QUICK=1)")
+	rtts := fs.String("rtt", "0,20ms", "round-trip times to run at, comma-separated")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	opts := Options{Bin: *bin, JSON: *jsonOut, Quick: *quick, RWXCLI: os.Getenv("RWX_CLI"), Log: stderr}
+	for _, s := range strings.Split(*rtts, ",") {
+		s = strings.TrimSpace(s)
+		if s == "0" {
+			opts.RTTs = append(opts.RTTs, 0)
+			continue
+		}
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 || d%(2*time.Millisecond) != 0 {
+			fmt.Fprintf(stderr, "sandboxd-bench: -rtt %q: want durations in whole even milliseconds such as 0,20ms\n", s)
+			return 2
+		}
+		opts.RTTs = append(opts.RTTs, d)
+	}
+	for _, b := range []string{"sandboxd", "sbx", "sandboxd-localcloud"} {
+		if _, err := os.Stat(filepath.Join(opts.Bin, b)); err != nil {
+			fmt.Fprintf(stderr, "sandboxd-bench: %s not found in %s: run `make build` or pass -bin\n", b, opts.Bin)
+			return 2
+		}
+	}
+	res, err := Run(ctx, opts)
+	if err != nil {
+		fmt.Fprintf(stderr, "sandboxd-bench: %v\n", err)
+		return 1
+	}
+	Print(stdout, res)
+	if opts.JSON != "" {
+		b, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(opts.JSON, append(b, '\n'), 0o644); err != nil {
+			fmt.Fprintf(stderr, "sandboxd-bench: write %s: %v\n", opts.JSON, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "\nJSON: %s\n", opts.JSON)
+	}
+	return 0
+}
+
+// Print writes the table, the ratios and the notes.
+func Print(w io.Writer, res Result) {
+	fmt.Fprintf(w, "sandboxd-bench: %d rows in %.0fs on %d CPUs (quick=%v)\n\n", len(res.Rows), res.Seconds, res.CPUs, res.Quick)
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario\tRTT ms\tn\tmedian ms\tp95 ms\tin RTTs\texec req/call\tchan opens/call\tAPI req/call\textra\t")
+	num := func(v float64) string {
+		switch {
+		case v < 0:
+			return "-"
+		case v == math.Trunc(v):
+			return fmt.Sprintf("%.0f", v)
+		}
+		return fmt.Sprintf("%.2f", v)
+	}
+	for _, r := range res.Rows {
+		in := "-"
+		if r.RTTms > 0 {
+			in = fmt.Sprintf("%.2f", r.RTTs)
+		}
+		var extra []string
+		keys := make([]string, 0, len(r.Extra))
+		for k := range r.Extra {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			extra = append(extra, fmt.Sprintf("%s=%s", k, num(r.Extra[k])))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.2f\t%s\t%s\t%s\t%s\t%s\t\n", r.Scenario, r.RTTms, r.N, r.MedianMs, r.P95Ms, in,
+			num(r.ExecsPerCall), num(r.ChansPerCall), num(r.APIPerCall), strings.Join(extra, " "))
+	}
+	tw.Flush()
+	if len(res.Ratios) > 0 {
+		fmt.Fprintln(w, "\nratios (same run):")
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		for _, r := range res.Ratios {
+			fmt.Fprintf(tw, "  %s\t%d ms\t%.2f\t%s\n", r.Name, r.RTTms, r.Value, r.Note)
+		}
+		tw.Flush()
+	}
+	for _, n := range res.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+}
+
+// stats are the median and 95th percentile of samples, in ms.
+func stats(samples []time.Duration) (median, p95 float64) {
+	if len(samples) == 0 {
+		return 0, 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	i95 := int(math.Ceil(0.95*float64(len(s)))) - 1
+	return ms(s[len(s)/2]), ms(s[max(i95, 0)])
+}

@@ -1,0 +1,57 @@
+package bench_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/bench"
+)
+
+// TestQuickSmoke runs the benchmark program in quick mode, as `make bench`
+// runs it in full: it must complete and print the table and the JSON. No
+// timing is asserted (speed is measured, never tested).
+func TestQuickSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binaries and runs the quick benchmark (about a minute)")
+	}
+	bin := t.TempDir()
+	// Plain builds (not -race): this checks that the program works, and the
+	// race-built binaries are exercised by the end-to-end tests.
+	build := exec.Command("go", "build", "-o", bin, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx",
+		"github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud", "github.com/sandboxd/sandboxd/cmd/sandboxd-bench")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		t.Fatalf("build: %v", err)
+	}
+	out := filepath.Join(t.TempDir(), "bench.json")
+	cmd := exec.Command(filepath.Join(bin, "sandboxd-bench"), "-quick", "-json", out)
+	cmd.Env = append(os.Environ(), "RWX_CLI=")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("sandboxd-bench -quick: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"median ms", "exec --no-sync -- true, sbx", "synced exec -- true", "32 callers on 1 sandbox", "sbx list", "READY=1", "ratios"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("the table lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	var res bench.Result
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &res); err != nil || len(res.Rows) == 0 {
+		t.Fatalf("JSON results: %v, %d rows", err, len(res.Rows))
+	}
+	for _, r := range res.Rows {
+		if v, ok := r.Extra["overlaps"]; ok && v != 0 {
+			t.Errorf("%s: %v commands overlapped on one sandbox", r.Scenario, v)
+		}
+	}
+}
