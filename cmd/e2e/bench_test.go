@@ -5,7 +5,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
 )
 
 // What these time beyond `make bench` (cmd/sandboxd-bench, which has the
