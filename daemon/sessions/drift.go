@@ -96,6 +96,8 @@ func (m *Manager) driftWarning(s *store.Session) string {
 
 // Close stops background work and waits for it.
 func (m *Manager) Close(ctx context.Context) error {
+	// Other clients of the sandboxes must not wait for leases to idle out.
+	m.releaseAll(ctx)
 	m.mu.Lock()
 	for _, r := range m.runtime {
 		if r.cancelWatch != nil {

@@ -61,17 +61,14 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	if s.State.Terminal() {
 		return ipc.ExecResult{}, endedError(s)
 	}
-	conn, err := m.lockSandbox(ctx, s)
+	// The lock is leased: held across a burst of execs, released after a
+	// short idle time, never on this caller's path.
+	conn, leaseDone, err := m.lockSandbox(ctx, s)
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
-		defer cancel()
-		if err := m.directive(uctx, conn, directiveUnlock); err != nil {
-			m.log.Warn("release the sandbox lock", "run", s.RunID, "err", err)
-		}
-	}()
+	defer leaseDone()
+	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 
 	res := ipc.ExecResult{RunID: s.RunID, RunURL: s.RunURL, PulledFiles: []string{}}
 	warn := func(msg string) {
@@ -81,7 +78,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	if msg := m.driftWarning(s); msg != "" {
 		warn(msg)
 	}
-	runner := connRunner{conn}
+	runner := connRunner{lc}
 	sync := !req.NoSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot
 	locked := m.now()
 	if sync {
@@ -93,7 +90,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 	_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 	pushed := m.now()
-	status, runErr := m.run(ctx, conn, req, stream)
+	status, runErr := m.run(ctx, lc, req, stream)
 	if runErr != nil {
 		return ipc.ExecResult{}, runErr
 	}
@@ -171,30 +168,11 @@ func (m *Manager) connect(ctx context.Context, s *store.Session) (*sshpool.Conn,
 	return nil, errdefs.Unavailable(err)
 }
 
-// lockSandbox connects and takes the agent lock. The lock request is the
-// first use of a connection that may have died while idle; taking the lock
-// is safe to repeat on a new connection (the agent releases a lock whose
-// connection closed), so a broken connection gets one more try.
-func (m *Manager) lockSandbox(ctx context.Context, s *store.Session) (*sshpool.Conn, error) {
-	for attempt := 0; ; attempt++ {
-		conn, err := m.connect(ctx, s)
-		if err != nil {
-			return nil, err
-		}
-		err = m.directive(ctx, conn, directiveLock)
-		if err == nil {
-			return conn, nil
-		}
-		if attempt > 0 || ctx.Err() != nil || !(errors.Is(err, sshpool.ErrConnectionLost) || errors.Is(err, sshpool.ErrNotSent)) {
-			return nil, fmt.Errorf("acquire the sandbox lock: %w", err)
-		}
-		m.log.Info("connection broke before the lock was granted; reconnecting", "run", s.RunID, "err", err)
-	}
-}
-
 // directive runs an agent directive, which must succeed silently.
 func (m *Manager) directive(ctx context.Context, conn *sshpool.Conn, name string) error {
-	st, err := conn.Exec(ctx, name, sshpool.Stdio{})
+	// On this connection only: the lock belongs to the connection that
+	// took it.
+	st, err := conn.ExecOnce(ctx, name, sshpool.Stdio{})
 	if err != nil {
 		return errdefs.Unavailable(err)
 	}
@@ -226,7 +204,7 @@ func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, 
 }
 
 // run runs the user's command with the caller's streams and signals.
-func (m *Manager) run(ctx context.Context, conn *sshpool.Conn, req ipc.ExecRequest, stream ipc.ExecStream) (sshpool.ExitStatus, error) {
+func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest, stream ipc.ExecStream) (sshpool.ExitStatus, error) {
 	signals := make(chan ssh.Signal, 4)
 	done := make(chan struct{})
 	defer close(done)
@@ -252,7 +230,7 @@ func (m *Manager) run(ctx context.Context, conn *sshpool.Conn, req ipc.ExecReque
 	if req.Stdin {
 		stdin = stream.Stdin()
 	}
-	st, err := conn.Exec(ctx, shellQuote(req.Argv), sshpool.Stdio{Stdin: stdin, Stdout: stream.Stdout(), Stderr: stream.Stderr(), Signals: signals})
+	st, err := conn.exec(ctx, shellQuote(req.Argv), sshpool.Stdio{Stdin: stdin, Stdout: stream.Stdout(), Stderr: stream.Stderr(), Signals: signals})
 	if err != nil {
 		if ctx.Err() != nil {
 			return st, errdefs.Canceled(fmt.Errorf("the command was cancelled because the client went away: %w", err))
@@ -321,11 +299,11 @@ func (m *Manager) flushExecRecords() {
 	}
 }
 
-// connRunner runs sync commands over a held connection.
-type connRunner struct{ conn *sshpool.Conn }
+// connRunner runs sync commands on the connection holding the lock.
+type connRunner struct{ conn *lockedConn }
 
 func (r connRunner) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	st, err := r.conn.Exec(ctx, command, sshpool.Stdio{Stdin: stdin, Stdout: stdout, Stderr: stderr})
+	st, err := r.conn.exec(ctx, command, sshpool.Stdio{Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {
 		return -1, err
 	}

@@ -102,6 +102,9 @@ type Options struct {
 	// DaemonConfig is the part of sandboxd's configuration the manager
 	// uses or shows; SetDaemonConfig replaces it on a reload.
 	DaemonConfig DaemonConfig
+	// LockIdle is how long the agent lock stays held after an exec
+	// (DefaultLockIdle when zero).
+	LockIdle time.Duration
 }
 
 // DaemonConfig is the part of sandboxd's own configuration the manager uses
@@ -128,6 +131,8 @@ type Manager struct {
 	mu        sync.Mutex
 	runtime   map[string]*sessionRuntime // by session id
 	daemonCfg DaemonConfig
+	leases    map[string]*lease // agent lock leases, by run id
+	closing   bool              // Close began: leases are released at once
 
 	wg sync.WaitGroup // background work: rehydration, exec records
 
@@ -173,6 +178,9 @@ func New(opts Options) (*Manager, error) {
 	if opts.TokenTTL <= 0 {
 		opts.TokenTTL = 24 * time.Hour
 	}
+	if opts.LockIdle <= 0 {
+		opts.LockIdle = DefaultLockIdle
+	}
 	m := &Manager{
 		opts:      opts,
 		st:        opts.Store,
@@ -180,6 +188,7 @@ func New(opts Options) (*Manager, error) {
 		now:       opts.Now,
 		git:       gitRunner{binary: opts.GitBinary},
 		runtime:   make(map[string]*sessionRuntime),
+		leases:    make(map[string]*lease),
 		daemonCfg: opts.DaemonConfig,
 	}
 	m.recordsDone = sync.NewCond(&m.records)

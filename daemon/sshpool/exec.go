@@ -39,7 +39,7 @@ type ExitStatus struct {
 // never returns must be unblocked by its owner. No write to Stdout or
 // Stderr happens after Exec returns.
 func (c *Conn) Exec(ctx context.Context, command string, stdio Stdio) (ExitStatus, error) {
-	st, err := c.exec(ctx, command, stdio)
+	st, err := c.ExecOnce(ctx, command, stdio)
 	if err == nil || !errors.Is(err, ErrNotSent) || ctx.Err() != nil {
 		return st, err
 	}
@@ -48,10 +48,15 @@ func (c *Conn) Exec(ctx context.Context, command string, stdio Stdio) (ExitStatu
 	if gerr != nil {
 		return st, fmt.Errorf("%w; reconnecting failed: %w", err, gerr)
 	}
-	return c2.exec(ctx, command, stdio)
+	return c2.ExecOnce(ctx, command, stdio)
 }
 
-func (c *Conn) exec(ctx context.Context, command string, stdio Stdio) (ExitStatus, error) {
+// ExecOnce is Exec on this connection only: when nothing reached the agent
+// it returns an error wrapping ErrNotSent instead of trying another
+// connection. Callers whose command needs what this connection holds (the
+// agent's lock belongs to the connection that took it) use it and retry
+// themselves after taking the lock on a new connection.
+func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitStatus, error) {
 	if err := ctx.Err(); err != nil {
 		return ExitStatus{}, fmt.Errorf("run a command in sandbox %s: %w", c.target.RunID, err)
 	}
@@ -59,6 +64,10 @@ func (c *Conn) exec(ctx context.Context, command string, stdio Stdio) (ExitStatu
 	if err != nil {
 		return ExitStatus{}, err
 	}
+	// Open the next spare now, while this command runs, so that the next
+	// exec (a burst, a push then a command) never waits for a channel
+	// open.
+	c.prepareSpare()
 	before := c.tcp.writes.Load()
 	ok, err := s.ch.SendRequest("exec", true, ssh.Marshal(struct{ Command string }{command}))
 	if err != nil {
@@ -77,12 +86,10 @@ func (c *Conn) exec(ctx context.Context, command string, stdio Stdio) (ExitStatu
 	}
 	if !ok {
 		s.ch.Close()
-		c.prepareSpare()
 		return ExitStatus{}, fmt.Errorf("%w (sandbox %s)", ErrRefused, c.target.RunID)
 	}
 	// From here on the command may be running: whatever happens, it is
 	// never sent again.
-	defer c.prepareSpare()
 	return c.stream(ctx, s, stdio)
 }
 

@@ -1,0 +1,86 @@
+package e2e
+
+import (
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// While this daemon runs a burst of execs on a sandbox (each one starting
+// before the lock's idle time could pass), another client doing lock →
+// command → unlock by hand on its own SSH connection is served during the
+// burst: the daemon's lease on the agent lock yields at an exec boundary
+// once held for its idle time, and the agent grants the lock in request
+// order. Before the lease yielded, the other client waited for the whole
+// burst.
+func TestLeaseServesAnotherClientDuringABurst(t *testing.T) {
+	e := newEnv(t)
+	lc := e.startLocalcloud()
+	e.startDaemon()
+	repo := e.newRepo("lease", defaultConfig)
+	run := e.startSandbox(repo)
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+
+	var ci struct {
+		Address        string `json:"address"`
+		PublicHostKey  string `json:"public_host_key"`
+		PrivateUserKey string `json:"private_user_key"`
+	}
+	if err := json.Unmarshal(lc.call(t, "GET", "/mint/api/sandbox_connection_info?sandbox_key="+run, nil), &ci); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostKey, _, _, _, err := ssh.ParseAuthorizedKey([]byte(ci.PublicHostKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := ssh.Dial("tcp", ci.Address, &ssh.ClientConfig{User: "rwx-cli", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hostKey), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	run1 := func(cmd string) {
+		s, err := other.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		if err := s.Run(cmd); err != nil {
+			t.Fatalf("%s: %v", cmd, err)
+		}
+	}
+
+	// The burst: back-to-back execs until the other client is done (or a
+	// cap far beyond the lease's idle time).
+	const maxBurst = 400
+	var served atomic.Bool
+	var execs atomic.Int64
+	burstDone := make(chan struct{})
+	go func() {
+		defer close(burstDone)
+		for i := 0; i < maxBurst && !served.Load(); i++ {
+			if r := e.sbx(repo, "exec", "--no-sync", "--", "true"); r.code != 0 {
+				t.Errorf("burst exec %d: %s", i, r)
+				return
+			}
+			execs.Add(1)
+		}
+	}()
+	waitUntil(t, time.Minute, "the burst to be under way", func() bool { return execs.Load() >= 3 })
+	run1("__rwx_sandbox_lock_requested__")
+	run1("true")
+	run1("__rwx_sandbox_lock_released__")
+	served.Store(true)
+	at := execs.Load()
+	<-burstDone
+	if at >= maxBurst {
+		t.Fatalf("the other client was served only after the daemon's burst of %d execs ended", maxBurst)
+	}
+	t.Logf("served after %d execs of the burst", at)
+}

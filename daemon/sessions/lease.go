@@ -1,0 +1,247 @@
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// DefaultLockIdle is how long the agent lock stays held after this daemon's
+// last exec on a sandbox, and also the longest it is held through a burst
+// before it is given up at the next exec boundary (the agent grants it in
+// request order, so a waiting client goes first): a client on another
+// machine waits at most this long plus the exec that is running.
+const DefaultLockIdle = 250 * time.Millisecond
+
+// lease holds the sandbox agent's lock across a burst of this daemon's
+// execs on one run. Execs on a run are serialized by the exec queue, so at
+// most one uses the lease at a time; the release runs after LockIdle
+// without an exec, off every caller's path.
+type lease struct {
+	mu        sync.Mutex
+	conn      *sshpool.Conn // the connection that holds the agent lock; nil when not held
+	since     time.Time     // when conn took the lock
+	busy      bool          // an exec uses the lease
+	gen       uint64        // bumped on every use: a stale idle timer does nothing
+	timer     *time.Timer
+	releasing chan struct{} // closed once an unlock in flight is answered
+}
+
+// leaseFor returns the lease of a run, creating it on first use.
+func (m *Manager) leaseFor(runID string) *lease {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l, ok := m.leases[runID]
+	if !ok {
+		l = &lease{}
+		m.leases[runID] = l
+	}
+	return l
+}
+
+// lockSandbox connects and makes sure the agent lock is held by the
+// connection it returns: at once when this daemon's lease still holds it,
+// else with a lock request. done must be called when the exec is over; it
+// starts the idle countdown of the lease.
+//
+// The lock request is the first use of a connection that may have died
+// while idle; taking the lock is safe to repeat on a new connection (the
+// agent releases a lock whose connection closed), so a broken connection
+// gets one more try.
+func (m *Manager) lockSandbox(ctx context.Context, s *store.Session) (conn *sshpool.Conn, done func(), err error) {
+	l := m.leaseFor(s.RunID)
+	l.mu.Lock()
+	l.busy = true
+	l.gen++
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	releasing := l.releasing
+	l.mu.Unlock()
+	done = func() { m.leaseIdle(l, s.RunID) }
+	if releasing != nil {
+		// An unlock is on its way: a lock request racing it on another
+		// channel could be answered first and then undone.
+		select {
+		case <-releasing:
+		case <-ctx.Done():
+			done()
+			return nil, nil, fmt.Errorf("acquire the sandbox lock: %w", ctx.Err())
+		}
+	}
+	conn, err = m.takeLock(ctx, s, l)
+	if err != nil {
+		done()
+		return nil, nil, err
+	}
+	return conn, done, nil
+}
+
+// takeLock returns a connection holding the agent lock for lease l.
+func (m *Manager) takeLock(ctx context.Context, s *store.Session, l *lease) (*sshpool.Conn, error) {
+	for attempt := 0; ; attempt++ {
+		conn, err := m.connect(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		l.mu.Lock()
+		held := l.conn == conn
+		l.mu.Unlock()
+		if held {
+			return conn, nil
+		}
+		err = m.directive(ctx, conn, directiveLock)
+		if err == nil {
+			l.mu.Lock()
+			l.conn, l.since = conn, m.now()
+			l.mu.Unlock()
+			return conn, nil
+		}
+		if attempt > 0 || ctx.Err() != nil || !(errors.Is(err, sshpool.ErrConnectionLost) || errors.Is(err, sshpool.ErrNotSent)) {
+			return nil, fmt.Errorf("acquire the sandbox lock: %w", err)
+		}
+		m.log.Info("connection broke before the lock was granted; reconnecting", "run", s.RunID, "err", err)
+	}
+}
+
+// relock takes the lock again on a fresh connection, for a command that
+// could not be sent on the connection that held it.
+func (m *Manager) relock(ctx context.Context, s *store.Session) (*sshpool.Conn, error) {
+	l := m.leaseFor(s.RunID)
+	l.mu.Lock()
+	l.conn = nil
+	l.mu.Unlock()
+	return m.takeLock(ctx, s, l)
+}
+
+// leaseIdle ends an exec's use of the lease: the lock is released after
+// LockIdle unless another exec comes first (at once when the manager is
+// closing).
+func (m *Manager) leaseIdle(l *lease, runID string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.busy = false
+	l.gen++
+	if l.conn == nil {
+		return
+	}
+	gen := l.gen
+	if m.isClosing() || m.now().Sub(l.since) >= m.opts.LockIdle {
+		// Held long enough through a burst: give others their turn now.
+		go m.release(l, runID, gen)
+		return
+	}
+	l.timer = time.AfterFunc(m.opts.LockIdle, func() { m.release(l, runID, gen) })
+}
+
+// release sends the unlock if the lease is still idle at generation gen,
+// and waits for its answer (bounded by unlockTimeout).
+func (m *Manager) release(l *lease, runID string, gen uint64) {
+	l.mu.Lock()
+	if l.busy || l.gen != gen || l.conn == nil {
+		l.mu.Unlock()
+		return
+	}
+	conn := l.conn
+	l.conn, l.timer = nil, nil
+	ch := make(chan struct{})
+	l.releasing = ch
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
+	// On this connection only: the lock is this connection's, and a closed
+	// connection has released it already.
+	st, err := conn.ExecOnce(ctx, directiveUnlock, sshpool.Stdio{})
+	cancel()
+	if err == nil && st.Code != 0 {
+		err = fmt.Errorf("agent refused %s (exit %d)", directiveUnlock, st.Code)
+	}
+	if err != nil {
+		m.log.Debug("release the sandbox lock", "run", runID, "err", err)
+	}
+	l.mu.Lock()
+	l.releasing = nil
+	l.mu.Unlock()
+	close(ch)
+}
+
+// releaseNow releases the lock of runID now if it is held and idle, and
+// waits for the answer (stop, shutdown).
+func (m *Manager) releaseNow(runID string) {
+	m.mu.Lock()
+	l, ok := m.leases[runID]
+	m.mu.Unlock()
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	gen := l.gen
+	releasing := l.releasing
+	l.mu.Unlock()
+	if releasing != nil {
+		<-releasing
+	}
+	m.release(l, runID, gen)
+}
+
+// releaseAll releases every idle lease (the daemon is stopping).
+func (m *Manager) releaseAll(ctx context.Context) {
+	m.mu.Lock()
+	m.closing = true
+	ids := make([]string, 0, len(m.leases))
+	for id := range m.leases {
+		ids = append(ids, id)
+	}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.releaseNow(id)
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+func (m *Manager) isClosing() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.closing
+}
+
+// lockedConn runs the commands of one exec on the connection that holds
+// the agent lock. When a command could not be sent there (the connection
+// broke), the lock is taken on a new connection before the one retry: a
+// push or a command is never run by a connection without the lock.
+type lockedConn struct {
+	conn   *sshpool.Conn
+	relock func(ctx context.Context) (*sshpool.Conn, error)
+}
+
+func (lc *lockedConn) exec(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
+	st, err := lc.conn.ExecOnce(ctx, command, stdio)
+	if err == nil || !errors.Is(err, sshpool.ErrNotSent) || ctx.Err() != nil {
+		return st, err
+	}
+	conn, lerr := lc.relock(ctx)
+	if lerr != nil {
+		return st, fmt.Errorf("%w; taking the sandbox lock on a new connection failed: %w", err, lerr)
+	}
+	lc.conn = conn
+	return conn.ExecOnce(ctx, command, stdio)
+}
