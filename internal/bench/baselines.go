@@ -68,7 +68,7 @@ func (r *runner) agentDirect(ctx context.Context, repo string) error {
 		return err
 	}
 	defer c.Close()
-	row, err := r.measure(ctx, "floor: agent direct, kept SSH connection, true", r.sz.n, 2, 1, []string{id}, func(int) error {
+	row, err := r.measure(ctx, "agent direct: kept SSH connection, new channel + true", r.sz.n, 2, 1, []string{id}, func(int) error {
 		return runOn(c, "true")
 	})
 	if err != nil {
@@ -292,7 +292,7 @@ func (r *runner) concurrent(ctx context.Context) error {
 		}
 	}
 	capacity := float64(n) / time.Since(start).Seconds()
-	r.add(Row{Scenario: "floor: agent direct, serial date;date on one connection", N: n, MedianMs: 1000 / capacity, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1,
+	r.add(Row{Scenario: "agent direct: serial date;date on one kept connection", N: n, MedianMs: 1000 / capacity, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1,
 		Extra: map[string]float64{"execs_per_s": capacity}, Note: "median is the mean"})
 
 	if err := r.callers(ctx, fmt.Sprintf("32 callers on 1 sandbox x %d execs", r.sz.concurrent), []string{one}, 32, capacity); err != nil {

@@ -37,6 +37,7 @@ type env struct {
 	lcHTTP  *http.Client
 	lcToken string
 	lcAPI   string
+	lastCPU time.Duration // user+system CPU of the last sbx run
 }
 
 func newEnv(bin, root string) (*env, error) {
@@ -256,6 +257,7 @@ func (e *env) sbx(ctx context.Context, dir string, args ...string) error {
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("sbx %s in %s: %w\n%s", strings.Join(args, " "), dir, err, out.Bytes())
 	}
+	e.lastCPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	return nil
 }
 

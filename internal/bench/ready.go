@@ -146,7 +146,7 @@ func (r *runner) ratios() {
 		ms := int(rtt.Milliseconds())
 		add("sbx no-sync / OpenSSH ControlMaster (medians)", "exec --no-sync -- true, sbx, paired with baseline B", "baseline B: OpenSSH ControlMaster `ssh true`", ms, "target <= 0.6 at 0 ms")
 		add("sbx no-sync / client library (the shim's cost)", "exec --no-sync -- true, sbx", "exec --no-sync -- true, client library", ms, "")
-		add("sbx no-sync / agent floor", "exec --no-sync -- true, sbx", "floor: agent direct, kept SSH connection, true", ms, "")
+		add("sbx no-sync / agent floor", "exec --no-sync -- true, sbx", "agent direct: kept SSH connection, new channel + true", ms, "")
 		add("baseline A / sbx no-sync", "baseline A: API call + fresh SSH + lock + true + unlock", "exec --no-sync -- true, sbx", ms, "")
 		add(fmt.Sprintf("synced %d files / %d files, sbx", big, small), synced(big, "sbx"), synced(small, "sbx"), ms, "target <= 1.5")
 		add("synced / no-sync, sbx", synced(small, "sbx"), "exec --no-sync -- true, sbx", ms, "")

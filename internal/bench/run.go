@@ -310,12 +310,19 @@ func (r *runner) libExec(ctx context.Context, repo string, noSync bool, argv ...
 
 func (r *runner) execNoSync(ctx context.Context, repo string) error {
 	ids := []string{r.runOf[repo]}
-	row, err := r.measure(ctx, "exec --no-sync -- true, sbx", r.sz.n, 2, 1, ids, func(int) error {
-		return r.e.sbx(ctx, repo, "exec", "--no-sync", "--", "true")
+	var cpu []time.Duration
+	row, err := r.measure(ctx, "exec --no-sync -- true, sbx", r.sz.n, 2, 1, ids, func(i int) error {
+		err := r.e.sbx(ctx, repo, "exec", "--no-sync", "--", "true")
+		if i >= 0 {
+			cpu = append(cpu, r.e.lastCPU)
+		}
+		return err
 	})
 	if err != nil {
 		return err
 	}
+	med, _ := stats(cpu)
+	row.Extra = map[string]float64{"sbx_cpu_ms": med}
 	r.add(row)
 	row, err = r.measure(ctx, "exec --no-sync -- true, client library", r.sz.n, 2, 1, ids, func(int) error {
 		_, err := r.libExec(ctx, repo, true, "true")
