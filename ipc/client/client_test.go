@@ -152,7 +152,7 @@ func TestNotRunning(t *testing.T) {
 	}
 }
 
-func TestExecStdinEchoAndStreams(t *testing.T) {
+func testExecStdinEchoAndStreams(t *testing.T, exec execFunc) {
 	s, c := start(t)
 	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
 		if err := st.Send(ipc.ExecOutput{Type: ipc.ExecStarted}); err != nil {
@@ -172,7 +172,7 @@ func TestExecStdinEchoAndStreams(t *testing.T) {
 	payload := bytes.Repeat([]byte("0123456789abcdef"), 100_000/16*4) // 400 kB: many frames
 	var stdout, stderr bytes.Buffer
 	var frames []string
-	res, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"cat"}}, client.ExecOptions{
+	res, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"cat"}}, client.ExecOptions{
 		Stdin: bytes.NewReader(payload), Stdout: &stdout, Stderr: &stderr,
 		OnFrame: func(f ipc.ExecOutput) { frames = append(frames, f.Type+":"+f.Message) },
 	})
@@ -193,7 +193,9 @@ func TestExecStdinEchoAndStreams(t *testing.T) {
 	}
 }
 
-func TestExecSignalsDelivered(t *testing.T) {
+func TestExecStdinEchoAndStreams(t *testing.T) { forEachExec(t, testExecStdinEchoAndStreams) }
+
+func testExecSignalsDelivered(t *testing.T, exec execFunc) {
 	s, c := start(t)
 	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
 		io.WriteString(st.Stdout(), "ready\n")
@@ -214,7 +216,7 @@ func TestExecSignalsDelivered(t *testing.T) {
 		}
 		sigs <- "INT"
 	}()
-	res, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "run-1"}, Argv: []string{"sleep", "9"}}, client.ExecOptions{Stdout: stdout, Signals: sigs})
+	res, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "run-1"}, Argv: []string{"sleep", "9"}}, client.ExecOptions{Stdout: stdout, Signals: sigs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +225,9 @@ func TestExecSignalsDelivered(t *testing.T) {
 	}
 }
 
-func TestExecDisconnectCancelsBackend(t *testing.T) {
+func TestExecSignalsDelivered(t *testing.T) { forEachExec(t, testExecSignalsDelivered) }
+
+func testExecDisconnectCancelsBackend(t *testing.T, exec execFunc) {
 	s, c := start(t)
 	cancelled := make(chan error, 1)
 	running := make(chan struct{})
@@ -239,7 +243,7 @@ func TestExecDisconnectCancelsBackend(t *testing.T) {
 	go func() {
 		// Stdin from a pipe nobody closes: the body stays open.
 		pr, _ := io.Pipe()
-		_, err := c.Exec(cctx, ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"sleep", "100"}}, client.ExecOptions{Stdin: pr})
+		_, err := exec(c, cctx, ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"sleep", "100"}}, client.ExecOptions{Stdin: pr})
 		errc <- err
 	}()
 	<-running
@@ -261,9 +265,11 @@ func TestExecDisconnectCancelsBackend(t *testing.T) {
 	waitFor(t, func() bool { return s.API.ActiveStreams() == 0 && s.API.ActiveRequests() == 0 })
 }
 
+func TestExecDisconnectCancelsBackend(t *testing.T) { forEachExec(t, testExecDisconnectCancelsBackend) }
+
 // An exec whose command ignores a stdin that never ends (a terminal) still
 // returns when the command does.
-func TestExecReturnsWithStdinStillOpen(t *testing.T) {
+func testExecReturnsWithStdinStillOpen(t *testing.T, exec execFunc) {
 	s, c := start(t)
 	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
 		io.WriteString(st.Stdout(), "hi\n")
@@ -272,14 +278,18 @@ func TestExecReturnsWithStdinStillOpen(t *testing.T) {
 	pr, pw := io.Pipe()
 	defer pw.Close()
 	var out bytes.Buffer
-	res, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"echo"}}, client.ExecOptions{Stdin: pr, Stdout: &out})
+	res, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"echo"}}, client.ExecOptions{Stdin: pr, Stdout: &out})
 	if err != nil || res.ExitCode != 3 || out.String() != "hi\n" {
 		t.Fatalf("%+v %v %q", res, err, out.String())
 	}
 	waitFor(t, func() bool { return s.API.ActiveRequests() == 0 })
 }
 
-func TestExecErrors(t *testing.T) {
+func TestExecReturnsWithStdinStillOpen(t *testing.T) {
+	forEachExec(t, testExecReturnsWithStdinStillOpen)
+}
+
+func testExecErrors(t *testing.T, exec execFunc) {
 	s, c := start(t)
 	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
 		switch req.Argv[0] {
@@ -291,22 +301,24 @@ func TestExecErrors(t *testing.T) {
 			return ipc.ExecResult{}, errdefs.Unavailable(errors.New("the connection broke"))
 		}
 	}
-	_, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "nope"}, Argv: []string{"before"}}, client.ExecOptions{})
+	_, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "nope"}, Argv: []string{"before"}}, client.ExecOptions{})
 	var apiErr *client.APIError
 	if !errors.Is(err, errdefs.ErrNotFound) || !errors.As(err, &apiErr) || apiErr.Status != 404 || err.Error() != "no session for run nope" {
 		t.Fatalf("error before the first frame: %v", err)
 	}
 	var out bytes.Buffer
 	var pos int
-	_, err = c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "r"}, Argv: []string{"after"}}, client.ExecOptions{Stdout: &out, OnFrame: func(f ipc.ExecOutput) { pos = f.Position }})
+	_, err = exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "r"}, Argv: []string{"after"}}, client.ExecOptions{Stdout: &out, OnFrame: func(f ipc.ExecOutput) { pos = f.Position }})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "connection broke") || out.String() != "partial" || pos != 2 {
 		t.Fatalf("error after frames: %v, out %q, position %d", err, out.String(), pos)
 	}
-	_, err = c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}}, client.ExecOptions{})
+	_, err = exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}}, client.ExecOptions{})
 	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "argv is empty") {
 		t.Fatalf("empty argv: %v", err)
 	}
 }
+
+func TestExecErrors(t *testing.T) { forEachExec(t, testExecErrors) }
 
 func TestEventsStreamSinceAndClose(t *testing.T) {
 	s, c := start(t)
@@ -412,7 +424,7 @@ func waitFor(t *testing.T, cond func() bool) {
 
 // Execs back to back on one client reuse its connections: an exec must
 // never start with a context the previous exec on the connection cancelled.
-func TestExecsBackToBackOnKeptConnections(t *testing.T) {
+func testExecsBackToBackOnKeptConnections(t *testing.T, exec execFunc) {
 	s, c := start(t)
 	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
 		select {
@@ -425,8 +437,22 @@ func TestExecsBackToBackOnKeptConnections(t *testing.T) {
 	}
 	for i := range 40 {
 		var out bytes.Buffer
-		if _, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{strconv.Itoa(i)}}, client.ExecOptions{Stdout: &out}); err != nil {
+		if _, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{strconv.Itoa(i)}}, client.ExecOptions{Stdout: &out}); err != nil {
 			t.Fatalf("exec %d: %v", i, err)
 		}
 	}
+}
+
+func TestExecsBackToBackOnKeptConnections(t *testing.T) {
+	forEachExec(t, testExecsBackToBackOnKeptConnections)
+}
+
+// execFunc is one of the client's two exec implementations.
+type execFunc func(c *client.Client, ctx context.Context, req ipc.ExecRequest, opts client.ExecOptions) (ipc.ExecResult, error)
+
+// forEachExec runs an exec test against Exec (net/http) and ExecLean (the
+// hand-written HTTP/1.1 of sbx's exec path): both keep the same contract.
+func forEachExec(t *testing.T, test func(*testing.T, execFunc)) {
+	t.Run("net/http", func(t *testing.T) { test(t, (*client.Client).Exec) })
+	t.Run("lean", func(t *testing.T) { test(t, (*client.Client).ExecLean) })
 }

@@ -71,7 +71,7 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 		return ipc.ExecResult{}, err
 	}
 	defer resp.Body.Close()
-	res, err := c.readExec(ctx, resp, opts, up)
+	res, err := c.readExec(ctx, resp.Body, resp.StatusCode, opts, up)
 	if up != nil {
 		// End the request stream before the response body is closed: a
 		// transport that sees the response end while the request is still
@@ -82,8 +82,8 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 }
 
 // readExec relays output frames until the final one.
-func (c *Client) readExec(ctx context.Context, resp *http.Response, opts ExecOptions, up *uplink) (ipc.ExecResult, error) {
-	dec := json.NewDecoder(resp.Body)
+func (c *Client) readExec(ctx context.Context, body io.Reader, status int, opts ExecOptions, up *uplink) (ipc.ExecResult, error) {
+	dec := json.NewDecoder(body)
 	for {
 		var f ipc.ExecOutput
 		if err := dec.Decode(&f); err != nil {
@@ -114,7 +114,7 @@ func (c *Client) readExec(ctx context.Context, resp *http.Response, opts ExecOpt
 			if f.Error != nil {
 				d = *f.Error
 			}
-			return ipc.ExecResult{}, apiError(resp.StatusCode, d)
+			return ipc.ExecResult{}, apiError(status, d)
 		default:
 			// queued, started, warning, and frame types added later.
 			if opts.OnFrame != nil {

@@ -37,7 +37,7 @@ func FuzzExecOutputFrames(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		resp := &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(bytes.NewReader(body))}
 		var stdout, stderr bytes.Buffer
-		res, err := c.readExec(context.Background(), resp, ExecOptions{Stdout: &stdout, Stderr: &stderr}, nil)
+		res, err := c.readExec(context.Background(), resp.Body, resp.StatusCode, ExecOptions{Stdout: &stdout, Stderr: &stderr}, nil)
 
 		// What an independent reading of the stream says should happen.
 		var wantOut, wantErr []byte

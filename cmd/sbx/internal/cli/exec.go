@@ -91,7 +91,7 @@ func (a *app) exec(ctx context.Context) int {
 		opts.Stdin = a.sys.Stdin
 	}
 	var res ipc.ExecResult
-	err = a.call(ctx, func(ctx context.Context) (err error) { res, err = a.c.Exec(ctx, req, opts); return err })
+	err = a.call(ctx, func(ctx context.Context) (err error) { res, err = a.c.ExecLean(ctx, req, opts); return err })
 	if records != nil {
 		_ = jsonOut.flush()
 		_ = jsonErr.flush()

@@ -1,0 +1,111 @@
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
+)
+
+// ExecLean is Exec without net/http's client machinery (no transport, no
+// connection pool, no per-connection read and write goroutines): one Unix
+// socket connection for this exec, the request written as HTTP/1.1 by hand,
+// the response parsed off the connection. It is for one-shot processes
+// such as sbx, where each exec is the whole life of the program; the
+// semantics (frames, errors, cancellation) are those of Exec.
+func (c *Client) ExecLean(ctx context.Context, req ipc.ExecRequest, opts ExecOptions) (ipc.ExecResult, error) {
+	req.Stdin = opts.Stdin != nil
+	first, err := json.Marshal(req)
+	if err != nil {
+		return ipc.ExecResult{}, errdefs.Invalidf("encode the exec request: %v", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	conn, err := c.dial(ctx, "unix", c.socket)
+	if err != nil {
+		return ipc.ExecResult{}, transportError(ctx, http.MethodPost, "/v1/exec", err)
+	}
+	// Cancelling disconnects, which cancels a queued or running command.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	defer conn.Close()
+
+	streaming := opts.Stdin != nil || opts.Signals != nil
+	var head bytes.Buffer
+	head.WriteString("POST /v1/exec HTTP/1.1\r\nHost: sandboxd\r\nUser-Agent: ")
+	head.WriteString(headerSafe(c.userAgent))
+	head.WriteString("\r\nContent-Type: " + ipc.ContentTypeNDJSON + "\r\nConnection: close\r\n")
+	if streaming {
+		head.WriteString("Transfer-Encoding: chunked\r\n\r\n")
+	} else {
+		// Nothing will follow the request: one plain body.
+		fmt.Fprintf(&head, "Content-Length: %d\r\n\r\n", len(first)+1)
+		head.Write(first)
+		head.WriteByte('\n')
+	}
+	if _, err := conn.Write(head.Bytes()); err != nil {
+		return ipc.ExecResult{}, transportError(ctx, http.MethodPost, "/v1/exec", err)
+	}
+	var up *uplink
+	var upDone chan struct{}
+	if streaming {
+		pr, pw := io.Pipe()
+		up = &uplink{pw: pw, done: make(chan struct{})}
+		go up.run(ctx, first, opts.Stdin, opts.Signals)
+		defer up.stop()
+		// Each frame the uplink writes goes out as one chunk.
+		upDone = make(chan struct{})
+		go func() {
+			defer close(upDone)
+			cw := httputil.NewChunkedWriter(conn)
+			if _, err := io.Copy(cw, pr); err == nil || errors.Is(err, errUplinkDone) {
+				if cw.Close() == nil {
+					_, _ = io.WriteString(conn, "\r\n")
+				}
+			}
+			_ = pr.Close()
+		}()
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		if up != nil && up.failed() != nil && ctx.Err() == nil {
+			return ipc.ExecResult{}, up.failed()
+		}
+		return ipc.ExecResult{}, transportError(ctx, http.MethodPost, "/v1/exec", err)
+	}
+	// The body is never closed: closing it would read it to its end, which
+	// the daemon writes only after it saw this request end. The
+	// connection's close ends both.
+	if v := resp.Header.Get(ipc.HeaderVersion); v != "" {
+		c.daemonVersion.Store(&v)
+	}
+	if resp.StatusCode/100 != 2 {
+		return ipc.ExecResult{}, decodeError(resp)
+	}
+	res, err := c.readExec(ctx, resp.Body, resp.StatusCode, opts, up)
+	if up != nil {
+		// End the request stream cleanly before the connection closes.
+		up.stop()
+		<-upDone
+	}
+	return res, err
+}
+
+// headerSafe drops what could end a header line.
+func headerSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' {
+			return -1
+		}
+		return r
+	}, s)
+}
