@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -74,7 +75,10 @@ func (r *runner) ready(ctx context.Context) error {
 			return err
 		}
 		cmd := exec.Command(filepath.Join(r.opts.Bin, "sandboxd"))
-		cmd.Env = append(e.vars, "NOTIFY_SOCKET="+sock)
+		// The background re-checks after READY go to a remote that refuses
+		// at once: a local remote would be started (detached) by a daemon
+		// this benchmark stops right away.
+		cmd.Env = append(slices.Clone(e.vars), "NOTIFY_SOCKET="+sock, "SANDBOXD_REMOTE=rwx", "RWX_HOST=http://127.0.0.1:1", "RWX_ACCESS_TOKEN=bench")
 		var logs bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &logs, &logs
 		start := time.Now()
