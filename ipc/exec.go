@@ -71,6 +71,11 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 		if cause := context.Cause(ctx); cause != nil && errdefs.KindOf(cause) == errdefs.KindInvalid {
 			execErr = cause
 		}
+		if !st.commandStarted() {
+			// Whoever reads the error must know whether to look for the
+			// command's effects: before "started" nothing was run.
+			execErr = fmt.Errorf("%w (the command did not run)", execErr)
+		}
 	}
 	started := st.finish(res, execErr)
 
@@ -120,10 +125,11 @@ type execStream struct {
 	stdinCh chan []byte // nil when the request has no stdin
 	signals chan string
 
-	mu      sync.Mutex
-	started bool // a frame (and so the 200 header) was written
-	done    bool // the final frame was written; no more writes
-	werr    error
+	mu         sync.Mutex
+	cmdStarted bool // the started frame was sent: the command may run
+	started    bool // a frame (and so the 200 header) was written
+	done       bool // the final frame was written; no more writes
+	werr       error
 }
 
 func newExecStream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, withStdin bool, log *slog.Logger) *execStream {
@@ -148,7 +154,18 @@ func (st *execStream) Send(f ExecOutput) error {
 	default:
 		return fmt.Errorf("exec stream: Send takes queued, started or warning frames, not %q", f.Type)
 	}
+	if f.Type == ExecStarted {
+		st.mu.Lock()
+		st.cmdStarted = true
+		st.mu.Unlock()
+	}
 	return st.write(f, false)
+}
+
+func (st *execStream) commandStarted() bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.cmdStarted
 }
 
 var errStreamDone = errors.New("the exec stream is closed")

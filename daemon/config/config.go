@@ -34,6 +34,7 @@ const (
 	DefaultShutdownTimeout   = 30 * time.Second
 	DefaultReconcileInterval = 30 * time.Second
 	DefaultHistoryRetention  = 7 * 24 * time.Hour
+	DefaultAPITimeout        = 30 * time.Second
 	DefaultLogLevel          = slog.LevelInfo
 )
 
@@ -71,6 +72,8 @@ type Config struct {
 	HistoryRetention time.Duration
 	// LogLevel is the minimum level logged.
 	LogLevel slog.Level
+	// APITimeout bounds each call to the remote's runs API.
+	APITimeout time.Duration
 
 	// File is the config file this was loaded from (it may not exist).
 	File string
@@ -92,6 +95,7 @@ func Default() Config {
 		ReconcileInterval: DefaultReconcileInterval,
 		HistoryRetention:  DefaultHistoryRetention,
 		LogLevel:          DefaultLogLevel,
+		APITimeout:        DefaultAPITimeout,
 	}
 }
 
@@ -106,7 +110,7 @@ func (c Config) Equal(o Config) bool {
 	return c.Remote == o.Remote && c.RWXHost == o.RWXHost && c.RWXAccessToken == o.RWXAccessToken &&
 		c.LocalcloudBinary == o.LocalcloudBinary && c.IdleTimeout == o.IdleTimeout &&
 		c.ShutdownTimeout == o.ShutdownTimeout && c.ReconcileInterval == o.ReconcileInterval &&
-		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel
+		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout
 }
 
 // LogValue makes the configuration safe to log: the token is left out.
@@ -122,6 +126,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("reconcile_interval", c.ReconcileInterval),
 		slog.Duration("history_retention", c.HistoryRetention),
 		slog.String("log_level", c.LogLevel.String()),
+		slog.Duration("api_timeout", c.APITimeout),
 	)
 }
 
@@ -143,6 +148,7 @@ type file struct {
 	ReconcileInterval *string `json:"reconcile_interval"`
 	HistoryRetention  *string `json:"history_retention"`
 	LogLevel          *string `json:"log_level"`
+	APITimeout        *string `json:"api_timeout"`
 }
 
 // Load reads the configuration: defaults, then the config file
@@ -247,6 +253,7 @@ func (c *Config) apply(raw []byte) error {
 		{"shutdown_timeout", f.ShutdownTimeout, &c.ShutdownTimeout, time.Millisecond, ""},
 		{"reconcile_interval", f.ReconcileInterval, &c.ReconcileInterval, minReconcileInterval, ""},
 		{"history_retention", f.HistoryRetention, &c.HistoryRetention, 0, "keep forever"},
+		{"api_timeout", f.APITimeout, &c.APITimeout, 100 * time.Millisecond, ""},
 	}
 	for _, d := range durations {
 		if d.src == nil {
@@ -315,7 +322,7 @@ func describeDecodeError(raw []byte, err error) error {
 		return errors.New("invalid JSON: the file ends before the object does")
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level", msg)
+		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout", msg)
 	}
 	return err
 }

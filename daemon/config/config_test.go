@@ -75,7 +75,8 @@ func TestLoadFullFile(t *testing.T) {
 		"shutdown_timeout": "5s",
 		"reconcile_interval": "1m",
 		"history_retention": "48h",
-		"log_level": "debug"
+		"log_level": "debug",
+		"api_timeout": "2s"
 	}`, 0o600)
 	c, err := Load(l, env)
 	if err != nil {
@@ -85,7 +86,7 @@ func TestLoadFullFile(t *testing.T) {
 		Remote: "rwx", RWXHost: "rwx.example.com", RWXAccessToken: "tok-file",
 		LocalcloudBinary: "/opt/bin/sandboxd-localcloud", IdleTimeout: 90 * time.Second,
 		ShutdownTimeout: 5 * time.Second, ReconcileInterval: time.Minute,
-		HistoryRetention: 48 * time.Hour, LogLevel: slog.LevelDebug,
+		HistoryRetention: 48 * time.Hour, LogLevel: slog.LevelDebug, APITimeout: 2 * time.Second,
 	}
 	if !c.Equal(want) {
 		t.Fatalf("got %v, want %v", c, want)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/daemon/sessions"
@@ -36,6 +37,8 @@ type Settings struct {
 	// Local remote.
 	LocalcloudDir    string
 	LocalcloudBinary string
+	// APITimeout bounds each runs API call (the client's default when 0).
+	APITimeout time.Duration
 }
 
 // Provider implements sessions.RemoteSource.
@@ -116,7 +119,7 @@ func (p *Provider) connectRWX() error {
 	if !strings.Contains(host, "://") {
 		host = "https://" + host
 	}
-	c, err := runsapi.New(runsapi.Options{BaseURL: host, Token: p.settings.Token, Logger: p.log})
+	c, err := runsapi.New(runsapi.Options{BaseURL: host, Token: p.settings.Token, Timeout: p.settings.APITimeout, Logger: p.log})
 	if err != nil {
 		return fmt.Errorf("set up the RWX Cloud client: %w", err)
 	}
@@ -141,7 +144,7 @@ func (p *Provider) connectLocal(ctx context.Context) error {
 	if !pool.AppendCertsFromPEM(pem) {
 		return errdefs.Unavailable(fmt.Errorf("the local remote's certificate %s holds no PEM certificate: stop it (sandboxd-localcloud stop) and retry", d.CertFile))
 	}
-	c, err := runsapi.New(runsapi.Options{BaseURL: d.APIURL, Token: strings.TrimSpace(string(token)), RootCAs: pool, Logger: p.log})
+	c, err := runsapi.New(runsapi.Options{BaseURL: d.APIURL, Token: strings.TrimSpace(string(token)), RootCAs: pool, Timeout: p.settings.APITimeout, Logger: p.log})
 	if err != nil {
 		return fmt.Errorf("set up the local remote client: %w", err)
 	}

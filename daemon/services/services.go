@@ -159,6 +159,7 @@ func (s *Services) remoteSettings(cfg config.Config) remote.Settings {
 		TokenSource:      cfg.TokenSource(),
 		LocalcloudDir:    s.layout.localcloudDir,
 		LocalcloudBinary: bin,
+		APITimeout:       cfg.APITimeout,
 	}
 }
 

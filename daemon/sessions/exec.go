@@ -237,7 +237,7 @@ func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest
 		}
 		if errors.Is(err, sshpool.ErrConnectionLost) {
 			// Never re-sent: the command may have run.
-			return st, errdefs.Unavailable(fmt.Errorf("the connection to the sandbox broke while the command ran; it may or may not have completed, so it was not run again: %w", err))
+			return st, errdefs.Unavailable(fmt.Errorf("the connection to the sandbox broke while the command ran; it may or may not have completed, so it was not run again (check its effects before you run it again): %w", err))
 		}
 		return st, errdefs.Unavailable(fmt.Errorf("run the command in the sandbox: %w", err))
 	}

@@ -295,6 +295,9 @@ func testExecErrors(t *testing.T, exec execFunc) {
 		switch req.Argv[0] {
 		case "before":
 			return ipc.ExecResult{}, errdefs.NotFoundf("no session for run nope")
+		case "running":
+			st.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
+			return ipc.ExecResult{}, errdefs.Unavailable(errors.New("the connection broke while the command ran"))
 		default:
 			st.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Position: 2})
 			io.WriteString(st.Stdout(), "partial")
@@ -303,14 +306,20 @@ func testExecErrors(t *testing.T, exec execFunc) {
 	}
 	_, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "nope"}, Argv: []string{"before"}}, client.ExecOptions{})
 	var apiErr *client.APIError
-	if !errors.Is(err, errdefs.ErrNotFound) || !errors.As(err, &apiErr) || apiErr.Status != 404 || err.Error() != "no session for run nope" {
+	if !errors.Is(err, errdefs.ErrNotFound) || !errors.As(err, &apiErr) || apiErr.Status != 404 || err.Error() != "no session for run nope (the command did not run)" {
 		t.Fatalf("error before the first frame: %v", err)
 	}
 	var out bytes.Buffer
 	var pos int
 	_, err = exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "r"}, Argv: []string{"after"}}, client.ExecOptions{Stdout: &out, OnFrame: func(f ipc.ExecOutput) { pos = f.Position }})
-	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "connection broke") || out.String() != "partial" || pos != 2 {
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "connection broke (the command did not run)") || out.String() != "partial" || pos != 2 {
 		t.Fatalf("error after frames: %v, out %q, position %d", err, out.String(), pos)
+	}
+	// Once the command started, the daemon's own words say what may have
+	// happened: nothing is added.
+	_, err = exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "r"}, Argv: []string{"running"}}, client.ExecOptions{})
+	if !errors.Is(err, errdefs.ErrUnavailable) || strings.Contains(err.Error(), "did not run") {
+		t.Fatalf("error after the command started: %v", err)
 	}
 	_, err = exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}}, client.ExecOptions{})
 	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "argv is empty") {
