@@ -131,6 +131,9 @@ func openBolt(path string, timeout time.Duration, readOnly bool) (db *bolt.DB, e
 			db, err = nil, &CorruptError{Path: path, Err: fmt.Errorf("bbolt panicked while opening: %v", r)}
 		}
 	}()
+	if err := checkNotTruncated(path); err != nil {
+		return nil, err
+	}
 	db, err = bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:  timeout,
 		ReadOnly: readOnly,

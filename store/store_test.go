@@ -250,6 +250,42 @@ func TestCorruptFileIsReportedAndLeftUntouched(t *testing.T) {
 	}
 }
 
+// A file cut short (a full disk, a bad copy) must be reported like any
+// other damage: bbolt would map it and fault (SIGBUS) reading pages past
+// its end.
+func TestTruncatedFileIsReportedAndLeftUntouched(t *testing.T) {
+	// A small store fits bbolt's first 32 KiB mapping: pages cut off inside
+	// it are the SIGBUS of the report; a larger one is cut anywhere before
+	// its last page.
+	for _, sessions := range []int{3, 300} {
+		full := filepath.Join(isolate(t), "full.db")
+		s, err := Open(context.Background(), full, Options{})
+		must(t, err)
+		for i := range sessions {
+			must(t, s.Insert(&Session{Identity: ident(fmt.Sprint("b", i)), RunID: fmt.Sprint("run-", i), State: StateReady}))
+		}
+		must(t, s.Close())
+		b, err := os.ReadFile(full)
+		must(t, err)
+		m, ok := parseBoltMeta(b)
+		if !ok {
+			t.Fatal("no valid meta page in a fresh store")
+		}
+		used := int(m.pgid) * int(m.pageSize)
+		sizes := []int{used - 100}
+		for size := 8 << 10; size < used && size <= 64<<10; size += 4 << 10 {
+			sizes = append(sizes, size)
+		}
+		for _, size := range sizes {
+			t.Run(fmt.Sprint(sessions, "sessions/", size), func(t *testing.T) {
+				path := filepath.Join(isolate(t), "sandboxd.db")
+				must(t, os.WriteFile(path, b[:size], 0o600))
+				assertCorruptUntouched(t, path, b[:size])
+			})
+		}
+	}
+}
+
 func TestCorruptRecordIsReportedByReads(t *testing.T) {
 	path := filepath.Join(isolate(t), "sandboxd.db")
 	s := openTest(t, path, nil)
