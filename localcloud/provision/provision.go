@@ -124,7 +124,20 @@ func Clone(ctx context.Context, o CloneOptions) error {
 		return out.Bytes(), err
 	}
 	if out, err := git("clone", "--quiet", "--no-checkout", "--", o.Origin, o.Dest); err != nil {
-		return fmt.Errorf("clone the repository from git.origin_url %q: %s", o.Origin, tail(out, err))
+		if ctx.Err() != nil || !isLocalPath(o.Origin) {
+			return fmt.Errorf("clone the repository from git.origin_url %q: %s", o.Origin, tail(out, err))
+		}
+		// A clone by path copies (or links) the object files one by one,
+		// and git's background maintenance in the user's repository (gc
+		// --auto after a large commit) may pack and delete them meanwhile.
+		// Through git's transport instead, upload-pack reads objects the
+		// way every git reader does, which survives a concurrent gc.
+		if rerr := os.RemoveAll(o.Dest); rerr != nil {
+			return fmt.Errorf("clone the repository from git.origin_url %q: %s; and removing the failed clone: %v", o.Origin, tail(out, err), rerr)
+		}
+		if out2, err2 := git("clone", "--quiet", "--no-checkout", "--no-local", "--", o.Origin, o.Dest); err2 != nil {
+			return fmt.Errorf("clone the repository from git.origin_url %q: %s (and again through git's transport: %s)", o.Origin, tail(out, err), tail(out2, err2))
+		}
 	}
 	ref := "HEAD"
 	if o.Sha != "" {
@@ -203,6 +216,18 @@ func command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
 	return cmd
+}
+
+// isLocalPath reports whether a clone source is a path on this machine
+// (not a URL or scp-like address), which git clones by copying files.
+func isLocalPath(origin string) bool {
+	if strings.Contains(origin, "://") {
+		return false
+	}
+	if i := strings.IndexByte(origin, ':'); i > 0 && !strings.ContainsRune(origin[:i], '/') {
+		return false // host:path
+	}
+	return true
 }
 
 func tail(out []byte, err error) string {

@@ -197,3 +197,61 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestCloneFallsBackWhenObjectFilesCannotBeCopied: a clone by path copies
+// the object files one by one; when one cannot be copied (gc deleted it
+// meanwhile, or it is something a local clone refuses, as here a dangling
+// link) the clone goes through git's transport instead and succeeds.
+func TestCloneFallsBackWhenObjectFilesCannotBeCopied(t *testing.T) {
+	bare, first := origin(t)
+	objDir := filepath.Join(bare, "objects", "00")
+	if err := os.MkdirAll(objDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(t.TempDir(), "gone"), filepath.Join(objDir, strings.Repeat("0", 38))); err != nil {
+		t.Fatal(err)
+	}
+	dest := filepath.Join(t.TempDir(), "ws")
+	if err := Clone(context.Background(), CloneOptions{Origin: bare, Sha: first, Dest: dest}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dest, "a.txt")); string(b) != "one\n" {
+		t.Fatalf("checked out %q", b)
+	}
+}
+
+// TestCloneDuringConcurrentGC: git maintenance in the source repository
+// (gc packing and deleting the loose objects of a large commit) while the
+// sandbox clones it must not fail the clone.
+func TestCloneDuringConcurrentGC(t *testing.T) {
+	root := t.TempDir()
+	src := filepath.Join(root, "src")
+	git(t, root, "init", "-q", "-b", "main", src)
+	for round := range 1 {
+		// A large commit leaves thousands of loose objects.
+		for i := range 600 {
+			dir := filepath.Join(src, fmt.Sprint("d", i%30))
+			os.MkdirAll(dir, 0o755)
+			os.WriteFile(filepath.Join(dir, fmt.Sprint("f", i)), []byte(fmt.Sprint(round, "-", i, "\n")), 0o644)
+		}
+		git(t, src, "add", ".")
+		git(t, src, "commit", "-q", "-m", fmt.Sprint("round ", round))
+		sha := git(t, src, "rev-parse", "HEAD")
+		gc := exec.Command("git", "-C", src, "-c", "gc.autoDetach=false", "gc", "--quiet", "--prune=now")
+		gc.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1")
+		if err := gc.Start(); err != nil {
+			t.Fatal(err)
+		}
+		dest := filepath.Join(root, fmt.Sprint("ws", round))
+		err := Clone(context.Background(), CloneOptions{Origin: src, Sha: sha, Branch: "main", Dest: dest})
+		if gerr := gc.Wait(); gerr != nil {
+			t.Fatalf("git gc: %v", gerr)
+		}
+		if err != nil {
+			t.Fatalf("round %d: clone during gc: %v", round, err)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dest, "d7", "f7")); string(b) != fmt.Sprint(round, "-7\n") {
+			t.Fatalf("round %d: checked out %q", round, b)
+		}
+	}
+}
