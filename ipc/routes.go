@@ -67,6 +67,11 @@ func (s *Server) routes() *mux.Router {
 	handle(http.MethodPost, routeReconcile, route(s.sessions, emptyBody, reconcile, http.StatusOK))
 	handle(http.MethodPost, routeExec, s.postExec)
 	handle(http.MethodGet, routeEvents, s.getEvents)
+	handle(http.MethodGet, routeBg, route(s.background, bgListQuery, listBg, http.StatusOK))
+	handle(http.MethodPost, routeBgStart, route(s.background, jsonBody[BgStartRequest], BackgroundBackend.BgStart, http.StatusOK))
+	handle(http.MethodPost, routeBgRestart, route(s.background, jsonBody[BgRequest], BackgroundBackend.BgRestart, http.StatusOK))
+	handle(http.MethodPost, routeBgStop, route(s.background, jsonBody[BgRequest], BackgroundBackend.BgStop, http.StatusOK))
+	handle(http.MethodPost, routeBgLogs, s.postBgLogs)
 	return r
 }
 

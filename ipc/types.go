@@ -89,6 +89,8 @@ type SessionInfo struct {
 	EndedAt     *time.Time `json:"endedAt,omitempty"`
 	Adopted     bool       `json:"adopted,omitempty"`
 	ConfigDrift bool       `json:"configDrift,omitempty"`
+	// Forwards are the local ports the daemon forwards to the sandbox.
+	Forwards []Forward `json:"forwards,omitempty"`
 }
 
 // StartResponse answers start and reset.

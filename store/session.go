@@ -89,4 +89,18 @@ type Session struct {
 	// Adopted is set when the session was created from a remote run (by
 	// cli_state match or legacy import) rather than by a start.
 	Adopted bool `json:"adopted,omitempty"`
+	// Background are the background processes started through sandboxd
+	// and their port forwards, reopened when the daemon starts again.
+	Background []Background `json:"background,omitempty"`
+}
+
+// Background is a managed background process of a session.
+type Background struct {
+	Name    string `json:"name"`
+	Command string `json:"command"`
+	// TargetPort is the sandbox port forwarded from LocalPort while
+	// Forwarding (LocalPort is kept after a stop, for the next start).
+	TargetPort int  `json:"targetPort,omitempty"`
+	LocalPort  int  `json:"localPort,omitempty"`
+	Forwarding bool `json:"forwarding,omitempty"`
 }

@@ -1,0 +1,59 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
+)
+
+// BgStart is POST /v1/bg/start.
+func (c *Client) BgStart(ctx context.Context, req ipc.BgStartRequest) (ipc.BgProcess, error) {
+	return call[ipc.BgProcess](ctx, c, http.MethodPost, "/v1/bg/start", nil, req)
+}
+
+// BgRestart is POST /v1/bg/restart.
+func (c *Client) BgRestart(ctx context.Context, req ipc.BgRequest) (ipc.BgProcess, error) {
+	return call[ipc.BgProcess](ctx, c, http.MethodPost, "/v1/bg/restart", nil, req)
+}
+
+// BgStop is POST /v1/bg/stop.
+func (c *Client) BgStop(ctx context.Context, req ipc.BgRequest) (ipc.BgProcess, error) {
+	return call[ipc.BgProcess](ctx, c, http.MethodPost, "/v1/bg/stop", nil, req)
+}
+
+// BgList is GET /v1/bg.
+func (c *Client) BgList(ctx context.Context, req ipc.BgListRequest) (ipc.BgListResponse, error) {
+	q := url.Values{}
+	for k, v := range map[string]string{"cwd": req.Cwd, "configFile": req.ConfigFile, "runId": req.RunID} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	return call[ipc.BgListResponse](ctx, c, http.MethodGet, "/v1/bg", q, nil)
+}
+
+// BgLogs is POST /v1/bg/logs: the process's output goes to stdout and
+// stderr as it comes; with req.Follow it returns when ctx ends.
+func (c *Client) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr io.Writer) (ipc.ExecResult, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return ipc.ExecResult{}, errdefs.Invalidf("encode the logs request: %v", err)
+	}
+	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/bg/logs", nil, bytes.NewReader(body))
+	if err != nil {
+		return ipc.ExecResult{}, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := c.send(hreq)
+	if err != nil {
+		return ipc.ExecResult{}, err
+	}
+	defer resp.Body.Close()
+	return c.readExec(ctx, resp, ExecOptions{Stdout: stdout, Stderr: stderr}, nil)
+}
