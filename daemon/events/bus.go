@@ -36,6 +36,11 @@ const (
 	ReconcileFinished = "reconcile.finished"
 	ConfigDrift       = "config.drift"
 	BranchChanged     = "branch.changed"
+	BackgroundStarted = "background.started"
+	BackgroundStopped = "background.stopped"
+	ForwardOpened     = "forward.opened"
+	ForwardClosed     = "forward.closed"
+	ForwardFailed     = "forward.failed"
 
 	// StreamGap and StreamClosed are synthesized per subscription, never
 	// published: they describe that subscriber's stream, not the daemon, and

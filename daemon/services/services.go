@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/config"
 	"github.com/sandboxd/sandboxd/daemon/events"
 	"github.com/sandboxd/sandboxd/daemon/execq"
+	"github.com/sandboxd/sandboxd/daemon/forward"
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/daemon/reconcile"
 	"github.com/sandboxd/sandboxd/daemon/remote"
@@ -27,14 +29,15 @@ import (
 
 // Services is the running set; it implements daemon.Services.
 type Services struct {
-	manager *sessions.Manager
-	bus     *events.Bus
-	pool    *sshpool.Pool
-	remote  *remote.Provider
-	watcher *watch.Watcher
-	loop    *reconcile.Loop
-	layout  remoteLayout
-	log     *slog.Logger
+	manager  *sessions.Manager
+	bus      *events.Bus
+	pool     *sshpool.Pool
+	forwards *forward.Manager
+	remote   *remote.Provider
+	watcher  *watch.Watcher
+	loop     *reconcile.Loop
+	layout   remoteLayout
+	log      *slog.Logger
 
 	stopConfigWatch func()
 
@@ -88,6 +91,9 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 			s.bus.Publish(typ, s.manager.SessionOfRun(runID), runID, data)
 		},
 	})
+	// Port forwards dial through the manager, which knows each run's
+	// connection (and follows an agent that moved).
+	s.forwards = forward.New(forward.Options{Dialer: sandboxDialer{s}, Logger: log})
 	m, err := sessions.New(sessions.Options{
 		Store:        deps.Store,
 		Remotes:      s.remote,
@@ -97,6 +103,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		Events:       s.bus,
 		Branches:     branches,
 		Watcher:      w,
+		Forwards:     s.forwards,
 		Logger:       log,
 		DaemonConfig: daemonConfig(deps.Config),
 	})
@@ -125,6 +132,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	m.Rehydrate(runCtx)
+	m.RestoreForwards()
 	s.loop = reconcile.New(passer{m}, reconcile.Options{Interval: deps.Config.ReconcileInterval, Logger: log})
 	s.wg.Add(1)
 	go func() {
@@ -132,6 +140,13 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		s.loop.Run(runCtx)
 	}()
 	return s, nil
+}
+
+// sandboxDialer lets the forwards reach sandboxes through the manager.
+type sandboxDialer struct{ s *Services }
+
+func (d sandboxDialer) DialSandbox(ctx context.Context, runID string, port int) (net.Conn, error) {
+	return d.s.manager.DialSandbox(ctx, runID, port)
 }
 
 // passer adapts the manager to the reconcile loop.
@@ -208,6 +223,7 @@ func (s *Services) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		errs = append(errs, ctx.Err())
 	}
+	s.forwards.Shutdown()
 	errs = append(errs, s.pool.Close(), s.watcher.Close())
 	s.bus.Close()
 	return errors.Join(errs...)

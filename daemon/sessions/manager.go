@@ -89,6 +89,7 @@ type Options struct {
 	Events   Publisher
 	Branches BranchReader
 	Watcher  FileWatcher // optional: config drift is then checked per exec
+	Forwards Forwards    // optional: background processes get no port forwards without it
 	Logger   *slog.Logger
 	Now      func() time.Time
 	// GitBinary runs git on the cold paths (create, adoption); default "git".
@@ -133,6 +134,8 @@ type Manager struct {
 	daemonCfg DaemonConfig
 	leases    map[string]*lease // agent lock leases, by run id
 	closing   bool              // Close began: leases are released at once
+
+	bg bgState // port forwards that could not be reopened
 
 	wg sync.WaitGroup // background work: rehydration, exec records
 
@@ -263,6 +266,9 @@ func (m *Manager) info(s *store.Session) ipc.SessionInfo {
 	if !s.EndedAt.IsZero() {
 		t := s.EndedAt
 		in.EndedAt = &t
+	}
+	if !s.State.Terminal() {
+		in.Forwards = m.forwardInfos(s)
 	}
 	m.mu.Lock()
 	if r, ok := m.runtime[s.ID]; ok {

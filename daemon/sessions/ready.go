@@ -173,6 +173,7 @@ func (m *Manager) end(s *store.Session, state store.State, reason, event string)
 		m.log.Error("record session end", "session", s.ID, "err", err)
 		updated = s
 	}
+	m.closeRunForwards(s)
 	if s.RunID != "" {
 		m.opts.Pool.Forget(s.RunID)
 	}

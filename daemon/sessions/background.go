@@ -1,0 +1,595 @@
+package sessions
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/events"
+	"github.com/sandboxd/sandboxd/daemon/forward"
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// Managed-process directives of the sandbox agent (RWX CLI `sandbox
+// background`): the directive, a space, a JSON request; one JSON process
+// record on stdout; exit 127 when the agent does not support them.
+const (
+	directiveProcessStart   = "__rwx_sandbox_process_start__"
+	directiveProcessRestart = "__rwx_sandbox_process_restart__"
+	directiveProcessStop    = "__rwx_sandbox_process_stop__"
+	directiveProcessStatus  = "__rwx_sandbox_process_status__"
+	directiveProcessLogs    = "__rwx_sandbox_process_logs__"
+)
+
+// Forwards owns the daemon's local port forwards (*forward.Manager).
+type Forwards interface {
+	Open(spec forward.Spec) (forward.Info, error)
+	Close(runID, name string) bool
+	CloseRun(runID string) []forward.Info
+	Get(runID, name string) (forward.Info, bool)
+}
+
+// portReadyTimeout bounds waiting for a started process to listen on its
+// forwarded port (as the RWX CLI does).
+const portReadyTimeout = 30 * time.Second
+
+// processRecord is the agent's answer (the RWX CLI's field names).
+type processRecord struct {
+	Key         string `json:"key"`
+	Status      string `json:"status"`
+	TargetPort  int    `json:"targetPort"`
+	PID         int    `json:"pid"`
+	PGID        int    `json:"pgid"`
+	Command     string `json:"command"`
+	StartedAt   string `json:"startedAt"`
+	CompletedAt string `json:"completedAt"`
+	ExitCode    *int   `json:"exitCode"`
+	Signal      string `json:"signal"`
+	StdoutPath  string `json:"stdoutPath"`
+	StderrPath  string `json:"stderrPath"`
+}
+
+// bgState is the runtime state of forwards: why a stored forward could not
+// be reopened (by run id and name).
+type bgState struct {
+	mu     sync.Mutex
+	failed map[string]string
+}
+
+func (b *bgState) setFailed(runID, name, why string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failed == nil {
+		b.failed = make(map[string]string)
+	}
+	if why == "" {
+		delete(b.failed, runID+"\x00"+name)
+		return
+	}
+	b.failed[runID+"\x00"+name] = why
+}
+
+func (b *bgState) failure(runID, name string) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.failed[runID+"\x00"+name]
+}
+
+// bgSession finds the caller's sandbox, which must exist already (as with
+// the RWX CLI: a background process is not worth creating a sandbox for
+// implicitly), and waits until it is ready.
+func (m *Manager) bgSession(ctx context.Context, t ipc.Target) (*store.Session, place, error) {
+	s, p, err := m.lookup(ctx, t)
+	if err != nil {
+		return nil, p, err
+	}
+	if s.RunID == "" {
+		return nil, p, errdefs.Conflictf("the sandbox of %s is still being created: wait for it (`sbx start --wait`), then retry", s.RepoRoot)
+	}
+	s, err = m.waitReady(ctx, s, 0)
+	return s, p, err
+}
+
+// BgStart syncs the working tree (as an exec does), starts or replaces the
+// named process, and with a port forwards a local port to it, then waits
+// (up to 30s) until the port answers in the sandbox.
+func (m *Manager) BgStart(ctx context.Context, req ipc.BgStartRequest) (ipc.BgProcess, error) {
+	if req.Port != 0 && m.opts.Forwards == nil {
+		return ipc.BgProcess{}, errdefs.Unavailable(errors.New("port forwarding is not available in this daemon"))
+	}
+	s, p, err := m.bgSession(ctx, req.Target)
+	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	command := shellQuote(req.Argv)
+	prev := findBackground(s, req.Name)
+	var opened bool
+	rec, err := m.bgLocked(ctx, s, p, !req.NoSync, func(conn *sshpool.Conn) (processRecord, error) {
+		if req.Port != 0 {
+			// The local port is taken before the process starts, so that a
+			// port in use changes nothing in the sandbox.
+			if opened, err = m.openForward(s, req.Name, req.Port, req.LocalPort, prev); err != nil {
+				return processRecord{}, err
+			}
+		} else if m.opts.Forwards != nil {
+			m.closeForward(s, req.Name)
+		}
+		rec, err := m.processDirective(ctx, conn, directiveProcessStart, map[string]any{"key": req.Name, "command": command, "targetPort": req.Port})
+		if err != nil && opened {
+			m.closeForward(s, req.Name)
+		}
+		return rec, err
+	})
+	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	rec.Key, rec.TargetPort = req.Name, req.Port
+	if rec.Command == "" {
+		rec.Command = command
+	}
+	bg := store.Background{Name: req.Name, Command: command, TargetPort: req.Port, Forwarding: req.Port != 0}
+	if prev != nil {
+		bg.LocalPort = prev.LocalPort
+	}
+	if info, ok := m.forwardOf(s, req.Name); ok && req.Port != 0 {
+		bg.LocalPort = info.LocalPort
+	}
+	s = m.saveBackground(s, bg)
+	m.publish(events.BackgroundStarted, s, map[string]any{"name": req.Name, "pid": rec.PID, "targetPort": req.Port})
+	out := m.bgProcess(s, rec)
+	if req.Port != 0 {
+		return m.waitPort(ctx, s, rec, out)
+	}
+	return out, nil
+}
+
+// BgRestart syncs the working tree and restarts the named process with its
+// command; its forward, if it had a port, is reopened on the same local port.
+func (m *Manager) BgRestart(ctx context.Context, req ipc.BgRequest) (ipc.BgProcess, error) {
+	s, p, err := m.bgSession(ctx, req.Target)
+	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	rec, err := m.bgLocked(ctx, s, p, true, func(conn *sshpool.Conn) (processRecord, error) {
+		return m.processDirective(ctx, conn, directiveProcessRestart, map[string]any{"key": req.Name})
+	})
+	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	rec.Key = req.Name
+	prev := findBackground(s, req.Name)
+	bg := store.Background{Name: req.Name, Command: rec.Command, TargetPort: rec.TargetPort}
+	if prev != nil {
+		bg.LocalPort = prev.LocalPort
+		if bg.Command == "" {
+			bg.Command = prev.Command
+		}
+	}
+	if rec.TargetPort != 0 && m.opts.Forwards != nil {
+		if _, err := m.openForward(s, req.Name, rec.TargetPort, 0, prev); err != nil {
+			s = m.saveBackground(s, bg)
+			return m.bgProcess(s, rec), fmt.Errorf("the process restarted, but its port could not be forwarded: %w", err)
+		}
+		bg.Forwarding = true
+		if info, ok := m.forwardOf(s, req.Name); ok {
+			bg.LocalPort = info.LocalPort
+		}
+	}
+	s = m.saveBackground(s, bg)
+	m.publish(events.BackgroundStarted, s, map[string]any{"name": req.Name, "pid": rec.PID, "targetPort": rec.TargetPort, "restart": true})
+	out := m.bgProcess(s, rec)
+	if bg.Forwarding {
+		return m.waitPort(ctx, s, rec, out)
+	}
+	return out, nil
+}
+
+// BgStop closes the process's forward and stops it (its whole process
+// group).
+func (m *Manager) BgStop(ctx context.Context, req ipc.BgRequest) (ipc.BgProcess, error) {
+	s, _, err := m.bgSession(ctx, req.Target)
+	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	m.closeForward(s, req.Name)
+	if bg := findBackground(s, req.Name); bg != nil && bg.Forwarding {
+		cp := *bg
+		cp.Forwarding = false
+		s = m.saveBackground(s, cp)
+	}
+	conn, err := m.connect(ctx, s)
+	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	rec, err := m.processDirective(ctx, conn, directiveProcessStop, map[string]any{"key": req.Name})
+	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	m.publish(events.BackgroundStopped, s, map[string]any{"name": req.Name})
+	return m.bgProcess(s, rec), nil
+}
+
+// BgList reports the processes sandboxd started in the caller's sandbox,
+// each with its live status from the agent.
+func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListResponse, error) {
+	s, _, err := m.bgSession(ctx, t)
+	if err != nil {
+		return ipc.BgListResponse{}, err
+	}
+	resp := ipc.BgListResponse{RunID: s.RunID, Processes: []ipc.BgProcess{}}
+	if len(s.Background) == 0 {
+		return resp, nil
+	}
+	conn, cerr := m.connect(ctx, s)
+	for _, bg := range s.Background {
+		rec := processRecord{Key: bg.Name, Command: bg.Command, TargetPort: bg.TargetPort, Status: "unknown"}
+		var detail string
+		if cerr != nil {
+			detail = cerr.Error()
+		} else if got, err := m.processDirective(ctx, conn, directiveProcessStatus, map[string]any{"key": bg.Name}); err != nil {
+			detail = err.Error()
+		} else {
+			rec = got
+			rec.Key = bg.Name
+			if rec.Command == "" {
+				rec.Command = bg.Command
+			}
+		}
+		p := m.bgProcess(s, rec)
+		p.Detail = detail
+		resp.Processes = append(resp.Processes, p)
+	}
+	return resp, nil
+}
+
+// BgLogs writes the process's stdout and stderr log files; with Follow it
+// keeps following both (tail -F in the sandbox) until ctx ends.
+func (m *Manager) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr io.Writer) (ipc.BgProcess, error) {
+	s, _, err := m.bgSession(ctx, req.Target)
+	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	conn, err := m.connect(ctx, s)
+	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	rec, err := m.processDirective(ctx, conn, directiveProcessLogs, map[string]any{"key": req.Name})
+	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	out := m.bgProcess(s, rec)
+	if rec.StdoutPath == "" || rec.StderrPath == "" {
+		return out, errdefs.Unavailable(fmt.Errorf("the sandbox did not say where the logs of %q are", req.Name))
+	}
+	show := func(path string, w io.Writer) error {
+		cmd := "cat -- " + shellQuote([]string{path})
+		if req.Follow {
+			cmd = "exec tail -n +1 -F -- " + shellQuote([]string{path}) + " 2>/dev/null"
+		}
+		st, err := conn.Exec(ctx, cmd, sshpool.Stdio{Stdout: w})
+		if err != nil {
+			if ctx.Err() != nil && req.Follow {
+				return nil // the client stopped following
+			}
+			return errdefs.Unavailable(fmt.Errorf("read the logs of %q: %w", req.Name, err))
+		}
+		if st.Code != 0 && !req.Follow {
+			return errdefs.Unavailable(fmt.Errorf("read %s in the sandbox: exit %d", path, st.Code))
+		}
+		return nil
+	}
+	if !req.Follow {
+		if err := show(rec.StdoutPath, stdout); err != nil {
+			return out, err
+		}
+		return out, show(rec.StderrPath, stderr)
+	}
+	errs := make(chan error, 2)
+	go func() { errs <- show(rec.StdoutPath, stdout) }()
+	go func() { errs <- show(rec.StderrPath, stderr) }()
+	return out, errors.Join(<-errs, <-errs)
+}
+
+// bgLocked runs fn with the sandbox's turn and agent lock held, after
+// syncing the working tree when asked (what a background process serves
+// must be the latest local state).
+func (m *Manager) bgLocked(ctx context.Context, s *store.Session, p place, doSync bool, fn func(*sshpool.Conn) (processRecord, error)) (processRecord, error) {
+	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(int) {})
+	if err != nil {
+		return processRecord{}, errdefs.Canceled(fmt.Errorf("waiting for the sandbox: %w", err))
+	}
+	defer release()
+	conn, err := m.lockSandbox(ctx, s)
+	if err != nil {
+		return processRecord{}, err
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
+		defer cancel()
+		if err := m.directive(uctx, conn, directiveUnlock); err != nil {
+			m.log.Warn("release the sandbox lock", "run", s.RunID, "err", err)
+		}
+	}()
+	if doSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot {
+		if err := m.push(ctx, connRunner{conn}, s, func(w string) { m.log.Info("sync before a background process", "run", s.RunID, "warning", w) }); err != nil {
+			return processRecord{}, err
+		}
+	}
+	return fn(conn)
+}
+
+// processDirective sends one managed-process directive and decodes the
+// agent's record.
+func (m *Manager) processDirective(ctx context.Context, conn *sshpool.Conn, name string, req map[string]any) (processRecord, error) {
+	payload, err := json.Marshal(req)
+	if err != nil {
+		return processRecord{}, errdefs.Internal(fmt.Errorf("encode the %s request: %w", name, err))
+	}
+	var stdout, stderr bytes.Buffer
+	st, err := conn.Exec(ctx, name+" "+string(payload), sshpool.Stdio{Stdout: &stdout, Stderr: &stderr})
+	if err != nil {
+		return processRecord{}, errdefs.Unavailable(fmt.Errorf("ask the sandbox agent: %w", err))
+	}
+	msg := strings.TrimSpace(stderr.String())
+	switch {
+	case st.Code == 127:
+		return processRecord{}, errdefs.Unavailable(errors.New("background processes are not supported by this sandbox's agent"))
+	case st.Code != 0 || st.Signal != "":
+		if msg == "" {
+			msg = fmt.Sprintf("exit %d", st.Code)
+		}
+		msg = strings.TrimPrefix(msg, "sandboxd-localcloud: ")
+		if strings.Contains(msg, "no background process named") {
+			return processRecord{}, errdefs.NotFound(fmt.Errorf("the sandbox agent: %s", msg))
+		}
+		return processRecord{}, errdefs.Unavailable(fmt.Errorf("the sandbox agent refused: %s", msg))
+	}
+	var rec processRecord
+	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &rec); err != nil {
+		return processRecord{}, errdefs.Unavailable(fmt.Errorf("the sandbox agent's answer is not a process record (%q): %w", stdout.String(), err))
+	}
+	return rec, nil
+}
+
+// waitPort waits until the process listens on its port in the sandbox, or
+// has ended (an error naming its logs), or 30s have passed (the process and
+// forward are kept: it may just be slow).
+func (m *Manager) waitPort(ctx context.Context, s *store.Session, rec processRecord, out ipc.BgProcess) (ipc.BgProcess, error) {
+	deadline := m.now().Add(portReadyTimeout)
+	for {
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		nc, err := m.DialSandbox(dctx, s.RunID, rec.TargetPort)
+		cancel()
+		if err == nil {
+			nc.Close()
+			return out, nil
+		}
+		conn, cerr := m.connect(ctx, s)
+		if cerr != nil {
+			return out, cerr
+		}
+		st, serr := m.processDirective(ctx, conn, directiveProcessStatus, map[string]any{"key": rec.Key})
+		if serr != nil {
+			return out, serr
+		}
+		if st.Status != "running" {
+			m.closeForward(s, rec.Key)
+			return m.bgProcess(s, st), errdefs.Conflict(fmt.Errorf("background process %q ended (%s) before port %d was ready: see `sbx bg logs %s`", rec.Key, describeEnd(st), rec.TargetPort, rec.Key))
+		}
+		if m.now().After(deadline) {
+			out.Detail = fmt.Sprintf("port %d did not answer within %s; the process and the forward are kept", rec.TargetPort, portReadyTimeout)
+			return out, nil
+		}
+		select {
+		case <-ctx.Done():
+			return out, errdefs.Canceled(fmt.Errorf("waiting for port %d: %w", rec.TargetPort, ctx.Err()))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func describeEnd(r processRecord) string {
+	switch {
+	case r.Signal != "":
+		return r.Status + ", signal " + r.Signal
+	case r.ExitCode != nil:
+		return r.Status + ", exit code " + strconv.Itoa(*r.ExitCode)
+	}
+	return r.Status
+}
+
+// DialSandbox reaches a port on the loopback of the sandbox of run runID
+// through the daemon's kept connection (following an agent that moved).
+func (m *Manager) DialSandbox(ctx context.Context, runID string, port int) (net.Conn, error) {
+	s, err := m.st.ByRunID(runID)
+	if err != nil {
+		return nil, fmt.Errorf("forward to run %s: %w", runID, err)
+	}
+	if s.State.Terminal() {
+		return nil, endedError(s)
+	}
+	m.awaitCheck(ctx, s.ID)
+	if cur, err := m.st.Get(s.ID); err == nil {
+		s = cur
+	}
+	conn, err := m.connect(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := conn.Dial(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return nil, errdefs.Unavailable(err)
+	}
+	return nc, nil
+}
+
+// openForward opens (or keeps) the forward of name to port. Without an
+// explicit local port it reuses the previous one of that name when free,
+// else any free port. It reports whether it opened a new forward.
+func (m *Manager) openForward(s *store.Session, name string, port, localPort int, prev *store.Background) (bool, error) {
+	_, had := m.opts.Forwards.Get(s.RunID, name)
+	spec := forward.Spec{RunID: s.RunID, Name: name, TargetPort: port, LocalPort: localPort}
+	if localPort == 0 && prev != nil && prev.LocalPort != 0 {
+		spec.LocalPort = prev.LocalPort
+		if info, err := m.opts.Forwards.Open(spec); err == nil {
+			m.forwardOpened(s, info)
+			return !had, nil
+		}
+		spec.LocalPort = 0
+	}
+	info, err := m.opts.Forwards.Open(spec)
+	if err != nil {
+		return false, err
+	}
+	m.forwardOpened(s, info)
+	return !had, nil
+}
+
+func (m *Manager) forwardOpened(s *store.Session, info forward.Info) {
+	m.bg.setFailed(s.RunID, info.Name, "")
+	m.publish(events.ForwardOpened, s, map[string]any{"name": info.Name, "localPort": info.LocalPort, "targetPort": info.TargetPort, "url": info.URL()})
+}
+
+func (m *Manager) closeForward(s *store.Session, name string) {
+	if m.opts.Forwards == nil {
+		return
+	}
+	m.bg.setFailed(s.RunID, name, "")
+	if m.opts.Forwards.Close(s.RunID, name) {
+		m.publish(events.ForwardClosed, s, map[string]any{"name": name})
+	}
+}
+
+func (m *Manager) forwardOf(s *store.Session, name string) (forward.Info, bool) {
+	if m.opts.Forwards == nil {
+		return forward.Info{}, false
+	}
+	return m.opts.Forwards.Get(s.RunID, name)
+}
+
+// closeRunForwards closes the forwards of a session that ended.
+func (m *Manager) closeRunForwards(s *store.Session) {
+	if m.opts.Forwards == nil || s.RunID == "" {
+		return
+	}
+	for _, info := range m.opts.Forwards.CloseRun(s.RunID) {
+		m.publish(events.ForwardClosed, s, map[string]any{"name": info.Name, "reason": "the sandbox ended"})
+	}
+}
+
+// RestoreForwards reopens the forwards of the stored live sessions (after a
+// daemon restart) on their local ports. A port that is taken now is
+// reported in `sbx list` and events, and retried on the next start or
+// restart of the process.
+func (m *Manager) RestoreForwards() {
+	if m.opts.Forwards == nil {
+		return
+	}
+	all, err := m.st.List()
+	if err != nil {
+		m.log.Error("restore port forwards: list sessions", "err", err)
+		return
+	}
+	for _, s := range all {
+		if s.State.Terminal() || s.RunID == "" {
+			continue
+		}
+		for _, bg := range s.Background {
+			if !bg.Forwarding || bg.TargetPort == 0 {
+				continue
+			}
+			info, err := m.opts.Forwards.Open(forward.Spec{RunID: s.RunID, Name: bg.Name, TargetPort: bg.TargetPort, LocalPort: bg.LocalPort})
+			if err != nil {
+				m.bg.setFailed(s.RunID, bg.Name, err.Error())
+				m.log.Warn("restore port forward", "run", s.RunID, "name", bg.Name, "local", bg.LocalPort, "err", err)
+				m.publish(events.ForwardFailed, s, map[string]any{"name": bg.Name, "localPort": bg.LocalPort, "targetPort": bg.TargetPort, "error": err.Error()})
+				continue
+			}
+			m.forwardOpened(s, info)
+		}
+	}
+}
+
+// forwardInfos is the public view of a session's forwards.
+func (m *Manager) forwardInfos(s *store.Session) []ipc.Forward {
+	var out []ipc.Forward
+	for _, bg := range s.Background {
+		if bg.Forwarding {
+			out = append(out, m.forwardView(s, bg))
+		}
+	}
+	return out
+}
+
+func (m *Manager) forwardView(s *store.Session, bg store.Background) ipc.Forward {
+	f := ipc.Forward{Name: bg.Name, LocalPort: bg.LocalPort, TargetPort: bg.TargetPort}
+	if info, ok := m.forwardOf(s, bg.Name); ok && !s.State.Terminal() {
+		f.LocalPort, f.TargetPort, f.State = info.LocalPort, info.TargetPort, "listening"
+	} else {
+		f.State = "failed"
+		f.Error = m.bg.failure(s.RunID, bg.Name)
+		if f.Error == "" {
+			f.Error = "not listening"
+			if s.State.Terminal() {
+				f.Error = "the sandbox ended"
+			}
+		}
+	}
+	if f.LocalPort != 0 {
+		f.URL = "http://127.0.0.1:" + strconv.Itoa(f.LocalPort)
+	}
+	return f
+}
+
+func (m *Manager) bgProcess(s *store.Session, r processRecord) ipc.BgProcess {
+	p := ipc.BgProcess{
+		RunID: s.RunID, Name: r.Key, Status: r.Status, Command: r.Command, PID: r.PID, PGID: r.PGID,
+		StartedAt: r.StartedAt, CompletedAt: r.CompletedAt, ExitCode: r.ExitCode, Signal: r.Signal,
+		StdoutPath: r.StdoutPath, StderrPath: r.StderrPath,
+	}
+	if bg := findBackground(s, r.Key); bg != nil && bg.Forwarding {
+		f := m.forwardView(s, *bg)
+		p.Forward = &f
+	}
+	return p
+}
+
+func findBackground(s *store.Session, name string) *store.Background {
+	for i := range s.Background {
+		if s.Background[i].Name == name {
+			return &s.Background[i]
+		}
+	}
+	return nil
+}
+
+// saveBackground records bg in the session (replacing the one of its name)
+// and returns the updated session.
+func (m *Manager) saveBackground(s *store.Session, bg store.Background) *store.Session {
+	updated, err := m.st.Update(s.ID, func(cur *store.Session) error {
+		for i := range cur.Background {
+			if cur.Background[i].Name == bg.Name {
+				cur.Background[i] = bg
+				return nil
+			}
+		}
+		cur.Background = append(cur.Background, bg)
+		return nil
+	})
+	if err != nil {
+		m.log.Warn("record a background process", "session", s.ID, "name", bg.Name, "err", err)
+		return s
+	}
+	return updated
+}
