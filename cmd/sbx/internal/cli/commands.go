@@ -74,6 +74,7 @@ func root() *command {
 			{name: "reset", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).reset,
 				summary: "stop the sandbox of this checkout and start a new one",
 				flags:   waitFlags()},
+			bgCommand(),
 			{name: "events", summary: "follow the daemon's events", autoStart: true, run: (*app).events,
 				flags: []flagSpec{{name: "since", kind: stringFlag, arg: "SEQ", help: "replay buffered events after sequence number SEQ first"}}},
 			{name: "mcp", autoStart: true, run: (*app).mcpServe,

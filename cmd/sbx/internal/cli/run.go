@@ -243,6 +243,15 @@ func (a *app) list(ctx context.Context) int {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, status, s.RepoRoot, s.Branch, relConfig(s), a.ago(s.LastExecAt))
 	}
 	tw.Flush()
+	for _, s := range resp.Sessions {
+		for _, f := range s.Forwards {
+			line := fmt.Sprintf("%s forward %s: %s -> sandbox port %d", s.RunID, f.Name, f.URL, f.TargetPort)
+			if f.State != "listening" {
+				line += " (" + f.State + ": " + f.Error + ")"
+			}
+			fmt.Fprintln(a.sys.Stdout, line)
+		}
+	}
 	return ExitOK
 }
 

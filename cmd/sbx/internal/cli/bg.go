@@ -1,0 +1,239 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/sandboxd/sandboxd/ipc"
+)
+
+// bgCommand is `sbx bg`: managed background processes in the sandbox and
+// the daemon's port forwards to them.
+func bgCommand() *command {
+	name := func() []flagSpec { return []flagSpec{idFlag()} }
+	return &command{name: "bg", summary: "run background processes in the sandbox, with local port forwards",
+		long: "A background process runs in the sandbox in its own process group, logging to files, until it is " +
+			"stopped or the sandbox ends. With --port, sandboxd forwards 127.0.0.1:LOCAL on this machine to that " +
+			"port on the sandbox's loopback over its kept SSH connection: the forward outlives sbx, comes back " +
+			"after a reconnect or a daemon restart, and is closed when the sandbox stops.",
+		subs: []*command{
+			{name: "start", args: "-- CMD [ARG...]", argv: true, autoStart: true, run: (*app).bgStart,
+				summary: "sync your changes, then start (or replace) a named background process",
+				flags: []flagSpec{idFlag(),
+					{name: "name", kind: stringFlag, arg: "NAME", compl: complNone, help: "the process's name (letters, digits, _ and -)"},
+					{name: "port", kind: stringFlag, arg: "PORT", compl: complNone, help: "a sandbox port to forward to this machine"},
+					{name: "local-port", kind: stringFlag, arg: "PORT", compl: complNone, help: "the local port (default: the previous one of NAME, else a free one)"},
+					{name: "no-sync", kind: boolFlag, help: "do not sync local changes to the sandbox first"},
+				}},
+			{name: "list", autoStart: true, run: (*app).bgList, flags: name(),
+				summary: "list the background processes started with sbx, their status and forwards"},
+			{name: "stop", args: "NAME", maxArgs: 1, autoStart: true, run: (*app).bgStop, flags: name(),
+				summary: "stop a background process (its whole process group) and close its forward"},
+			{name: "restart", args: "NAME", maxArgs: 1, autoStart: true, run: (*app).bgRestart, flags: name(),
+				summary: "sync your changes, then restart a background process with its command"},
+			{name: "logs", args: "NAME", maxArgs: 1, autoStart: true, run: (*app).bgLogs,
+				summary: "print a background process's stdout and stderr",
+				flags: []flagSpec{idFlag(), {name: "follow", short: "f", kind: boolFlag, help: "keep printing new output until Ctrl-C"}}},
+		}}
+}
+
+// bgTarget is the sandbox of this checkout, or --id.
+func (a *app) bgTarget() (ipc.Target, error) {
+	cwd, err := a.cwd()
+	if err != nil {
+		return ipc.Target{}, err
+	}
+	return ipc.Target{Cwd: cwd, RunID: a.p.strings["id"]}, nil
+}
+
+// bgName is the NAME argument of stop, restart and logs.
+func (a *app) bgName() (string, bool) {
+	if len(a.p.args) != 1 || a.p.args[0] == "" {
+		return "", false
+	}
+	return a.p.args[0], true
+}
+
+func (a *app) portFlag(flag string) (int, error) {
+	s := a.p.strings[flag]
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > 65535 {
+		return 0, &usageError{cmd: a.p.cmd, msg: fmt.Sprintf("--%s %q is not a port: give 1-65535", flag, s)}
+	}
+	return n, nil
+}
+
+func (a *app) bgStart(ctx context.Context) int {
+	t, err := a.bgTarget()
+	if err != nil {
+		return a.fail(err)
+	}
+	req := ipc.BgStartRequest{Target: t, Name: a.p.strings["name"], Argv: a.p.argv, NoSync: a.p.bools["no-sync"]}
+	if req.Name == "" {
+		return a.usage(&usageError{cmd: a.p.cmd, msg: "--name is required: name the process, for example `sbx bg start --name web --port 8000 -- python3 -m http.server 8000`"})
+	}
+	if req.Port, err = a.portFlag("port"); err != nil {
+		return a.usage(err)
+	}
+	if req.LocalPort, err = a.portFlag("local-port"); err != nil {
+		return a.usage(err)
+	}
+	if req.LocalPort != 0 && req.Port == 0 {
+		return a.usage(&usageError{cmd: a.p.cmd, msg: "--local-port needs --port: say which sandbox port to forward"})
+	}
+	var p ipc.BgProcess
+	if err := a.call(ctx, func(ctx context.Context) (err error) { p, err = a.c.BgStart(ctx, req); return err }); err != nil {
+		return a.fail(err)
+	}
+	return a.bgStarted(p, "Started")
+}
+
+func (a *app) bgRestart(ctx context.Context) int {
+	t, err := a.bgTarget()
+	if err != nil {
+		return a.fail(err)
+	}
+	name, ok := a.bgName()
+	if !ok {
+		return a.usage(&usageError{cmd: a.p.cmd, msg: "give the name of the background process to restart"})
+	}
+	var p ipc.BgProcess
+	req := ipc.BgRequest{Target: t, Name: name}
+	if err := a.call(ctx, func(ctx context.Context) (err error) { p, err = a.c.BgRestart(ctx, req); return err }); err != nil {
+		return a.fail(err)
+	}
+	return a.bgStarted(p, "Restarted")
+}
+
+func (a *app) bgStarted(p ipc.BgProcess, verb string) int {
+	if a.p.json() {
+		return a.printJSON(p)
+	}
+	fmt.Fprintf(a.sys.Stdout, "%s background process %q (pid %d) in %s.\n", verb, p.Name, p.PID, p.RunID)
+	if p.Forward != nil {
+		fmt.Fprintf(a.sys.Stdout, "Forwarding %s to port %d in the sandbox.\n", p.Forward.URL, p.Forward.TargetPort)
+	}
+	if p.Detail != "" {
+		a.warn(p.Detail)
+	}
+	fmt.Fprintf(a.sys.Stdout, "Logs: sbx bg logs -f %s; after local edits: sbx bg restart %s\n", p.Name, p.Name)
+	return ExitOK
+}
+
+func (a *app) bgStop(ctx context.Context) int {
+	t, err := a.bgTarget()
+	if err != nil {
+		return a.fail(err)
+	}
+	name, ok := a.bgName()
+	if !ok {
+		return a.usage(&usageError{cmd: a.p.cmd, msg: "give the name of the background process to stop"})
+	}
+	var p ipc.BgProcess
+	req := ipc.BgRequest{Target: t, Name: name}
+	if err := a.call(ctx, func(ctx context.Context) (err error) { p, err = a.c.BgStop(ctx, req); return err }); err != nil {
+		return a.fail(err)
+	}
+	if a.p.json() {
+		return a.printJSON(p)
+	}
+	fmt.Fprintf(a.sys.Stdout, "Stopped background process %q (%s).\n", p.Name, bgStatus(p))
+	return ExitOK
+}
+
+func bgStatus(p ipc.BgProcess) string {
+	s := p.Status
+	switch {
+	case p.Signal != "":
+		s += ", signal " + p.Signal
+	case p.ExitCode != nil:
+		s += ", exit " + strconv.Itoa(*p.ExitCode)
+	}
+	return s
+}
+
+func (a *app) bgList(ctx context.Context) int {
+	t, err := a.bgTarget()
+	if err != nil {
+		return a.fail(err)
+	}
+	var resp ipc.BgListResponse
+	if err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.BgList(ctx, t); return err }); err != nil {
+		return a.fail(err)
+	}
+	if a.p.json() {
+		return a.printJSON(resp)
+	}
+	if len(resp.Processes) == 0 {
+		fmt.Fprintln(a.sys.Stdout, "No background processes. Start one with `sbx bg start --name NAME [--port PORT] -- CMD`.")
+		return ExitOK
+	}
+	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSTATUS\tPID\tFORWARD\tCOMMAND")
+	for _, p := range resp.Processes {
+		fwd := "-"
+		if f := p.Forward; f != nil {
+			fwd = fmt.Sprintf("%s -> %d", f.URL, f.TargetPort)
+			if f.State != "listening" {
+				fwd += " (" + f.State + ": " + f.Error + ")"
+			}
+		}
+		pid := "-"
+		if p.PID != 0 {
+			pid = strconv.Itoa(p.PID)
+		}
+		status := bgStatus(p)
+		if p.Detail != "" {
+			status += " (" + p.Detail + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, status, pid, fwd, strings.ReplaceAll(p.Command, "\n", " "))
+	}
+	tw.Flush()
+	return ExitOK
+}
+
+func (a *app) bgLogs(ctx context.Context) int {
+	t, err := a.bgTarget()
+	if err != nil {
+		return a.fail(err)
+	}
+	name, ok := a.bgName()
+	if !ok {
+		return a.usage(&usageError{cmd: a.p.cmd, msg: "give the name of the background process whose logs to show"})
+	}
+	req := ipc.BgRequest{Target: t, Name: name, Follow: a.p.bools["follow"]}
+	if req.Follow {
+		var stop func()
+		ctx, stop = a.interruptContext(ctx)
+		defer stop()
+	}
+	stdout, stderr := a.sys.Stdout, a.sys.Stderr
+	if a.p.json() {
+		// JSON lines: {"stream":"stdout","data":"..."}.
+		stdout, stderr = jsonLines{a, "stdout"}, jsonLines{a, "stderr"}
+	}
+	if err := a.call(ctx, func(ctx context.Context) error { _, err := a.c.BgLogs(ctx, req, stdout, stderr); return err }); err != nil {
+		if req.Follow && ctx.Err() != nil {
+			return ExitOK // the user stopped following
+		}
+		return a.fail(err)
+	}
+	return ExitOK
+}
+
+// jsonLines prints each write as one JSON line naming its stream.
+type jsonLines struct {
+	a      *app
+	stream string
+}
+
+func (j jsonLines) Write(p []byte) (int, error) {
+	j.a.printJSON(map[string]string{"stream": j.stream, "data": string(p)})
+	return len(p), nil
+}
