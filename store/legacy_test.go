@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -134,7 +135,7 @@ func TestImportLegacyOnceAndWithoutClobbering(t *testing.T) {
 		ID: f.ID, Identity: ident("feature"), Remote: "cloud.rwx.com", RunID: "run-f", RunURL: "u", Token: "tok", ConfigHash: "h",
 		State: StateUnknown, StateReason: f.StateReason, CreatedAt: created, UpdatedAt: clock.Now(), LastExecAt: created.Add(time.Minute), ExecCount: 4, Adopted: true,
 	}
-	if *f != want || f.StateReason == "" {
+	if !reflect.DeepEqual(*f, want) || f.StateReason == "" {
 		t.Fatalf("imported session:\n got %+v\nwant %+v", f, &want)
 	}
 	if d, err := s.ByIdentity(ident("detached@abc")); err != nil || d.RunID != "run-d" || !d.CreatedAt.Equal(clock.Now()) {

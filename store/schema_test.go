@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -72,7 +73,7 @@ func TestMigrateV0Fixture(t *testing.T) {
 			}
 			continue
 		}
-		if *got != *want {
+		if !reflect.DeepEqual(*got, *want) {
 			t.Errorf("session %s changed by the migration:\n got %+v\nwant %+v", want.ID, got, want)
 		}
 		if want.RunID != "" {

@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ func TestInsertGetAndIndices(t *testing.T) {
 	}
 	got, err := s.Get(a.ID)
 	must(t, err)
-	if *got != *a {
+	if !reflect.DeepEqual(*got, *a) {
 		t.Fatalf("Get = %+v, want %+v", got, a)
 	}
 	if got, err := s.ByIdentity(ident("main")); err != nil || got.ID != a.ID {

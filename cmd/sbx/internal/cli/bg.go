@@ -36,7 +36,7 @@ func bgCommand() *command {
 				summary: "sync your changes, then restart a background process with its command"},
 			{name: "logs", args: "NAME", maxArgs: 1, autoStart: true, run: (*app).bgLogs,
 				summary: "print a background process's stdout and stderr",
-				flags: []flagSpec{idFlag(), {name: "follow", short: "f", kind: boolFlag, help: "keep printing new output until Ctrl-C"}}},
+				flags:   []flagSpec{idFlag(), {name: "follow", short: "f", kind: boolFlag, help: "keep printing new output until Ctrl-C"}}},
 		}}
 }
 
