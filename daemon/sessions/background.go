@@ -115,7 +115,7 @@ func (m *Manager) BgStart(ctx context.Context, req ipc.BgStartRequest) (ipc.BgPr
 	command := shellQuote(req.Argv)
 	prev := findBackground(s, req.Name)
 	var opened bool
-	rec, err := m.bgLocked(ctx, s, p, !req.NoSync, func(conn *sshpool.Conn) (processRecord, error) {
+	rec, err := m.bgLocked(ctx, s, p, !req.NoSync, func(conn execer) (processRecord, error) {
 		if req.Port != 0 {
 			// The local port is taken before the process starts, so that a
 			// port in use changes nothing in the sandbox.
@@ -161,7 +161,7 @@ func (m *Manager) BgRestart(ctx context.Context, req ipc.BgRequest) (ipc.BgProce
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
-	rec, err := m.bgLocked(ctx, s, p, true, func(conn *sshpool.Conn) (processRecord, error) {
+	rec, err := m.bgLocked(ctx, s, p, true, func(conn execer) (processRecord, error) {
 		return m.processDirective(ctx, conn, directiveProcessRestart, map[string]any{"key": req.Name})
 	})
 	if err != nil {
@@ -212,7 +212,7 @@ func (m *Manager) BgStop(ctx context.Context, req ipc.BgRequest) (ipc.BgProcess,
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
-	rec, err := m.processDirective(ctx, conn, directiveProcessStop, map[string]any{"key": req.Name})
+	rec, err := m.processDirective(ctx, poolConn{conn}, directiveProcessStop, map[string]any{"key": req.Name})
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
@@ -237,7 +237,7 @@ func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListRe
 		var detail string
 		if cerr != nil {
 			detail = cerr.Error()
-		} else if got, err := m.processDirective(ctx, conn, directiveProcessStatus, map[string]any{"key": bg.Name}); err != nil {
+		} else if got, err := m.processDirective(ctx, poolConn{conn}, directiveProcessStatus, map[string]any{"key": bg.Name}); err != nil {
 			detail = err.Error()
 		} else {
 			rec = got
@@ -264,7 +264,7 @@ func (m *Manager) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr 
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
-	rec, err := m.processDirective(ctx, conn, directiveProcessLogs, map[string]any{"key": req.Name})
+	rec, err := m.processDirective(ctx, poolConn{conn}, directiveProcessLogs, map[string]any{"key": req.Name})
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
@@ -304,40 +304,50 @@ func (m *Manager) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr 
 // bgLocked runs fn with the sandbox's turn and agent lock held, after
 // syncing the working tree when asked (what a background process serves
 // must be the latest local state).
-func (m *Manager) bgLocked(ctx context.Context, s *store.Session, p place, doSync bool, fn func(*sshpool.Conn) (processRecord, error)) (processRecord, error) {
+func (m *Manager) bgLocked(ctx context.Context, s *store.Session, p place, doSync bool, fn func(execer) (processRecord, error)) (processRecord, error) {
 	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(int) {})
 	if err != nil {
 		return processRecord{}, errdefs.Canceled(fmt.Errorf("waiting for the sandbox: %w", err))
 	}
 	defer release()
-	conn, err := m.lockSandbox(ctx, s)
+	// The agent lock is leased as for an exec (released after a short
+	// idle time, never on this caller's path).
+	conn, leaseDone, err := m.lockSandbox(ctx, s)
 	if err != nil {
 		return processRecord{}, err
 	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
-		defer cancel()
-		if err := m.directive(uctx, conn, directiveUnlock); err != nil {
-			m.log.Warn("release the sandbox lock", "run", s.RunID, "err", err)
-		}
-	}()
+	defer leaseDone()
+	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 	if doSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot {
-		if err := m.push(ctx, connRunner{conn}, s, func(w string) { m.log.Info("sync before a background process", "run", s.RunID, "warning", w) }); err != nil {
+		if err := m.push(ctx, connRunner{lc}, s, func(w string) { m.log.Info("sync before a background process", "run", s.RunID, "warning", w) }); err != nil {
 			return processRecord{}, err
 		}
 	}
-	return fn(conn)
+	return fn(lc)
+}
+
+// execer runs one command in the sandbox: a held connection (poolConn) or
+// the one holding the agent lock (*lockedConn).
+type execer interface {
+	exec(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error)
+}
+
+// poolConn is a pool connection as an execer.
+type poolConn struct{ *sshpool.Conn }
+
+func (c poolConn) exec(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
+	return c.Exec(ctx, command, stdio)
 }
 
 // processDirective sends one managed-process directive and decodes the
 // agent's record.
-func (m *Manager) processDirective(ctx context.Context, conn *sshpool.Conn, name string, req map[string]any) (processRecord, error) {
+func (m *Manager) processDirective(ctx context.Context, conn execer, name string, req map[string]any) (processRecord, error) {
 	payload, err := json.Marshal(req)
 	if err != nil {
 		return processRecord{}, errdefs.Internal(fmt.Errorf("encode the %s request: %w", name, err))
 	}
 	var stdout, stderr bytes.Buffer
-	st, err := conn.Exec(ctx, name+" "+string(payload), sshpool.Stdio{Stdout: &stdout, Stderr: &stderr})
+	st, err := conn.exec(ctx, name+" "+string(payload), sshpool.Stdio{Stdout: &stdout, Stderr: &stderr})
 	if err != nil {
 		return processRecord{}, errdefs.Unavailable(fmt.Errorf("ask the sandbox agent: %w", err))
 	}
@@ -379,7 +389,7 @@ func (m *Manager) waitPort(ctx context.Context, s *store.Session, rec processRec
 		if cerr != nil {
 			return out, cerr
 		}
-		st, serr := m.processDirective(ctx, conn, directiveProcessStatus, map[string]any{"key": rec.Key})
+		st, serr := m.processDirective(ctx, poolConn{conn}, directiveProcessStatus, map[string]any{"key": rec.Key})
 		if serr != nil {
 			return out, serr
 		}

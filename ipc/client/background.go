@@ -55,5 +55,5 @@ func (c *Client) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr i
 		return ipc.ExecResult{}, err
 	}
 	defer resp.Body.Close()
-	return c.readExec(ctx, resp, ExecOptions{Stdout: stdout, Stderr: stderr}, nil)
+	return c.readExec(ctx, resp.Body, resp.StatusCode, ExecOptions{Stdout: stdout, Stderr: stderr}, nil)
 }
