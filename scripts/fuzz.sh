@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FUZZTIME="${FUZZTIME:-30s}"
+# FUZZPARALLEL bounds the fuzzing processes (default: one per CPU).
+par=()
+[ -n "${FUZZPARALLEL:-}" ] && par=(-parallel "$FUZZPARALLEL")
 targets=(
 	"./rwxapi FuzzDecodeCLIState"
 	"./store FuzzLegacyFile"
@@ -19,7 +22,7 @@ targets=(
 total=0
 for t in "${targets[@]}"; do
 	set -- $t
-	out=$(go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" "$1" 2>&1) || { echo "$out"; echo "FAIL: $2 in $1"; exit 1; }
+	out=$(go test -run '^$' -fuzz "^$2\$" -fuzztime "$FUZZTIME" -fuzzminimizetime 2s "${par[@]}" "$1" 2>&1) || { echo "$out"; echo "FAIL: $2 in $1"; exit 1; }
 	n=$(echo "$out" | sed -n 's/.*execs: \([0-9]*\).*/\1/p' | tail -n1)
 	total=$((total + ${n:-0}))
 	printf '%-24s %-20s %10s execs\n' "$2" "$1" "${n:-?}"
