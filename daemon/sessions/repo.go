@@ -107,11 +107,40 @@ func (g gitRunner) output(ctx context.Context, dir string, args ...string) (stri
 // head returns the commit HEAD points at, or an error saying the repository
 // has no commits yet.
 func (g gitRunner) head(ctx context.Context, repo string) (string, error) {
-	sha, err := g.output(ctx, repo, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
-	if err != nil || sha == "" {
-		return "", errdefs.Invalidf("the repository %s has no commits yet: commit something first (git commit --allow-empty -m init), then retry", repo)
+	cmd := exec.CommandContext(ctx, g.binary, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+	cmd.Dir = repo
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	sha := strings.TrimSpace(string(out))
+	if err == nil && sha != "" {
+		return sha, nil
 	}
-	return sha, nil
+	return "", gitFailure(ctx, repo, "read HEAD", err, stderr.String(), func() error {
+		return errdefs.Invalidf("the repository %s has no commits yet: commit something first (git commit --allow-empty -m init), then retry", repo)
+	})
+}
+
+// gitFailure says why a git command in repo failed: the caller's deadline,
+// git refusing a repository owned by someone else, git missing, or git's own
+// message; quiet is the caller's meaning of a plain failure with nothing on
+// stderr (rev-parse --quiet: no such commit).
+func gitFailure(ctx context.Context, repo, what string, err error, stderr string, quiet func() error) error {
+	stderr = strings.TrimSpace(stderr)
+	var ee *exec.ExitError
+	switch {
+	case ctx.Err() != nil:
+		return errdefs.Timeout(fmt.Errorf("git (%s in %s) did not finish in time (%w): is the repository very large or on a slow disk? retry, or check with `git -C %s status`", what, repo, ctx.Err(), repo))
+	case strings.Contains(stderr, "dubious ownership"):
+		return errdefs.Invalidf("git refuses the repository %s because it belongs to another user (\"dubious ownership\"): if you trust it, run `git config --global --add safe.directory %s`, then retry", repo, repo)
+	case errors.Is(err, exec.ErrNotFound):
+		return fmt.Errorf("git (%s in %s): git is not installed or not on sandboxd's PATH: %w", what, repo, err)
+	case errors.As(err, &ee) && stderr == "" && quiet != nil:
+		return quiet()
+	case err == nil:
+		return quiet()
+	}
+	return fmt.Errorf("git (%s in %s) failed: %w: %s", what, repo, err, stderr)
 }
 
 // origin returns the URL of the origin remote, or "" when there is none.
