@@ -363,7 +363,12 @@ func TestSocketAPIRejectsBadInput(t *testing.T) {
 		{"relative cwd", "POST", "/v1/exec", map[string]any{"cwd": "relative/dir", "argv": []string{"true"}}, 400},
 		{"nonexistent cwd", "POST", "/v1/exec", map[string]any{"cwd": "/does/not/exist", "argv": []string{"true"}}, 400},
 		{"config outside the repository", "POST", "/v1/sessions/start", map[string]any{"cwd": repo, "configFile": "/etc/passwd"}, 400},
+		{"directory as the config", "POST", "/v1/sessions/start", map[string]any{"cwd": repo, "configFile": ".rwx"}, 400},
+		{"init outside the repository", "POST", "/v1/init", map[string]any{"cwd": repo, "file": "../../x.yml"}, 400},
+		{"init into .git", "POST", "/v1/init", map[string]any{"cwd": repo, "file": ".git/hooks/pre-commit"}, 400},
+		{"init through a link out of the repository", "POST", "/v1/init", map[string]any{"cwd": repo, "file": "out/x.yml"}, 400},
 	}
+	must(t, os.Symlink(e.root, filepath.Join(repo, "out")))
 	for _, c := range cases {
 		body, err := e.api(c.method, c.path, c.body)
 		var se *statusError
@@ -376,6 +381,11 @@ func TestSocketAPIRejectsBadInput(t *testing.T) {
 		}
 		if json.Unmarshal([]byte(se.body), &eb) != nil || eb.Error.Message == "" {
 			t.Errorf("%s: error body %q lacks a message", c.name, se.body)
+		}
+	}
+	for _, p := range []string{filepath.Join(e.root, "x.yml"), filepath.Join(repo, ".git", "hooks", "pre-commit"), filepath.Join(e.root, "x.yml")} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("init wrote %s", p)
 		}
 	}
 }

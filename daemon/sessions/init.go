@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
@@ -36,6 +37,10 @@ func (m *Manager) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitRespon
 		file = filepath.Join(base, DefaultConfigRel)
 	case !filepath.IsAbs(file):
 		file = filepath.Join(req.Cwd, file)
+	}
+	file = filepath.Clean(file)
+	if err := initTarget(base, file); err != nil {
+		return ipc.InitResponse{}, err
 	}
 	if _, err := os.Lstat(file); err == nil {
 		return ipc.InitResponse{}, errdefs.Conflictf("%s already exists: edit it, or remove it to get the template again", file)
@@ -67,4 +72,44 @@ func (m *Manager) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitRespon
 		return ipc.InitResponse{}, fmt.Errorf("write %s: %w", file, werr)
 	}
 	return ipc.InitResponse{File: file}, nil
+}
+
+// initTarget refuses a config path init must not write: outside the
+// repository (or the cwd, outside a repository), inside .git (a hook would
+// run code), or through a symbolic link leading out of the repository.
+func initTarget(base, file string) error {
+	if !within(base, file) {
+		return errdefs.Invalidf("%s is outside %s: sbx init writes the sandbox config inside the repository (default %s)", file, base, DefaultConfigRel)
+	}
+	rel, _ := filepath.Rel(base, file)
+	for _, part := range strings.Split(filepath.ToSlash(rel), "/") {
+		if part == ".git" {
+			return errdefs.Invalidf("%s is inside .git: sbx init writes the sandbox config in the working tree (default %s)", file, DefaultConfigRel)
+		}
+	}
+	// The deepest existing directory must resolve inside the repository
+	// too: a symlinked directory must not carry the write elsewhere.
+	dir := filepath.Dir(file)
+	for {
+		if _, err := os.Lstat(dir); err == nil {
+			break
+		}
+		if parent := filepath.Dir(dir); parent != dir {
+			dir = parent
+			continue
+		}
+		break
+	}
+	realBase, err := filepath.EvalSymlinks(base)
+	if err != nil {
+		return fmt.Errorf("resolve %s: %w", base, err)
+	}
+	realDir, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return fmt.Errorf("resolve %s: %w", dir, err)
+	}
+	if !within(realBase, realDir) {
+		return errdefs.Invalidf("%s leads to %s, outside %s: sbx init writes only inside the repository", dir, realDir, base)
+	}
+	return nil
 }
