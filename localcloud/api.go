@@ -74,9 +74,11 @@ func (s *Server) routes() http.Handler {
 	api(http.MethodPost, rwxapi.PathTelemetry, s.telemetry)
 	api(http.MethodGet, "/runs/{id}", s.getRun) // the run_url
 	admin(http.MethodGet, "/localcloud/health", s.health)
-	admin(http.MethodGet, "/admin/faults", s.getFaults)
-	admin(http.MethodPost, "/admin/faults", s.setFaults)
-	admin(http.MethodPost, "/admin/runs/{id}/drop-connections", s.dropConnections)
+	if s.cfg.EnableFaultInjection {
+		admin(http.MethodGet, "/admin/faults", s.getFaults)
+		admin(http.MethodPost, "/admin/faults", s.setFaults)
+		admin(http.MethodPost, "/admin/runs/{id}/drop-connections", s.dropConnections)
+	}
 	admin(http.MethodPost, "/admin/sweep", s.sweep)
 	admin(http.MethodGet, "/admin/runs/{id}/ssh-stats", s.sshStats)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -300,6 +300,9 @@ func startServer(t testing.TB, cfg Config) *Server {
 	if cfg.Dir == "" {
 		cfg.Dir = filepath.Join(t.TempDir(), "state")
 	}
+	// The tests inject faults; TestFaultInjectionNeedsItsFlag checks the
+	// default.
+	cfg.EnableFaultInjection = true
 	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

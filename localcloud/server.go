@@ -102,6 +102,13 @@ type Config struct {
 	Rand func() float64
 	// Version reported to clients; the package default when empty.
 	Version string
+	// EnableFaultInjection registers the fault-injection routes
+	// (/admin/faults, /admin/runs/{id}/drop-connections) and allows
+	// Faults; off, a remote never fails on purpose whoever asks.
+	EnableFaultInjection bool
+	// AllowRemote lets Listen and HTTPListen bind beyond the loopback
+	// interface; without it New refuses such an address.
+	AllowRemote bool
 	// OneWayDelay is added to every byte of the API's and the agents'
 	// traffic, each way (a round trip grows by twice it), to measure
 	// sandboxd as if the remote were far away (Faults.OneWayDelayMS; whole
@@ -188,6 +195,16 @@ func New(cfg Config) (*Server, error) {
 	if err := cfg.Faults.validate(); err != nil {
 		return nil, fmt.Errorf("faults: %w", err)
 	}
+	if !cfg.EnableFaultInjection && (cfg.Faults.LatencyMS != 0 || cfg.Faults.ErrorRate5xx != 0 || cfg.Faults.DropSSH) {
+		return nil, errors.New("fault injection is off: start sandboxd-localcloud with --enable-fault-injection to inject faults")
+	}
+	if !cfg.AllowRemote {
+		for _, addr := range []string{cfg.Listen, cfg.HTTPListen} {
+			if err := checkLoopback(addr); err != nil {
+				return nil, err
+			}
+		}
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create the state directory: %w", err)
 	}
@@ -195,6 +212,25 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("restrict the state directory: %w", err)
 	}
 	return &Server{cfg: cfg, log: cfg.Logger, faults: cfg.Faults, done: make(chan struct{})}, nil
+}
+
+// checkLoopback refuses a listen address beyond this machine: the runs API
+// hands out SSH keys to sandboxes that run the user's code.
+func checkLoopback(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("listen address %q: %w", addr, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("listen address %q is reachable from other machines (all interfaces or a non-loopback address): the runs API and its sandboxes would be exposed to the network; listen on 127.0.0.1:PORT, or pass --allow-remote if you really mean it", addr)
 }
 
 type wallClock struct{}

@@ -594,3 +594,48 @@ func BenchmarkProvisionSmallRepo(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// TestFaultInjectionNeedsItsFlag: a remote started without
+// EnableFaultInjection (serve without --enable-fault-injection) has no
+// fault routes, whoever asks, and refuses fault settings.
+func TestFaultInjectionNeedsItsFlag(t *testing.T) {
+	isolate(t)
+	srv, err := New(Config{Dir: filepath.Join(t.TempDir(), "state")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close(context.Background()) })
+	c := newClient(t, srv)
+	c.call(404, "GET", "/admin/faults", nil, nil)
+	c.call(404, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 1.0}, nil)
+	c.call(404, "POST", "/admin/runs/x/drop-connections", nil, nil)
+	c.call(200, "GET", rwxapi.PathRuns, nil, nil)
+	if _, err := New(Config{Dir: filepath.Join(t.TempDir(), "state"), Faults: Faults{ErrorRate5xx: 0.5}}); err == nil || !strings.Contains(err.Error(), "--enable-fault-injection") {
+		t.Fatalf("faults without the flag: %v", err)
+	}
+}
+
+// TestListenRefusesAddressesBeyondLoopback: the runs API (which hands out
+// SSH keys) binds all interfaces only when asked to in so many words.
+func TestListenRefusesAddressesBeyondLoopback(t *testing.T) {
+	for _, addr := range []string{"0.0.0.0:0", ":0", "[::]:0", "192.0.2.1:0"} {
+		for _, cfg := range []Config{{Listen: addr}, {HTTPListen: addr}} {
+			cfg.Dir = filepath.Join(t.TempDir(), "state")
+			if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), "--allow-remote") {
+				t.Errorf("%+v: %v", cfg, err)
+			}
+			cfg.AllowRemote = true
+			if _, err := New(cfg); err != nil {
+				t.Errorf("%+v with AllowRemote: %v", cfg, err)
+			}
+		}
+	}
+	for _, addr := range []string{"127.0.0.1:0", "localhost:0", "[::1]:0"} {
+		if _, err := New(Config{Dir: filepath.Join(t.TempDir(), "state"), Listen: addr}); err != nil {
+			t.Errorf("%s: %v", addr, err)
+		}
+	}
+}

@@ -29,7 +29,7 @@ type localcloud struct {
 
 func (e *env) startLocalcloud(args ...string) *localcloud {
 	e.t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, "sandboxd-localcloud"), append([]string{"serve"}, args...)...)
+	cmd := exec.Command(filepath.Join(binDir, "sandboxd-localcloud"), append([]string{"serve", "--enable-fault-injection"}, args...)...)
 	cmd.Env = e.vars
 	logs := &bytes.Buffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs

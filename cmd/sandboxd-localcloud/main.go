@@ -101,6 +101,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	delay := fs.Duration("one-way-delay", delayDefault, "delay every byte of API and SSH traffic by this much each way (a round trip grows by twice it); default from $"+OneWayDelayEnv)
 	rate := fs.Float64("fault-5xx-rate", 0, "fault injection: share of API requests answered 503 (0..1)")
 	dropSSH := fs.Bool("fault-drop-ssh", false, "fault injection: refuse SSH connections to agents")
+	enableFaults := fs.Bool("enable-fault-injection", false, "register the fault-injection routes (/admin/faults, drop-connections) and allow the --fault-* flags; for tests only")
+	allowRemote := fs.Bool("allow-remote", false, "allow --listen/--http on an address other machines can reach (the runs API and its sandboxes are then exposed to the network)")
 	verbose := fs.Bool("verbose", false, "debug logging")
 	asJSON := fs.Bool("json", false, "log as JSON lines")
 	if err := fs.Parse(args); err != nil {
@@ -126,6 +128,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Logger:      log,
 		Version:     Version,
 		OneWayDelay: *delay,
+
+		EnableFaultInjection: *enableFaults,
+		AllowRemote:          *allowRemote,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, prefixed("sandboxd-localcloud", err))
