@@ -122,11 +122,30 @@ func (e *testEnv) activated(t *testing.T, extra ...string) *proc {
 		args = append(args, "-E", k) // systemd-socket-activate passes only what -E names
 	}
 	p := startProc(t, env, append(args, sandboxdBin)...)
+	// The file appears at bind(), before listen(): wait for the listening
+	// socket itself (without connecting, which would start the daemon).
 	eventually(t, 10*time.Second, "systemd-socket-activate to listen on "+e.socket(), func() bool {
-		_, err := os.Lstat(e.socket())
-		return err == nil
+		return unixListening(e.socket())
 	})
 	return p
+}
+
+// unixListening reports whether a Unix socket bound to path is listening,
+// from /proc/net/unix (a listening socket has the SO_ACCEPTCON flag,
+// 00010000).
+func unixListening(path string) bool {
+	b, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		// Num RefCount Protocol Flags Type St Inode Path
+		f := strings.Fields(line)
+		if len(f) >= 8 && f[7] == path && f[3] == "00010000" {
+			return true
+		}
+	}
+	return false
 }
 
 func TestSocketActivation(t *testing.T) {
