@@ -448,3 +448,24 @@ func TestNewValidates(t *testing.T) {
 		t.Errorf("loopback http refused: %v", err)
 	}
 }
+
+// TestRemoteFailuresSayWhatToDo: a 503 (or any 5xx) tells the user it is on
+// the remote's side and what to do, not only the status.
+func TestRemoteFailuresSayWhatToDo(t *testing.T) {
+	for _, c := range []struct {
+		status int
+		want   string
+	}{
+		{503, "wait a minute and run the command again"},
+		{429, "wait a minute and run the command again"},
+		{500, "failed on its side"},
+	} {
+		msg := (&APIError{Op: "connection info", Status: c.status, Message: "boom"}).Error()
+		if !strings.Contains(msg, c.want) || !strings.Contains(msg, "sbx config") {
+			t.Errorf("%d: %q", c.status, msg)
+		}
+	}
+	if msg := (&APIError{Op: "get run", Status: 404, Message: "no such run"}).Error(); strings.Contains(msg, "wait a minute") {
+		t.Errorf("404: %q", msg)
+	}
+}

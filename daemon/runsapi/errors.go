@@ -37,13 +37,24 @@ func (e *APIError) Error() string {
 		if e.Message != "" {
 			msg += ": " + e.Message
 		}
-		return msg
+		return msg + e.advice()
 	}
 	msg += e.Message
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
 	}
-	return msg
+	return msg + e.advice()
+}
+
+// advice says what to do about a failure on the remote's side.
+func (e *APIError) advice() string {
+	switch {
+	case e.Status == http.StatusServiceUnavailable || e.Status == http.StatusTooManyRequests:
+		return " (the remote is unavailable or overloaded for now: reads are retried by themselves; wait a minute and run the command again, `sbx config` shows which remote this is)"
+	case e.Status >= 500:
+		return " (the remote failed on its side: run the command again; if it keeps failing, the remote's status or logs tell why, `sbx config` shows which remote this is)"
+	}
+	return ""
 }
 
 func (e *APIError) Unwrap() error { return e.Err }

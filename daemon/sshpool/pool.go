@@ -350,7 +350,7 @@ func (p *Pool) dial(ctx context.Context, t Target) (*Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(dctx, "tcp", t.Address)
 	if err != nil {
-		return nil, fmt.Errorf("connect to sandbox %s at %s: %w", t.RunID, t.Address, err)
+		return nil, fmt.Errorf("connect to sandbox %s at %s: %w (is the remote up? check with `sbx status`)", t.RunID, t.Address, err)
 	}
 	// The handshake has no context of its own: a deadline bounds it, and
 	// Forget/Close interrupt it.
@@ -368,7 +368,7 @@ func (p *Pool) dial(ctx context.Context, t Target) (*Conn, error) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("SSH handshake with sandbox %s at %s: %w", t.RunID, t.Address, ctx.Err())
 		}
-		return nil, fmt.Errorf("SSH handshake with sandbox %s at %s: %w", t.RunID, t.Address, err)
+		return nil, fmt.Errorf("SSH handshake with sandbox %s at %s failed (its agent may be restarting, overloaded or gone): %w; check it with `sbx status`: an ended sandbox is replaced by the next exec, `sbx reset` starts a new one", t.RunID, t.Address, err)
 	}
 	_ = nc.SetDeadline(time.Time{})
 	return newConn(p, t, ssh.NewClient(sc, chans, reqs), tc), nil

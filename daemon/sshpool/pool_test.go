@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -655,5 +656,32 @@ func TestEnsureFollowsNewConnectionDetails(t *testing.T) {
 	}
 	if p.Live() != 1 {
 		t.Fatalf("Live = %d, want 1", p.Live())
+	}
+}
+
+// A failed SSH handshake says what may be wrong and what to do.
+func TestHandshakeFailureGivesAdvice(t *testing.T) {
+	srv := newTestServer(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("not ssh\r\n"))
+			c.Close()
+		}
+	}()
+	tg := srv.target("run-1")
+	tg.Address = ln.Addr().String()
+	p := newPool(t, Options{})
+	_, err = p.Get(context.Background(), tg)
+	if err == nil || !strings.Contains(err.Error(), "SSH handshake") || !strings.Contains(err.Error(), "sbx status") {
+		t.Fatalf("handshake with a non-SSH server: %v", err)
 	}
 }
