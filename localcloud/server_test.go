@@ -639,3 +639,66 @@ func TestListenRefusesAddressesBeyondLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestSIGKILLedServerLeavesNoCommandRunning: a command running in a sandbox
+// when the server is SIGKILLed dies with it, instead of running on under
+// init with nobody to report its result to.
+func TestSIGKILLedServerLeavesNoCommandRunning(t *testing.T) {
+	isolate(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	cmd := exec.Command(os.Args[0], "serve", "--state-dir", dir)
+	cmd.Env = append(os.Environ(), asBinaryEnv+"=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	c := discoveryClient(t, waitDiscovery(t, dir, cmd.Process.Pid))
+	id := c.create(repo(t, plainConfig), "")
+	c.waitState(id, runs.Sandboxable)
+	sc := dialSandbox(t, c.connInfo(id))
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	s, err := sc.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start("echo $$ > " + pidFile + "; exec sleep 300"); err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	deadline := time.Now().Add(20 * time.Second)
+	for pid == 0 {
+		if b, err := os.ReadFile(pidFile); err == nil {
+			fmt.Sscan(string(b), &pid)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the command did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	if !alive(pid) {
+		t.Fatalf("sleep %d is not running", pid)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	deadline = time.Now().Add(20 * time.Second)
+	for alive(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the command (pid %d) still runs after its server was SIGKILLed", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// alive reports whether pid runs (a zombie waiting for init is not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z' && s[i+2] != 'X'
+	}
+	return true
+}

@@ -223,7 +223,7 @@ func (a *Agent) startProcess(key, command string, port int) (ProcessRecord, erro
 	cmd.Env = a.cfg.Env
 	cmd.Stdout, cmd.Stderr = stdout, stderr // files: the child writes them directly
 	// Its own process group, so that stop reaches everything it started.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setpgid: true})
 
 	a.procs.mu.Lock()
 	defer a.procs.mu.Unlock()

@@ -255,7 +255,7 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 		defer master.Close()
 		_ = setWinsize(tty, p.Columns, p.Rows)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0})
 	} else {
 		stdin, perr := cmd.StdinPipe()
 		if perr != nil {
@@ -268,7 +268,7 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 			stdin.Close()
 		}()
 		cmd.Stdout, cmd.Stderr = s.ch, s.ch.Stderr()
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setpgid: true})
 	}
 	if err := cmd.Start(); err != nil {
 		if tty != nil {

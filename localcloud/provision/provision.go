@@ -212,7 +212,7 @@ func RunSteps(ctx context.Context, steps []Step, dir string, env []string, log i
 // ends (a cancelled run leaves nothing behind).
 func command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setpgid: true})
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
 	return cmd
