@@ -398,4 +398,27 @@ func TestLocalRemoteRestartKeepsSandboxes(t *testing.T) {
 	if ej.RunID != run {
 		t.Fatalf("after the remote restarted, exec used run %s, want %s", ej.RunID, run)
 	}
+	// The run's URL names the restarted remote's port after a reconcile,
+	// not the dead one.
+	var d2 struct {
+		APIURL string `json:"api_url"`
+	}
+	if err := json.Unmarshal([]byte(readFile(t, discovery)), &d2); err != nil || d2.APIURL == "" {
+		t.Fatalf("discovery file after the restart: %v", err)
+	}
+	if _, err := e.api("POST", "/v1/reconcile", nil); err != nil {
+		t.Fatal(err)
+	}
+	var lj struct {
+		Sessions []struct {
+			RunID  string `json:"runId"`
+			RunURL string `json:"runUrl"`
+		} `json:"sessions"`
+	}
+	if err := json.Unmarshal([]byte(e.mustSbx(repo, "list", "--json").stdout), &lj); err != nil || len(lj.Sessions) != 1 {
+		t.Fatalf("list: %v %+v", err, lj)
+	}
+	if want := d2.APIURL + "/runs/" + run; lj.Sessions[0].RunURL != want {
+		t.Fatalf("run URL %s after the remote restarted, want %s", lj.Sessions[0].RunURL, want)
+	}
 }

@@ -85,7 +85,8 @@ func (m *Manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	listed := make(map[string]bool, len(runs))
 	for _, run := range runs {
 		listed[run.ID] = true
-		if _, err := m.st.ByRunID(run.ID); err == nil {
+		if s, err := m.st.ByRunID(run.ID); err == nil {
+			m.refreshRunURL(s, run.RunURL)
 			continue
 		}
 		if id, ok := m.identityOf(run); ok {
@@ -125,6 +126,17 @@ func (m *Manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 	})
 	return rep, nil
+}
+
+// refreshRunURL records a run's URL as the remote gives it now: the local
+// remote's URL carries its port, which changes when it restarts.
+func (m *Manager) refreshRunURL(s *store.Session, url string) {
+	if url == "" || url == s.RunURL || s.State.Terminal() {
+		return
+	}
+	if _, err := m.st.Update(s.ID, func(s *store.Session) error { s.RunURL = url; return nil }); err != nil {
+		m.log.Warn("record the run's new URL", "run", s.RunID, "err", err)
+	}
 }
 
 // identityOf is the identity a remote run claims through its cli_state, when
