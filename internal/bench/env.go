@@ -93,7 +93,7 @@ func (e *env) startLocalcloud(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	e.lc = exec.Command(filepath.Join(e.bin, "sandboxd-localcloud"), "serve", "--state-dir", dir)
+	e.lc = exec.Command(filepath.Join(e.bin, "sandboxd-localcloud"), "serve", "--state-dir", dir, "--enable-fault-injection") // the one-way delay is set through /admin/faults
 	e.lc.Env = e.vars
 	e.lc.Stdout, e.lc.Stderr = logf, logf
 	if err := e.lc.Start(); err != nil {
