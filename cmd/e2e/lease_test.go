@@ -1,12 +1,16 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/client"
 )
 
 // While this daemon runs a burst of execs on a sandbox (each one starting
@@ -56,17 +60,21 @@ func TestLeaseServesAnotherClientDuringABurst(t *testing.T) {
 		}
 	}
 
-	// The burst: back-to-back execs until the other client is done (or a
-	// cap far beyond the lease's idle time).
-	const maxBurst = 400
+	// The burst: back-to-back execs from the client library (no process
+	// start between them, so the lease never idles out) until the other
+	// client is done, or a cap far beyond the lease's idle time.
+	const maxBurst = 600
 	var served atomic.Bool
 	var execs atomic.Int64
 	burstDone := make(chan struct{})
+	c := client.New(e.socket())
+	defer c.Close()
 	go func() {
 		defer close(burstDone)
 		for i := 0; i < maxBurst && !served.Load(); i++ {
-			if r := e.sbx(repo, "exec", "--no-sync", "--", "true"); r.code != 0 {
-				t.Errorf("burst exec %d: %s", i, r)
+			res, err := c.Exec(context.Background(), ipc.ExecRequest{Target: ipc.Target{Cwd: repo}, Argv: []string{"true"}, NoSync: true}, client.ExecOptions{})
+			if err != nil || res.ExitCode != 0 {
+				t.Errorf("burst exec %d: %v %+v", i, err, res)
 				return
 			}
 			execs.Add(1)
