@@ -258,6 +258,7 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.cert, s.pool, err = loadOrCreateCert(filepath.Join(s.cfg.Dir, certDir), time.Now()); err != nil {
 		return fail(err)
 	}
+	reapLeftovers(s.cfg.Dir, s.log)
 	s.runs, err = runs.Open(runs.Config{
 		Dir:         s.cfg.Dir,
 		Clock:       s.cfg.Clock,

@@ -679,12 +679,44 @@ func TestSIGKILLedServerLeavesNoCommandRunning(t *testing.T) {
 	if !alive(pid) {
 		t.Fatalf("sleep %d is not running", pid)
 	}
+	// What it started in the background survives it; the next server of
+	// the state directory ends that.
+	s2, err := sc.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bgFile := filepath.Join(t.TempDir(), "bgpid")
+	if out, err := s2.CombinedOutput("sleep 301 >/dev/null 2>&1 & echo $! > " + bgFile); err != nil {
+		t.Fatalf("background command: %v %s", err, out)
+	}
+	var bg int
+	if b, err := os.ReadFile(bgFile); err != nil || func() bool { _, err := fmt.Sscan(string(b), &bg); return err != nil }() {
+		t.Fatalf("background pid: %v", err)
+	}
+	t.Cleanup(func() { syscall.Kill(bg, syscall.SIGKILL) })
 	cmd.Process.Kill()
 	cmd.Wait()
 	deadline = time.Now().Add(20 * time.Second)
 	for alive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the command (pid %d) still runs after its server was SIGKILLed", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !alive(bg) {
+		t.Fatalf("the background process %d died with the server already: the restart case is not tested", bg)
+	}
+	next := exec.Command(os.Args[0], "serve", "--state-dir", dir)
+	next.Env = append(os.Environ(), asBinaryEnv+"=1")
+	if err := next.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { next.Process.Kill(); next.Wait() })
+	waitDiscovery(t, dir, next.Process.Pid)
+	deadline = time.Now().Add(20 * time.Second)
+	for alive(bg) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the background process %d left by the killed server still runs after a restart", bg)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
