@@ -16,6 +16,10 @@ DIST      := ./dist
 
 PREFIX           ?= $(HOME)/.local
 SYSTEMD_USER_DIR ?= $(HOME)/.config/systemd/user
+# macOS: the launchd user agent (packaging/launchd) instead of systemd units.
+UNAME_S          := $(shell uname -s)
+LAUNCH_AGENTS    ?= $(HOME)/Library/LaunchAgents
+LAUNCHD_LABEL    := com.github.sandboxd.sandboxd
 DESTDIR          ?=
 
 # make test: the whole suite, end-to-end tests included, must stay well
@@ -32,7 +36,7 @@ BENCHTIME   ?= 1s
 # make fuzz: how long each fuzz target runs.
 FUZZTIME    ?= 30s
 
-.PHONY: all help build run test test-long fuzz bench bench-go install uninstall lint clean man completions package
+.PHONY: all help build run test test-long fuzz bench bench-go install uninstall lint clean man completions package darwin
 
 all: build
 
@@ -84,9 +88,16 @@ package: man completions
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(DIST)/bin-$(PKG_ARCH)/ $(addprefix ./cmd/,$(BINARIES))
 	GOOS= GOARCH= $(GO) run ./packaging/build -version '$(VERSION)' -arch $(PKG_ARCH) -bin $(DIST)/bin-$(PKG_ARCH) -share $(SHARE) -out $(DIST)
 
-test:
+test: darwin
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+
+# macOS is built and vetted here, never run: go vet and a build of the
+# three binaries for darwin/amd64 and darwin/arm64.
+darwin:
+	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
+	GOOS=darwin GOARCH=amd64 $(GO) build $(addprefix ./cmd/,$(BINARIES))
+	GOOS=darwin GOARCH=arm64 $(GO) build $(addprefix ./cmd/,$(BINARIES))
 
 # The long forms of the reliability suites (load, faults, crashes); make
 # test runs their short forms.
@@ -108,7 +119,7 @@ SYSTEMD_USER_PATHS = $(HOME)/.config/systemd/user /etc/systemd/user $(HOME)/.loc
 	/usr/local/share/systemd/user /usr/share/systemd/user /usr/local/lib/systemd/user /usr/lib/systemd/user
 
 install: build man completions
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SYSTEMD_USER_DIR) $(DESTDIR)$(PREFIX)/share/man/man1 \
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
 		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
 	install -m 0755 $(addprefix $(BIN)/,$(BINARIES)) $(DESTDIR)$(PREFIX)/bin/
@@ -116,6 +127,16 @@ install: build man completions
 	install -m 0644 $(SHARE)/bash-completion/completions/sbx $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sbx
 	install -m 0644 $(SHARE)/zsh/site-functions/_sbx $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sbx
 	install -m 0644 $(SHARE)/fish/vendor_completions.d/sbx.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/sbx.fish
+ifeq ($(UNAME_S),Darwin)
+	install -d $(DESTDIR)$(LAUNCH_AGENTS)
+	sed -e 's|@SANDBOXD@|$(PREFIX)/bin/sandboxd|' -e 's|@LOG@|$(HOME)/Library/Logs/sandboxd.log|' \
+		packaging/launchd/$(LAUNCHD_LABEL).plist > $(DESTDIR)$(LAUNCH_AGENTS)/$(LAUNCHD_LABEL).plist
+	@echo
+	@echo "Installed to $(DESTDIR)$(PREFIX), with the man pages and the bash, zsh and fish completions."
+	@echo "To start sandboxd at login (sbx also starts it on first use):"
+	@echo "  launchctl bootstrap gui/$$(id -u) $(LAUNCH_AGENTS)/$(LAUNCHD_LABEL).plist"
+else
+	install -d $(DESTDIR)$(SYSTEMD_USER_DIR)
 	install -m 0644 packaging/systemd/sandboxd.socket $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.socket
 	sed 's|^ExecStart=.*|ExecStart=$(PREFIX)/bin/sandboxd|' packaging/systemd/sandboxd.service > $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
 	chmod 0644 $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
@@ -132,11 +153,14 @@ install: build man completions
 		echo "into ~/.config/systemd/user to use them (sbx starts sandboxd by itself otherwise)."; \
 	fi
 
+endif
+
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(BINARIES))
 	rm -f $(DESTDIR)$(PREFIX)/share/man/man1/sbx.1 $(DESTDIR)$(PREFIX)/share/man/man1/sandboxd.1 $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sbx \
 		$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sbx $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/sbx.fish
 	rm -f $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.socket $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
+	rm -f $(DESTDIR)$(LAUNCH_AGENTS)/$(LAUNCHD_LABEL).plist
 
 lint:
 	@unformatted="$$(gofmt -l .)"; \

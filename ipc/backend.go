@@ -16,6 +16,8 @@ type SessionBackend interface {
 	Status(ctx context.Context, req StatusRequest) (ProbeResponse, error)
 	Probe(ctx context.Context, sessionID string) (ProbeResponse, error)
 	Config(ctx context.Context) (ConfigResponse, error)
+	// Doctor checks the remote and each live sandbox (GET /v1/doctor).
+	Doctor(ctx context.Context) (DoctorResponse, error)
 	// Reconcile runs a reconcile pass, or joins the one in flight
 	// (POST /v1/reconcile).
 	Reconcile(ctx context.Context) error

@@ -7,3 +7,24 @@ import "fmt"
 func DriftWarning(configFile string) string {
 	return fmt.Sprintf("%s changed since this sandbox started: run `sbx reset` to start a sandbox with the new config", configFile)
 }
+
+// Phases of a sandbox's start, in order, as sbx shows them and as
+// session.progress events carry them (Progress.Phase).
+const (
+	PhaseDaemonStarting = "daemon_starting" // sbx only: it starts sandboxd
+	PhaseCreating       = "creating"        // asking the remote for a run
+	PhaseCreated        = "created"         // the run exists (RunURL)
+	PhaseProvisioning   = "provisioning"    // the remote sets it up (Message: its current step, when it says)
+	PhaseConnecting     = "connecting"      // sandboxable: opening the SSH connection
+	PhaseReady          = "ready"
+)
+
+// Progress is the data of a session.progress event.
+type Progress struct {
+	Phase      string `json:"phase"`
+	Message    string `json:"message,omitempty"`
+	RunURL     string `json:"runUrl,omitempty"`
+	RepoRoot   string `json:"repoRoot,omitempty"`
+	Branch     string `json:"branch,omitempty"`
+	ConfigFile string `json:"configFile,omitempty"`
+}

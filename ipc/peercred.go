@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-
-	"golang.org/x/sys/unix"
 )
 
 // peer is the identity of a connection's other end, read once per
-// connection with SO_PEERCRED.
+// connection (SO_PEERCRED on Linux, LOCAL_PEERCRED on macOS: readPeerCred).
 type peer struct {
 	uid, gid, pid int
 	err           error // why the identity is unknown
@@ -18,7 +16,7 @@ type peer struct {
 
 type peerKey struct{}
 
-// peerOf reads SO_PEERCRED from a Unix socket connection.
+// peerOf reads the peer credentials of a Unix socket connection.
 func peerOf(c net.Conn) peer {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
@@ -28,17 +26,17 @@ func peerOf(c net.Conn) peer {
 	if err != nil {
 		return peer{err: fmt.Errorf("read peer credentials: %w", err)}
 	}
-	var cred *unix.Ucred
+	var uid, gid, pid int
 	var credErr error
 	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		uid, gid, pid, credErr = readPeerCred(int(fd))
 	}); err != nil {
 		return peer{err: fmt.Errorf("read peer credentials: %w", err)}
 	}
 	if credErr != nil {
-		return peer{err: fmt.Errorf("read peer credentials (SO_PEERCRED): %w", credErr)}
+		return peer{err: fmt.Errorf("read peer credentials: %w", credErr)}
 	}
-	return peer{uid: int(cred.Uid), gid: int(cred.Gid), pid: int(cred.Pid)}
+	return peer{uid: uid, gid: gid, pid: pid}
 }
 
 func withPeer(ctx context.Context, c net.Conn) context.Context {

@@ -33,6 +33,7 @@ const (
 	routeExec      = "/v1/exec"
 	routeEvents    = "/v1/events"
 	routeOpenAPI   = "/v1/openapi.yaml"
+	routeDoctor    = "/v1/doctor"
 )
 
 //go:embed openapi.yaml
@@ -57,6 +58,7 @@ func (s *Server) routes() *mux.Router {
 	handle(http.MethodGet, routeHealth, route(s.daemon, noInput, withoutInput(DaemonBackend.Health), http.StatusOK))
 	handle(http.MethodPost, routeStop, route(s.daemon, emptyBody, stopDaemon, http.StatusAccepted))
 	handle(http.MethodGet, routeConfig, route(s.sessions, noInput, withoutInput(SessionBackend.Config), http.StatusOK))
+	handle(http.MethodGet, routeDoctor, route(s.sessions, noInput, withoutInput(SessionBackend.Doctor), http.StatusOK))
 	handle(http.MethodPost, routeStart, routeWithStatus(s.sessions, jsonBody[StartRequest], SessionBackend.Start, startStatus))
 	handle(http.MethodPost, routeReset, routeWithStatus(s.sessions, jsonBody[StartRequest], SessionBackend.Reset, startStatus))
 	handle(http.MethodGet, routeSessions, route(s.sessions, listQuery, listSessions, http.StatusOK))

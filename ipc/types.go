@@ -169,6 +169,20 @@ type ConfigResponse struct {
 	ReconcileIntervalSeconds float64 `json:"reconcileIntervalSeconds"`
 }
 
+// DoctorCheck is one check of GET /v1/doctor (and `sbx doctor`).
+type DoctorCheck struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"` // what to do when !OK
+}
+
+// DoctorResponse is GET /v1/doctor: the checks only the daemon can make
+// (the remote, SSH to each live sandbox and its clock).
+type DoctorResponse struct {
+	Checks []DoctorCheck `json:"checks"`
+}
+
 // ExecRequest is the first NDJSON line of the POST /v1/exec request body.
 // Later lines are ExecInput frames. A plain JSON body (curl -d) is a request
 // with no stdin.

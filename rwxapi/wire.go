@@ -91,6 +91,10 @@ type ConnectionInfo struct {
 	// ExpiresAt is set by remotes that know when the run will end
 	// (RFC 3339); absent otherwise.
 	ExpiresAt string `json:"expires_at,omitempty"`
+	// Status says what the remote is doing while the run provisions
+	// ("setup step deps (1/2)"), when it says: the local remote does; sbx
+	// shows it as progress.
+	Status string `json:"status,omitempty"`
 }
 
 // Polling tells a client waiting for a sandbox when to ask again.

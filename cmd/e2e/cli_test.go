@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -113,4 +114,94 @@ func TestCLIEdges(t *testing.T) {
 		t.Errorf("a second change of the config is not warned about: %q", r.stderr)
 	}
 	d.stop(t)
+}
+
+// TestProgressPhases: while a sandbox starts, sbx reports each phase on
+// stderr (plain timestamped lines when stderr is not a terminal), nothing
+// with --quiet, and `sbx events` carries the same phases.
+func TestProgressPhases(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	gate := filepath.Join(e.root, "gate")
+	config := "tasks:\n  - key: deps\n    run: while [ ! -e " + gate + " ]; do sleep 0.05; done\n  - key: sandbox\n    run: rwx-sandbox\n"
+	repo := e.newRepo("progress", config)
+	events := e.followEvents("")
+
+	cmd := e.sbxCmd(repo, "start", "--wait")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The setup step holds provisioning until the test has seen it.
+	events.waitFor(t, 60*time.Second, "progress of the setup step", func(ev map[string]any) bool {
+		d, _ := ev["data"].(map[string]any)
+		return ev["type"] == "session.progress" && d["phase"] == "provisioning" && d["message"] == "setup step deps (1/1)"
+	})
+	writeFile(t, gate, "")
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("start --wait: %v\n%s", err, stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	want := []string{"creating the sandbox run", "run created: ", "provisioning: setup step deps (1/1)", "connecting to the sandbox"}
+	i := 0
+	for _, l := range lines {
+		if i < len(want) && strings.Contains(l, want[i]) {
+			if !regexp.MustCompile(`^sbx: \d\d:\d\d:\d\d `).MatchString(l) {
+				t.Errorf("progress line without a timestamp: %q", l)
+			}
+			i++
+		}
+	}
+	if i != len(want) {
+		t.Fatalf("progress on stderr lacks %q (in order):\n%s", want[i:], stderr.String())
+	}
+
+	// --quiet: nothing on stderr, while a reset goes through the same phases.
+	writeFile(t, gate, "")
+	r := e.mustSbx(repo, "reset", "--wait", "--quiet")
+	if r.stderr != "" {
+		t.Errorf("reset --quiet printed: %q", r.stderr)
+	}
+}
+
+// TestDoctor: each check reports, with the fix when it fails; without a
+// daemon it says so (and does not start one), exit 1.
+func TestDoctor(t *testing.T) {
+	e := newEnv(t)
+	r := e.sbx(e.root, "doctor", "--json")
+	type doctorOut struct {
+		OK     bool
+		Checks []struct {
+			Name, Detail, Fix string
+			OK                bool
+		}
+	}
+	d := decode[doctorOut](t, r.stdout)
+	if r.code != 1 || d.OK || len(d.Checks) == 0 || d.Checks[1].Name != "daemon" || d.Checks[1].OK || d.Checks[1].Fix == "" {
+		t.Fatalf("doctor without a daemon: %s", r)
+	}
+	if _, err := os.Stat(e.socket()); err == nil {
+		t.Fatal("doctor started a daemon")
+	}
+	e.startDaemon()
+	repo := e.newRepo("doctor", defaultConfig)
+	run := e.startSandbox(repo)
+	r = e.sbx(repo, "doctor", "--json")
+	d = decode[doctorOut](t, r.stdout)
+	names := map[string]bool{}
+	for _, c := range d.Checks {
+		names[c.Name] = c.OK
+	}
+	for _, want := range []string{"socket", "daemon", "git", "watches", "remote", "ssh " + run, "clock " + run} {
+		if ok, found := names[want]; !found || !ok {
+			t.Errorf("check %q: found %v ok %v", want, found, ok)
+		}
+	}
+	if r.code != 0 || !d.OK {
+		t.Errorf("doctor: %s", r)
+	}
+	if r := e.sbx(repo, "doctor"); r.code != 0 || !strings.Contains(r.stdout, "ok") || !strings.Contains(r.stdout, "ssh "+run) {
+		t.Errorf("doctor (text): %s", r)
+	}
 }

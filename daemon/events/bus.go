@@ -24,6 +24,7 @@ type Event = ipc.Event
 const (
 	SessionCreated    = "session.created"
 	SessionReady      = "session.ready"
+	SessionProgress   = "session.progress" // a phase of a sandbox's start (ipc.Progress)
 	SessionExpired    = "session.expired"
 	SessionStopped    = "session.stopped"
 	SessionAdopted    = "session.adopted"

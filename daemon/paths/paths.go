@@ -1,11 +1,15 @@
 // Package paths resolves where sandboxd, sbx and sandboxd-localcloud keep
-// their files, following the XDG base directory specification.
+// their files, following the XDG base directory specification; on macOS,
+// where the XDG variables are normally unset, the defaults are under
+// ~/Library/Application Support/sandboxd (each XDG variable that is set
+// still wins).
 package paths
 
 import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 )
 
@@ -26,8 +30,13 @@ type Layout struct {
 	Socket     string // $SANDBOXD_SOCKET, or RuntimeDir/sandboxd.sock
 }
 
-// Resolve computes the layout from env.
-func Resolve(env Env) (Layout, error) {
+// Resolve computes the layout from env for this platform.
+func Resolve(env Env) (Layout, error) { return ResolveFor(env, runtime.GOOS) }
+
+// ResolveFor computes the layout from env for platform goos (a
+// runtime.GOOS value), so that each platform's defaults can be tested on
+// any.
+func ResolveFor(env Env, goos string) (Layout, error) {
 	get := func(k string) string { v, _ := env(k); return v }
 	home := get("HOME")
 	if home == "" {
@@ -43,11 +52,21 @@ func Resolve(env Env) (Layout, error) {
 		}
 		return filepath.Join(home, fallback)
 	}
+	state, config, data := ".local/state", ".config", ".local/share"
+	if goos == "darwin" {
+		// macOS keeps per-user application files in Application Support
+		// (the state in a directory of its own, beside the config).
+		support := filepath.Join("Library", "Application Support")
+		state, config, data = filepath.Join(support, "sandboxd", "state"), support, support
+	}
 	l := Layout{
 		Home:      home,
-		StateDir:  filepath.Join(xdg("XDG_STATE_HOME", ".local/state"), "sandboxd"),
-		ConfigDir: filepath.Join(xdg("XDG_CONFIG_HOME", ".config"), "sandboxd"),
-		DataDir:   filepath.Join(xdg("XDG_DATA_HOME", ".local/share"), "sandboxd"),
+		StateDir:  filepath.Join(xdg("XDG_STATE_HOME", state), "sandboxd"),
+		ConfigDir: filepath.Join(xdg("XDG_CONFIG_HOME", config), "sandboxd"),
+		DataDir:   filepath.Join(xdg("XDG_DATA_HOME", data), "sandboxd"),
+	}
+	if goos == "darwin" && get("XDG_STATE_HOME") == "" {
+		l.StateDir = filepath.Join(home, state) // not .../state/sandboxd
 	}
 	if rt := get("XDG_RUNTIME_DIR"); rt != "" && filepath.IsAbs(rt) {
 		l.RuntimeDir = filepath.Join(rt, "sandboxd")

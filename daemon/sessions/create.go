@@ -189,6 +189,7 @@ func (m *Manager) createLocked(ctx context.Context, p place, init map[string]str
 			return nil, fmt.Errorf("record the new session: %w", err)
 		}
 	}
+	m.progress(s, ipc.PhaseCreating, "")
 	res, err := remote.CreateRun(ctx, def, s.IdempotencyKey)
 	if err != nil {
 		if errdefs.KindOf(err) != errdefs.KindUnavailable {
@@ -213,6 +214,7 @@ func (m *Manager) createLocked(ctx context.Context, p place, init map[string]str
 		return nil, fmt.Errorf("record run %s: %w", res.RunID, err)
 	}
 	m.publish(eventSessionCreated, s, map[string]string{"runUrl": s.RunURL, "branch": s.Branch})
+	m.progress(s, ipc.PhaseCreated, "")
 	m.watchConfig(s)
 	tok, err := remote.CreateSandboxToken(ctx, s.RunID, m.opts.TokenTTL)
 	if err != nil {

@@ -6,6 +6,7 @@ import "github.com/sandboxd/sandboxd/daemon/events"
 const (
 	eventSessionCreated = events.SessionCreated
 	eventSessionReady   = events.SessionReady
+	eventProgress       = events.SessionProgress
 	eventSessionExpired = events.SessionExpired
 	eventSessionStopped = events.SessionStopped
 	eventSessionAdopted = events.SessionAdopted

@@ -243,6 +243,12 @@ func (m *Manager) publish(typ string, s *store.Session, data any) {
 	m.opts.Events.Publish(typ, s.ID, s.RunID, data)
 }
 
+// progress publishes a phase of session s's start, for the clients waiting
+// on it (sbx shows them) and for `sbx events`.
+func (m *Manager) progress(s *store.Session, phase, message string) {
+	m.publish(eventProgress, s, ipc.Progress{Phase: phase, Message: message, RunURL: s.RunURL, RepoRoot: s.RepoRoot, Branch: s.Branch, ConfigFile: s.ConfigFile})
+}
+
 // info is the public view of a session.
 func (m *Manager) info(s *store.Session) ipc.SessionInfo {
 	in := ipc.SessionInfo{

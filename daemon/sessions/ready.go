@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -54,6 +55,7 @@ func (m *Manager) waitReady(ctx context.Context, s *store.Session, timeout time.
 // pollReady asks the remote for the connection info of session id until the
 // run is sandboxable or over, honouring the remote's backoff hint.
 func (m *Manager) pollReady(ctx context.Context, id string) (*store.Session, error) {
+	said := "\x00" // the provisioning step last published: once per change
 	for {
 		s, err := m.st.Get(id)
 		if err != nil {
@@ -79,6 +81,10 @@ func (m *Manager) pollReady(ctx context.Context, id string) (*store.Session, err
 			return s, endedError(s)
 		case err == nil:
 			wait = time.Duration(ci.Polling.BackoffMs) * time.Millisecond
+			if ci.Status != said {
+				said = ci.Status
+				m.progress(s, ipc.PhaseProvisioning, ci.Status)
+			}
 		case definitelyOver(err):
 			s = m.expire(s, remoteReason(err))
 			return s, endedError(s)
@@ -146,10 +152,14 @@ func (m *Manager) markReady(s *store.Session, ci rwxapi.ConnectionInfo) (*store.
 		r.expiresAt = t
 	}
 	m.mu.Unlock()
+	if !wasReady {
+		m.progress(s, ipc.PhaseConnecting, s.Address)
+	}
 	m.opts.Pool.Ensure(target(s))
 	m.watchConfig(s)
 	if !wasReady {
 		m.publish(eventSessionReady, s, map[string]string{"address": s.Address})
+		m.progress(s, ipc.PhaseReady, "")
 	}
 	return s, nil
 }

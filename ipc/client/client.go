@@ -292,6 +292,11 @@ func (c *Client) Config(ctx context.Context) (ipc.ConfigResponse, error) {
 	return call[ipc.ConfigResponse](ctx, c, http.MethodGet, "/v1/config", nil, nil)
 }
 
+// Doctor is GET /v1/doctor.
+func (c *Client) Doctor(ctx context.Context) (ipc.DoctorResponse, error) {
+	return call[ipc.DoctorResponse](ctx, c, http.MethodGet, "/v1/doctor", nil, nil)
+}
+
 // Start is POST /v1/sessions/start.
 func (c *Client) Start(ctx context.Context, req ipc.StartRequest) (ipc.StartResponse, error) {
 	return call[ipc.StartResponse](ctx, c, http.MethodPost, "/v1/sessions/start", nil, req)

@@ -75,6 +75,7 @@ type entry struct {
 	cancel   context.CancelCauseFunc // of provisioning
 	logFile  *os.File
 	connInfo rwxapi.ConnectionInfo // cached while sandboxable
+	step     string                // what provisioning is doing now, for connection info
 }
 
 // errShutdown interrupts provisioning that resumes after a restart.
@@ -366,14 +367,23 @@ func (m *Manager) provision(ctx context.Context, id string) {
 		err = os.MkdirAll(home, 0o700)
 	}
 	if err == nil {
+		m.setStep(e, "cloning the repository")
 		fmt.Fprintf(logf, "==> provisioning run %s: %s at %s\n", id, r.Git.OriginURL, r.Git.Sha)
 		err = provision.Clone(ctx, provision.CloneOptions{Origin: r.Git.OriginURL, Sha: r.Git.Sha, Branch: r.Git.Branch, Dest: ws, Env: m.cfg.GitEnv, Log: logf})
 	}
 	if err == nil {
 		var def provision.Definition
 		def, err = provision.ParseConfig([]byte(r.Config))
+		// One step at a time, so that connection info can say which runs.
+		for i, step := range def.Steps {
+			if err != nil {
+				break
+			}
+			m.setStep(e, fmt.Sprintf("setup step %s (%d/%d)", step.Key, i+1, len(def.Steps)))
+			err = provision.RunSteps(ctx, []provision.Step{step}, ws, sandboxEnv(id, ws, home), logf)
+		}
 		if err == nil {
-			err = provision.RunSteps(ctx, def.Steps, ws, sandboxEnv(id, ws, home), logf)
+			m.setStep(e, "starting the sandbox agent")
 		}
 	}
 
@@ -543,6 +553,13 @@ func (m *Manager) Get(id string) (Run, error) {
 	return e.Run, nil
 }
 
+// setStep records what provisioning of e is doing now.
+func (m *Manager) setStep(e *entry, step string) {
+	m.mu.Lock()
+	e.step = step
+	m.mu.Unlock()
+}
+
 // ConnectionInfo answers sandbox_connection_info: not yet sandboxable
 // (with a polling hint), sandboxable (address and keys), or ErrGone.
 func (m *Manager) ConnectionInfo(id string) (rwxapi.ConnectionInfo, error) {
@@ -554,7 +571,7 @@ func (m *Manager) ConnectionInfo(id string) (rwxapi.ConnectionInfo, error) {
 	}
 	switch e.State {
 	case Provisioning:
-		return rwxapi.ConnectionInfo{Polling: rwxapi.Polling{BackoffMs: 250}}, nil
+		return rwxapi.ConnectionInfo{Polling: rwxapi.Polling{BackoffMs: 250}, Status: e.step}, nil
 	case Sandboxable:
 		ci := e.connInfo
 		ci.ExpiresAt = e.Deadline().UTC().Format(time.RFC3339)

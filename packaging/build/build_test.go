@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/xml"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -168,5 +169,33 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	status, _ := os.ReadFile(filepath.Join(admin, "status"))
 	if bytes.Contains(status, []byte("Package: sandboxd")) && !bytes.Contains(status, []byte("not-installed")) {
 		t.Fatalf("dpkg still lists sandboxd:\n%s", status)
+	}
+}
+
+// The launchd agent is a well-formed property list that starts sandboxd at
+// login and restarts it only when it fails, like sandboxd.service.
+func TestLaunchdAgent(t *testing.T) {
+	b, err := os.ReadFile("../launchd/com.github.sandboxd.sandboxd.plist")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Dict struct {
+			Inner []byte `xml:",innerxml"`
+		} `xml:"dict"`
+	}
+	if err := xml.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("the plist is not well-formed XML: %v", err)
+	}
+	s := string(b)
+	for _, want := range []string{
+		"<key>Label</key>\n  <string>com.github.sandboxd.sandboxd</string>",
+		"<key>ProgramArguments</key>\n  <array>\n    <string>@SANDBOXD@</string>",
+		"<key>RunAtLoad</key>\n  <true/>",
+		"<key>SuccessfulExit</key>\n    <false/>",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("the launchd agent lacks %q", want)
+		}
 	}
 }

@@ -93,6 +93,7 @@ type app struct {
 	p      *parsed
 	layout paths.Layout
 	c      *client.Client
+	prog   *progress // the phases of slow waits, on stderr
 }
 
 // Main runs sbx with args (without the program name) and returns its exit
@@ -119,6 +120,7 @@ func Main(ctx context.Context, args []string, sys System) int {
 		return a.fail(err)
 	}
 	a.layout = layout
+	a.prog = a.newProgress()
 	a.c = client.New(layout.Socket, client.WithUserAgent("sbx/"+sys.Version))
 	defer a.c.Close()
 	return p.cmd.run(a, ctx)
@@ -189,7 +191,10 @@ func (a *app) call(ctx context.Context, f func(ctx context.Context) error) error
 	if !a.autostartEnabled() {
 		return fmt.Errorf("%w\nstart it with `sandboxd` (or `systemctl --user start sandboxd.socket`); sbx does not start it itself because SANDBOXD_NO_AUTOSTART=1", err)
 	}
-	if serr := a.sys.StartDaemon(ctx, a.layout, a.c); serr != nil {
+	a.prog.show(ipc.Progress{Phase: ipc.PhaseDaemonStarting})
+	serr := a.sys.StartDaemon(ctx, a.layout, a.c)
+	a.prog.done()
+	if serr != nil {
 		return fmt.Errorf("sandboxd is not running and starting it failed: %w", serr)
 	}
 	return f(ctx)

@@ -93,6 +93,10 @@ func root() *command {
 					{name: "status", summary: "show whether sandboxd runs, and its health (exit 3 when it does not)", run: (*app).daemonStatus},
 					{name: "stop", summary: "stop sandboxd (in-flight commands finish first)", run: (*app).daemonStop},
 				}},
+			{name: "doctor", run: (*app).doctor,
+				summary: "check the daemon, its socket, the remote, SSH to each live sandbox, clocks, git and watch limits (exit 1 when one fails)",
+				long: "Each failing check says how to fix it. sbx doctor never starts the daemon: without one, it says so " +
+					"and skips the checks the daemon makes (the remote, SSH, clocks)."},
 			{name: "help", args: "[COMMAND...]", maxArgs: 3, argCompl: complCommands, run: (*app).help,
 				summary: "show help for sbx or one of its commands"},
 			{name: "completion", args: "SHELL", maxArgs: 1, argCompl: complValues, argValues: shells, run: (*app).completion,

@@ -53,6 +53,21 @@ func (a *app) exec(ctx context.Context) int {
 	defer close(stopFwd)
 	go fwd.run(sigc, stopFwd)
 
+	// Progress (a sandbox starting, a queue) ends when the command starts.
+	began := a.sys.Now()
+	var follow sync.Once
+	var followMu sync.Mutex
+	stopFollow := func() {}
+	endProgress := func() {
+		followMu.Lock()
+		s := stopFollow
+		stopFollow = func() {}
+		followMu.Unlock()
+		s()
+		a.prog.done()
+	}
+	defer endProgress()
+
 	// Under --json, stdout carries only NDJSON records: the output chunks
 	// with their stream, warnings, then the result (or an error).
 	var records *ndjson
@@ -75,12 +90,22 @@ func (a *app) exec(ctx context.Context) int {
 				a.warn(f.Message)
 			case ipc.ExecQueued:
 				switch {
-				case !a.sys.StderrIsTerminal:
 				case f.Message != "":
-					fmt.Fprintf(a.sys.Stderr, "sbx: %s\n", f.Message)
+					// The sandbox is being started: show its phases,
+					// replaying those published since this exec began.
+					a.prog.show(ipc.Progress{Message: f.Message})
+					follow.Do(func() {
+						var zero uint64
+						s := a.followProgress(ctx, a.prog, &zero, began.Add(-time.Second))
+						followMu.Lock()
+						stopFollow = s
+						followMu.Unlock()
+					})
 				case f.Position > 0:
-					fmt.Fprintf(a.sys.Stderr, "sbx: waiting for the sandbox (%d ahead in its queue)\n", f.Position)
+					a.prog.show(ipc.Progress{Message: fmt.Sprintf("waiting for the sandbox (%d ahead in its queue)", f.Position)})
 				}
+			case ipc.ExecStarted:
+				endProgress()
 			}
 		},
 	}
@@ -92,6 +117,7 @@ func (a *app) exec(ctx context.Context) int {
 	}
 	var res ipc.ExecResult
 	err = a.call(ctx, func(ctx context.Context) (err error) { res, err = a.c.ExecLean(ctx, req, opts); return err })
+	endProgress()
 	if records != nil {
 		_ = jsonOut.flush()
 		_ = jsonErr.flush()

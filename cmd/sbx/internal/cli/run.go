@@ -180,11 +180,12 @@ func (a *app) startOrReset(ctx context.Context, reset bool) int {
 		return a.usage(err)
 	}
 	var resp ipc.StartResponse
-	stopSpinner := func() {}
-	if req.Wait && a.sys.StderrIsTerminal && !a.p.json() {
-		stopSpinner = startSpinner(a.sys.Stderr, "waiting for the sandbox to be ready")
-	}
 	err = a.call(ctx, func(ctx context.Context) (err error) {
+		// The phases of the start, as the daemon publishes them, until
+		// the answer (a daemon that is not running has no events yet:
+		// this runs again after autostart).
+		stop := a.followProgress(ctx, a.prog, nil, time.Time{})
+		defer func() { stop(); a.prog.done() }()
 		if reset {
 			resp, err = a.c.Reset(ctx, req)
 		} else {
@@ -192,7 +193,6 @@ func (a *app) startOrReset(ctx context.Context, reset bool) int {
 		}
 		return err
 	})
-	stopSpinner()
 	if err != nil {
 		return a.fail(err)
 	}
