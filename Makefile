@@ -58,12 +58,15 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES) $(TOOLS))
 
+# make run: sandboxd in the foreground. The local remote it starts on demand
+# (sandboxd-localcloud) outlives a daemon by design (its sandboxes survive a
+# daemon restart), so make run stops it when it ends, Ctrl-C included.
 run: build
-	@echo "sandboxd $(VERSION) in the foreground (Ctrl-C stops it)"
+	@echo "sandboxd $(VERSION) in the foreground (Ctrl-C stops it, and the local remote it started)"
 	@echo "  socket: $$($(BIN)/sandboxd --print-socket)"
 	@echo "  try:    $(BIN)/sbx version      (from another terminal)"
 	@echo
-	exec $(BIN)/sandboxd
+	@trap '$(BIN)/sandboxd-localcloud stop >/dev/null 2>&1 || true' EXIT; trap 'exit 130' INT TERM; $(BIN)/sandboxd
 
 # The man page and the completions are generated from sbx's command table
 # (cmd/sbx/internal/cli/commands.go); nothing of them is kept by hand.

@@ -9,7 +9,8 @@ import (
 	"fmt"
 )
 
-// API paths of the runs API contract (see DESIGN.md, "Remote contract").
+// API paths of the runs API contract (the RWX runs API as the RWX CLI
+// calls it; sandboxd-localcloud serves the same, docs/localcloud.md).
 const (
 	PathRuns                  = "/mint/api/runs"
 	PathConnectionInfo        = "/mint/api/sandbox_connection_info"

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -196,6 +197,35 @@ func TestLaunchdAgent(t *testing.T) {
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("the launchd agent lacks %q", want)
+		}
+	}
+}
+
+// The docs name only files that are in the repository (they once pointed to
+// a DESIGN.md that was not).
+func TestDocsNameOnlyFilesInTheRepository(t *testing.T) {
+	root := "../.."
+	have := map[string]bool{}
+	var docs []string
+	filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() && (d.Name() == ".git" || d.Name() == "bin" || d.Name() == "dist") {
+			return filepath.SkipDir
+		}
+		rel, _ := filepath.Rel(root, p)
+		have[rel], have[d.Name()] = true, true
+		if strings.HasSuffix(p, ".md") || strings.HasSuffix(p, ".go") && !strings.HasSuffix(p, "_test.go") {
+			docs = append(docs, p)
+		}
+		return nil
+	})
+	mention := regexp.MustCompile(`[A-Za-z0-9_./-]+\.md\b`)
+	for _, p := range docs {
+		b, _ := os.ReadFile(p)
+		for _, m := range mention.FindAllString(string(b), -1) {
+			name := strings.TrimPrefix(m, "./")
+			if !have[name] && !have[filepath.Base(name)] {
+				t.Errorf("%s names %s, which is not in the repository", p, m)
+			}
 		}
 	}
 }
