@@ -2,6 +2,8 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -39,5 +41,29 @@ func TestSplitHint(t *testing.T) {
 	}
 	if e := errorRecord(&usageError{cmd: root().sub("exec"), msg: "unknown flag --x"}); e.Code != "usage" || !strings.Contains(e.Hint, "sbx help exec") {
 		t.Errorf("usage error record %+v", e)
+	}
+}
+
+// Under --json every error is one JSON object on stdout, nothing on
+// stderr, and the exit code is the one without --json.
+func TestErrorsUnderJSON(t *testing.T) {
+	h := newHarness(t)
+	for _, args := range [][]string{
+		{"exec", "--json", "--bogus", "--", "true"},
+		{"--json", "frobnicate"},
+		{"help", "nope", "--json"},
+	} {
+		code := h.run(args...)
+		var e errorJSON
+		if err := json.Unmarshal(h.stdout.Bytes(), &e); err != nil || code != ExitFailure || h.stderr.Len() != 0 || e.Type != "error" || e.Code != "usage" || e.Message == "" || e.Hint == "" {
+			t.Errorf("%q: exit %d stdout %q stderr %q", args, code, h.stdout.String(), h.stderr.String())
+		}
+	}
+	h.env["SANDBOXD_NO_AUTOSTART"] = "1"
+	h.env["SANDBOXD_SOCKET"] = filepath.Join(h.srv.Dir, "missing.sock")
+	code := h.run("list", "--json")
+	var e errorJSON
+	if err := json.Unmarshal(h.stdout.Bytes(), &e); err != nil || code != ExitFailure || h.stderr.Len() != 0 || e.Code != "daemon_not_running" || !strings.Contains(e.Hint, "sandboxd") {
+		t.Errorf("no daemon: exit %d stdout %q stderr %q", code, h.stdout.String(), h.stderr.String())
 	}
 }
