@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os/exec"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -47,7 +48,7 @@ func TestGeneratedDocsCoverTable(t *testing.T) {
 			if doc == "man" {
 				word = roff("sbx " + c.path())
 			}
-			if !strings.Contains(text, word) {
+			if !hasWord(text, word) {
 				t.Errorf("%s does not mention command %q", doc, c.path())
 			}
 			for _, f := range c.allFlags() {
@@ -58,7 +59,7 @@ func TestGeneratedDocsCoverTable(t *testing.T) {
 				case "man":
 					long, short = roff(long), roff(short)
 				}
-				if !strings.Contains(text, long) || (f.short != "" && !strings.Contains(text, short)) {
+				if !hasWord(text, long) || (f.short != "" && !hasWord(text, short)) {
 					t.Errorf("%s does not mention flag --%s of %q", doc, f.name, c.path())
 				}
 			}
@@ -67,6 +68,12 @@ func TestGeneratedDocsCoverTable(t *testing.T) {
 	if n < 14 {
 		t.Fatalf("only %d commands in the table", n)
 	}
+}
+
+// hasWord reports whether w appears in text as a whole word (not inside
+// a longer flag or name: "-i" is not found in "--id").
+func hasWord(text, w string) bool {
+	return regexp.MustCompile(`(^|[^A-Za-z0-9\\-])` + regexp.QuoteMeta(w) + `($|[^A-Za-z0-9\\-])`).MatchString(text)
 }
 
 // The bash script completes commands, subcommands, flags (-i included) and
