@@ -7,7 +7,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -203,5 +205,47 @@ func TestDoctor(t *testing.T) {
 	}
 	if r := e.sbx(repo, "doctor"); r.code != 0 || !strings.Contains(r.stdout, "ok") || !strings.Contains(r.stdout, "ssh "+run) {
 		t.Errorf("doctor (text): %s", r)
+	}
+}
+
+// TestReadmeTour runs the README's two-minute tour as a newcomer pastes it
+// (with the harness's binaries instead of `make build`), so that it keeps
+// working as the commands change.
+func TestReadmeTour(t *testing.T) {
+	e := newEnv(t)
+	readme := readFile(t, filepath.Join("..", "..", "README.md"))
+	i := strings.Index(readme, "## A first sandbox in two minutes")
+	if i < 0 {
+		t.Fatal("the README has no two-minute tour")
+	}
+	block := readme[i:]
+	block = block[strings.Index(block, "```sh\n")+len("```sh\n"):]
+	block = block[:strings.Index(block, "```")]
+	const build = `make build && export PATH="$PWD/bin:$PATH"`
+	if !strings.HasPrefix(block, build) {
+		t.Fatalf("the tour does not start with %q:\n%s", build, block)
+	}
+	tour := filepath.Join(e.root, "tour")
+	script := strings.ReplaceAll(strings.Replace(block, build, "true", 1), "/tmp/sbx-tour", tour)
+	t.Cleanup(func() {
+		// The tour stops what it starts; after a failure, stop the
+		// autostarted daemon (not a child of the test) by its pid.
+		if b, err := os.ReadFile(filepath.Join(e.get("XDG_STATE_HOME"), "sandboxd", "sandboxd.pid")); err == nil {
+			if pid, err := strconv.Atoi(strings.SplitN(string(b), "\n", 2)[0]); err == nil && pid > 0 {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	cmd := exec.Command("bash", "-e", "-c", script)
+	cmd.Dir = e.root
+	cmd.Env = e.with("SANDBOXD_NO_AUTOSTART=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the tour failed: %v\n%s", err, out)
+	}
+	for _, want := range []string{"hello\n", "edited\n", "connected", `"type":"result"`, "ok  daemon", "sandboxd stopped"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the tour's output lacks %q:\n%s", want, out)
+		}
 	}
 }
