@@ -72,6 +72,8 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	gen("zsh/site-functions/_sbx", "sbx", "completion", "zsh")
 	gen("fish/vendor_completions.d/sbx.fish", "sbx", "completion", "fish")
 
+	t.Run("make install", func(t *testing.T) { testMakeInstall(t, bin, share) })
+
 	out := filepath.Join(tmp, "dist")
 	paths, err := Build(context.Background(), Options{
 		Definition: "../nfpm/nfpm.yaml", Version: "v9.8.7", Arch: "amd64",
@@ -227,5 +229,39 @@ func TestDocsNameOnlyFilesInTheRepository(t *testing.T) {
 				t.Errorf("%s names %s, which is not in the repository", p, m)
 			}
 		}
+	}
+}
+
+// testMakeInstall runs make install's recipe (not its build prerequisites:
+// the binaries and generated files are given): the completions and man
+// pages are installed, and the systemctl advice is printed only when the
+// units go to a directory systemd reads.
+func testMakeInstall(t *testing.T, bin, share string) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("no make")
+	}
+	home := t.TempDir()
+	install := func(unitDir string) string {
+		cmd := exec.Command("make", "-s", "-C", "../..", "-o", "build", "-o", "man", "-o", "completions", "install",
+			"HOME="+home, "BIN="+bin, "SHARE="+share, "PREFIX="+filepath.Join(home, ".local"), "SYSTEMD_USER_DIR="+unitDir, "UNAME_S=Linux")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("make install: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	out := install(filepath.Join(home, ".config", "systemd", "user"))
+	if !strings.Contains(out, "systemctl --user enable") {
+		t.Errorf("no systemctl advice for ~/.config/systemd/user:\n%s", out)
+	}
+	for _, f := range []string{"bin/sbx", "share/man/man1/sbx.1", "share/man/man1/sandboxd.1", "share/bash-completion/completions/sbx",
+		"share/zsh/site-functions/_sbx", "share/fish/vendor_completions.d/sbx.fish"} {
+		if _, err := os.Stat(filepath.Join(home, ".local", f)); err != nil {
+			t.Errorf("make install did not install %s: %v", f, err)
+		}
+	}
+	out = install(filepath.Join(home, "units"))
+	if strings.Contains(out, "systemctl --user enable") || !strings.Contains(out, "which systemd does not read") {
+		t.Errorf("systemctl advice for a directory systemd does not read:\n%s", out)
 	}
 }
