@@ -2,7 +2,9 @@ package cli
 
 import (
 	"bytes"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
@@ -79,10 +81,7 @@ func hasWord(text, w string) bool {
 // The bash script completes commands, subcommands, flags (-i included) and
 // the values of the completion command, run by a real bash.
 func TestBashCompletionCompletes(t *testing.T) {
-	bash, err := exec.LookPath("bash")
-	if err != nil {
-		t.Skip("no bash")
-	}
+	bash := needTool(t, "bash", "apt-get install bash")
 	script := generated(t)["bash"]
 	complete := func(words ...string) []string {
 		t.Helper()
@@ -120,14 +119,70 @@ printf '%s\n' "${COMPREPLY[@]}"
 
 // The man page is valid roff: man renders it without warnings.
 func TestManPageRenders(t *testing.T) {
-	groff, err := exec.LookPath("groff")
-	if err != nil {
-		t.Skip("no groff")
-	}
+	groff := needTool(t, "groff", "apt-get install groff-base")
 	cmd := exec.Command(groff, "-man", "-Tutf8", "-ww", "-z")
 	cmd.Stdin = strings.NewReader(generated(t)["man"])
 	out, err := cmd.CombinedOutput()
 	if err != nil || len(out) > 0 {
 		t.Fatalf("groff: %v\n%s", err, out)
+	}
+}
+
+// Each script parses in its shell (bash -n, zsh -n, fish -n).
+func TestCompletionScriptsParse(t *testing.T) {
+	docs := generated(t)
+	for _, c := range []struct{ shell, doc, install string }{
+		{"bash", "bash", "apt-get install bash"},
+		{"zsh", "zsh", "apt-get install zsh"},
+		{"fish", "fish", "apt-get install fish"},
+	} {
+		t.Run(c.shell, func(t *testing.T) {
+			sh := needTool(t, c.shell, c.install)
+			path := filepath.Join(t.TempDir(), "sbx."+c.shell)
+			if err := os.WriteFile(path, []byte(docs[c.doc]), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command(sh, "-n", path).CombinedOutput(); err != nil {
+				t.Fatalf("%s -n: %v\n%s", c.shell, err, out)
+			}
+		})
+	}
+}
+
+// The fish script completes commands, subcommands, flags and values, run
+// by a real fish.
+func TestFishCompletionCompletes(t *testing.T) {
+	fish := needTool(t, "fish", "apt-get install fish")
+	path := filepath.Join(t.TempDir(), "sbx.fish")
+	if err := os.WriteFile(path, []byte(generated(t)["fish"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	complete := func(line string) []string {
+		t.Helper()
+		cmd := exec.Command(fish, "--no-config", "-c", "source "+path+"; complete -C '"+line+"'")
+		cmd.Dir = t.TempDir()
+		cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "XDG_CONFIG_HOME="+t.TempDir(), "XDG_DATA_HOME="+t.TempDir())
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("fish: %v\n%s", err, out)
+		}
+		var words []string
+		for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if w, _, _ := strings.Cut(l, "\t"); w != "" {
+				words = append(words, w)
+			}
+		}
+		return words
+	}
+	for line, want := range map[string][]string{
+		"sbx ex":          {"exec"},
+		"sbx daemon st":   {"status", "stop"},
+		"sbx completion ": {"bash", "fish", "zsh"},
+		"sbx exec --no":   {"--no-sync"},
+		"sbx exec -- ":    nil,
+	} {
+		if got := complete(line); !reflect.DeepEqual(got, want) && len(got)+len(want) > 0 {
+			t.Errorf("%q: completions %q, want %q", line, got, want)
+		}
 	}
 }
