@@ -52,6 +52,7 @@ help:
 	@echo "make man      man pages into $(SHARE)/man (generated from the command table)"
 	@echo "make completions  bash, zsh and fish completions into $(SHARE) (generated too)"
 	@echo "make package  .deb, .rpm and tarball into $(DIST)/ (packaging/nfpm/nfpm.yaml; GOARCH=arm64 for arm64)"
+	@echo "make darwin   go vet and cross-build for macOS (amd64, arm64); make test runs it"
 	@echo "make lint     gofmt and go vet"
 
 build:
