@@ -44,6 +44,9 @@ type Options struct {
 	Out        string   // where the packages go
 	Formats    []string // deb, rpm, tar
 	MTime      time.Time
+	// Uncompressed builds the .deb without compression: the tests' form
+	// (compressing ~25 MB under the race detector takes minutes).
+	Uncompressed bool
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
@@ -143,6 +146,9 @@ func buildOne(cfg nfpm.Config, format string, o Options) (string, error) {
 		return "", err
 	}
 	info.MTime = o.MTime
+	if o.Uncompressed {
+		info.Deb.Compression = "none"
+	}
 	if s := info.Scripts.PostInstall; s != "" && !filepath.IsAbs(s) {
 		info.Scripts.PostInstall = filepath.Join(repoRoot(o.Definition), s)
 	}
