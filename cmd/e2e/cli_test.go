@@ -144,8 +144,17 @@ func TestProgressPhases(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("start --wait: %v\n%s", err, stderr.String())
 	}
+	// sbx events carries every phase, up to ready.
+	for _, phase := range []string{"connecting", "ready"} {
+		events.waitFor(t, 20*time.Second, phase, func(ev map[string]any) bool {
+			d, _ := ev["data"].(map[string]any)
+			return ev["type"] == "session.progress" && d["phase"] == phase
+		})
+	}
+	// On stderr, the phases up to provisioning (the last ones race with the
+	// answer that ends the wait, by design: sbx does not linger for them).
 	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
-	want := []string{"creating the sandbox run", "run created: ", "provisioning: setup step deps (1/1)", "connecting to the sandbox"}
+	want := []string{"creating the sandbox run", "run created: ", "provisioning: setup step deps (1/1)"}
 	i := 0
 	for _, l := range lines {
 		if i < len(want) && strings.Contains(l, want[i]) {
