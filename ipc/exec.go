@@ -73,8 +73,9 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 		}
 		if !st.commandStarted() {
 			// Whoever reads the error must know whether to look for the
-			// command's effects: before "started" nothing was run.
-			execErr = fmt.Errorf("%w (the command did not run)", execErr)
+			// command's effects: before "started" nothing was run, so
+			// running it again cannot run it twice.
+			execErr = fmt.Errorf("%w (the command did not run, so it is safe to retry)", execErr)
 		}
 	}
 	started := st.finish(res, execErr)

@@ -180,6 +180,11 @@ func transportError(ctx context.Context, method, path string, err error) error {
 		}
 		return errdefs.Canceled(fmt.Errorf("%s %s: %w", method, path, ctx.Err()))
 	}
+	if method == http.MethodPost && path == "/v1/exec" {
+		// The daemon answers before it runs the command (the started
+		// frame): no answer means nothing ran.
+		return errdefs.Unavailable(fmt.Errorf("%s %s: the connection to sandboxd failed before it answered (did the daemon stop? `sbx daemon status` tells), so the command did not run and it is safe to retry: %w", method, path, err))
+	}
 	return errdefs.Unavailable(fmt.Errorf("%s %s: the connection to sandboxd failed (did the daemon stop?): %w", method, path, err))
 }
 

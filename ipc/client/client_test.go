@@ -306,13 +306,13 @@ func testExecErrors(t *testing.T, exec execFunc) {
 	}
 	_, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "nope"}, Argv: []string{"before"}}, client.ExecOptions{})
 	var apiErr *client.APIError
-	if !errors.Is(err, errdefs.ErrNotFound) || !errors.As(err, &apiErr) || apiErr.Status != 404 || err.Error() != "no session for run nope (the command did not run)" {
+	if !errors.Is(err, errdefs.ErrNotFound) || !errors.As(err, &apiErr) || apiErr.Status != 404 || err.Error() != "no session for run nope (the command did not run, so it is safe to retry)" {
 		t.Fatalf("error before the first frame: %v", err)
 	}
 	var out bytes.Buffer
 	var pos int
 	_, err = exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "r"}, Argv: []string{"after"}}, client.ExecOptions{Stdout: &out, OnFrame: func(f ipc.ExecOutput) { pos = f.Position }})
-	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "connection broke (the command did not run)") || out.String() != "partial" || pos != 2 {
+	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "connection broke (the command did not run, so it is safe to retry)") || out.String() != "partial" || pos != 2 {
 		t.Fatalf("error after frames: %v, out %q, position %d", err, out.String(), pos)
 	}
 	// Once the command started, the daemon's own words say what may have

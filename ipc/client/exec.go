@@ -93,7 +93,7 @@ func (c *Client) readExec(ctx context.Context, body io.Reader, status int, opts 
 			if ctx.Err() != nil {
 				return ipc.ExecResult{}, transportError(ctx, http.MethodPost, "/v1/exec", err)
 			}
-			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("the exec stream ended before the command's result (did the daemon stop?); the command may or may not have completed: %w", err))
+			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("the exec stream ended before the command's result (did the daemon stop? `sbx daemon status` tells); the command may or may not have completed: check its effects before you run it again: %w", err))
 		}
 		switch f.Type {
 		case ipc.ExecStdout:
