@@ -248,7 +248,7 @@ func TestCrashMatrix(t *testing.T) {
 		c.startDaemon()
 		c.checkAfterCrash()
 	})
-	crashCase(t, "sbx-mid-exec", true, func(t *testing.T) {
+	crashCase(t, "sbx-mid-exec", false, func(t *testing.T) {
 		c := newCrashEnv(t, "sbxkill")
 		b := c.sbxBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
 		c.waitCommandStarted()
