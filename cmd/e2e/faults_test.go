@@ -13,7 +13,7 @@ import (
 // A failure report must say what happened, whether the command may have
 // run, and what to do.
 var (
-	reportMayHaveRun = regexp.MustCompile(`(?i)may or may not have|did not run|was not run|never ran|not started|before the command ran|no command ran`)
+	reportMayHaveRun = regexp.MustCompile(`(?i)may or may not have|may have run|did not run|was not run|never ran|not started|before the command ran|no command ran`)
 	reportWhatToDo   = regexp.MustCompile(`(?i)retry|run the command again|run it again|try again|check |see |sbx (status|reset|start|list)|later`)
 )
 
