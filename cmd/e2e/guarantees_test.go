@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -212,5 +211,3 @@ func processWithArg(arg string) bool {
 	}
 	return false
 }
-
-var _ = syscall.SIGKILL
