@@ -43,6 +43,14 @@ type ExecStream interface {
 	Send(ExecOutput) error
 }
 
+// ExecResizer is implemented by exec streams that carry resize frames (an
+// exec with a TTY).
+type ExecResizer interface {
+	// Resizes yields the caller's new terminal sizes; closed when the
+	// request body ends.
+	Resizes() <-chan WindowSize
+}
+
 // EventSource is the daemon's event bus as the socket API sees it.
 type EventSource interface {
 	// Subscribe streams events after since (nil: only new ones). The

@@ -125,6 +125,7 @@ type execStream struct {
 	stdin   io.Reader
 	stdinCh chan []byte // nil when the request has no stdin
 	signals chan string
+	resizes chan WindowSize // the latest size wins
 
 	mu         sync.Mutex
 	cmdStarted bool // the started frame was sent: the command may run
@@ -134,7 +135,7 @@ type execStream struct {
 }
 
 func newExecStream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, withStdin bool, log *slog.Logger) *execStream {
-	st := &execStream{ctx: ctx, w: w, rc: rc, log: log, signals: make(chan string, signalQueueFrames)}
+	st := &execStream{ctx: ctx, w: w, rc: rc, log: log, signals: make(chan string, signalQueueFrames), resizes: make(chan WindowSize, 1)}
 	if withStdin {
 		st.stdinCh = make(chan []byte, stdinQueueFrames)
 		st.stdin = &chanReader{ctx: ctx, ch: st.stdinCh}
@@ -148,6 +149,10 @@ func (st *execStream) Stdin() io.Reader       { return st.stdin }
 func (st *execStream) Stdout() io.Writer      { return frameWriter{st, ExecStdout} }
 func (st *execStream) Stderr() io.Writer      { return frameWriter{st, ExecStderr} }
 func (st *execStream) Signals() <-chan string { return st.signals }
+
+// Resizes yields the caller's terminal sizes (an exec with a TTY); a size
+// not taken yet is replaced by a newer one. It is closed with Signals.
+func (st *execStream) Resizes() <-chan WindowSize { return st.resizes }
 
 func (st *execStream) Send(f ExecOutput) error {
 	switch f.Type {
@@ -235,6 +240,7 @@ func (st *execStream) finish(res ExecResult, err error) (started bool) {
 // malformed frame cancels it with an Invalid error.
 func (st *execStream) readInput(dec *json.Decoder, in *frameLimitReader, cancel context.CancelCauseFunc) {
 	defer close(st.signals)
+	defer close(st.resizes)
 	stdinOpen := st.stdinCh != nil
 	closeStdin := func() {
 		if stdinOpen {
@@ -272,6 +278,17 @@ func (st *execStream) readInput(dec *json.Decoder, in *frameLimitReader, cancel 
 			default:
 				st.log.Warn("dropped a signal: the command is not taking signals", "signal", f.Signal)
 			}
+		}
+		if f.Resize != nil {
+			if err := f.Resize.Validate(); err != nil {
+				cancel(errdefs.Invalidf("exec input frame %d: %v", frame, err))
+				return
+			}
+			select {
+			case <-st.resizes: // drop a size nobody took
+			default:
+			}
+			st.resizes <- *f.Resize
 		}
 		if len(f.Stdin) > 0 && stdinOpen {
 			select {

@@ -196,6 +196,22 @@ type ExecRequest struct {
 	// Stdin says the client will send stdin frames; otherwise the remote
 	// command's stdin is empty.
 	Stdin bool `json:"stdin,omitempty"`
+	// TTY runs the command on a pseudo-terminal of this type and size
+	// (sbx shell, sbx exec -t): its stdout and stderr are then one stream
+	// (stdout frames), and resize frames follow the caller's window.
+	TTY *TTY `json:"tty,omitempty"`
+}
+
+// TTY is the pseudo-terminal an exec asks for.
+type TTY struct {
+	Term string `json:"term,omitempty"` // the caller's $TERM (default xterm)
+	WindowSize
+}
+
+// WindowSize is a terminal's size in characters.
+type WindowSize struct {
+	Cols int `json:"cols"`
+	Rows int `json:"rows"`
 }
 
 // ExecInput is a frame of the request body after the ExecRequest line.
@@ -203,6 +219,8 @@ type ExecInput struct {
 	Stdin    []byte `json:"stdin,omitempty"`    // base64 in JSON
 	StdinEOF bool   `json:"stdinEof,omitempty"` // no more stdin
 	Signal   string `json:"signal,omitempty"`   // "INT", "TERM", "HUP", "QUIT", "KILL"
+	// Resize is the caller's new terminal size (an exec with a TTY).
+	Resize *WindowSize `json:"resize,omitempty"`
 }
 
 // Exec output frame types.

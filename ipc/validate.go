@@ -94,10 +94,29 @@ func (r *ExecRequest) Validate() error {
 			return errdefs.Invalidf("argv[%d] contains a NUL byte, which no command can receive", i)
 		}
 	}
+	if r.TTY != nil {
+		if err := r.TTY.WindowSize.Validate(); err != nil {
+			return err
+		}
+		if strings.ContainsAny(r.TTY.Term, "\x00\n") || len(r.TTY.Term) > 64 {
+			return errdefs.Invalidf("tty.term %q is not a terminal type: send $TERM, e.g. xterm-256color", r.TTY.Term)
+		}
+	}
 	for k, v := range r.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
 			return errdefs.Invalidf("env entry %q is not a valid variable name/value", k)
 		}
+	}
+	return nil
+}
+
+// maxWindow bounds a terminal's columns and rows.
+const maxWindow = 10000
+
+// Validate checks a terminal size: 0 (unknown) up to maxWindow.
+func (w WindowSize) Validate() error {
+	if w.Cols < 0 || w.Rows < 0 || w.Cols > maxWindow || w.Rows > maxWindow {
+		return errdefs.Invalidf("terminal size %dx%d is out of range: columns and rows are 0 to %d", w.Cols, w.Rows, maxWindow)
 	}
 	return nil
 }

@@ -73,7 +73,13 @@ func toolText(res *sdk.CallToolResult) string {
 // bad input answered as a tool error that says what to do.
 func TestMCPTools(t *testing.T) {
 	e := newEnv(t)
-	e.startDaemon()
+	writeFile(t, filepath.Join(e.get("XDG_CONFIG_HOME"), "sandboxd", "config.json"), `{"log_level": "debug"}`)
+	d := e.startDaemon()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.logs)
+		}
+	})
 	repo := e.newRepo("mcp", defaultConfig)
 	// The server starts outside the checkout: calls name it with cwd.
 	cs := e.mcpSession(t, e.root, "--max-output", "2048")

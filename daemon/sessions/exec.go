@@ -230,7 +230,12 @@ func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest
 	if req.Stdin {
 		stdin = stream.Stdin()
 	}
-	st, err := conn.exec(ctx, shellQuote(req.Argv), sshpool.Stdio{Stdin: stdin, Stdout: stream.Stdout(), Stderr: stream.Stderr(), Signals: signals})
+	stdio := sshpool.Stdio{Stdin: stdin, Stdout: stream.Stdout(), Stderr: stream.Stderr(), Signals: signals}
+	if req.TTY != nil {
+		stdio.PTY = &sshpool.PTY{Term: req.TTY.Term, Cols: uint32(req.TTY.Cols), Rows: uint32(req.TTY.Rows)}
+		stdio.Resizes = resizes(stream, done)
+	}
+	st, err := conn.exec(ctx, shellQuote(req.Argv), stdio)
 	if err != nil {
 		if ctx.Err() != nil {
 			return st, errdefs.Canceled(fmt.Errorf("the command was cancelled because the client went away: %w", err))
@@ -242,6 +247,35 @@ func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest
 		return st, errdefs.Unavailable(fmt.Errorf("run the command in the sandbox: %w", err))
 	}
 	return st, nil
+}
+
+// resizes relays the caller's window sizes, when its stream carries them,
+// until done.
+func resizes(stream ipc.ExecStream, done <-chan struct{}) <-chan sshpool.WindowSize {
+	rs, ok := stream.(ipc.ExecResizer)
+	if !ok {
+		return nil
+	}
+	out := make(chan sshpool.WindowSize, 1)
+	go func() {
+		in := rs.Resizes()
+		for {
+			select {
+			case <-done:
+				return
+			case ws, ok := <-in:
+				if !ok {
+					return
+				}
+				select {
+				case out <- sshpool.WindowSize{Cols: uint32(ws.Cols), Rows: uint32(ws.Rows)}:
+				case <-done:
+					return
+				}
+			}
+		}
+	}()
+	return out
 }
 
 // signalNumbers maps SSH signal names to their numbers, for the 128+n exit

@@ -17,6 +17,31 @@ type Stdio struct {
 	Stdout  io.Writer
 	Stderr  io.Writer
 	Signals <-chan ssh.Signal
+	// PTY, when set, runs the command on a pseudo-terminal (pty-req);
+	// Resizes then carries window changes.
+	PTY     *PTY
+	Resizes <-chan WindowSize
+}
+
+// PTY is a pseudo-terminal request: the terminal type and its size.
+type PTY struct {
+	Term       string
+	Cols, Rows uint32
+}
+
+// WindowSize is a terminal size in characters.
+type WindowSize struct{ Cols, Rows uint32 }
+
+// ptyRequest is the payload of "pty-req" (RFC 4254 section 6.2).
+type ptyRequest struct {
+	Term                 string
+	Cols, Rows, PxW, PxH uint32
+	Modes                string
+}
+
+// windowChange is the payload of "window-change" (RFC 4254 section 6.7).
+type windowChange struct {
+	Cols, Rows, PxW, PxH uint32
 }
 
 // ExitStatus is how a command ended: Code is its exit status, or -1 when a
@@ -69,6 +94,24 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 	// open.
 	c.prepareSpare()
 	before := c.tcp.writes.Load()
+	if stdio.PTY != nil {
+		term := stdio.PTY.Term
+		if term == "" {
+			term = "xterm"
+		}
+		// No terminal modes: the agent's defaults (a cooked, echoing
+		// terminal) are what an interactive shell expects.
+		req := ptyRequest{Term: term, Cols: stdio.PTY.Cols, Rows: stdio.PTY.Rows, Modes: "\x00"}
+		ok, err := s.ch.SendRequest("pty-req", true, ssh.Marshal(req))
+		if err != nil || !ok {
+			s.ch.Close()
+			c.prepareSpare()
+			if err == nil {
+				err = errors.New("the agent refused it")
+			}
+			return ExitStatus{}, fmt.Errorf("%w: ask sandbox %s for a pseudo-terminal: %w", ErrNotSent, c.target.RunID, err)
+		}
+	}
 	ok, err := s.ch.SendRequest("exec", true, ssh.Marshal(struct{ Command string }{command}))
 	if err != nil {
 		s.ch.Close()
@@ -118,11 +161,19 @@ func (c *Conn) stream(ctx context.Context, s *session, stdio Stdio) (ExitStatus,
 		close(finished)
 	}()
 
-	signals := stdio.Signals
+	signals, resizes := stdio.Signals, stdio.Resizes
 	for {
 		select {
 		case <-finished:
 			return c.status(s)
+		case ws, ok := <-resizes:
+			if !ok {
+				resizes = nil
+				continue
+			}
+			if _, err := s.ch.SendRequest("window-change", false, ssh.Marshal(windowChange{Cols: ws.Cols, Rows: ws.Rows})); err != nil {
+				c.pool.log.Debug("forward a window change", "run", c.target.RunID, "err", err)
+			}
 		case sig, ok := <-signals:
 			if !ok {
 				signals = nil

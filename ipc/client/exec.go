@@ -28,6 +28,11 @@ type ExecOptions struct {
 	Stdout, Stderr io.Writer
 	// Signals are forwarded to the command ("INT", "TERM", ...).
 	Signals <-chan string
+	// TTY runs the command on a pseudo-terminal (stdout and stderr come
+	// as one stream, to Stdout); Resizes then carries the caller's new
+	// window sizes.
+	TTY     *ipc.TTY
+	Resizes <-chan ipc.WindowSize
 	// OnFrame sees the queued, started and warning frames.
 	OnFrame func(ipc.ExecOutput)
 }
@@ -39,6 +44,7 @@ type ExecOptions struct {
 // message; so is a failure after it started (its outcome is then unknown).
 func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions) (ipc.ExecResult, error) {
 	req.Stdin = opts.Stdin != nil
+	req.TTY = opts.TTY
 	first, err := json.Marshal(req)
 	if err != nil {
 		return ipc.ExecResult{}, errdefs.Invalidf("encode the exec request: %v", err)
@@ -48,14 +54,14 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 
 	var body io.Reader
 	var up *uplink
-	if opts.Stdin == nil && opts.Signals == nil {
+	if opts.Stdin == nil && opts.Signals == nil && opts.Resizes == nil {
 		// Nothing will follow the request: send it as one plain body.
 		body = bytes.NewReader(first)
 	} else {
 		pr, pw := io.Pipe()
 		up = &uplink{pw: pw, done: make(chan struct{})}
 		body = pr
-		go up.run(ctx, first, opts.Stdin, opts.Signals)
+		go up.run(ctx, first, opts.Stdin, opts.Signals, opts.Resizes)
 		defer up.stop()
 	}
 	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/exec", nil, body)
@@ -164,7 +170,7 @@ func (u *uplink) fail(err error) {
 	u.mu.Unlock()
 }
 
-func (u *uplink) run(ctx context.Context, first []byte, stdin io.Reader, signals <-chan string) {
+func (u *uplink) run(ctx context.Context, first []byte, stdin io.Reader, signals <-chan string, resizes <-chan ipc.WindowSize) {
 	// However the uplink ends, the transport must see the body end: its
 	// write loop (and so a cancelled round trip) waits for that.
 	defer u.pw.CloseWithError(errUplinkDone)
@@ -192,6 +198,14 @@ func (u *uplink) run(ctx context.Context, first []byte, stdin io.Reader, signals
 			return
 		case <-ctx.Done():
 			return
+		case ws, ok := <-resizes:
+			if !ok {
+				resizes = nil
+				continue
+			}
+			if !enc(ipc.ExecInput{Resize: &ws}) {
+				return
+			}
 		case sig, ok := <-signals:
 			if !ok {
 				signals = nil

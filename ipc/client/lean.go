@@ -24,6 +24,7 @@ import (
 // semantics (frames, errors, cancellation) are those of Exec.
 func (c *Client) ExecLean(ctx context.Context, req ipc.ExecRequest, opts ExecOptions) (ipc.ExecResult, error) {
 	req.Stdin = opts.Stdin != nil
+	req.TTY = opts.TTY
 	first, err := json.Marshal(req)
 	if err != nil {
 		return ipc.ExecResult{}, errdefs.Invalidf("encode the exec request: %v", err)
@@ -39,7 +40,7 @@ func (c *Client) ExecLean(ctx context.Context, req ipc.ExecRequest, opts ExecOpt
 	defer stop()
 	defer conn.Close()
 
-	streaming := opts.Stdin != nil || opts.Signals != nil
+	streaming := opts.Stdin != nil || opts.Signals != nil || opts.Resizes != nil
 	var head bytes.Buffer
 	head.WriteString("POST /v1/exec HTTP/1.1\r\nHost: sandboxd\r\nUser-Agent: ")
 	head.WriteString(headerSafe(c.userAgent))
@@ -60,7 +61,7 @@ func (c *Client) ExecLean(ctx context.Context, req ipc.ExecRequest, opts ExecOpt
 	if streaming {
 		pr, pw := io.Pipe()
 		up = &uplink{pw: pw, done: make(chan struct{})}
-		go up.run(ctx, first, opts.Stdin, opts.Signals)
+		go up.run(ctx, first, opts.Stdin, opts.Signals, opts.Resizes)
 		defer up.stop()
 		// Each frame the uplink writes goes out as one chunk.
 		upDone = make(chan struct{})

@@ -36,6 +36,9 @@ type System struct {
 	Stdin            io.Reader
 	Stdout, Stderr   io.Writer
 	StdinIsTerminal  bool
+	// Terminal is stdin's terminal (nil when stdin is not one), for
+	// sbx shell and exec -t.
+	Terminal Terminal
 	StderrIsTerminal bool
 	Env              paths.Env
 	Getwd            func() (string, error)
@@ -55,11 +58,16 @@ func OS(version string) System {
 	if version == "" {
 		version = ipc.BuildVersion()
 	}
+	var tty Terminal
+	if term.IsTerminal(int(os.Stdin.Fd())) {
+		tty = osTerminal{fd: int(os.Stdin.Fd())}
+	}
 	return System{
 		Stdin:            os.Stdin,
 		Stdout:           os.Stdout,
 		Stderr:           os.Stderr,
 		StdinIsTerminal:  term.IsTerminal(int(os.Stdin.Fd())),
+		Terminal:         tty,
 		StderrIsTerminal: term.IsTerminal(int(os.Stderr.Fd())),
 		Env:              paths.OSEnv,
 		Getwd:            os.Getwd,

@@ -62,6 +62,17 @@ func root() *command {
 				flags: []flagSpec{idFlag(),
 					{name: "no-sync", kind: boolFlag, help: "do not sync local changes to the sandbox and back"},
 					{name: "interactive", short: "i", kind: boolFlag, help: "forward stdin even when it is a terminal"},
+					{name: "tty", short: "t", kind: boolFlag, help: "run the command on a pseudo-terminal (for full-screen and interactive programs): keys pass through raw, the window size follows"},
+				}},
+			{name: "shell", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).shell,
+				summary: "open an interactive login shell in the sandbox, with your changes synced both ways",
+				long: "The shell runs on a pseudo-terminal with your TERM and window size (resizes follow); the local " +
+					"terminal is raw while it runs, so Ctrl-C, Ctrl-D and Ctrl-Z reach the remote shell, and it is " +
+					"restored however sbx ends. Local changes are synced before it starts and the sandbox's changes " +
+					"come back when it exits (as for exec). The exit status is the shell's. Same as sbx exec -t -- " +
+					"\"$SHELL\" -l in the sandbox.",
+				flags: []flagSpec{idFlag(),
+					{name: "no-sync", kind: boolFlag, help: "do not sync local changes to the sandbox and back"},
 				}},
 			{name: "list", summary: "list sandboxes, checked against the remote", autoStart: true, run: (*app).list,
 				flags: []flagSpec{{name: "all", kind: boolFlag, help: "include ended sandboxes kept as history"}}},

@@ -115,9 +115,50 @@ func (a *app) exec(ctx context.Context) int {
 	if !a.sys.StdinIsTerminal || a.p.bools["interactive"] {
 		opts.Stdin = a.sys.Stdin
 	}
-	var res ipc.ExecResult
-	err = a.call(ctx, func(ctx context.Context) (err error) { res, err = a.c.ExecLean(ctx, req, opts); return err })
+	if a.p.bools["tty"] {
+		tty, spec, err := a.startTTY()
+		if err != nil {
+			return a.fail(err)
+		}
+		// Every way out of exec (return, panic) restores the terminal.
+		defer func() {
+			if err := tty.stop(); err != nil {
+				a.warn(err.Error())
+			}
+		}()
+		stopWindow := make(chan struct{})
+		defer close(stopWindow)
+		tty.followWindow(a, stopWindow)
+		opts.TTY, opts.Resizes, opts.Stdin = spec, tty.resizes, a.sys.Stdin
+		onFrame := opts.OnFrame
+		opts.OnFrame = func(f ipc.ExecOutput) {
+			onFrame(f) // ends the progress display first
+			if f.Type == ipc.ExecStarted {
+				if err := tty.raw(); err != nil {
+					a.warn("could not put the terminal in raw mode: " + err.Error())
+				}
+			}
+		}
+		res, err := a.runExec(ctx, req, opts, fwd)
+		endProgress()
+		if rerr := tty.stop(); rerr != nil {
+			a.warn(rerr.Error())
+		}
+		return a.execDone(res, err, fwd, nil, nil, nil)
+	}
+	res, err := a.runExec(ctx, req, opts, fwd)
 	endProgress()
+	return a.execDone(res, err, fwd, records, jsonOut, jsonErr)
+}
+
+func (a *app) runExec(ctx context.Context, req ipc.ExecRequest, opts client.ExecOptions, fwd *signalForwarder) (ipc.ExecResult, error) {
+	var res ipc.ExecResult
+	err := a.call(ctx, func(ctx context.Context) (err error) { res, err = a.c.ExecLean(ctx, req, opts); return err })
+	return res, err
+}
+
+// execDone turns an exec's outcome into output and sbx's exit code.
+func (a *app) execDone(res ipc.ExecResult, err error, fwd *signalForwarder, records *ndjson, jsonOut, jsonErr *streamWriter) int {
 	if records != nil {
 		_ = jsonOut.flush()
 		_ = jsonErr.flush()
