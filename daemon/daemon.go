@@ -262,6 +262,9 @@ func (d *daemon) run(ctx context.Context) (err error) {
 	backends := ipc.Backends{Daemon: d}
 	if d.services != nil {
 		backends.Sessions, backends.Events = d.services.Sessions(), d.services.Events()
+		if sp, ok := d.services.(interface{ SSH() ipc.SSHBackend }); ok {
+			backends.SSH = sp.SSH()
+		}
 	}
 	uid := os.Getuid()
 	d.srv = ipc.NewServer(backends, ipc.ServerOptions{Version: d.opts.Version, Logger: d.log, AllowedUID: &uid, StartedAt: d.startedAt})

@@ -84,4 +84,5 @@ type Backends struct {
 	Daemon   DaemonBackend
 	Sessions SessionBackend
 	Events   EventSource
+	SSH      SSHBackend
 }

@@ -34,6 +34,8 @@ const (
 	routeEvents    = "/v1/events"
 	routeOpenAPI   = "/v1/openapi.yaml"
 	routeDoctor    = "/v1/doctor"
+	routeSSHHosts  = "/v1/ssh/hosts"
+	routeSSHProxy  = "/v1/ssh/proxy"
 )
 
 //go:embed openapi.yaml
@@ -74,6 +76,8 @@ func (s *Server) routes() *mux.Router {
 	handle(http.MethodPost, routeBgRestart, route(s.background, jsonBody[BgRequest], BackgroundBackend.BgRestart, http.StatusOK))
 	handle(http.MethodPost, routeBgStop, route(s.background, jsonBody[BgRequest], BackgroundBackend.BgStop, http.StatusOK))
 	handle(http.MethodPost, routeBgLogs, s.postBgLogs)
+	handle(http.MethodGet, routeSSHHosts, route(s.sshBackend, noInput, getSSHHosts, http.StatusOK))
+	handle(http.MethodPost, routeSSHProxy, s.postSSHProxy)
 	return r
 }
 

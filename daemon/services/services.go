@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/forward"
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/daemon/paths"
 	"github.com/sandboxd/sandboxd/daemon/reconcile"
 	"github.com/sandboxd/sandboxd/daemon/remote"
 	"github.com/sandboxd/sandboxd/daemon/sessions"
@@ -106,6 +107,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		Forwards:     s.forwards,
 		Logger:       log,
 		DaemonConfig: daemonConfig(deps.Config),
+		SSHDir:       sshDir(deps.Layout),
 	})
 	if err != nil {
 		s.pool.Close()
@@ -192,6 +194,18 @@ func (s *Services) Sessions() ipc.SessionBackend { return s.manager }
 
 // Events implements daemon.Services.
 func (s *Services) Events() ipc.EventSource { return s.bus }
+
+// SSH is OpenSSH access to the sandboxes (sbx ssh-config, sbx proxy).
+func (s *Services) SSH() ipc.SSHBackend { return s.manager }
+
+// sshDir holds the key files written for OpenSSH; none without a state
+// directory.
+func sshDir(l paths.Layout) string {
+	if l.StateDir == "" {
+		return ""
+	}
+	return filepath.Join(l.StateDir, "ssh")
+}
 
 // Live implements daemon.Services.
 func (s *Services) Live() int { return s.pool.Live() }

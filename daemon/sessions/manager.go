@@ -100,6 +100,9 @@ type Options struct {
 	CreateTimeout time.Duration
 	// TokenTTL is the lifetime asked for scoped tokens (default 24h).
 	TokenTTL time.Duration
+	// SSHDir is where the OpenSSH files of `sbx ssh-config` are written
+	// (the state directory's ssh/); empty turns SSH access off.
+	SSHDir string
 	// DaemonConfig is the part of sandboxd's configuration the manager
 	// uses or shows; SetDaemonConfig replaces it on a reload.
 	DaemonConfig DaemonConfig

@@ -88,6 +88,15 @@ func root() *command {
 			bgCommand(),
 			{name: "events", summary: "follow the daemon's events", autoStart: true, run: (*app).events,
 				flags: []flagSpec{{name: "since", kind: stringFlag, arg: "SEQ", help: "replay buffered events after sequence number SEQ first"}}},
+			{name: "ssh-config", autoStart: true, run: (*app).sshConfig,
+				summary: "print an OpenSSH config block per live sandbox (ssh, scp, rsync, git and Remote-SSH through the daemon)",
+				long: "Each block names a sandbox sbx-<repo>-<branch> and reaches it with ProxyCommand sbx proxy --stdio %h, " +
+					"with its pinned host key and its key in files the daemon writes (0600, under its state directory): " +
+					"no prompt, no API call. Use: sbx ssh-config > ~/.ssh/sbx.config and add Include ~/.ssh/sbx.config " +
+					"at the top of ~/.ssh/config; run it again after sbx start or reset (docs/ssh.md)."},
+			{name: "proxy", args: "HOST", maxArgs: 1, autoStart: true, run: (*app).proxy,
+				summary: "relay a sandbox's SSH stream on stdin and stdout (the ProxyCommand of sbx ssh-config)",
+				flags: []flagSpec{{name: "stdio", kind: boolFlag, help: "relay on stdin and stdout (required)"}}},
 			{name: "mcp", autoStart: true, run: (*app).mcpServe,
 				summary: "serve the sandbox tools to a coding agent (Model Context Protocol on stdio)",
 				long: "Register it with an agent as the command sbx with the arguments [\"mcp\"] (see docs/agents.md). " +
