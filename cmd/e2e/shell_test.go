@@ -43,7 +43,10 @@ func (p *tmuxPane) run(args ...string) string {
 }
 
 // keys types into the pane (tmux key names: Enter, C-c, ...).
-func (p *tmuxPane) keys(keys ...string) { p.t.Helper(); p.run(append([]string{"send-keys", "-t", "0"}, keys...)...) }
+func (p *tmuxPane) keys(keys ...string) {
+	p.t.Helper()
+	p.run(append([]string{"send-keys", "-t", "0"}, keys...)...)
+}
 
 // line types a line and presses Enter.
 func (p *tmuxPane) line(s string) { p.t.Helper(); p.keys("-l", s); p.keys("Enter") }

@@ -33,12 +33,12 @@ const (
 // System is what sbx takes from its process: streams, environment, working
 // directory, signals and time. Tests pass their own.
 type System struct {
-	Stdin            io.Reader
-	Stdout, Stderr   io.Writer
-	StdinIsTerminal  bool
+	Stdin           io.Reader
+	Stdout, Stderr  io.Writer
+	StdinIsTerminal bool
 	// Terminal is stdin's terminal (nil when stdin is not one), for
 	// sbx shell and exec -t.
-	Terminal Terminal
+	Terminal         Terminal
 	StderrIsTerminal bool
 	Env              paths.Env
 	Getwd            func() (string, error)

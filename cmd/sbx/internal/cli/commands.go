@@ -96,7 +96,7 @@ func root() *command {
 					"at the top of ~/.ssh/config; run it again after sbx start or reset (docs/ssh.md)."},
 			{name: "proxy", args: "HOST", maxArgs: 1, autoStart: true, run: (*app).proxy,
 				summary: "relay a sandbox's SSH stream on stdin and stdout (the ProxyCommand of sbx ssh-config)",
-				flags: []flagSpec{{name: "stdio", kind: boolFlag, help: "relay on stdin and stdout (required)"}}},
+				flags:   []flagSpec{{name: "stdio", kind: boolFlag, help: "relay on stdin and stdout (required)"}}},
 			{name: "mcp", autoStart: true, run: (*app).mcpServe,
 				summary: "serve the sandbox tools to a coding agent (Model Context Protocol on stdio)",
 				long: "Register it with an agent as the command sbx with the arguments [\"mcp\"] (see docs/agents.md). " +
