@@ -139,19 +139,19 @@ func (a *app) exec(ctx context.Context) int {
 				}
 			}
 		}
-		res, err := a.runExec(ctx, req, opts, fwd)
+		res, err := a.runExec(ctx, req, opts)
 		endProgress()
 		if rerr := tty.stop(); rerr != nil {
 			a.warn(rerr.Error())
 		}
 		return a.execDone(res, err, fwd, nil, nil, nil)
 	}
-	res, err := a.runExec(ctx, req, opts, fwd)
+	res, err := a.runExec(ctx, req, opts)
 	endProgress()
 	return a.execDone(res, err, fwd, records, jsonOut, jsonErr)
 }
 
-func (a *app) runExec(ctx context.Context, req ipc.ExecRequest, opts client.ExecOptions, fwd *signalForwarder) (ipc.ExecResult, error) {
+func (a *app) runExec(ctx context.Context, req ipc.ExecRequest, opts client.ExecOptions) (ipc.ExecResult, error) {
 	var res ipc.ExecResult
 	err := a.call(ctx, func(ctx context.Context) (err error) { res, err = a.c.ExecLean(ctx, req, opts); return err })
 	return res, err
