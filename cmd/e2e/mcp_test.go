@@ -92,7 +92,7 @@ func TestMCPTools(t *testing.T) {
 	for _, tl := range tools.Tools {
 		names[tl.Name] = tl
 	}
-	for _, want := range []string{"exec", "status", "list", "start", "stop", "reset"} {
+	for _, want := range []string{"exec", "status", "list", "start", "stop", "reset", "bg_start", "bg_list", "bg_logs", "bg_restart", "bg_stop"} {
 		if tl := names[want]; tl == nil || tl.Description == "" || tl.InputSchema == nil {
 			t.Errorf("tool %s is missing or has no description/schema: %+v", want, tl)
 		}
@@ -136,6 +136,24 @@ func TestMCPTools(t *testing.T) {
 	_, out = callTool(t, cs, "list", nil)
 	if ss, _ := out["sessions"].([]any); len(ss) != 1 {
 		t.Fatalf("list: %v", out)
+	}
+
+	// A background process: started, listed, its output read, stopped.
+	res, out = callTool(t, cs, "bg_start", map[string]any{"cwd": repo, "name": "srv", "command": "echo serving; exec sleep 300"})
+	if res.IsError || out["status"] != "running" {
+		t.Fatalf("bg_start: %v %s", out, toolText(res))
+	}
+	_, out = callTool(t, cs, "bg_list", map[string]any{"cwd": repo})
+	if ps, _ := out["processes"].([]any); len(ps) != 1 {
+		t.Fatalf("bg_list: %v", out)
+	}
+	waitUntil(t, 10*time.Second, "the background process's output", func() bool {
+		_, out := callTool(t, cs, "bg_logs", map[string]any{"cwd": repo, "name": "srv"})
+		return out["stdout"] == "serving\n"
+	})
+	_, out = callTool(t, cs, "bg_stop", map[string]any{"cwd": repo, "name": "srv"})
+	if out["status"] != "stopped" {
+		t.Fatalf("bg_stop: %v", out)
 	}
 
 	// Bad input is a tool error (not a protocol error) that says what to do.

@@ -99,6 +99,7 @@ func NewServer(opts Options) *sdk.Server {
 			"Waits until the new one is ready unless wait=false.",
 		Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &no},
 	}, h.reset)
+	addBackgroundTools(s, h)
 	return s
 }
 
@@ -209,16 +210,9 @@ func (h *handlers) ensure(ctx context.Context) error {
 }
 
 func (h *handlers) exec(ctx context.Context, _ *sdk.CallToolRequest, in ExecInput) (*sdk.CallToolResult, ExecOutput, error) {
-	var argv []string
-	switch {
-	case in.Command != "" && len(in.Argv) > 0:
-		return nil, ExecOutput{}, errors.New("give either command (a shell line) or argv (a program and its arguments), not both")
-	case in.Command != "":
-		argv = []string{"sh", "-c", in.Command}
-	case len(in.Argv) > 0:
-		argv = in.Argv
-	default:
-		return nil, ExecOutput{}, errors.New("nothing to run: give command (a shell line, e.g. \"make test\") or argv (e.g. [\"make\", \"test\"])")
+	argv, err := commandArgv(in.Command, in.Argv)
+	if err != nil {
+		return nil, ExecOutput{}, err
 	}
 	t, err := h.target(in.Where)
 	if err != nil {
@@ -254,6 +248,19 @@ func (h *handlers) exec(ctx context.Context, _ *sdk.CallToolRequest, in ExecInpu
 		out.PulledFiles = []string{}
 	}
 	return &sdk.CallToolResult{Content: []sdk.Content{&sdk.TextContent{Text: renderExec(out)}}}, out, nil
+}
+
+// commandArgv is the argv of a shell line or of an exact argv, one of them.
+func commandArgv(command string, argv []string) ([]string, error) {
+	switch {
+	case command != "" && len(argv) > 0:
+		return nil, errors.New("give either command (a shell line) or argv (a program and its arguments), not both")
+	case command != "":
+		return []string{"sh", "-c", command}, nil
+	case len(argv) > 0:
+		return argv, nil
+	}
+	return nil, errors.New("nothing to run: give command (a shell line, e.g. \"make test\") or argv (e.g. [\"make\", \"test\"])")
 }
 
 // renderExec is the exec result as text, for clients that show text only.
