@@ -3,6 +3,7 @@ package e2e
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -95,9 +96,18 @@ func TestShellUnderPseudoTerminal(t *testing.T) {
 	}
 	p.waitFor(`(?m)^30 100\s*$`)
 
+	// The new size travels (SIGWINCH, a resize frame, window-change) while
+	// the shell reads the next line: ask until the remote side has it.
 	p.run("resize-window", "-t", "0", "-x", "120", "-y", "40")
-	p.line("echo SIZE-$((1+1)) $(stty size)")
-	p.waitFor(`SIZE-2 40 120`)
+	for i := 1; ; i++ {
+		p.line(fmt.Sprintf("echo SIZE-$((%d+0)) $(stty size)", i))
+		if got := p.waitFor(fmt.Sprintf(`SIZE-%d \d+ \d+`, i)); got == fmt.Sprintf("SIZE-%d 40 120", i) {
+			break
+		}
+		if i == 100 {
+			t.Fatalf("the remote terminal never got the new size:\n%s", p.screen())
+		}
+	}
 
 	// Ctrl-C interrupts the remote command, not sbx.
 	p.line("sleep 300")

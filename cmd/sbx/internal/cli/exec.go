@@ -46,6 +46,9 @@ func (a *app) exec(ctx context.Context) int {
 	defer disconnect()
 
 	fwd := newSignalForwarder(a.sys.Now, disconnect)
+	// A terminal session whose terminal hung up has nobody left to talk
+	// to: disconnect (the daemon stops the remote command), as ssh does.
+	fwd.hupDisconnects = a.p.bools["tty"]
 	sigc := make(chan os.Signal, 4)
 	a.sys.Notify(sigc, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer a.sys.StopNotify(sigc)
@@ -212,6 +215,8 @@ type signalForwarder struct {
 	now        func() time.Time
 	disconnect func()
 	out        chan string
+	// hupDisconnects turns SIGHUP into a disconnect (terminal sessions).
+	hupDisconnects bool
 
 	mu        sync.Mutex
 	lastInt   time.Time
@@ -240,6 +245,12 @@ func (f *signalForwarder) handle(s os.Signal) {
 		return
 	}
 	f.mu.Lock()
+	if name == "HUP" && f.hupDisconnects {
+		f.cancelled = true
+		f.mu.Unlock()
+		f.disconnect()
+		return
+	}
 	if name == "INT" {
 		now := f.now()
 		if !f.lastInt.IsZero() && now.Sub(f.lastInt) < doubleInterrupt {
