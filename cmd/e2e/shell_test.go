@@ -109,13 +109,16 @@ func TestShellUnderPseudoTerminal(t *testing.T) {
 		}
 	}
 
-	// Ctrl-C interrupts the remote command, not sbx.
-	p.line("sleep 300")
+	// Ctrl-C interrupts the remote command, not sbx. The key goes once the
+	// command runs (it says so, then becomes sleep in the same process).
+	p.line("sh -c 'echo C-$((0+1)); exec sleep 300'")
+	p.waitFor(`C-1`)
 	p.keys("C-c")
 	p.line("echo INT-$((2+2))")
 	p.waitFor(`INT-4`)
 	// Ctrl-Z stops the remote job (the remote shell's job control).
-	p.line("sleep 300")
+	p.line("sh -c 'echo Z-$((0+1)); exec sleep 300'")
+	p.waitFor(`Z-1`)
 	p.keys("C-z")
 	p.line("echo Z-$((3+3)); kill -9 %1")
 	p.waitFor(`Z-6`)
