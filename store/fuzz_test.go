@@ -63,15 +63,15 @@ func FuzzLegacyFile(f *testing.F) {
 				t.Fatalf("entry %q: relative cwd %q", ls.Key, ls.Cwd)
 			}
 		}
-		toIdentity := func(ls LegacySession) Identity {
+		toIdentity := func(ls LegacySession) (Identity, bool) {
 			cfg := ls.ConfigFile
 			if !filepath.IsAbs(cfg) {
 				cfg = filepath.Join(repo, cfg)
 			}
-			return Identity{RepoRoot: repo, Branch: ls.Branch, ConfigFile: cfg}
+			return Identity{RepoRoot: repo, Branch: ls.Branch, ConfigFile: cfg}, true
 		}
-		if _, err := st.ImportLegacy(repo, got, toIdentity, "local"); err != nil && err.Error() == "" {
-			t.Fatal("an import error without a message")
+		if _, err := st.AdoptLegacy(got, toIdentity, "local"); err != nil && err.Error() == "" {
+			t.Fatal("an adoption error without a message")
 		}
 		if err := st.Verify(); err != nil {
 			t.Fatalf("the store is inconsistent after importing %q: %v", data, err)

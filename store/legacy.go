@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sandboxd/sandboxd/clifile"
 )
 
 // LegacySession is one entry of the RWX CLI's .rwx/sandboxes/sandboxes.json.
@@ -55,10 +57,6 @@ type legacyRecord struct {
 	ExecCount   int        `json:"execCount,omitempty"`
 }
 
-// legacyKeyedVersion is the RWX CLI's storage version that introduced
-// branch:config keys; files below it may hold cwd:branch:config keys.
-const legacyKeyedVersion = 1
-
 // ReadLegacyFile parses an RWX CLI sandboxes.json, sorted by key. A missing
 // file is an error satisfying errors.Is(err, os.ErrNotExist); malformed
 // JSON is an ErrLegacyMalformed error naming the file.
@@ -94,10 +92,10 @@ func ParseLegacy(path string, data []byte) ([]LegacySession, error) {
 		if rec.LastExecAt != nil {
 			ls.LastExecAt = *rec.LastExecAt
 		}
-		if cwd, branch, cfg, ok := parseOldLegacyKey(key); ok && f.Version < legacyKeyedVersion {
+		if cwd, branch, cfg, ok := clifile.ParseOldKey(key); ok && f.Version < clifile.Version {
 			ls.Cwd, ls.Branch, ls.ConfigFile = cwd, branch, cfg
 		} else {
-			ls.Branch, ls.ConfigFile = parseLegacyKey(key)
+			ls.Branch, ls.ConfigFile = clifile.ParseKey(key)
 		}
 		if ls.ConfigFile == "" && rec.ConfigFile != "" {
 			ls.ConfigFile = rec.ConfigFile
@@ -114,77 +112,25 @@ func ParseLegacy(path string, data []byte) ([]LegacySession, error) {
 	return out, nil
 }
 
-// parseOldLegacyKey recognizes the RWX CLI's version-0 keys,
-// "cwd:branch:config", the way the CLI itself does: an absolute cwd and a
-// YAML config file. A relative config is resolved against the cwd.
-func parseOldLegacyKey(key string) (cwd, branch, cfg string, ok bool) {
-	last := strings.LastIndex(key, ":")
-	if last < 0 {
-		return "", "", "", false
-	}
-	cfg, rest := key[last+1:], key[:last]
-	second := strings.LastIndex(rest, ":")
-	if second < 0 {
-		return "", "", "", false
-	}
-	cwd, branch = rest[:second], rest[second+1:]
-	if !strings.HasPrefix(cwd, "/") || !(strings.HasSuffix(cfg, ".yml") || strings.HasSuffix(cfg, ".yaml")) {
-		return "", "", "", false
-	}
-	if !filepath.IsAbs(cfg) {
-		cfg = filepath.Join(cwd, cfg)
-	}
-	return cwd, branch, cfg, true
-}
-
-// parseLegacyKey splits a "branch:config" key like the RWX CLI: at the
-// first ":/" (config paths are absolute and branch names cannot hold ':'),
-// else at the last ':'.
-func parseLegacyKey(key string) (branch, cfg string) {
-	if i := strings.Index(key, ":/"); i >= 0 {
-		return key[:i], key[i+1:]
-	}
-	if i := strings.LastIndex(key, ":"); i >= 0 {
-		return key[:i], key[i+1:]
-	}
-	return key, ""
-}
-
-// legacyImportRecord is what legacy_imports remembers per repository.
-type legacyImportRecord struct {
-	ImportedAt time.Time `json:"importedAt"`
-	Imported   int       `json:"imported"`
-	Skipped    int       `json:"skipped"`
-}
-
-// LegacyImported reports whether ImportLegacy already ran for repoRoot. An
-// unreadable store answers false (the import then fails with the error).
-func (s *Store) LegacyImported(repoRoot string) bool {
-	done := false
-	_ = s.view(func(t *txn) error {
-		done = t.legacy.Get([]byte(repoRoot)) != nil
-		return nil
-	})
-	return done
-}
-
-// ImportLegacy imports, in one transaction, the legacy sessions of the
-// repository at repoRoot whose identity (from toIdentity) has no live
-// session and whose run id is not recorded yet; each becomes an Adopted
-// session in StateUnknown on the given remote, keeping its run URL, token,
-// config hash, times and exec count. Entries without a run id are skipped.
-// It records that repoRoot was imported (even when nothing was), so a
-// second call imports nothing and returns 0.
-func (s *Store) ImportLegacy(repoRoot string, sessions []LegacySession, toIdentity func(LegacySession) Identity, remote string) (int, error) {
-	imported := 0
+// AdoptLegacy records, in one transaction, the sessions of an RWX CLI
+// sandboxes.json that sandboxd does not know yet; the daemon calls it
+// whenever the file changes. An entry is skipped when it has no run id, when
+// toIdentity rejects it, when its run id is recorded already (live or
+// ended: an ended run never comes back) or when its identity has a live
+// session. Each other entry becomes an Adopted session in StateUnknown on
+// the given remote, keeping its run URL, token, config hash, times and exec
+// count. It returns the sessions recorded.
+func (s *Store) AdoptLegacy(sessions []LegacySession, toIdentity func(LegacySession) (Identity, bool), remote string) ([]*Session, error) {
+	var adopted []*Session
 	err := s.update(func(t *txn) error {
-		imported = 0
-		if t.legacy.Get([]byte(repoRoot)) != nil {
-			return nil
-		}
+		adopted = nil
 		now := s.now().UTC()
 		for _, ls := range sessions {
 			if ls.RunID == "" {
+				continue
+			}
+			identity, ok := toIdentity(ls)
+			if !ok {
 				continue
 			}
 			id, err := s.newID()
@@ -193,14 +139,14 @@ func (s *Store) ImportLegacy(repoRoot string, sessions []LegacySession, toIdenti
 			}
 			sess := &Session{
 				ID:          id,
-				Identity:    toIdentity(ls),
+				Identity:    identity,
 				Remote:      remote,
 				RunID:       ls.RunID,
 				RunURL:      ls.RunURL,
 				Token:       ls.ScopedToken,
 				ConfigHash:  ls.ConfigHash,
 				State:       StateUnknown,
-				StateReason: "imported from the RWX CLI's sandboxes.json",
+				StateReason: "adopted from the RWX CLI's sandboxes.json",
 				CreatedAt:   ls.CreatedAt.UTC(),
 				UpdatedAt:   now,
 				LastExecAt:  ls.LastExecAt.UTC(),
@@ -212,7 +158,6 @@ func (s *Store) ImportLegacy(repoRoot string, sessions []LegacySession, toIdenti
 			}
 			if err := t.index(nil, sess); err != nil {
 				if exists := (*ExistsError)(nil); errors.As(err, &exists) {
-					s.log.Info("legacy import: skipped a session whose identity or run is already known", "repo", repoRoot, "run", ls.RunID)
 					continue
 				}
 				return err
@@ -220,16 +165,12 @@ func (s *Store) ImportLegacy(repoRoot string, sessions []LegacySession, toIdenti
 			if err := t.put(sess); err != nil {
 				return err
 			}
-			imported++
+			adopted = append(adopted, sess)
 		}
-		rec, err := json.Marshal(legacyImportRecord{ImportedAt: now, Imported: imported, Skipped: len(sessions) - imported})
-		if err != nil {
-			return err
-		}
-		return t.legacy.Put([]byte(repoRoot), rec)
+		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("import the RWX CLI's sessions of %s: %w", repoRoot, err)
+		return nil, fmt.Errorf("adopt the RWX CLI's sessions: %w", err)
 	}
-	return imported, nil
+	return adopted, nil
 }

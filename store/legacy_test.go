@@ -92,40 +92,41 @@ func TestReadLegacyFileErrors(t *testing.T) {
 	}
 }
 
-func TestImportLegacyOnceAndWithoutClobbering(t *testing.T) {
+func TestAdoptLegacyWithoutClobbering(t *testing.T) {
 	s, clock := newTestStore(t)
 	repo := "/src/repo"
-	toIdentity := func(l LegacySession) Identity {
+	toIdentity := func(l LegacySession) (Identity, bool) {
+		if l.Branch == "rejected" {
+			return Identity{}, false
+		}
 		cfg := l.ConfigFile
 		if !filepath.IsAbs(cfg) {
 			cfg = filepath.Join(repo, cfg)
 		}
-		return Identity{RepoRoot: repo, Branch: l.Branch, ConfigFile: cfg}
+		return Identity{RepoRoot: repo, Branch: l.Branch, ConfigFile: cfg}, true
 	}
-	// A live session sandboxd already has for "main", and a known run.
+	// A live session sandboxd already has for "main", a known run, and an
+	// ended one.
 	existing := &Session{Identity: ident("main"), RunID: "run-main-sbx", State: StateReady}
 	must(t, s.Insert(existing))
 	must(t, s.Insert(&Session{Identity: ident("known"), RunID: "run-known", State: StateReady}))
+	must(t, s.Insert(&Session{Identity: ident("gone"), RunID: "run-gone", State: StateExpired}))
 
 	created := time.Date(2025, 3, 1, 10, 0, 0, 0, time.UTC)
 	legacy := []LegacySession{
 		{Branch: "main", ConfigFile: repo + "/.rwx/sandbox.yml", RunID: "run-main-cli"}, // identity taken
 		{Branch: "other", ConfigFile: repo + "/.rwx/sandbox.yml", RunID: "run-known"},   // run taken
+		{Branch: "gone", ConfigFile: repo + "/.rwx/sandbox.yml", RunID: "run-gone"},     // run ended: never again
 		{Branch: "feature", ConfigFile: ".rwx/sandbox.yml", RunID: "run-f", ScopedToken: "tok", RunURL: "u", ConfigHash: "h", CreatedAt: created, LastExecAt: created.Add(time.Minute), ExecCount: 4},
 		{Branch: "feature2", ConfigFile: repo + "/.rwx/sandbox.yml", RunID: "run-f"}, // same run twice in the file
 		{Branch: "norun", ConfigFile: repo + "/.rwx/sandbox.yml"},                    // nothing to adopt
+		{Branch: "rejected", ConfigFile: repo + "/.rwx/sandbox.yml", RunID: "run-r"}, // toIdentity says no
 		{Branch: "detached@abc", ConfigFile: repo + "/.rwx/sandbox.yml", RunID: "run-d"},
 	}
-	if s.LegacyImported(repo) {
-		t.Fatal("LegacyImported before any import")
-	}
-	n, err := s.ImportLegacy(repo, legacy, toIdentity, "cloud.rwx.com")
+	got, err := s.AdoptLegacy(legacy, toIdentity, "cloud.rwx.com")
 	must(t, err)
-	if n != 2 {
-		t.Fatalf("imported %d, want 2", n)
-	}
-	if !s.LegacyImported(repo) || s.LegacyImported("/elsewhere") {
-		t.Fatal("LegacyImported does not reflect the import")
+	if len(got) != 2 || got[0].RunID != "run-f" || got[1].RunID != "run-d" {
+		t.Fatalf("adopted %+v, want run-f and run-d", got)
 	}
 	mustVerify(t, s)
 
@@ -136,48 +137,47 @@ func TestImportLegacyOnceAndWithoutClobbering(t *testing.T) {
 		State: StateUnknown, StateReason: f.StateReason, CreatedAt: created, UpdatedAt: clock.Now(), LastExecAt: created.Add(time.Minute), ExecCount: 4, Adopted: true,
 	}
 	if !reflect.DeepEqual(*f, want) || f.StateReason == "" {
-		t.Fatalf("imported session:\n got %+v\nwant %+v", f, &want)
+		t.Fatalf("adopted session:\n got %+v\nwant %+v", f, &want)
 	}
 	if d, err := s.ByIdentity(ident("detached@abc")); err != nil || d.RunID != "run-d" || !d.CreatedAt.Equal(clock.Now()) {
 		t.Fatalf("ByIdentity(detached) = %+v, %v", d, err)
 	}
 	if m, _ := s.ByIdentity(ident("main")); m.ID != existing.ID {
-		t.Fatal("the import replaced sandboxd's own session")
+		t.Fatal("the adoption replaced sandboxd's own session")
 	}
-	if _, err := s.ByRunID("run-main-cli"); !errors.Is(err, ErrNotFound) {
-		t.Fatal("a legacy session whose identity is taken was imported")
+	for _, run := range []string{"run-main-cli", "run-r"} {
+		if _, err := s.ByRunID(run); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%s was adopted", run)
+		}
+	}
+	if g, _ := s.ByRunID("run-gone"); g.State != StateExpired {
+		t.Fatal("an ended run came back")
 	}
 
-	// Second time: nothing, even if the file changed meanwhile.
+	// The file changed: only what is new is adopted.
 	legacy = append(legacy, LegacySession{Branch: "late", ConfigFile: repo + "/.rwx/sandbox.yml", RunID: "run-late"})
-	n, err = s.ImportLegacy(repo, legacy, toIdentity, "cloud.rwx.com")
-	if err != nil || n != 0 {
-		t.Fatalf("second import = %d, %v; want 0", n, err)
+	got, err = s.AdoptLegacy(legacy, toIdentity, "cloud.rwx.com")
+	if err != nil || len(got) != 1 || got[0].RunID != "run-late" {
+		t.Fatalf("second read adopted %+v, %v; want run-late only", got, err)
 	}
-	if c, _ := s.Count(); c != 4 {
-		t.Fatalf("Count = %d after imports, want 4", c)
-	}
-
-	// A repository without a legacy file is still marked as seen.
-	n, err = s.ImportLegacy("/src/empty", nil, toIdentity, "local")
-	if err != nil || n != 0 || !s.LegacyImported("/src/empty") {
-		t.Fatalf("empty import = %d, %v", n, err)
+	if c, _ := s.Count(); c != 6 {
+		t.Fatalf("Count = %d after adoptions, want 6", c)
 	}
 }
 
 // The whole path as the daemon runs it: a file of the RWX CLI in a repo.
-func TestImportLegacyFromFile(t *testing.T) {
+func TestAdoptLegacyFromFile(t *testing.T) {
 	s, _ := newTestStore(t)
 	repo := t.TempDir()
 	path := writeLegacy(t, repo, `{"sandboxes":{"`+repo+`:main:.rwx/sandbox.yml":{"runId":"run-1","configFile":".rwx/sandbox.yml"}},"version":0}`)
 	ls, err := ReadLegacyFile(path)
 	must(t, err)
-	n, err := s.ImportLegacy(repo, ls, func(l LegacySession) Identity {
-		return Identity{RepoRoot: repo, Branch: l.Branch, ConfigFile: l.ConfigFile}
+	adopted, err := s.AdoptLegacy(ls, func(l LegacySession) (Identity, bool) {
+		return Identity{RepoRoot: repo, Branch: l.Branch, ConfigFile: l.ConfigFile}, true
 	}, "local")
 	must(t, err)
-	if n != 1 {
-		t.Fatalf("imported %d", n)
+	if len(adopted) != 1 {
+		t.Fatalf("adopted %d", len(adopted))
 	}
 	got, err := s.ByIdentity(Identity{RepoRoot: repo, Branch: "main", ConfigFile: filepath.Join(repo, ".rwx", "sandbox.yml")})
 	if err != nil || got.RunID != "run-1" {

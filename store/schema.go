@@ -17,7 +17,7 @@ var (
 	bucketSessions      = []byte("sessions")       // id → JSON Session
 	bucketByIdentity    = []byte("by_identity")    // Identity.Key() → id, live sessions only
 	bucketByRun         = []byte("by_run")         // run id → id
-	bucketLegacyImports = []byte("legacy_imports") // repo root → JSON legacyImportRecord
+	bucketLegacyImports = []byte("legacy_imports") // repo root → JSON; no longer written: the RWX CLI file is read on every change
 	keySchemaVersion    = []byte("schema_version") // decimal ASCII
 )
 

@@ -148,12 +148,29 @@ func (m *Manager) create(ctx context.Context, p place, init map[string]string) (
 		case !errors.Is(err, store.ErrNotFound):
 			return nil, err
 		}
+		// Under the RWX CLI's lock, as a CLI process resolves and creates:
+		// a CLI that started this identity's sandbox meanwhile has recorded
+		// it by the time the lock is ours, and one that comes after finds
+		// sandboxd's record.
+		unlock := m.lockCLIFile(ctx, p.RepoRoot)
+		defer unlock()
+		if _, err := m.readCLIFile(p.RepoRoot); err != nil {
+			m.log.Warn("read the RWX CLI's sandboxes file", "repo", p.RepoRoot, "err", err)
+		} else if s, err := m.st.ByIdentity(p.Identity); err == nil && s.RunID != "" {
+			return s, nil
+		}
 		// A run on the remote may already be this identity's (its local
 		// record was lost, or another client started it).
-		if s, err := m.adoptRemote(ctx, p); err != nil || s != nil {
-			return s, err
+		s, err := m.adoptRemote(ctx, p)
+		if err == nil && s == nil {
+			s, err = m.createLocked(ctx, p, init, nil)
 		}
-		return m.createLocked(ctx, p, init, nil)
+		if err == nil {
+			if werr := m.writeCLIFile(ctx, p.RepoRoot, true); werr != nil {
+				m.log.Warn("update the RWX CLI's sandboxes file", "repo", p.RepoRoot, "err", werr)
+			}
+		}
+		return s, err
 	})
 }
 
@@ -216,6 +233,7 @@ func (m *Manager) createLocked(ctx context.Context, p place, init map[string]str
 	m.publish(eventSessionCreated, s, map[string]string{"runUrl": s.RunURL, "branch": s.Branch})
 	m.progress(s, ipc.PhaseCreated, "")
 	m.watchConfig(s)
+	m.cliFileChanged(s.RepoRoot)
 	tok, err := remote.CreateSandboxToken(ctx, s.RunID, m.opts.TokenTTL)
 	if err != nil {
 		// The account token still works; a scoped token is an optimisation.
@@ -268,8 +286,10 @@ func (m *Manager) runDefinition(ctx context.Context, p place, init map[string]st
 	}
 	def = rwxapi.RunDefinition{
 		Title: title(p),
+		// What the RWX CLI writes (an absolute configFile: it panics on a
+		// relative one) plus sandboxd's own fields.
 		CLIState: rwxapi.CLIState{
-			Branch: p.Branch, ConfigFile: p.configRel(), RepoRoot: p.RepoRoot, OriginURL: origin, ConfigRel: p.configRel(),
+			Branch: p.Branch, ConfigFile: p.ConfigFile, RepoRoot: p.RepoRoot, OriginURL: origin, ConfigRel: p.configRel(),
 		}.Encode(),
 		Git:             rwxapi.GitMetadata{Branch: branch, Sha: sha, OriginURL: cloneURL},
 		TaskDefinitions: []rwxapi.DirectoryEntry{{Path: p.configRel(), Type: "file", Permissions: 0o644, FileContents: string(cfgBytes)}},

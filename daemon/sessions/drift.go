@@ -99,6 +99,11 @@ func (m *Manager) Close(ctx context.Context) error {
 	// Other clients of the sandboxes must not wait for leases to idle out.
 	m.releaseAll(ctx)
 	m.mu.Lock()
+	for _, cancel := range m.cliWatches {
+		if cancel != nil {
+			cancel()
+		}
+	}
 	for _, r := range m.runtime {
 		if r.cancelWatch != nil {
 			r.cancelWatch()

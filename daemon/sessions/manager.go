@@ -132,11 +132,13 @@ type Manager struct {
 	readies    flight[*store.Session] // by session id: one wait-for-ready poller
 	reconciles flight[ReconcileReport]
 
-	mu        sync.Mutex
-	runtime   map[string]*sessionRuntime // by session id
-	daemonCfg DaemonConfig
-	leases    map[string]*lease // agent lock leases, by run id
-	closing   bool              // Close began: leases are released at once
+	mu         sync.Mutex
+	runtime    map[string]*sessionRuntime // by session id
+	daemonCfg  DaemonConfig
+	leases     map[string]*lease // agent lock leases, by run id
+	closing    bool              // Close began: leases are released at once, no new background work
+	cliWatches map[string]func() // by repository root: watches of the RWX CLI's file
+	cliWrites  map[string]*bool  // by repository root: a write in flight, and whether another is due
 
 	bg bgState // port forwards that could not be reopened
 
@@ -188,14 +190,16 @@ func New(opts Options) (*Manager, error) {
 		opts.LockIdle = DefaultLockIdle
 	}
 	m := &Manager{
-		opts:      opts,
-		st:        opts.Store,
-		log:       opts.Logger,
-		now:       opts.Now,
-		git:       gitRunner{binary: opts.GitBinary},
-		runtime:   make(map[string]*sessionRuntime),
-		leases:    make(map[string]*lease),
-		daemonCfg: opts.DaemonConfig,
+		opts:       opts,
+		st:         opts.Store,
+		log:        opts.Logger,
+		now:        opts.Now,
+		git:        gitRunner{binary: opts.GitBinary},
+		runtime:    make(map[string]*sessionRuntime),
+		leases:     make(map[string]*lease),
+		daemonCfg:  opts.DaemonConfig,
+		cliWatches: make(map[string]func()),
+		cliWrites:  make(map[string]*bool),
 	}
 	m.recordsDone = sync.NewCond(&m.records)
 	return m, nil

@@ -190,6 +190,7 @@ func (m *Manager) end(s *store.Session, state store.State, reason, event string)
 	m.dropRuntime(s.ID)
 	if !s.State.Terminal() {
 		m.publish(event, updated, map[string]string{"reason": reason})
+		m.cliFileChanged(s.RepoRoot)
 	}
 	return updated
 }

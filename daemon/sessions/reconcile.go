@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -140,14 +141,33 @@ func (m *Manager) refreshRunURL(s *store.Session, url string) {
 }
 
 // identityOf is the identity a remote run claims through its cli_state, when
-// that names a repository on this machine (sandboxd stamps its repo root;
-// runs of the RWX CLI are adopted when a caller in their repository asks).
+// that names a checkout on this machine: sandboxd stamps its repository root;
+// today's RWX CLI an absolute config file, whose checkout is found from it.
+// Older relative states name no checkout: those runs are adopted when a
+// caller in their repository asks (adoptRemote).
 func (m *Manager) identityOf(run rwxapi.RunSummary) (store.Identity, bool) {
 	if run.CLIState == "" {
 		return store.Identity{}, false
 	}
 	cs, err := rwxapi.DecodeCLIState(run.CLIState)
-	if err != nil || cs.RepoRoot == "" || !filepath.IsAbs(cs.RepoRoot) {
+	if err != nil || cs.Branch == "" {
+		return store.Identity{}, false
+	}
+	if cs.RepoRoot == "" {
+		if !filepath.IsAbs(cs.ConfigFile) {
+			return store.Identity{}, false
+		}
+		cfg := canonical(cs.ConfigFile)
+		if _, err := os.Stat(cfg); err != nil {
+			return store.Identity{}, false // not a checkout of this machine (any more)
+		}
+		root, err := findRepoRoot(filepath.Dir(cfg))
+		if err != nil {
+			return store.Identity{}, false
+		}
+		return store.Identity{RepoRoot: root, Branch: cs.Branch, ConfigFile: cfg}, true
+	}
+	if !filepath.IsAbs(cs.RepoRoot) {
 		return store.Identity{}, false
 	}
 	rel := cs.ConfigRel
@@ -157,9 +177,9 @@ func (m *Manager) identityOf(run rwxapi.RunSummary) (store.Identity, bool) {
 	if rel == "" {
 		rel = DefaultConfigRel
 	}
-	cfg := rel
+	cfg := filepath.FromSlash(rel)
 	if !filepath.IsAbs(cfg) {
-		cfg = filepath.Join(cs.RepoRoot, rel)
+		cfg = filepath.Join(cs.RepoRoot, cfg)
 	}
 	return store.Identity{RepoRoot: cs.RepoRoot, Branch: cs.Branch, ConfigFile: filepath.Clean(cfg)}, true
 }
@@ -248,11 +268,13 @@ func (m *Manager) Rehydrate(ctx context.Context) {
 		return
 	}
 	var live []*store.Session
+	repos := map[string]bool{}
 	m.mu.Lock()
 	for _, s := range all {
 		if s.State.Terminal() || s.RunID == "" {
 			continue
 		}
+		repos[s.RepoRoot] = true
 		r, ok := m.runtime[s.ID]
 		if !ok {
 			r = &sessionRuntime{}
@@ -264,6 +286,14 @@ func (m *Manager) Rehydrate(ctx context.Context) {
 	m.mu.Unlock()
 	if len(live) == 0 {
 		return
+	}
+	// The RWX CLI's files of these checkouts: adopt what they record, and
+	// record the sessions there (they may predate sandboxd writing them).
+	for root := range repos {
+		if root != "" {
+			m.watchCLIFile(root)
+			m.cliFileChanged(root)
+		}
 	}
 	m.log.Info("rehydrating sessions", "count", len(live))
 	m.wg.Add(1)

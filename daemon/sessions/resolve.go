@@ -10,7 +10,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/rwxapi"
 
-	"github.com/sandboxd/sandboxd/daemon/repofile"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/store"
@@ -23,8 +22,9 @@ type place struct {
 	store.Identity
 }
 
-// configRel is the config path relative to the repository root, as stamped in
-// cli_state (the RWX CLI writes the same relative form).
+// configRel is the config path relative to the repository root (stamped in
+// cli_state as sandboxd's configRel; older RWX CLIs wrote this relative form
+// as configFile).
 func (p place) configRel() string {
 	rel, err := filepath.Rel(p.RepoRoot, p.ConfigFile)
 	if err != nil {
@@ -65,6 +65,7 @@ func (m *Manager) locate(t ipc.Target) (place, error) {
 	if err != nil {
 		return place{}, fmt.Errorf("read the current branch of %s: %w", root, err)
 	}
+	m.watchCLIFile(root)
 	return place{cwd: cwd, Identity: store.Identity{RepoRoot: root, Branch: branch, ConfigFile: cfg}}, nil
 }
 
@@ -104,8 +105,8 @@ func (m *Manager) lookup(ctx context.Context, t ipc.Target) (*store.Session, pla
 // adoptLocal handles the local, API-free adoption paths: a detached-HEAD
 // session whose commit is an ancestor of HEAD, and a legacy sandboxes.json.
 func (m *Manager) adoptLocal(ctx context.Context, p place) (*store.Session, error) {
-	if err := m.importLegacy(p.RepoRoot); err != nil {
-		m.log.Warn("legacy import failed", "repo", p.RepoRoot, "err", err)
+	if _, err := m.readCLIFile(p.RepoRoot); err != nil {
+		m.log.Warn("read the RWX CLI's sandboxes file", "repo", p.RepoRoot, "err", err)
 	} else if s, err := m.st.ByIdentity(p.Identity); err == nil {
 		return s, nil
 	}
@@ -132,48 +133,13 @@ func (m *Manager) adoptLocal(ctx context.Context, p place) (*store.Session, erro
 			return nil, fmt.Errorf("adopt detached session %s: %w", s.ID, err)
 		}
 		m.publish(eventSessionAdopted, updated, map[string]string{"from": s.Branch, "to": p.Branch})
+		m.cliFileChanged(p.RepoRoot)
 		return updated, nil
 	}
 	return nil, nil
 }
 
 const detachedPrefix = "detached@"
-
-// importLegacy imports the RWX CLI's sandboxes.json of a repository once.
-func (m *Manager) importLegacy(repoRoot string) error {
-	if m.st.LegacyImported(repoRoot) {
-		return nil
-	}
-	path := filepath.Join(repoRoot, ".rwx", "sandboxes", "sandboxes.json")
-	var legacy []store.LegacySession
-	data, err := repofile.ReadFile(context.Background(), repoRoot, path, repofile.MaxFileBytes)
-	switch {
-	case err == nil:
-		if legacy, err = store.ParseLegacy(path, data); err != nil {
-			return err
-		}
-	case !errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("read the RWX CLI's sandboxes file: %w", err)
-	}
-	remote := m.opts.Remotes.Info().Name
-	n, err := m.st.ImportLegacy(repoRoot, legacy, func(l store.LegacySession) store.Identity {
-		cfg := l.ConfigFile
-		if cfg == "" {
-			cfg = DefaultConfigRel
-		}
-		if !filepath.IsAbs(cfg) {
-			cfg = filepath.Join(repoRoot, cfg)
-		}
-		return store.Identity{RepoRoot: repoRoot, Branch: l.Branch, ConfigFile: filepath.Clean(cfg)}
-	}, remote)
-	if err != nil {
-		return err
-	}
-	if n > 0 {
-		m.log.Info("imported sessions of the RWX CLI", "repo", repoRoot, "count", n)
-	}
-	return nil
-}
 
 // adoptRemote looks for a run on the remote whose cli_state names this
 // identity (a run started by another machine's sandboxd, by the RWX CLI, or a
@@ -199,7 +165,10 @@ func (m *Manager) adoptRemote(ctx context.Context, p place) (*store.Session, err
 	return nil, nil
 }
 
-// matches reports whether a remote run belongs to place p.
+// matches reports whether a remote run belongs to place p, from any form
+// of cli_state: sandboxd's (configRel and repoRoot), today's RWX CLI's (an
+// absolute configFile) and older ones' (a configFile relative to the
+// repository).
 func (m *Manager) matches(run rwxapi.RunSummary, p place) bool {
 	if run.CLIState == "" {
 		return false
@@ -211,17 +180,33 @@ func (m *Manager) matches(run rwxapi.RunSummary, p place) bool {
 	if cs.Branch != p.Branch {
 		return false
 	}
-	if cs.RepoRoot != "" && cs.RepoRoot != p.RepoRoot {
+	if cs.RepoRoot != "" && canonical(cs.RepoRoot) != p.RepoRoot {
 		return false
 	}
-	cfg := cs.ConfigFile
-	if cs.ConfigRel != "" {
-		cfg = cs.ConfigRel
+	switch {
+	case cs.ConfigRel != "":
+		return filepath.Clean(filepath.FromSlash(cs.ConfigRel)) == filepath.FromSlash(p.configRel())
+	case filepath.IsAbs(cs.ConfigFile):
+		return canonical(cs.ConfigFile) == p.ConfigFile
+	case cs.ConfigFile != "":
+		return filepath.Clean(filepath.FromSlash(cs.ConfigFile)) == filepath.FromSlash(p.configRel())
+	default:
+		return p.configRel() == DefaultConfigRel
 	}
-	if cfg == "" {
-		cfg = DefaultConfigRel
+}
+
+// canonical is path with symlinks resolved as far as it exists (the form
+// identities use), so that the RWX CLI's spelling of a checkout (it takes
+// the shell's working directory) matches sandboxd's.
+func canonical(path string) string {
+	path = filepath.Clean(path)
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		return real
 	}
-	return filepath.Clean(cfg) == filepath.Clean(p.configRel()) || filepath.Clean(cfg) == p.ConfigFile
+	if real, err := filepath.EvalSymlinks(filepath.Dir(path)); err == nil {
+		return filepath.Join(real, filepath.Base(path))
+	}
+	return path
 }
 
 // adopt records a remote run as the session of identity id (never
@@ -246,5 +231,6 @@ func (m *Manager) adopt(ctx context.Context, run rwxapi.RunSummary, id store.Ide
 		return nil, fmt.Errorf("adopt run %s: %w", run.ID, err)
 	}
 	m.publish(eventSessionAdopted, s, map[string]string{"runUrl": run.RunURL})
+	m.cliFileChanged(id.RepoRoot)
 	return s, nil
 }

@@ -86,7 +86,10 @@ func TestRemoteRunMatching(t *testing.T) {
 		run  rwxapi.RunSummary
 		want bool
 	}{
-		{"the RWX CLI's state", run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml"}), true},
+		{"the RWX CLI's state", run(rwxapi.CLIState{Branch: "main", ConfigFile: "/src/app/.rwx/sandbox.yml"}), true},
+		{"an older RWX CLI's relative state", run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml"}), true},
+		{"the RWX CLI's state of another checkout", run(rwxapi.CLIState{Branch: "main", ConfigFile: "/src/other/.rwx/sandbox.yml"}), false},
+		{"sandboxd's state today", run(rwxapi.CLIState{Branch: "main", ConfigFile: "/src/app/.rwx/sandbox.yml", RepoRoot: "/src/app", ConfigRel: ".rwx/sandbox.yml"}), true},
 		{"sandboxd's state", run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml", RepoRoot: "/src/app"}), true},
 		{"another repository", run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml", RepoRoot: "/src/other"}), false},
 		{"another branch", run(rwxapi.CLIState{Branch: "dev", ConfigFile: ".rwx/sandbox.yml"}), false},
@@ -99,13 +102,41 @@ func TestRemoteRunMatching(t *testing.T) {
 			t.Errorf("%s: matches = %v, want %v", c.name, got, c.want)
 		}
 	}
-	// Background adoption only trusts states that name a repository.
+	// Background adoption only trusts states that name a checkout.
 	if _, ok := m.identityOf(run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml"})); ok {
-		t.Error("a state without a repository root must not be adopted in the background")
+		t.Error("a relative state names no checkout and must not be adopted in the background")
+	}
+	if _, ok := m.identityOf(run(rwxapi.CLIState{Branch: "main", ConfigFile: "/nonexistent/app/.rwx/sandbox.yml"})); ok {
+		t.Error("a state naming no checkout of this machine must not be adopted in the background")
 	}
 	id, ok := m.identityOf(run(rwxapi.CLIState{Branch: "main", ConfigFile: ".rwx/sandbox.yml", RepoRoot: "/src/app"}))
 	if !ok || id != p.Identity {
 		t.Errorf("identityOf = %+v, %v; want %+v", id, ok, p.Identity)
+	}
+}
+
+// TestCLIStateOfACheckout: today's RWX CLI names a checkout by an absolute
+// config path, spelled the way the shell's working directory was (through a
+// symlink, say); sandboxd finds the same identity from it.
+func TestCLIStateOfACheckout(t *testing.T) {
+	m := &Manager{}
+	root := canonical(t.TempDir())
+	mkdirs(t, filepath.Join(root, "app", ".git"))
+	cfg := filepath.Join(root, "app", ".rwx", "sandbox.yml")
+	touch(t, cfg, "tasks: []\n")
+	link := filepath.Join(root, "link")
+	if err := os.Symlink(filepath.Join(root, "app"), link); err != nil {
+		t.Fatal(err)
+	}
+	want := store.Identity{RepoRoot: filepath.Join(root, "app"), Branch: "main", ConfigFile: cfg}
+	for _, spelled := range []string{cfg, filepath.Join(link, ".rwx", "sandbox.yml")} {
+		r := rwxapi.RunSummary{ID: "r", CLIState: rwxapi.CLIState{Branch: "main", ConfigFile: spelled}.Encode()}
+		if id, ok := m.identityOf(r); !ok || id != want {
+			t.Errorf("identityOf(%s) = %+v, %v; want %+v", spelled, id, ok, want)
+		}
+		if !m.matches(r, place{Identity: want}) {
+			t.Errorf("a run of %s does not match its checkout", spelled)
+		}
 	}
 }
 

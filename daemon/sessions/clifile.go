@@ -1,0 +1,259 @@
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sandboxd/sandboxd/clifile"
+	"github.com/sandboxd/sandboxd/daemon/repofile"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// Sharing sandboxes with the RWX CLI through its .rwx/sandboxes/sandboxes.json:
+// sandboxd adopts what the CLI records there (read whenever the file
+// changes), records its own sessions there the way the CLI does (so that
+// `rwx sandbox exec` in the checkout finds them), and takes the CLI's lock
+// around a create, as every CLI process does, so that the two tools never
+// start two sandboxes for one checkout, branch and config. None of it is on
+// the exec path.
+
+// cliLockWait bounds waiting for the CLI's lock: a CLI process holds it
+// for a few API calls at most.
+const cliLockWait = 15 * time.Second
+
+// readCLIFile adopts the sessions the CLI's file of repoRoot records that
+// sandboxd does not know yet, and returns them.
+func (m *Manager) readCLIFile(repoRoot string) ([]*store.Session, error) {
+	path := clifile.Path(repoRoot)
+	data, err := repofile.ReadFile(context.Background(), repoRoot, path, repofile.MaxFileBytes)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the RWX CLI's sandboxes file: %w", err)
+	}
+	legacy, err := store.ParseLegacy(path, data)
+	if err != nil {
+		return nil, err
+	}
+	// Most reads find only runs sandboxd knows (its own records): answer
+	// those from the index without a write transaction.
+	unknown := legacy[:0]
+	for _, l := range legacy {
+		if _, err := m.st.ByRunID(l.RunID); l.RunID != "" && errors.Is(err, store.ErrNotFound) {
+			unknown = append(unknown, l)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil, nil
+	}
+	adopted, err := m.st.AdoptLegacy(unknown, func(l store.LegacySession) (store.Identity, bool) {
+		cfg := l.ConfigFile
+		if cfg == "" {
+			cfg = DefaultConfigRel
+		}
+		if !filepath.IsAbs(cfg) {
+			cfg = filepath.Join(repoRoot, cfg)
+		}
+		cfg = canonical(cfg)
+		// `rwx sandbox list` records every active run of the user in the
+		// file of the checkout it ran in: other checkouts' runs are
+		// adopted through their own file or their cli_state.
+		if !within(repoRoot, cfg) {
+			return store.Identity{}, false
+		}
+		return store.Identity{RepoRoot: repoRoot, Branch: l.Branch, ConfigFile: cfg}, true
+	}, m.opts.Remotes.Info().Name)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range adopted {
+		m.publish(eventSessionAdopted, s, map[string]string{"runUrl": s.RunURL, "from": "rwx-cli"})
+	}
+	if len(adopted) > 0 {
+		m.log.Info("adopted sessions of the RWX CLI", "repo", repoRoot, "count", len(adopted))
+	}
+	return adopted, nil
+}
+
+// watchCLIFile reads the CLI's file of repoRoot again whenever it changes,
+// from now until Close.
+func (m *Manager) watchCLIFile(repoRoot string) {
+	if m.opts.Watcher == nil || repoRoot == "" {
+		return
+	}
+	m.mu.Lock()
+	if _, ok := m.cliWatches[repoRoot]; ok || m.closing {
+		m.mu.Unlock()
+		return
+	}
+	m.cliWatches[repoRoot] = nil // reserved: concurrent callers must not double-watch
+	m.mu.Unlock()
+	cancel, err := m.opts.Watcher.WatchFile(clifile.Path(repoRoot), func() {
+		if _, err := m.readCLIFile(repoRoot); err != nil {
+			m.log.Warn("read the RWX CLI's sandboxes file", "repo", repoRoot, "err", err)
+		}
+	})
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		// Kept reserved: the file is still read before each create.
+		m.log.Warn("watch the RWX CLI's sandboxes file; it is read before each create instead", "repo", repoRoot, "err", err)
+		return
+	}
+	if m.closing {
+		cancel()
+		return
+	}
+	m.cliWatches[repoRoot] = cancel
+	// What changed before the watch began.
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		if _, err := m.readCLIFile(repoRoot); err != nil {
+			m.log.Warn("read the RWX CLI's sandboxes file", "repo", repoRoot, "err", err)
+		}
+	}()
+}
+
+// lockCLIFile takes the CLI's lock of repoRoot's file. When it cannot (a
+// read-only checkout, a CLI process stuck holding it), the create goes on
+// without it: the lock only narrows the window in which both tools could
+// create at once.
+func (m *Manager) lockCLIFile(ctx context.Context, repoRoot string) func() {
+	ctx, cancel := context.WithTimeout(ctx, cliLockWait)
+	defer cancel()
+	unlock, err := clifile.Lock(ctx, clifile.Path(repoRoot))
+	if err != nil {
+		m.log.Warn("create without the RWX CLI's lock", "repo", repoRoot, "err", err)
+		return func() {}
+	}
+	return unlock
+}
+
+// cliFileChanged brings the CLI's file of repoRoot up to date with the
+// store in the background (the CLI's lock may be held for a while); calls
+// made meanwhile are folded into one more pass.
+func (m *Manager) cliFileChanged(repoRoot string) {
+	if repoRoot == "" {
+		return
+	}
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return
+	}
+	if again, ok := m.cliWrites[repoRoot]; ok {
+		*again = true
+		m.mu.Unlock()
+		return
+	}
+	again := new(bool)
+	m.cliWrites[repoRoot] = again
+	m.wg.Add(1)
+	m.mu.Unlock()
+	go func() {
+		defer m.wg.Done()
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), cliLockWait)
+			if err := m.writeCLIFile(ctx, repoRoot, false); err != nil {
+				m.log.Warn("update the RWX CLI's sandboxes file", "repo", repoRoot, "err", err)
+			}
+			cancel()
+			m.mu.Lock()
+			if !*again {
+				delete(m.cliWrites, repoRoot)
+				m.mu.Unlock()
+				return
+			}
+			*again = false
+			m.mu.Unlock()
+		}
+	}()
+}
+
+// writeCLIFile records sandboxd's live sessions of repoRoot in the CLI's
+// file under the CLI's keys and removes the records of runs sandboxd saw
+// end. Every other record is left as the CLI wrote it, including a CLI
+// record of another live run for the same key (the CLI keeps using its
+// run). locked says the caller holds the CLI's lock. The file is only
+// created when there is something to record, and only replaced when its
+// content changes.
+func (m *Manager) writeCLIFile(ctx context.Context, repoRoot string, locked bool) error {
+	all, err := m.st.List()
+	if err != nil {
+		return err
+	}
+	var live []*store.Session
+	ended := map[string]bool{}
+	for _, s := range all {
+		if s.RepoRoot != repoRoot || s.RunID == "" {
+			continue
+		}
+		if s.State.Terminal() {
+			ended[s.RunID] = true
+			continue
+		}
+		// A run attached with --id beside the checkout's session has no
+		// key of its own in the CLI's scheme.
+		if s.Branch != "" && filepath.IsAbs(s.ConfigFile) {
+			live = append(live, s)
+		}
+	}
+	path := clifile.Path(repoRoot)
+	if len(live) == 0 {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+	}
+	if !locked {
+		unlock, err := clifile.Lock(ctx, path)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+	}
+	f, err := clifile.Read(path)
+	if err != nil {
+		return err // never replace a file that cannot be read
+	}
+	changed := false
+	for _, key := range f.Keys() {
+		if e, _, err := f.Get(key); err == nil && ended[e.RunID] {
+			f.Delete(key)
+			changed = true
+		}
+	}
+	for _, s := range live {
+		key, err := clifile.Key(s.Branch, s.ConfigFile)
+		if err != nil {
+			continue
+		}
+		e, ok, err := f.Get(key)
+		if err == nil && ok && e.RunID == s.RunID {
+			continue
+		}
+		if ok && (err != nil || e.RunID != "") {
+			m.log.Info("the RWX CLI records another run for this checkout, branch and config; leaving its record",
+				"repo", repoRoot, "key", key, "run", s.RunID, "cliRun", e.RunID)
+			continue
+		}
+		// The scoped token stays in sandboxd's store only: without one the
+		// CLI uses its own access token.
+		entry := clifile.Entry{RunID: s.RunID, ConfigFile: s.ConfigFile, RunURL: s.RunURL, ConfigHash: s.ConfigHash}
+		if !s.CreatedAt.IsZero() {
+			t := s.CreatedAt.UTC()
+			entry.CreatedAt = &t
+		}
+		f.Set(key, entry)
+		changed = true
+	}
+	if !changed {
+		return nil
+	}
+	return f.Write(path)
+}
