@@ -103,7 +103,7 @@ func TestKeys(t *testing.T) {
 		t.Fatalf("Key = %q", k)
 	}
 	for key, want := range map[string][2]string{
-		"feature/x:/a/.rwx/sandbox.yml":       {"feature/x", "/a/.rwx/sandbox.yml"},
+		"feature/x:/a/.rwx/sandbox.yml":        {"feature/x", "/a/.rwx/sandbox.yml"},
 		"detached@abc1234:/a/.rwx/sandbox.yml": {"detached@abc1234", "/a/.rwx/sandbox.yml"},
 		"main:.rwx/sandbox.yml":                {"main", ".rwx/sandbox.yml"},
 		"main":                                 {"main", ""},
