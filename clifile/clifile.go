@@ -13,10 +13,11 @@ package clifile
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -116,21 +117,14 @@ type onDisk struct {
 	Sandboxes map[string]json.RawMessage `json:"sandboxes"`
 }
 
-// Read parses the file at path. A missing file is an empty File; a version-0
-// file comes back with its keys migrated, as the CLI migrates them.
-func Read(path string) (*File, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
+// Parse parses the content of the file at path (named in errors); nil data
+// is an empty file. A version-0 file comes back with its keys migrated, as
+// the CLI migrates them. The caller reads the file (within its limits on
+// repository files).
+func Parse(path string, data []byte) (*File, error) {
+	if data == nil {
 		return &File{entries: map[string]json.RawMessage{}}, nil
 	}
-	if err != nil {
-		return nil, fmt.Errorf("read the RWX CLI's sandboxes file: %w", err)
-	}
-	return Parse(path, data)
-}
-
-// Parse parses the content of the file at path (named in errors).
-func Parse(path string, data []byte) (*File, error) {
 	var d onDisk
 	if err := json.Unmarshal(data, &d); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v; fix or remove it (the RWX CLI cannot read it either)", ErrMalformed, path, err)
@@ -194,72 +188,98 @@ func (f *File) Marshal() ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// Write replaces the file at path atomically (temporary file in the same
-// directory, fsync, rename), creating its directory with the CLI's
-// .gitignore. The caller holds the lock (Lock).
-func (f *File) Write(path string) error {
+// Write replaces the file of the checkout at repoRoot atomically
+// (temporary file in the same directory, fsync, rename), creating its
+// directory with the CLI's .gitignore. The caller holds the lock (Lock).
+// Everything happens inside the repository: a symlink leading out of it
+// is refused.
+func (f *File) Write(repoRoot string) error {
 	data, err := f.Marshal()
 	if err != nil {
 		return err
 	}
-	dir := filepath.Dir(path)
-	if err := ensureDir(dir); err != nil {
+	root, err := openDir(repoRoot)
+	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(dir, ".sandboxes-*.json.tmp")
+	defer root.Close()
+	rel := filepath.FromSlash(RelPath)
+	tmp := filepath.Join(filepath.Dir(rel), ".sandboxes-"+randomSuffix()+".json.tmp")
+	out, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return fmt.Errorf("write the RWX CLI's sandboxes file: %w", err)
+		return fmt.Errorf("write the RWX CLI's sandboxes file in %s: %w", repoRoot, err)
 	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", tmp.Name(), err)
+	defer root.Remove(tmp)
+	if _, err := out.Write(data); err != nil {
+		out.Close()
+		return fmt.Errorf("write %s: %w", tmp, err)
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("sync %s: %w", tmp.Name(), err)
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return fmt.Errorf("sync %s: %w", tmp, err)
 	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp.Name(), err)
+	if err := out.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", tmp, err)
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("replace %s: %w", path, err)
+	if err := root.Rename(tmp, rel); err != nil {
+		return fmt.Errorf("replace %s: %w", Path(repoRoot), err)
 	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync() // the rename survives a crash; best effort, as the file is a cache of the runs
+	if d, err := root.Open(filepath.Dir(rel)); err == nil {
+		_ = d.Sync() // the rename survives a crash; best effort, the file only caches what the remote knows
 		d.Close()
 	}
 	return nil
 }
 
-// ensureDir creates the sandboxes directory and, as the CLI does, a
-// .gitignore ignoring everything in it, so nothing there is committed or
+// openDir opens the checkout at repoRoot as an os.Root (no path or symlink
+// may leave it) with the sandboxes directory created, and, as the CLI does,
+// a .gitignore ignoring everything in it, so nothing there is committed or
 // synced.
-func ensureDir(dir string) error {
-	if err := os.MkdirAll(dir, os.ModePerm); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
+func openDir(repoRoot string) (*os.Root, error) {
+	root, err := os.OpenRoot(repoRoot)
+	if err != nil {
+		return nil, fmt.Errorf("open the checkout %s: %w", repoRoot, err)
 	}
-	ignore := filepath.Join(dir, ".gitignore")
-	if _, err := os.Stat(ignore); errors.Is(err, fs.ErrNotExist) {
-		_ = os.WriteFile(ignore, []byte("*\n"), 0o644) // the CLI ignores this failure too
+	dir := filepath.Dir(filepath.FromSlash(RelPath))
+	if err := root.MkdirAll(dir, os.ModePerm); err != nil {
+		root.Close()
+		return nil, fmt.Errorf("create %s in %s: %w", dir, repoRoot, err)
 	}
-	return nil
+	if ig, err := root.OpenFile(filepath.Join(dir, ".gitignore"), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644); err == nil {
+		_, _ = ig.Write([]byte("*\n")) // the CLI ignores this failure too
+		ig.Close()
+	}
+	return root, nil
+}
+
+func randomSuffix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
 }
 
 // lockPoll is how often Lock retries while another process holds the lock.
 const lockPoll = 20 * time.Millisecond
 
-// Lock takes the CLI's exclusive lock of the file at path (flock(2) on
-// path + ".lock", the file the CLI locks), waiting while another process
-// holds it until ctx ends. Call unlock when done.
-func Lock(ctx context.Context, path string) (unlock func(), err error) {
-	if err := ensureDir(filepath.Dir(path)); err != nil {
+// Lock takes the CLI's exclusive lock of the file of the checkout at
+// repoRoot (flock(2) on sandboxes.json.lock, the file the CLI locks),
+// waiting while another process holds it until ctx ends. Call unlock when
+// done. The lock file must be a regular file inside the repository (it is
+// opened non-blocking, so a FIFO planted there cannot hang the daemon).
+func Lock(ctx context.Context, repoRoot string) (unlock func(), err error) {
+	root, err := openDir(repoRoot)
+	if err != nil {
 		return nil, err
 	}
-	lockPath := path + ".lock"
-	lf, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDONLY, 0o600)
+	defer root.Close()
+	rel := filepath.FromSlash(RelPath) + ".lock"
+	lf, err := root.OpenFile(rel, os.O_CREATE|os.O_RDONLY|syscall.O_NONBLOCK, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("open the RWX CLI's lock %s: %w", lockPath, err)
+		return nil, fmt.Errorf("open the RWX CLI's lock in %s: %w", repoRoot, err)
+	}
+	if st, err := lf.Stat(); err != nil || !st.Mode().IsRegular() {
+		lf.Close()
+		return nil, fmt.Errorf("the RWX CLI's lock %s is not a regular file: remove it", Path(repoRoot)+".lock")
 	}
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -273,13 +293,13 @@ func Lock(ctx context.Context, path string) (unlock func(), err error) {
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
 			lf.Close()
-			return nil, fmt.Errorf("lock %s: %w", lockPath, err)
+			return nil, fmt.Errorf("lock %s: %w", Path(repoRoot)+".lock", err)
 		}
 		t.Reset(lockPoll)
 		select {
 		case <-ctx.Done():
 			lf.Close()
-			return nil, fmt.Errorf("lock %s: held by another process (an RWX CLI command?): %w", lockPath, ctx.Err())
+			return nil, fmt.Errorf("lock %s: held by another process (an RWX CLI command?): %w", Path(repoRoot)+".lock", ctx.Err())
 		case <-t.C:
 		}
 	}

@@ -133,37 +133,38 @@ func TestVersion0KeysAreMigratedLikeTheCLI(t *testing.T) {
 	}
 }
 
-func TestMalformedAndMissing(t *testing.T) {
-	dir := t.TempDir()
-	f, err := Read(filepath.Join(dir, "none.json"))
+func TestMalformedAndEmpty(t *testing.T) {
+	f, err := Parse("none", nil)
 	if err != nil || len(f.Keys()) != 0 {
-		t.Fatalf("missing file = %v, %v", f, err)
+		t.Fatalf("no file = %v, %v", f, err)
 	}
-	p := filepath.Join(dir, "bad.json")
-	os.WriteFile(p, []byte("{not json"), 0o600)
-	if _, err := Read(p); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), p) {
+	if _, err := Parse("/r/x.json", []byte("{not json")); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "/r/x.json") {
 		t.Fatalf("malformed file: %v", err)
 	}
 }
 
 func TestWriteIsAtomicWithGitignore(t *testing.T) {
 	repo := t.TempDir()
-	path := Path(repo)
-	f, _ := Read(path)
+	f, _ := Parse("", nil)
 	key, _ := Key("main", filepath.Join(repo, ".rwx", "sandbox.yml"))
 	f.Set(key, Entry{RunID: "r", ConfigFile: filepath.Join(repo, ".rwx", "sandbox.yml")})
-	if err := f.Write(path); err != nil {
+	if err := f.Write(repo); err != nil {
 		t.Fatal(err)
 	}
+	path := Path(repo)
 	if b, err := os.ReadFile(filepath.Join(filepath.Dir(path), ".gitignore")); err != nil || string(b) != "*\n" {
 		t.Fatalf(".gitignore = %q, %v", b, err)
 	}
-	got, err := Read(path)
+	data, _ := os.ReadFile(path)
+	got, err := Parse(path, data)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if e, ok, _ := got.Get(key); !ok || e.RunID != "r" {
 		t.Fatalf("read back %+v", e)
+	}
+	if st, _ := os.Stat(path); st.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v, want 0600 as the CLI's", st.Mode())
 	}
 	left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), ".sandboxes-*"))
 	if len(left) != 0 {
@@ -171,11 +172,45 @@ func TestWriteIsAtomicWithGitignore(t *testing.T) {
 	}
 }
 
+// TestStaysInsideTheRepository: a checkout whose .rwx/sandboxes leads out
+// of it through a symlink, or whose lock is a FIFO, gets an error, never a
+// write elsewhere or a hang.
+func TestStaysInsideTheRepository(t *testing.T) {
+	repo, outside := t.TempDir(), t.TempDir()
+	os.MkdirAll(filepath.Join(repo, ".rwx"), 0o755)
+	if err := os.Symlink(outside, filepath.Join(repo, ".rwx", "sandboxes")); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := Parse("", nil)
+	f.Set("main:/x.yml", Entry{RunID: "r"})
+	if err := f.Write(repo); err == nil {
+		t.Fatal("wrote through a symlink leaving the repository")
+	}
+	if _, err := Lock(context.Background(), repo); err == nil {
+		t.Fatal("locked through a symlink leaving the repository")
+	}
+	if left, _ := os.ReadDir(outside); len(left) != 0 {
+		t.Fatalf("files created outside the repository: %v", left)
+	}
+
+	fifoRepo := t.TempDir()
+	os.MkdirAll(filepath.Dir(Path(fifoRepo)), 0o755)
+	if err := syscall.Mkfifo(Path(fifoRepo)+".lock", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := Lock(ctx, fifoRepo); err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a FIFO as the lock: %v, want a clear error at once", err)
+	}
+}
+
 // TestLockWaitsForTheCLI: while another open file description holds the
 // flock (as a CLI process does), Lock waits; it gets the lock once that is
 // released, and gives up when its context ends.
 func TestLockWaitsForTheCLI(t *testing.T) {
-	path := Path(t.TempDir())
+	repo := t.TempDir()
+	path := Path(repo)
 	os.MkdirAll(filepath.Dir(path), 0o755)
 	cli, err := os.OpenFile(path+".lock", os.O_CREATE|os.O_RDONLY, 0o600)
 	if err != nil {
@@ -187,12 +222,12 @@ func TestLockWaitsForTheCLI(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	if _, err := Lock(ctx, path); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := Lock(ctx, repo); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Lock while the CLI holds it = %v, want a deadline error", err)
 	}
 	got := make(chan func(), 1)
 	go func() {
-		unlock, err := Lock(context.Background(), path)
+		unlock, err := Lock(context.Background(), repo)
 		if err != nil {
 			t.Error(err)
 		}

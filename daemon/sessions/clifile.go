@@ -127,7 +127,7 @@ func (m *Manager) watchCLIFile(repoRoot string) {
 func (m *Manager) lockCLIFile(ctx context.Context, repoRoot string) func() {
 	ctx, cancel := context.WithTimeout(ctx, cliLockWait)
 	defer cancel()
-	unlock, err := clifile.Lock(ctx, clifile.Path(repoRoot))
+	unlock, err := clifile.Lock(ctx, repoRoot)
 	if err != nil {
 		m.log.Warn("create without the RWX CLI's lock", "repo", repoRoot, "err", err)
 		return func() {}
@@ -211,15 +211,19 @@ func (m *Manager) writeCLIFile(ctx context.Context, repoRoot string, locked bool
 		}
 	}
 	if !locked {
-		unlock, err := clifile.Lock(ctx, path)
+		unlock, err := clifile.Lock(ctx, repoRoot)
 		if err != nil {
 			return err
 		}
 		defer unlock()
 	}
-	f, err := clifile.Read(path)
+	data, err := repofile.ReadFile(ctx, repoRoot, path, repofile.MaxFileBytes)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("read the RWX CLI's sandboxes file: %w", err) // never replace a file that cannot be read
+	}
+	f, err := clifile.Parse(path, data)
 	if err != nil {
-		return err // never replace a file that cannot be read
+		return err
 	}
 	changed := false
 	for _, key := range f.Keys() {
@@ -255,5 +259,5 @@ func (m *Manager) writeCLIFile(ctx context.Context, repoRoot string, locked bool
 	if !changed {
 		return nil
 	}
-	return f.Write(path)
+	return f.Write(repoRoot)
 }
