@@ -397,6 +397,16 @@ func TestSharingWithTheRWXCLICLIFirst(t *testing.T) {
 	if ej := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout); ej.RunID != run {
 		t.Fatalf("sbx exec ran in %s, want the CLI's run %s", ej.RunID, run)
 	}
+	// Synced both ways, although sandboxd did not create the run (its base
+	// is learned from the sandbox).
+	writeFile(t, filepath.Join(repo, "local.txt"), "from the laptop\n")
+	out := e.mustSbx(repo, "exec", "--", "sh", "-c", "cat local.txt; echo from the sandbox > made.txt; basename $(dirname $PWD)").stdout
+	if out != "from the laptop\n"+run+"\n" {
+		t.Fatalf("synced exec in the CLI's run said %q", out)
+	}
+	if got := readFile(t, filepath.Join(repo, "made.txt")); got != "from the sandbox\n" {
+		t.Fatalf("the sandbox's file came back as %q", got)
+	}
 	if got, how := cli.execRun(repo); got != run || how != "file" {
 		t.Fatalf("the CLI moved to %s (%s)", got, how)
 	}

@@ -184,7 +184,14 @@ func (m *Manager) directive(ctx context.Context, conn *sshpool.Conn, name string
 
 // push syncs the working tree into the sandbox.
 func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, warn func(string)) error {
-	patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, s.BaseSHA)
+	base := s.BaseSHA
+	if base == "" {
+		var err error
+		if base, err = m.learnBase(ctx, r, s); err != nil {
+			return err
+		}
+	}
+	patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
 	if err != nil {
 		return fmt.Errorf("prepare the sync patch: %w", err)
 	}
