@@ -65,6 +65,10 @@ func (m *Manager) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartRes
 	}
 	var replaced string
 	s, err := m.creates.do(ctx, p.Key(), m.opts.CreateTimeout, func(ctx context.Context) (*store.Session, error) {
+		// Under the RWX CLI's lock, as `rwx sandbox reset` runs: a CLI exec
+		// meanwhile waits and then finds the new run.
+		unlock := m.lockCLIFile(ctx, p.RepoRoot)
+		defer unlock()
 		if old, err := m.st.ByIdentity(p.Identity); err == nil {
 			replaced = old.RunID
 			if _, err := m.stopSession(ctx, old, "reset"); err != nil {
@@ -73,7 +77,13 @@ func (m *Manager) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartRes
 		} else if !errors.Is(err, store.ErrNotFound) {
 			return nil, err
 		}
-		return m.createLocked(ctx, p, req.Init, nil)
+		s, err := m.createLocked(ctx, p, req.Init, nil)
+		if err == nil {
+			if werr := m.writeCLIFile(ctx, p.RepoRoot, true); werr != nil {
+				m.log.Warn("update the RWX CLI's sandboxes file", "repo", p.RepoRoot, "err", werr)
+			}
+		}
+		return s, err
 	})
 	if err != nil {
 		return ipc.StartResponse{}, err
