@@ -95,10 +95,9 @@ func TestSSHUsersOfTheRWXCLI(t *testing.T) {
 // behaviour, independently of sandboxd's own writer, so a format drift on
 // either side shows. The runs API is spoken with the project's client.
 type fakeCLI struct {
-	t      testing.TB
-	e      *env
-	api    *runsapi.Client
-	origin string // repository URL its runs clone
+	t   testing.TB
+	e   *env
+	api *runsapi.Client
 }
 
 // cliRecord and cliStorage are the CLI's SandboxSession and SandboxStorage.
