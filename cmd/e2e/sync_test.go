@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// treeSnapshot maps every file of a working tree (outside .git) to its
-// content and mode, to compare trees byte for byte.
+// treeSnapshot maps every file of a working tree (outside .git, and outside
+// .rwx/sandboxes, the git-ignored bookkeeping sandboxd shares with the RWX
+// CLI) to its content and mode, to compare trees byte for byte.
 func treeSnapshot(t *testing.T, root string) map[string]string {
 	t.Helper()
 	snap := map[string]string{}
@@ -20,7 +21,7 @@ func treeSnapshot(t *testing.T, root string) map[string]string {
 			return err
 		}
 		rel, _ := filepath.Rel(root, p)
-		if rel == ".git" || strings.HasPrefix(rel, ".git"+string(filepath.Separator)) {
+		if rel == ".git" || strings.HasPrefix(rel, ".git"+string(filepath.Separator)) || rel == filepath.Join(".rwx", "sandboxes") {
 			if info.IsDir() {
 				return filepath.SkipDir
 			}
