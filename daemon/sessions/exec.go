@@ -36,6 +36,8 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	}
 	s, p, err := m.sessionForExec(ctx, req.Target, func(msg string) {
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
+	}, func(msg string) {
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: msg})
 	})
 	if err != nil {
 		return ipc.ExecResult{}, err
@@ -116,8 +118,9 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 }
 
 // sessionForExec finds the caller's session, adopting or creating it, and
-// waits until it is ready, telling the caller when it has to wait.
-func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target, progress func(string)) (*store.Session, place, error) {
+// waits until it is ready, telling the caller when it has to wait (progress)
+// and when the remote fails meanwhile (warn).
+func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target, progress, warn func(string)) (*store.Session, place, error) {
 	s, p, err := m.lookup(ctx, t)
 	switch {
 	case err == nil && s.RunID != "":
@@ -132,7 +135,7 @@ func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target, progress fun
 	if s.State != store.StateReady {
 		progress(fmt.Sprintf("waiting for sandbox %s to be ready (%s)", s.RunID, s.RunURL))
 	}
-	s, err = m.waitReady(ctx, s, 0)
+	s, err = m.waitReadyReporting(ctx, s, 0, warn)
 	return s, p, err
 }
 

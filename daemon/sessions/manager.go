@@ -160,6 +160,11 @@ type sessionRuntime struct {
 	driftWarned string // the config hash an exec last warned about (once per change)
 	cancelWatch func()
 	expiresAt   time.Time
+	// pollErr is the remote's latest failure while waiting for the session
+	// to become ready (nil once an answer came), pollErrs how many in a
+	// row: waiters report them instead of waiting in silence.
+	pollErr  error
+	pollErrs int
 }
 
 // New returns a Manager. Call Rehydrate once after New to re-learn the

@@ -20,9 +20,24 @@ const (
 	maxPoll = 5 * time.Second
 )
 
+// waitProgressInterval is how often a waiter that reports progress looks at
+// the poller's latest failure; waitReminder how often an unchanged failure
+// is repeated.
+const (
+	waitProgressInterval = time.Second
+	waitReminder         = 30 * time.Second
+)
+
 // waitReady waits until session s is sandboxable. Concurrent waiters of one
 // session share one poller. timeout 0 means the configured default.
 func (m *Manager) waitReady(ctx context.Context, s *store.Session, timeout time.Duration) (*store.Session, error) {
+	return m.waitReadyReporting(ctx, s, timeout, nil)
+}
+
+// waitReadyReporting is waitReady telling report (when not nil) about the
+// remote's failures as they happen, so that a caller never waits minutes in
+// silence on a failing remote.
+func (m *Manager) waitReadyReporting(ctx context.Context, s *store.Session, timeout time.Duration, report func(string)) (*store.Session, error) {
 	// A record just read and ready needs no second read (the exec path).
 	if m.awaitCheck(ctx, s.ID) || s.State != store.StateReady {
 		if cur, err := m.st.Get(s.ID); err == nil {
@@ -40,9 +55,43 @@ func (m *Manager) waitReady(ctx context.Context, s *store.Session, timeout time.
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	ready, err := m.readies.do(wctx, s.ID, m.opts.WaitTimeout, func(ctx context.Context) (*store.Session, error) {
-		return m.pollReady(ctx, s.ID)
-	})
+	type result struct {
+		s   *store.Session
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := m.readies.do(wctx, s.ID, m.opts.WaitTimeout, func(ctx context.Context) (*store.Session, error) {
+			return m.pollReady(ctx, s.ID)
+		})
+		done <- result{r, err}
+	}()
+	var tick <-chan time.Time
+	if report != nil {
+		t := time.NewTicker(waitProgressInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	var ready *store.Session
+	var err error
+	lastMsg, lastAt := "", time.Time{}
+wait:
+	for {
+		select {
+		case r := <-done:
+			ready, err = r.s, r.err
+			break wait
+		case <-tick:
+			n, perr := m.pollFailure(s.ID)
+			if perr == nil {
+				continue
+			}
+			if msg := perr.Error(); msg != lastMsg || m.now().Sub(lastAt) >= waitReminder {
+				report(fmt.Sprintf("the remote failed %d time(s) in a row while sandbox %s gets ready (last: %v); still retrying until %s have passed; Ctrl-C stops waiting", n, s.RunID, remoteAdvice(perr), timeout))
+				lastMsg, lastAt = msg, m.now()
+			}
+		}
+	}
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 			return s, errdefs.Timeout(fmt.Errorf("sandbox run %s is not ready after %s; it may still be provisioning (see %s or `sbx status`)", s.RunID, timeout, s.RunURL))
@@ -90,7 +139,11 @@ func (m *Manager) pollReady(ctx context.Context, id string) (*store.Session, err
 			return s, endedError(s)
 		default:
 			m.log.Debug("connection info failed, retrying", "run", s.RunID, "err", err)
+			m.notePollFailure(id, err)
 			wait = time.Second
+		}
+		if err == nil {
+			m.notePollFailure(id, nil)
 		}
 		wait = min(max(wait, minPoll), maxPoll)
 		t := time.NewTimer(wait)
@@ -102,6 +155,40 @@ func (m *Manager) pollReady(ctx context.Context, id string) (*store.Session, err
 		}
 	}
 }
+
+// notePollFailure records the remote's latest failure while polling session
+// id for readiness (nil: it answered).
+func (m *Manager) notePollFailure(id string, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.runtime[id]
+	if !ok {
+		if err == nil {
+			return
+		}
+		r = &sessionRuntime{}
+		m.runtime[id] = r
+	}
+	r.pollErr = err
+	if err == nil {
+		r.pollErrs = 0
+	} else {
+		r.pollErrs++
+	}
+}
+
+// pollFailure is the latest failure recorded by notePollFailure.
+func (m *Manager) pollFailure(id string) (n int, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r, ok := m.runtime[id]; ok {
+		return r.pollErrs, r.pollErr
+	}
+	return 0, nil
+}
+
+// remoteAdvice is err as said to the user (finding 8 adds what to do).
+func remoteAdvice(err error) string { return err.Error() }
 
 // connectionInfo asks with the session's scoped token, falling back to the
 // account token when the scoped one was refused (expired).

@@ -98,7 +98,7 @@ func (c *Client) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 		conn.Close()
 		return nil, err
 	}
-	return conn, nil
+	return watch(conn), nil
 }
 
 // ErrDaemonNotRunning matches a *NotRunningError with errors.Is.

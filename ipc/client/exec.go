@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"sync"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -64,7 +65,25 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 		go up.run(ctx, first, opts.Stdin, opts.Signals, opts.Resizes)
 		defer up.stop()
 	}
-	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/exec", nil, body)
+	rctx := ctx
+	if up != nil {
+		// When the connection fails (the daemon died), end the request
+		// stream: the round trip waits for it before it returns.
+		rctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+			wc, ok := info.Conn.(*watchedConn)
+			if !ok {
+				return
+			}
+			go func() {
+				select {
+				case <-wc.dead:
+					up.connLost()
+				case <-up.done:
+				}
+			}()
+		}})
+	}
+	hreq, err := c.newRequest(rctx, http.MethodPost, "/v1/exec", nil, body)
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}
@@ -73,6 +92,12 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 	if err != nil {
 		if up != nil && up.failed() != nil && ctx.Err() == nil {
 			return ipc.ExecResult{}, up.failed()
+		}
+		if errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, ErrDaemonNotRunning) && ctx.Err() == nil {
+			var ue *UntrustedError
+			if !errors.As(err, &ue) {
+				return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd closed the connection before answering (did it die or restart?): the command had not been reported started, so it most likely did not run; check `sbx daemon status`, then run it again: %w", err))
+			}
 		}
 		return ipc.ExecResult{}, err
 	}
@@ -90,6 +115,7 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 // readExec relays output frames until the final one.
 func (c *Client) readExec(ctx context.Context, body io.Reader, status int, opts ExecOptions, up *uplink) (ipc.ExecResult, error) {
 	dec := json.NewDecoder(body)
+	started := false
 	for {
 		var f ipc.ExecOutput
 		if err := dec.Decode(&f); err != nil {
@@ -99,7 +125,13 @@ func (c *Client) readExec(ctx context.Context, body io.Reader, status int, opts 
 			if ctx.Err() != nil {
 				return ipc.ExecResult{}, transportError(ctx, http.MethodPost, "/v1/exec", err)
 			}
-			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("the exec stream ended before the command's result (did the daemon stop? `sbx daemon status` tells); the command may or may not have completed: check its effects before you run it again: %w", err))
+			if !started {
+				return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd's answer ended before the command started (did the daemon die or restart?): the command most likely did not run; check `sbx daemon status`, then run it again: %w", err))
+			}
+			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd's answer ended after the command started and before its result (did the daemon die or restart?): the command may have run, in full or in part, and its edits were not brought back; check the sandbox before running it again: %w", err))
+		}
+		if f.Type == ipc.ExecStarted {
+			started = true
 		}
 		switch f.Type {
 		case ipc.ExecStdout:
@@ -150,6 +182,12 @@ type uplink struct {
 	mu  sync.Mutex
 	err error // why the uplink failed, if it did
 }
+
+// errConnLost ends the request stream of an exec whose connection failed.
+var errConnLost = errors.New("the connection to sandboxd failed")
+
+// connLost ends the request stream because its connection failed.
+func (u *uplink) connLost() { _ = u.pw.CloseWithError(errConnLost) }
 
 func (u *uplink) stop() {
 	u.once.Do(func() { close(u.done) })

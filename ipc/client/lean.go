@@ -81,6 +81,9 @@ func (c *Client) ExecLean(ctx context.Context, req ipc.ExecRequest, opts ExecOpt
 		if up != nil && up.failed() != nil && ctx.Err() == nil {
 			return ipc.ExecResult{}, up.failed()
 		}
+		if ctx.Err() == nil {
+			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd closed the connection before answering (did it die or restart?): the command had not been reported started, so it most likely did not run; check `sbx daemon status`, then run it again: %w", err))
+		}
 		return ipc.ExecResult{}, transportError(ctx, http.MethodPost, "/v1/exec", err)
 	}
 	// The body is never closed: closing it would read it to its end, which

@@ -125,8 +125,9 @@ func TestSignalForwarderDoubleInterrupt(t *testing.T) {
 	now := time.Unix(1000, 0)
 	disconnects := 0
 	f := newSignalForwarder(func() time.Time { return now }, func() { disconnects++ })
+	f.commandStarted()
 	f.handle(syscall.SIGINT)
-	if got := <-f.out; got != "INT" || f.disconnected() {
+	if got := <-f.out; got != "INT" || disconnects != 0 {
 		t.Fatalf("first Ctrl-C: %q", got)
 	}
 	now = now.Add(3 * time.Second) // outside the window: forwarded again
@@ -141,8 +142,21 @@ func TestSignalForwarderDoubleInterrupt(t *testing.T) {
 	}
 	now = now.Add(time.Second) // within 2s of the last Ctrl-C: disconnect
 	f.handle(syscall.SIGINT)
-	if !f.disconnected() || disconnects != 1 || len(f.out) != 0 {
-		t.Fatalf("quick second Ctrl-C: disconnected=%v calls=%d queued=%d", f.disconnected(), disconnects, len(f.out))
+	if cancelled, started := f.disconnected(); !cancelled || !started || disconnects != 1 || len(f.out) != 0 {
+		t.Fatalf("quick second Ctrl-C: disconnected=%v calls=%d queued=%d", cancelled, disconnects, len(f.out))
+	}
+}
+
+// Before the command started, one signal of any kind disconnects: there is
+// nothing to forward it to, and the wait (a sandbox, the lock) must end.
+func TestSignalBeforeTheCommandStartedDisconnects(t *testing.T) {
+	for _, sig := range []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+		disconnects := 0
+		f := newSignalForwarder(time.Now, func() { disconnects++ })
+		f.handle(sig)
+		if cancelled, started := f.disconnected(); !cancelled || started || disconnects != 1 || len(f.out) != 0 {
+			t.Fatalf("%v before start: cancelled=%v started=%v calls=%d queued=%d", sig, cancelled, started, disconnects, len(f.out))
+		}
 	}
 }
 
@@ -153,12 +167,33 @@ type harness struct {
 	env            map[string]string
 	stdin          io.Reader
 	stdinTerminal  bool
-	stdout, stderr bytes.Buffer
+	stdout, stderr lockedBuffer
 	signals        chan<- os.Signal
 	mu             sync.Mutex
 	startDaemon    func(ctx context.Context, l paths.Layout, c *client.Client) error
 	cwd            string
 }
+
+// lockedBuffer is a bytes.Buffer a test may read while sbx writes it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+func (l *lockedBuffer) Bytes() []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Clone(l.b.Bytes())
+}
+func (l *lockedBuffer) Len() int { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Len() }
+func (l *lockedBuffer) Reset()   { l.mu.Lock(); defer l.mu.Unlock(); l.b.Reset() }
 
 func newHarness(t *testing.T) *harness {
 	h := &harness{t: t, srv: ipctest.Start(t, ipctest.Options{Server: ipc.ServerOptions{Version: "v1.0.0"}}), cwd: "/work/repo"}
@@ -313,6 +348,7 @@ func TestExecForwardsSignals(t *testing.T) {
 	got := make(chan string, 1)
 	h.srv.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
 		st.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
+		st.Stdout().Write([]byte("running\n"))
 		select {
 		case s := <-st.Signals():
 			got <- s
@@ -326,7 +362,9 @@ func TestExecForwardsSignals(t *testing.T) {
 			h.mu.Lock()
 			c := h.signals
 			h.mu.Unlock()
-			if c != nil && h.srv.API.ActiveStreams() == 1 {
+			// Signals are forwarded once sbx saw the command start (the
+			// output behind the started frame tells).
+			if c != nil && strings.Contains(h.stdout.String(), "running") {
 				c <- syscall.SIGTERM
 				return
 			}

@@ -108,6 +108,7 @@ func (a *app) exec(ctx context.Context) int {
 					a.prog.show(ipc.Progress{Message: fmt.Sprintf("waiting for the sandbox (%d ahead in its queue)", f.Position)})
 				}
 			case ipc.ExecStarted:
+				fwd.commandStarted()
 				endProgress()
 			}
 		},
@@ -166,12 +167,16 @@ func (a *app) execDone(res ipc.ExecResult, err error, fwd *signalForwarder, reco
 		_ = jsonOut.flush()
 		_ = jsonErr.flush()
 	}
-	if fwd.disconnected() {
+	if cancelled, started := fwd.disconnected(); cancelled {
+		msg := "disconnected: the command was cancelled"
+		if !started {
+			msg = "interrupted before the command started: it did not run"
+		}
 		if records != nil {
-			_ = records.write(errorJSON{Type: "error", Code: string(errdefs.KindCanceled), Message: "disconnected: the command was cancelled", Hint: "a second Ctrl-C within 2s disconnects; one Ctrl-C only interrupts the remote command"})
+			_ = records.write(errorJSON{Type: "error", Code: string(errdefs.KindCanceled), Message: msg, Hint: "before the command starts one Ctrl-C stops waiting; once it runs, one Ctrl-C interrupts the remote command and a second within 2s disconnects"})
 			return ExitInterrupt
 		}
-		fmt.Fprintln(a.sys.Stderr, "sbx: disconnected: the command was cancelled")
+		fmt.Fprintln(a.sys.Stderr, "sbx: "+msg)
 		return ExitInterrupt
 	}
 	if err != nil {
@@ -210,7 +215,10 @@ func ExitCode(res ipc.ExecResult) int {
 }
 
 // signalForwarder turns the signals sbx receives into signal frames; a
-// second SIGINT within doubleInterrupt disconnects instead.
+// second SIGINT within doubleInterrupt disconnects instead. Before the
+// command started there is nothing to signal: any signal disconnects, which
+// cancels whatever the daemon is waiting for (a sandbox, the queue, the
+// lock), so one Ctrl-C or a SIGTERM ends a wait on a slow or failing remote.
 type signalForwarder struct {
 	now        func() time.Time
 	disconnect func()
@@ -220,7 +228,16 @@ type signalForwarder struct {
 
 	mu        sync.Mutex
 	lastInt   time.Time
+	started   bool
 	cancelled bool
+}
+
+// commandStarted records that the remote command runs: signals are
+// forwarded from now on.
+func (f *signalForwarder) commandStarted() {
+	f.mu.Lock()
+	f.started = true
+	f.mu.Unlock()
 }
 
 func newSignalForwarder(now func() time.Time, disconnect func()) *signalForwarder {
@@ -245,7 +262,7 @@ func (f *signalForwarder) handle(s os.Signal) {
 		return
 	}
 	f.mu.Lock()
-	if name == "HUP" && f.hupDisconnects {
+	if !f.started || name == "HUP" && f.hupDisconnects {
 		f.cancelled = true
 		f.mu.Unlock()
 		f.disconnect()
@@ -268,10 +285,12 @@ func (f *signalForwarder) handle(s os.Signal) {
 	}
 }
 
-func (f *signalForwarder) disconnected() bool {
+// disconnected reports whether a signal disconnected, and whether the
+// command had started then.
+func (f *signalForwarder) disconnected() (cancelled, started bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.cancelled
+	return f.cancelled, f.started
 }
 
 func signalName(s os.Signal) string {
