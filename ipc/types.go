@@ -190,8 +190,8 @@ type ExecRequest struct {
 	Target
 	Argv   []string `json:"argv"`
 	NoSync bool     `json:"noSync,omitempty"`
-	// Env is the selected environment forwarded by the client (not used
-	// by the remote command unless the remote supports it).
+	// Env is set in the remote command's environment (names are shell
+	// variable names; values are passed quoted, byte for byte).
 	Env map[string]string `json:"env,omitempty"`
 	// Stdin says the client will send stdin frames; otherwise the remote
 	// command's stdin is empty.

@@ -3,6 +3,7 @@ package ipc
 import (
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 )
@@ -103,8 +104,29 @@ func (r *ExecRequest) Validate() error {
 		}
 	}
 	for k, v := range r.Env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return errdefs.Invalidf("env entry %q is not a valid variable name/value", k)
+		if !validEnvName(k) {
+			return errdefs.Invalidf("env name %q is not a variable name: use letters, digits and underscores, not starting with a digit", k)
+		}
+		if strings.ContainsRune(v, 0) {
+			return errdefs.Invalidf("env %s contains a NUL byte, which no command can receive", k)
+		}
+	}
+	return r.CheckText()
+}
+
+// CheckText refuses an exec request that JSON cannot carry as it is: JSON
+// strings are UTF-8, and encoding would silently replace invalid bytes with
+// U+FFFD, running a different command than asked. Clients call it before
+// sending (the daemon only ever sees the replaced text).
+func (r *ExecRequest) CheckText() error {
+	for i, a := range r.Argv {
+		if !utf8.ValidString(a) {
+			return errdefs.Invalidf("argv[%d] %q is not valid UTF-8: sandboxd passes commands as text; run a script in the sandbox that produces those bytes instead (for example with printf '\\xNN')", i, a)
+		}
+	}
+	for k, v := range r.Env {
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return errdefs.Invalidf("env %q is not valid UTF-8: sandboxd passes the environment as text", k)
 		}
 	}
 	return nil
@@ -119,4 +141,18 @@ func (w WindowSize) Validate() error {
 		return errdefs.Invalidf("terminal size %dx%d is out of range: columns and rows are 0 to %d", w.Cols, w.Rows, maxWindow)
 	}
 	return nil
+}
+
+// validEnvName reports whether k is a POSIX shell variable name, the only
+// names a shell passes on reliably.
+func validEnvName(k string) bool {
+	if k == "" || k[0] >= '0' && k[0] <= '9' {
+		return false
+	}
+	for _, c := range k {
+		if !(c == '_' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }

@@ -245,7 +245,7 @@ func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest
 		stdio.PTY = &sshpool.PTY{Term: req.TTY.Term, Cols: uint32(req.TTY.Cols), Rows: uint32(req.TTY.Rows)}
 		stdio.Resizes = resizes(stream, done)
 	}
-	st, err := conn.exec(ctx, shellQuote(req.Argv), stdio)
+	st, err := conn.exec(ctx, commandLine(req.Env, req.Argv), stdio)
 	if err != nil {
 		if ctx.Err() != nil {
 			return st, errdefs.Canceled(fmt.Errorf("the command was cancelled because the client went away: %w", err))

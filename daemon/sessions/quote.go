@@ -1,6 +1,30 @@
 package sessions
 
-import "strings"
+import (
+	"sort"
+	"strings"
+)
+
+// commandLine is the remote shell command of an exec: env as assignments
+// in front of the command (the shell exports them to it alone), then argv.
+// A first argument that looks like an assignment is quoted so the shell
+// runs it instead of assigning it.
+func commandLine(env map[string]string, argv []string) string {
+	var b strings.Builder
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		b.WriteString(k)
+		b.WriteByte('=')
+		b.WriteString(quoteArg(env[k], true))
+		b.WriteByte(' ')
+	}
+	b.WriteString(shellQuote(argv))
+	return b.String()
+}
 
 // shellQuote joins argv into one POSIX shell command line that the remote
 // /bin/sh splits back into exactly these arguments: every argument that is
@@ -13,15 +37,17 @@ func shellQuote(argv []string) string {
 		if i > 0 {
 			b.WriteByte(' ')
 		}
-		if a != "" && strings.IndexFunc(a, unsafeShellRune) < 0 {
-			b.WriteString(a)
-			continue
-		}
-		b.WriteByte('\'')
-		b.WriteString(strings.ReplaceAll(a, "'", `'\''`))
-		b.WriteByte('\'')
+		b.WriteString(quoteArg(a, i == 0 && strings.Contains(a, "=")))
 	}
 	return b.String()
+}
+
+// quoteArg quotes one word unless it is plainly safe (always when force).
+func quoteArg(a string, force bool) string {
+	if !force && a != "" && strings.IndexFunc(a, unsafeShellRune) < 0 {
+		return a
+	}
+	return "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
 }
 
 func unsafeShellRune(r rune) bool {

@@ -39,3 +39,24 @@ func TestShellQuoteLeavesPlainWordsAlone(t *testing.T) {
 		t.Fatalf("got %q", got)
 	}
 }
+
+// TestCommandLineSetsEnvForTheCommand: the exec request's env reaches the
+// remote command byte for byte, hostile values included, and a first
+// argument that looks like an assignment is still run as the command.
+func TestCommandLineSetsEnvForTheCommand(t *testing.T) {
+	env := map[string]string{"GREETING": "hello world", "HOSTILE": "it's $(id) `id` \"q\" ;|&\n*", "EMPTY": ""}
+	line := commandLine(env, []string{"sh", "-c", `printf '%s\0' "$GREETING" "$HOSTILE" "${EMPTY-unset}"`})
+	out, err := exec.Command("/bin/sh", "-c", line).Output()
+	if err != nil {
+		t.Fatalf("sh -c %q: %v", line, err)
+	}
+	got := strings.Split(strings.TrimSuffix(string(out), "\x00"), "\x00")
+	if len(got) != 3 || got[0] != env["GREETING"] || got[1] != env["HOSTILE"] || got[2] != "" {
+		t.Fatalf("env came through as %q (line %q)", got, line)
+	}
+	// Not an assignment: the shell must try to run a program named "A=b".
+	out, err = exec.Command("/bin/sh", "-c", commandLine(nil, []string{"A=b"})+" 2>&1; echo \" status=$?\"").Output()
+	if err != nil || !strings.Contains(string(out), "status=127") {
+		t.Fatalf("argv[0] A=b: %q %v", out, err)
+	}
+}

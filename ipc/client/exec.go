@@ -46,6 +46,9 @@ type ExecOptions struct {
 func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions) (ipc.ExecResult, error) {
 	req.Stdin = opts.Stdin != nil
 	req.TTY = opts.TTY
+	if err := req.CheckText(); err != nil {
+		return ipc.ExecResult{}, err
+	}
 	first, err := json.Marshal(req)
 	if err != nil {
 		return ipc.ExecResult{}, errdefs.Invalidf("encode the exec request: %v", err)

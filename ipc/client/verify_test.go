@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
 )
 
@@ -188,5 +189,27 @@ func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestExecRefusesArgvThatIsNotUTF8: JSON would replace the bytes with
+// U+FFFD and run another command; the client refuses before sending.
+func TestExecRefusesArgvThatIsNotUTF8(t *testing.T) {
+	s, c := start(t)
+	for _, req := range []ipc.ExecRequest{
+		{Target: ipc.Target{Cwd: "/"}, Argv: []string{"rm", "file-\xff"}},
+		{Target: ipc.Target{Cwd: "/"}, Argv: []string{"true"}, Env: map[string]string{"X": "\xfe"}},
+	} {
+		for name, exec := range map[string]func() error{
+			"Exec":     func() error { _, err := c.Exec(ctx(t), req, client.ExecOptions{}); return err },
+			"ExecLean": func() error { _, err := c.ExecLean(ctx(t), req, client.ExecOptions{}); return err },
+		} {
+			if err := exec(); !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "not valid UTF-8") {
+				t.Fatalf("%s %q: %v", name, req.Argv, err)
+			}
+		}
+	}
+	if n := len(s.Sessions.Requests()); n != 0 {
+		t.Fatalf("%d requests reached the daemon", n)
 	}
 }
