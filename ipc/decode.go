@@ -48,6 +48,8 @@ func jsonError(err error) error {
 		tooLarge *http.MaxBytesError
 	)
 	switch {
+	case errdefs.KindOf(err) == errdefs.KindTimeout:
+		return err
 	case errors.As(err, &tooLarge):
 		return errdefs.TooLarge(fmt.Errorf("the request body is larger than the limit of %d bytes", tooLarge.Limit))
 	case errors.As(err, &syntax):

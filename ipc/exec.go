@@ -40,12 +40,19 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 	dec := json.NewDecoder(in)
 	dec.DisallowUnknownFields()
 	var req ExecRequest
+	// The request line must come promptly; what follows (stdin, signals)
+	// may rightly be quiet for as long as the command runs.
+	_ = rc.SetReadDeadline(time.Now().Add(s.bodyIdle))
 	if err := dec.Decode(&req); err != nil {
 		if errors.Is(err, io.EOF) {
 			return errdefs.Invalidf("the request body is empty: send an ExecRequest JSON object, then optional input frames")
 		}
+		if isTimeout(err) {
+			return errdefs.Timeout(fmt.Errorf("the exec request did not arrive within %s: send the ExecRequest line at once", s.bodyIdle))
+		}
 		return jsonError(err)
 	}
+	_ = rc.SetReadDeadline(time.Time{})
 	if err := req.Validate(); err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -38,7 +39,16 @@ type ServerOptions struct {
 	MaxBodyBytes int64
 	// StartedAt is reported by GET /v1/version; default: NewServer's time.
 	StartedAt time.Time
+	// BodyIdleTimeout bounds the wait for each read of a request body (and
+	// for the request line of an exec stream, not for its stdin, which may
+	// rightly stay quiet): a client sending its body slowly, or not at all,
+	// gets an error instead of holding the request. Default
+	// DefaultBodyIdleTimeout.
+	BodyIdleTimeout time.Duration
 }
+
+// DefaultBodyIdleTimeout is ServerOptions.BodyIdleTimeout's default.
+const DefaultBodyIdleTimeout = 30 * time.Second
 
 // Server serves the socket API.
 type Server struct {
@@ -64,6 +74,7 @@ type Server struct {
 
 	requests atomic.Int64
 	streams  atomic.Int64
+	bodyIdle time.Duration
 }
 
 // NewServer builds the server for b. Serve it with Serve.
@@ -91,6 +102,10 @@ func NewServer(b Backends, opts ServerOptions) *Server {
 	}
 	if s.startedAt.IsZero() {
 		s.startedAt = time.Now()
+	}
+	s.bodyIdle = opts.BodyIdleTimeout
+	if s.bodyIdle <= 0 {
+		s.bodyIdle = DefaultBodyIdleTimeout
 	}
 	s.baseCtx, s.hardStop = context.WithCancel(context.Background())
 	s.router = s.routes()
@@ -182,6 +197,7 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 		if r.URL.Path != routeExec {
 			// The exec body is a long-lived stream, bounded per frame instead.
 			r.Body = http.MaxBytesReader(w, r.Body, s.maxBody)
+			r.Body = &idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), idle: s.bodyIdle}
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -191,4 +207,33 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 func (s *Server) trackStream() func() {
 	s.streams.Add(1)
 	return func() { s.streams.Add(-1) }
+}
+
+// idleBody gives each read of a request body a deadline of idle from its
+// start: a body that stalls ends with a timeout, one that flows is never cut.
+type idleBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle))
+	n, err := b.ReadCloser.Read(p)
+	switch {
+	case errors.Is(err, io.EOF):
+		// The body is over: the connection is only watched for the client
+		// going away now, which must not time out while the handler works.
+		_ = b.rc.SetReadDeadline(time.Time{})
+	case err != nil && isTimeout(err):
+		// The deadline stays: the server must not wait for the rest of
+		// the body before answering.
+		err = errdefs.Timeout(fmt.Errorf("the request body stalled: nothing arrived for %s; send the whole body at once", b.idle))
+	}
+	return n, err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
