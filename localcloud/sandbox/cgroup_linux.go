@@ -1,0 +1,97 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+)
+
+// cgroups are the cgroup v1 hierarchies (pids, memory, cpu) in which this
+// process may create child groups.
+type cgroups struct {
+	base map[string]string // controller -> <mount>/<own group>/sandboxd
+	seq  atomic.Int64
+}
+
+var cgroupControllers = []string{"pids", "memory", "cpu"}
+
+// newCgroups finds, for each controller, this process's own group and
+// checks that a child group can be made in it.
+func newCgroups(root string) (*cgroups, error) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, fmt.Errorf("read /proc/self/cgroup: %w", err)
+	}
+	own := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		for _, c := range strings.Split(f[1], ",") {
+			own[c] = f[2]
+		}
+	}
+	cg := &cgroups{base: map[string]string{}}
+	for _, c := range cgroupControllers {
+		path, ok := own[c]
+		if !ok {
+			return nil, fmt.Errorf("no cgroup v1 %s controller (cgroup v2 delegation is not supported yet)", c)
+		}
+		base := filepath.Join(root, c, path, "sandboxd")
+		if err := os.MkdirAll(base, 0o755); err != nil {
+			return nil, fmt.Errorf("cgroup %s is not writable: %w", c, err)
+		}
+		if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
+			return nil, fmt.Errorf("cgroup %s: %s is not a cgroup: %w", c, base, err)
+		}
+		cg.base[c] = base
+	}
+	return cg, nil
+}
+
+// create makes one run's groups with opts' limits.
+func (cg *cgroups) create(id string, opts Options) ([]string, error) {
+	name := fmt.Sprintf("%s-%d-%d", hostname(id), os.Getpid(), cg.seq.Add(1))
+	var dirs []string
+	fail := func(err error) ([]string, error) {
+		for _, d := range dirs {
+			_ = os.Remove(d)
+		}
+		return nil, err
+	}
+	for _, c := range cgroupControllers {
+		d := filepath.Join(cg.base[c], name)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return fail(fmt.Errorf("create the run's %s cgroup: %w", c, err))
+		}
+		dirs = append(dirs, d)
+		var err error
+		switch c {
+		case "pids":
+			err = write(d, "pids.max", strconv.Itoa(opts.MaxProcs))
+		case "memory":
+			err = write(d, "memory.limit_in_bytes", strconv.FormatInt(opts.MemoryBytes, 10))
+			// Swap counts too, where the kernel accounts it.
+			if e := write(d, "memory.memsw.limit_in_bytes", strconv.FormatInt(opts.MemoryBytes, 10)); e != nil && !errors.Is(e, os.ErrNotExist) {
+				_ = e // not accounted: the memory limit alone holds
+			}
+		case "cpu":
+			err = write(d, "cpu.shares", strconv.Itoa(opts.CPUShares))
+		}
+		if err != nil {
+			return fail(fmt.Errorf("set the run's %s limit: %w", c, err))
+		}
+	}
+	return dirs, nil
+}
+
+func write(dir, file, value string) error {
+	return os.WriteFile(filepath.Join(dir, file), []byte(value), 0o644)
+}

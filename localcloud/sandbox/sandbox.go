@@ -1,0 +1,146 @@
+// Package sandbox isolates the commands of one localcloud run: every
+// command of a run (setup steps, agent commands, shells, background
+// processes) enters one long-lived set of Linux namespaces held by a
+// bubblewrap process started for the run, so they share a private mount
+// table (only the run's workspace, its home and a private /tmp writable;
+// the user's home and localcloud's state invisible), a private PID
+// namespace (ending the run kills everything in it), a hostname and,
+// unless configured otherwise, a network namespace with loopback only.
+// Resource limits come from cgroups where this process may create them,
+// from rlimits otherwise.
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Isolation levels.
+const (
+	// IsolationNamespaces is the default: commands run in namespaces, and
+	// localcloud refuses to start sandboxes when the machine cannot
+	// provide them.
+	IsolationNamespaces = "namespaces"
+	// IsolationNone runs commands as plain processes of the user, with the
+	// user's whole machine in reach; only when configured explicitly.
+	IsolationNone = "none"
+)
+
+// Network modes.
+const (
+	// NetworkLoopback (the default) gives each run its own network
+	// namespace with only a loopback interface: the run's processes reach
+	// each other and port forwards reach them, nothing else does.
+	NetworkLoopback = "loopback"
+	// NetworkHost shares the machine's network.
+	NetworkHost = "host"
+)
+
+// Options configure isolation for every run of a localcloud.
+type Options struct {
+	// Isolation is IsolationNamespaces ("" means it) or IsolationNone.
+	Isolation string
+	// Network is NetworkLoopback ("" means it) or NetworkHost.
+	Network string
+	// MemoryBytes, MaxProcs and CPUShares limit each run; defaults when 0
+	// (DefaultMemoryBytes, DefaultMaxProcs, DefaultCPUShares).
+	MemoryBytes int64
+	MaxProcs    int
+	CPUShares   int
+	// CgroupRoot is where cgroup v1 controllers are mounted;
+	// /sys/fs/cgroup when empty.
+	CgroupRoot string
+}
+
+// Defaults of the limits.
+const (
+	DefaultMemoryBytes = 4 << 30
+	DefaultMaxProcs    = 1024
+	// DefaultCPUShares halves a run's CPU weight against the machine's
+	// other processes (1024 is a normal process group's).
+	DefaultCPUShares = 512
+)
+
+// Validate reports options that are not understood, with the fix.
+func (o Options) Validate() error {
+	switch o.Isolation {
+	case "", IsolationNamespaces, IsolationNone:
+	default:
+		return fmt.Errorf("isolation %q is not known: use %q (the default) or %q", o.Isolation, IsolationNamespaces, IsolationNone)
+	}
+	switch o.Network {
+	case "", NetworkLoopback, NetworkHost:
+	default:
+		return fmt.Errorf("network %q is not known: use %q (the default: a private network with loopback only) or %q", o.Network, NetworkLoopback, NetworkHost)
+	}
+	if o.MemoryBytes < 0 || o.MaxProcs < 0 || o.CPUShares < 0 {
+		return errors.New("resource limits must not be negative: use 0 for the defaults")
+	}
+	return nil
+}
+
+func (o Options) withDefaults() Options {
+	if o.Isolation == "" {
+		o.Isolation = IsolationNamespaces
+	}
+	if o.Network == "" {
+		o.Network = NetworkLoopback
+	}
+	if o.MemoryBytes == 0 {
+		o.MemoryBytes = DefaultMemoryBytes
+	}
+	if o.MaxProcs == 0 {
+		o.MaxProcs = DefaultMaxProcs
+	}
+	if o.CPUShares == 0 {
+		o.CPUShares = DefaultCPUShares
+	}
+	if o.CgroupRoot == "" {
+		o.CgroupRoot = "/sys/fs/cgroup"
+	}
+	return o
+}
+
+// Report says which protections are active, for status output.
+type Report struct {
+	// Isolation is the level in force: "namespaces" or "none".
+	Isolation string `json:"isolation"`
+	// Mechanism builds the namespaces ("bubblewrap").
+	Mechanism string `json:"mechanism,omitempty"`
+	// Protections in force, by name: user, mount, pid, uts, ipc, net
+	// namespaces; "memory-limit", "process-limit", "cpu-share".
+	Protections []string `json:"protections"`
+	Network     string   `json:"network,omitempty"`
+	// Limits say how each limit is enforced: "cgroup-v1", "rlimit" or
+	// "none".
+	Limits map[string]string `json:"limits,omitempty"`
+	// Degraded lists what this machine could not provide, each with why.
+	Degraded []string `json:"degraded,omitempty"`
+}
+
+// Summary is one line for humans.
+func (r Report) Summary() string {
+	if r.Isolation == IsolationNone {
+		return "none: sandbox commands run as your user with your whole machine in reach"
+	}
+	s := fmt.Sprintf("%s (%s; network %s)", r.Isolation, strings.Join(r.Protections, ", "), r.Network)
+	if len(r.Degraded) > 0 {
+		s += "; degraded: " + strings.Join(r.Degraded, "; ")
+	}
+	return s
+}
+
+// ErrUnavailable is returned by New when the machine cannot isolate
+// sandboxes and the configuration did not say isolation "none".
+var ErrUnavailable = errors.New("this machine cannot isolate sandboxes")
+
+// Spec describes one run's sandbox.
+type Spec struct {
+	// ID names the run (hostname and cgroup).
+	ID string
+	// Workspace and Home are the run's directories, bound writable at the
+	// same paths.
+	Workspace string
+	Home      string
+}

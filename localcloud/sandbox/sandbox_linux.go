@@ -1,0 +1,398 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Provider starts the sandboxes of one localcloud.
+type Provider struct {
+	opts   Options
+	report Report
+	cg     *cgroups // nil: rlimits
+	bwrap  string
+	nsent  string
+	setpv  string
+	prlim  string
+}
+
+// New checks what the machine provides, by starting and entering a probe
+// sandbox. It fails with ErrUnavailable when namespaces cannot be had and
+// opts.Isolation is not IsolationNone.
+func New(ctx context.Context, opts Options) (*Provider, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	p := &Provider{opts: opts}
+	if opts.Isolation == IsolationNone {
+		p.report = Report{Isolation: IsolationNone, Protections: []string{}, Degraded: []string{"isolation is configured off (isolation: none)"}}
+		return p, nil
+	}
+	for _, t := range []struct {
+		name string
+		dst  *string
+		pkg  string
+	}{{"bwrap", &p.bwrap, "bubblewrap"}, {"nsenter", &p.nsent, "util-linux"}, {"setpriv", &p.setpv, "util-linux"}, {"prlimit", &p.prlim, "util-linux"}} {
+		path, err := exec.LookPath(t.name)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s is not installed (install the %s package, or configure isolation %q to run sandboxes unisolated)", ErrUnavailable, t.name, t.pkg, IsolationNone)
+		}
+		*t.dst = path
+	}
+	p.report = Report{Isolation: IsolationNamespaces, Mechanism: "bubblewrap", Network: opts.Network,
+		Protections: []string{"user-namespace", "mount-namespace", "pid-namespace", "uts-namespace", "ipc-namespace"},
+		Limits:      map[string]string{}}
+	if opts.Network == NetworkLoopback {
+		p.report.Protections = append(p.report.Protections, "net-namespace")
+	} else {
+		p.report.Degraded = append(p.report.Degraded, "network: the host's network is shared (network: host)")
+	}
+	cg, err := newCgroups(opts.CgroupRoot)
+	if err == nil {
+		p.cg = cg
+		p.report.Protections = append(p.report.Protections, "memory-limit", "process-limit", "cpu-share")
+		p.report.Limits = map[string]string{"memory": "cgroup-v1", "processes": "cgroup-v1", "cpu": "cgroup-v1"}
+	} else {
+		p.report.Limits = map[string]string{"memory": "rlimit", "processes": "rlimit", "cpu": "none"}
+		p.report.Protections = append(p.report.Protections, "memory-rlimit")
+		p.report.Degraded = append(p.report.Degraded, fmt.Sprintf("cgroups: %v; memory is an address-space rlimit, a run over it is not ended, CPU is not limited", err))
+		if os.Geteuid() == 0 {
+			p.report.Degraded = append(p.report.Degraded, "processes: RLIMIT_NPROC does not apply to root, a fork bomb is not contained")
+		} else {
+			p.report.Protections = append(p.report.Protections, "process-rlimit")
+			p.report.Degraded = append(p.report.Degraded, "processes: RLIMIT_NPROC counts all of the user's processes, not one run's")
+		}
+	}
+	// Probe: a sandbox that starts and can be entered.
+	dir, err := os.MkdirTemp("", "sandboxd-probe-")
+	if err != nil {
+		return nil, fmt.Errorf("probe the sandbox: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	sb, err := p.Start(ctx, Spec{ID: "probe", Workspace: dir})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w (configure isolation %q to run sandboxes unisolated)", ErrUnavailable, err, IsolationNone)
+	}
+	defer sb.Close()
+	if out, err := sb.Command(ctx, dir, "/bin/sh", "-c", "echo ok").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "ok" {
+		return nil, fmt.Errorf("%w: entering the probe sandbox failed: %v: %s (configure isolation %q to run sandboxes unisolated)", ErrUnavailable, err, strings.TrimSpace(string(out)), IsolationNone)
+	}
+	return p, nil
+}
+
+// Report says which protections are active.
+func (p *Provider) Report() Report { return p.report }
+
+// Sandbox is one run's isolated environment.
+type Sandbox struct {
+	p         *Provider
+	spec      Spec
+	holder    *exec.Cmd
+	pid       int // the namespaces' init, as seen from here
+	cgDirs    []string
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// Start creates run spec's namespaces. With isolation none it returns a
+// sandbox whose commands are plain processes.
+func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
+	s := &Sandbox{p: p, spec: spec, done: make(chan struct{})}
+	if p.opts.Isolation == IsolationNone {
+		return s, nil
+	}
+	if !validPath(spec.Workspace) || (spec.Home != "" && !validPath(spec.Home)) {
+		return nil, fmt.Errorf("sandbox paths must be absolute and clean: %q, %q", spec.Workspace, spec.Home)
+	}
+	if p.cg != nil {
+		dirs, err := p.cg.create(spec.ID, p.opts)
+		if err != nil {
+			return nil, err
+		}
+		s.cgDirs = dirs
+	}
+	args := []string{"--unshare-user", "--unshare-pid", "--unshare-uts", "--unshare-ipc",
+		"--hostname", hostname(spec.ID), "--die-with-parent", "--cap-drop", "ALL"}
+	if p.opts.Network == NetworkLoopback {
+		args = append(args, "--unshare-net")
+	}
+	// The system, read-only; merged-/usr symlinks kept as symlinks.
+	for _, d := range []string{"/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt"} {
+		fi, err := os.Lstat(d)
+		if err != nil {
+			continue
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			if t, err := os.Readlink(d); err == nil {
+				args = append(args, "--symlink", t, d)
+			}
+			continue
+		}
+		args = append(args, "--ro-bind", d, d)
+	}
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp",
+		"--bind", spec.Workspace, spec.Workspace)
+	if spec.Home != "" {
+		args = append(args, "--bind", spec.Home, spec.Home)
+	}
+	// Nothing else is writable: not the directories made to hold the
+	// mount points.
+	args = append(args, "--remount-ro", "/", "--chdir", spec.Workspace, "--info-fd", "3", "--", "/bin/sh", "-c", "echo ready; exec sleep infinity")
+	argv := p.enterCgroups(s.cgDirs, append([]string{p.bwrap}, args...))
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	info, infoW, err := os.Pipe()
+	if err != nil {
+		s.removeCgroups()
+		return nil, fmt.Errorf("start the sandbox: %w", err)
+	}
+	defer info.Close()
+	cmd.ExtraFiles = []*os.File{infoW}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		infoW.Close()
+		s.removeCgroups()
+		return nil, fmt.Errorf("start the sandbox: %w", err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &limitedWriter{w: &stderr, n: 4096}
+	if err := cmd.Start(); err != nil {
+		infoW.Close()
+		s.removeCgroups()
+		return nil, fmt.Errorf("start bubblewrap: %w", err)
+	}
+	infoW.Close()
+	s.holder = cmd
+	type result struct {
+		pid int
+		err error
+	}
+	ready := make(chan result, 1)
+	go func() {
+		var in struct {
+			ChildPID int `json:"child-pid"`
+		}
+		if err := json.NewDecoder(info).Decode(&in); err != nil {
+			ready <- result{err: fmt.Errorf("read the sandbox's pid: %w", err)}
+			return
+		}
+		line, err := bufio.NewReader(stdout).ReadString('\n')
+		if err != nil || line != "ready\n" {
+			ready <- result{err: fmt.Errorf("the sandbox did not start: %v", err)}
+			return
+		}
+		ready <- result{pid: in.ChildPID}
+	}()
+	var r result
+	select {
+	case r = <-ready:
+	case <-ctx.Done():
+		r.err = ctx.Err()
+	case <-time.After(30 * time.Second):
+		r.err = errors.New("the sandbox did not start within 30s")
+	}
+	if r.err != nil {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		s.removeCgroups()
+		return nil, fmt.Errorf("%w: %s", r.err, strings.TrimSpace(stderr.String()))
+	}
+	s.pid = r.pid
+	go func() {
+		_ = cmd.Wait()
+		close(s.done)
+	}()
+	return s, nil
+}
+
+// enterCgroups prefixes argv with a shell that moves itself into dirs
+// (so that everything argv starts is counted from its first instruction)
+// or, without cgroups, with prlimit setting the rlimits.
+func (p *Provider) enterCgroups(dirs []string, argv []string) []string {
+	if p.cg == nil {
+		return append([]string{p.prlim, "--as=" + strconv.FormatInt(p.opts.MemoryBytes, 10), "--nproc=" + strconv.Itoa(p.opts.MaxProcs), "--"}, argv...)
+	}
+	var b strings.Builder
+	for _, d := range dirs {
+		fmt.Fprintf(&b, "echo $$ > '%s/cgroup.procs' || exit 125; ", d)
+	}
+	b.WriteString(`exec "$@"`)
+	return append([]string{"/bin/sh", "-c", b.String(), "sandbox"}, argv...)
+}
+
+// Command returns argv to run in the sandbox, in dir (the workspace or
+// below, or the run's home). The process runs as root of the sandbox's
+// user namespace with every capability dropped.
+func (s *Sandbox) Command(ctx context.Context, dir string, argv ...string) *exec.Cmd {
+	if s.holder == nil {
+		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		cmd.Dir = dir
+		return cmd
+	}
+	// nsenter enters the holder's working directory (the workspace);
+	// another directory is changed to inside.
+	if dir != "" && filepath.Clean(dir) != s.spec.Workspace {
+		argv = append([]string{"/bin/sh", "-c", `cd -- "$0" && exec "$@"`, dir}, argv...)
+	}
+	full := []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--user", "--mount", "--pid", "--uts", "--ipc"}
+	if s.p.opts.Network == NetworkLoopback {
+		full = append(full, "--net")
+	}
+	full = append(full, "--root", "--wd", "--", s.p.setpv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--")
+	full = s.p.enterCgroups(s.cgDirs, append(full, argv...))
+	return exec.CommandContext(ctx, full[0], full[1:]...)
+}
+
+// DialTCP connects to addr in the sandbox's network (its loopback), for
+// port forwards.
+func (s *Sandbox) DialTCP(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if s.holder == nil || s.p.opts.Network != NetworkLoopback {
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	// The socket is created on a thread moved into the sandbox's network
+	// namespace; a connected socket stays in the namespace it was made in.
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: fmt.Errorf("open this thread's network namespace: %w", err)}
+			return
+		}
+		defer orig.Close()
+		target, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", s.pid))
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: fmt.Errorf("open the sandbox's network namespace: %w", err)}
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: fmt.Errorf("enter the sandbox's network namespace: %w", err)}
+			return
+		}
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		} // else the thread stays locked and exits with this goroutine
+		ch <- result{c, err}
+	}()
+	r := <-ch
+	return r.c, r.err
+}
+
+// Done is closed when the sandbox has ended (closed, or its holder died).
+func (s *Sandbox) Done() <-chan struct{} { return s.done }
+
+// OOMKilled reports whether the kernel killed a process of the sandbox
+// for exceeding its memory limit.
+func (s *Sandbox) OOMKilled() bool {
+	for _, d := range s.cgDirs {
+		b, err := os.ReadFile(filepath.Join(d, "memory.oom_control"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) == 2 && f[0] == "oom_kill" && f[1] != "0" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Close kills everything in the sandbox: the end of the PID namespace's
+// init takes every process in it along.
+func (s *Sandbox) Close() error {
+	s.closeOnce.Do(func() {
+		if s.holder == nil {
+			close(s.done)
+			return
+		}
+		if s.pid > 0 {
+			_ = syscall.Kill(s.pid, syscall.SIGKILL)
+		}
+		_ = s.holder.Process.Kill()
+		<-s.done
+		s.removeCgroups()
+	})
+	return nil
+}
+
+func (s *Sandbox) removeCgroups() {
+	for _, d := range s.cgDirs {
+		// The last processes may take a moment to leave.
+		for i := 0; i < 50; i++ {
+			if err := os.Remove(d); err == nil || os.IsNotExist(err) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+func validPath(p string) bool {
+	return filepath.IsAbs(p) && filepath.Clean(p) == p && !strings.ContainsAny(p, "'\n")
+}
+
+// hostname is the run's hostname: "sbx-" and the run id, cut to a label.
+func hostname(id string) string {
+	h := "sbx-" + strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, id)
+	if len(h) > 63 {
+		h = h[:63]
+	}
+	return h
+}
+
+type limitedWriter struct {
+	w io.Writer
+	n int
+}
+
+func (l *limitedWriter) Write(p []byte) (int, error) {
+	if l.n <= 0 {
+		return len(p), nil
+	}
+	q := p
+	if len(q) > l.n {
+		q = q[:l.n]
+	}
+	l.n -= len(q)
+	_, _ = l.w.Write(q)
+	return len(p), nil
+}

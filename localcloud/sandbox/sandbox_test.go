@@ -1,0 +1,231 @@
+//go:build linux
+
+package sandbox
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+func start(t *testing.T, opts Options) (*Sandbox, string) {
+	t.Helper()
+	ctx := context.Background()
+	p, err := New(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(t.TempDir(), "workspace")
+	if err := os.Mkdir(ws, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	sb, err := p.Start(ctx, Spec{ID: "run-" + strconv.Itoa(os.Getpid()), Workspace: ws})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sb.Close() })
+	return sb, ws
+}
+
+func sh(t *testing.T, sb *Sandbox, dir, script string) (string, error) {
+	t.Helper()
+	out, err := sb.Command(context.Background(), dir, "/bin/sh", "-c", script).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// The sandbox sees the system read-only, its workspace writable, and
+// nothing of the rest of the machine: not this test's HOME, not a
+// sibling directory of the workspace (another run's workspace), not /root.
+func TestFilesystemConfined(t *testing.T) {
+	home := t.TempDir()
+	secret := filepath.Join(home, "secret")
+	if err := os.WriteFile(secret, []byte("s3cret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sb, ws := start(t, Options{})
+	other := filepath.Join(filepath.Dir(ws), "other-run")
+	if err := os.MkdirAll(other, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "f"), []byte("other"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{secret, filepath.Join(other, "f")} {
+		if out, err := sh(t, sb, ws, "cat "+p); err == nil {
+			t.Errorf("the sandbox read %s: %q", p, out)
+		}
+	}
+	if out, err := sh(t, sb, ws, "echo x > made && cat made && echo y > /tmp/t && cat /tmp/t"); err != nil || out != "x\ny" {
+		t.Fatalf("writing the workspace and /tmp: %v: %q", err, out)
+	}
+	if b, err := os.ReadFile(filepath.Join(ws, "made")); err != nil || string(b) != "x\n" {
+		t.Fatalf("the workspace write is not on the host: %v %q", err, b)
+	}
+	for _, p := range []string{"/usr/sbx-escape", "/etc/sbx-escape", "/sbx-escape"} {
+		if out, err := sh(t, sb, ws, "echo x > "+p); err == nil {
+			t.Errorf("the sandbox wrote %s: %q", p, out)
+		}
+	}
+	// Beside the workspace (here under /tmp, the sandbox's private one)
+	// a write lands nowhere on the host.
+	escape := filepath.Join(filepath.Dir(ws), "escape")
+	_, _ = sh(t, sb, ws, "echo x > "+escape)
+	if _, err := os.Stat(escape); err == nil {
+		t.Errorf("%s was written on the host", escape)
+	}
+	if out, err := sh(t, sb, ws, "mount -o remount,rw /usr"); err == nil {
+		t.Errorf("the sandbox remounted /usr writable: %q", out)
+	}
+}
+
+// The sandbox has its own PID namespace and hostname: a host process is
+// neither visible nor signalable, a background process of one command is
+// seen by the next, and Close kills them all.
+func TestProcessesConfined(t *testing.T) {
+	sb, ws := start(t, Options{})
+	self := os.Getpid()
+	if out, err := sh(t, sb, ws, "kill -0 "+strconv.Itoa(self)+" || ls /proc | grep -x "+strconv.Itoa(self)); err == nil {
+		t.Errorf("the sandbox sees pid %d: %q", self, out)
+	}
+	if out, _ := sh(t, sb, ws, "hostname"); !strings.HasPrefix(out, "sbx-") {
+		t.Errorf("hostname = %q, want sbx-...", out)
+	}
+	if _, err := sh(t, sb, ws, "setsid sleep 3171 > /dev/null 2>&1 < /dev/null & echo $! > pid"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := sh(t, sb, ws, "kill -0 $(cat pid) && echo alive"); err != nil || out != "alive" {
+		t.Fatalf("the next command does not see the background process: %v %q", err, out)
+	}
+	host := hostPIDs(t, "sleep 3171")
+	if len(host) == 0 {
+		t.Fatal("the background sleep is not found on the host")
+	}
+	sb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(hostPIDs(t, "sleep 3171")) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the background process outlived the sandbox")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func hostPIDs(t *testing.T, cmdline string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " ") == cmdline {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// With the loopback network, a port on the host's loopback is out of
+// reach, and DialTCP reaches a port the sandbox listens on.
+func TestNetworkLoopbackOnly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("host\n"))
+			c.Close()
+		}
+	}()
+	sb, ws := start(t, Options{})
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	if out, err := sh(t, sb, ws, "exec 3<>/dev/tcp/127.0.0.1/"+port+" && echo connected"); err == nil || strings.Contains(out, "connected") {
+		// /dev/tcp needs bash; try bash explicitly too.
+		t.Errorf("the sandbox reached the host's loopback port %s: %q", port, out)
+	}
+	if out, err := sh(t, sb, ws, "bash -c 'exec 3<>/dev/tcp/127.0.0.1/"+port+" && echo connected'"); err == nil || strings.Contains(out, "connected") {
+		t.Errorf("the sandbox reached the host's loopback port %s: %q", port, out)
+	}
+	// A listener inside, reached from here by DialTCP.
+	cmd := sb.Command(context.Background(), ws, "python3", "-c", `
+import socket,sys
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(1)
+print("listening", flush=True)
+c,_=s.accept(); c.sendall(b"inside\n"); c.close()`, port)
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Skipf("python3: %v", err)
+	}
+	defer cmd.Process.Kill()
+	buf := make([]byte, 10)
+	if n, _ := out.Read(buf); !strings.HasPrefix(string(buf[:n]), "listening") {
+		t.Fatalf("the listener did not start: %q", buf[:n])
+	}
+	c, err := sb.DialTCP(context.Background(), "127.0.0.1:"+port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got := make([]byte, 16)
+	n, _ := c.Read(got)
+	if string(got[:n]) != "inside\n" {
+		t.Fatalf("DialTCP reached %q, want the sandbox's listener", got[:n])
+	}
+}
+
+// A fork bomb hits the run's process limit instead of the machine's.
+func TestForkBombContained(t *testing.T) {
+	sb, ws := start(t, Options{MaxProcs: 64})
+	if sb.p.cg == nil {
+		t.Skip("no writable cgroups here: the process limit is an rlimit (see the report)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	// Bounded on purpose: 200 sleepers would be far over the limit.
+	out, _ := sb.Command(ctx, ws, "/bin/sh", "-c", "n=0; while [ $n -lt 200 ]; do sleep 30 >/dev/null 2>&1 & n=$((n+1)); done 2>&1; echo started").CombinedOutput()
+	if !strings.Contains(string(out), "fork") && !strings.Contains(string(out), "Resource temporarily unavailable") {
+		t.Errorf("200 processes started under a limit of 64: %q", out)
+	}
+	b, err := os.ReadFile(filepath.Join(sb.cgDirs[0], "pids.current"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := strconv.Atoi(strings.TrimSpace(string(b))); n > 64 {
+		t.Errorf("pids.current = %d over the limit", n)
+	}
+}
+
+// A run over its memory limit is OOM-killed and reported so.
+func TestMemoryLimit(t *testing.T) {
+	sb, ws := start(t, Options{MemoryBytes: 64 << 20})
+	if sb.p.cg == nil {
+		t.Skip("no writable cgroups here")
+	}
+	_, err := sh(t, sb, ws, `python3 -c 'x = bytearray(256 << 20); print(len(x))'`)
+	if err == nil {
+		t.Fatal("256 MiB allocated under a 64 MiB limit")
+	}
+	if !sb.OOMKilled() {
+		t.Fatal("the OOM kill is not reported")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, o := range []Options{{Isolation: "full"}, {Network: "none"}, {MaxProcs: -1}} {
+		if err := o.Validate(); err == nil {
+			t.Errorf("%+v accepted", o)
+		}
+	}
+}
