@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/localcloud/runs"
+	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
 
 // Discovery is the content of <state dir>/localcloud.json: how clients
@@ -34,6 +35,8 @@ type Discovery struct {
 	StartedAt time.Time `json:"started_at"`
 	StateDir  string    `json:"state_dir"`
 	LogFile   string    `json:"log_file"`
+	// Isolation says which protections the server's sandboxes have.
+	Isolation *sandbox.Report `json:"isolation,omitempty"`
 }
 
 // Host is host:port of the API (what RWX_HOST takes).
@@ -50,7 +53,8 @@ func (s *Server) writeDiscovery() error {
 	d := Discovery{
 		APIURL: s.APIURL(), HTTPURL: s.HTTPURL(), CertFile: s.CertFile(), TokenFile: s.TokenFile(),
 		PID: os.Getpid(), Version: s.cfg.Version, StartedAt: s.started, StateDir: s.cfg.Dir,
-		LogFile: filepath.Join(s.cfg.Dir, LogFile),
+		Isolation: s.isolationReport(),
+		LogFile:   filepath.Join(s.cfg.Dir, LogFile),
 	}
 	b, err := json.MarshalIndent(d, "", "  ")
 	if err != nil {

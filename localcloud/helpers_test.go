@@ -24,6 +24,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/localcloud/runs"
 	"golang.org/x/crypto/ssh"
+
+	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
 
 // asBinaryEnv makes the test binary behave as `sandboxd-localcloud serve`
@@ -45,10 +47,11 @@ func serveForTest(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	dir := fs.String("state-dir", "", "")
 	idle := fs.Duration("idle-timeout", 0, "")
+	isolation := fs.String("isolation", "", "")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
-	srv, err := New(Config{Dir: *dir, IdleTimeout: *idle})
+	srv, err := New(Config{Dir: *dir, IdleTimeout: *idle, Sandbox: sandbox.Options{Isolation: *isolation}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -27,6 +27,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/paths"
 	"github.com/sandboxd/sandboxd/localcloud/delayline"
 	"github.com/sandboxd/sandboxd/localcloud/runs"
+	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
 
 // Defaults of Config.
@@ -114,6 +115,10 @@ type Config struct {
 	// sandboxd as if the remote were far away (Faults.OneWayDelayMS; whole
 	// milliseconds). Zero adds nothing.
 	OneWayDelay time.Duration
+	// Sandbox configures the isolation of every run's commands (namespaces
+	// with a loopback-only network by default); Start fails when the
+	// machine cannot provide it, unless Sandbox.Isolation is "none".
+	Sandbox sandbox.Options
 }
 
 // ErrAlreadyRunning is returned by Start when another server holds the
@@ -122,12 +127,13 @@ var ErrAlreadyRunning = errors.New("sandboxd-localcloud is already running")
 
 // Server is a localcloud instance.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	token   string
-	cert    tls.Certificate
-	pool    *x509.CertPool
-	started time.Time
+	cfg       Config
+	sandboxes *sandbox.Provider
+	log       *slog.Logger
+	token     string
+	cert      tls.Certificate
+	pool      *x509.CertPool
+	started   time.Time
 
 	faultsMu sync.Mutex
 	faults   Faults
@@ -259,7 +265,12 @@ func (s *Server) Start(ctx context.Context) error {
 		return fail(err)
 	}
 	reapLeftovers(s.cfg.Dir, s.log)
+	if s.sandboxes, err = sandbox.New(ctx, s.cfg.Sandbox); err != nil {
+		return fail(fmt.Errorf("isolate sandboxes: %w", err))
+	}
+	s.log.Info("sandbox isolation", "isolation", s.sandboxes.Report().Summary())
 	s.runs, err = runs.Open(runs.Config{
+		Sandboxes:   s.sandboxes,
 		Dir:         s.cfg.Dir,
 		Clock:       s.cfg.Clock,
 		IdleTimeout: s.cfg.IdleTimeout,
@@ -449,4 +460,13 @@ func acquireLock(path string) (*os.File, error) {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return f, nil
+}
+
+// isolationReport says which protections sandboxes have (nil before Start).
+func (s *Server) isolationReport() *sandbox.Report {
+	if s.sandboxes == nil {
+		return nil
+	}
+	r := s.sandboxes.Report()
+	return &r
 }

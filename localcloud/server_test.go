@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -170,9 +171,11 @@ func TestCancelProvisioningRun(t *testing.T) {
 	isolate(t)
 	srv := startServer(t, Config{})
 	c := newClient(t, srv)
-	marker := filepath.Join(t.TempDir(), "step.pid")
-	id := c.create(repo(t, "tasks:\n  - key: slow\n    run: echo $$ > "+marker+"; sleep 60\n  - key: sandbox\n    run: rwx-sandbox\n"), "")
-	pid := waitFile(t, marker)
+	// The step is isolated: it reports through its workspace, and its
+	// process is found on this side by its unique command line.
+	id := c.create(repo(t, "tasks:\n  - key: slow\n    run: touch started; sleep 61.25\n  - key: sandbox\n    run: rwx-sandbox\n"), "")
+	waitExists(t, filepath.Join(srv.Dir(), "runs", id, "workspace", "started"))
+	pid := hostPID(t, "sleep 61.25")
 	ci := c.connInfo(id)
 	if ci.Sandboxable || ci.Polling.Completed || ci.Polling.BackoffMs <= 0 {
 		t.Fatalf("provisioning connection info %+v", ci)
@@ -183,7 +186,7 @@ func TestCancelProvisioningRun(t *testing.T) {
 		t.Fatalf("status after cancel %+v", st)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for syscall.Kill(pid, 0) == nil {
+	for alive(pid) {
 		if time.Now().After(deadline) {
 			t.Fatalf("setup step %d survived the cancel", pid)
 		}
@@ -191,19 +194,39 @@ func TestCancelProvisioningRun(t *testing.T) {
 	}
 }
 
-func waitFile(t *testing.T, path string) int {
+func waitExists(t *testing.T, path string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		b, err := os.ReadFile(path)
-		if err == nil && strings.HasSuffix(string(b), "\n") {
-			var pid int
-			if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &pid); err == nil {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never appeared", path)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// hostPID finds, as seen from here, the one process whose command line is
+// cmdline (a sandbox has its own PID numbers).
+func hostPID(t *testing.T, cmdline string) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			if strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " ") == cmdline {
 				return pid
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s never appeared", path)
+			t.Fatalf("no process %q", cmdline)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -214,8 +237,8 @@ func TestDeadlinesAreStateAware(t *testing.T) {
 	clock := &fakeClock{now: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
 	srv := startServer(t, Config{Clock: clock, IdleTimeout: time.Hour, MaxLifetime: 24 * time.Hour, SweepInterval: time.Hour})
 	c := newClient(t, srv)
-	gate := filepath.Join(t.TempDir(), "gate")
-	slow := c.create(repo(t, "tasks:\n  - key: wait\n    run: while [ ! -e "+gate+" ]; do sleep 0.02; done\n  - key: sandbox\n    run: rwx-sandbox\n"), "")
+	slow := c.create(repo(t, "tasks:\n  - key: wait\n    run: while [ ! -e gate ]; do sleep 0.02; done\n  - key: sandbox\n    run: rwx-sandbox\n"), "")
+	gate := filepath.Join(srv.Dir(), "runs", slow, "workspace", "gate") // the sandbox sees only its workspace
 	idle := c.create(repo(t, plainConfig), "")
 	c.waitState(idle, runs.Sandboxable)
 
@@ -232,6 +255,7 @@ func TestDeadlinesAreStateAware(t *testing.T) {
 	if st := c.status(slow); st.State != runs.Provisioning {
 		t.Fatalf("provisioning run was ended by the idle deadline: %+v", st)
 	}
+	waitExists(t, filepath.Dir(gate))
 	os.WriteFile(gate, nil, 0o644)
 	c.waitState(slow, runs.Sandboxable)
 
@@ -643,10 +667,14 @@ func TestListenRefusesAddressesBeyondLoopback(t *testing.T) {
 // TestSIGKILLedServerLeavesNoCommandRunning: a command running in a sandbox
 // when the server is SIGKILLed dies with it, instead of running on under
 // init with nobody to report its result to.
+//
+// Without isolation (isolation none): what the command started in the
+// background is ended by the next server; with isolation see
+// TestSIGKILLedServerTakesItsSandboxesAlong.
 func TestSIGKILLedServerLeavesNoCommandRunning(t *testing.T) {
 	isolate(t)
 	dir := filepath.Join(t.TempDir(), "state")
-	cmd := exec.Command(os.Args[0], "serve", "--state-dir", dir)
+	cmd := exec.Command(os.Args[0], "serve", "--state-dir", dir, "--isolation", "none")
 	cmd.Env = append(os.Environ(), asBinaryEnv+"=1")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -706,7 +734,7 @@ func TestSIGKILLedServerLeavesNoCommandRunning(t *testing.T) {
 	if !alive(bg) {
 		t.Fatalf("the background process %d died with the server already: the restart case is not tested", bg)
 	}
-	next := exec.Command(os.Args[0], "serve", "--state-dir", dir)
+	next := exec.Command(os.Args[0], "serve", "--state-dir", dir, "--isolation", "none")
 	next.Env = append(os.Environ(), asBinaryEnv+"=1")
 	if err := next.Start(); err != nil {
 		t.Fatal(err)
@@ -733,4 +761,48 @@ func alive(pid int) bool {
 		return s[i+2] != 'Z' && s[i+2] != 'X'
 	}
 	return true
+}
+
+// TestSIGKILLedServerTakesItsSandboxesAlong: with isolation, a SIGKILLed
+// server's sandboxes die with it, commands and background processes alike
+// (the end of a PID namespace's init ends all of it).
+func TestSIGKILLedServerTakesItsSandboxesAlong(t *testing.T) {
+	isolate(t)
+	dir := filepath.Join(t.TempDir(), "state")
+	cmd := exec.Command(os.Args[0], "serve", "--state-dir", dir)
+	cmd.Env = append(os.Environ(), asBinaryEnv+"=1")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	c := discoveryClient(t, waitDiscovery(t, dir, cmd.Process.Pid))
+	id := c.create(repo(t, plainConfig), "")
+	c.waitState(id, runs.Sandboxable)
+	sc := dialSandbox(t, c.connInfo(id))
+	s, err := sc.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start("exec sleep 300.5"); err != nil {
+		t.Fatal(err)
+	}
+	fg := hostPID(t, "sleep 300.5")
+	s2, err := sc.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := s2.CombinedOutput("setsid sleep 301.5 >/dev/null 2>&1 &"); err != nil {
+		t.Fatalf("background command: %v %s", err, out)
+	}
+	bg := hostPID(t, "sleep 301.5")
+	t.Cleanup(func() { syscall.Kill(fg, syscall.SIGKILL); syscall.Kill(bg, syscall.SIGKILL) })
+	cmd.Process.Kill()
+	cmd.Wait()
+	deadline := time.Now().Add(20 * time.Second)
+	for alive(fg) || alive(bg) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox's processes (%d alive %v, %d alive %v) outlived their SIGKILLed server", fg, alive(fg), bg, alive(bg))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

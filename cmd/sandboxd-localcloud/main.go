@@ -23,6 +23,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/paths"
 	"github.com/sandboxd/sandboxd/localcloud"
+	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
 
 // Version is set at build time (-X main.Version=...).
@@ -103,6 +104,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	dropSSH := fs.Bool("fault-drop-ssh", false, "fault injection: refuse SSH connections to agents")
 	enableFaults := fs.Bool("enable-fault-injection", false, "register the fault-injection routes (/admin/faults, drop-connections) and allow the --fault-* flags; for tests only")
 	allowRemote := fs.Bool("allow-remote", false, "allow --listen/--http on an address other machines can reach (the runs API and its sandboxes are then exposed to the network)")
+	isolation := fs.String("isolation", envOr(IsolationEnv, sandbox.IsolationNamespaces), "isolation of sandbox commands: namespaces (private mounts, processes, hostname, network; refuses to start where the machine cannot) or none (plain processes of your user); default from $"+IsolationEnv)
+	network := fs.String("network", envOr(NetworkEnv, sandbox.NetworkLoopback), "network of each sandbox: loopback (its own, loopback only) or host (this machine's); default from $"+NetworkEnv)
+	memLimit := fs.Int64("memory-limit", sandbox.DefaultMemoryBytes, "memory limit of each run in bytes (a run over it is ended)")
+	maxProcs := fs.Int("max-procs", sandbox.DefaultMaxProcs, "process limit of each run")
 	verbose := fs.Bool("verbose", false, "debug logging")
 	asJSON := fs.Bool("json", false, "log as JSON lines")
 	if err := fs.Parse(args); err != nil {
@@ -128,6 +133,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Logger:      log,
 		Version:     Version,
 		OneWayDelay: *delay,
+		Sandbox:     sandbox.Options{Isolation: *isolation, Network: *network, MemoryBytes: *memLimit, MaxProcs: *maxProcs},
 
 		EnableFaultInjection: *enableFaults,
 		AllowRemote:          *allowRemote,
@@ -185,6 +191,9 @@ func status(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "http:  %s\n", d.HTTPURL)
 	}
 	fmt.Fprintf(stdout, "cert:  %s\ntoken: %s\nstate: %s\n", d.CertFile, d.TokenFile, d.StateDir)
+	if d.Isolation != nil {
+		fmt.Fprintf(stdout, "isolation: %s\n", d.Isolation.Summary())
+	}
 	return 0
 }
 
@@ -225,6 +234,21 @@ func stop(args []string, stdout, stderr io.Writer) int {
 // localcloud started by sandboxd (which passes its environment on) can be
 // made to behave like a distant remote.
 const OneWayDelayEnv = "SANDBOXD_LOCALCLOUD_ONE_WAY_DELAY"
+
+// IsolationEnv and NetworkEnv set the defaults of serve --isolation and
+// --network (sandboxd passes its environment on to the localcloud it
+// starts).
+const (
+	IsolationEnv = "SANDBOXD_LOCALCLOUD_ISOLATION"
+	NetworkEnv   = "SANDBOXD_LOCALCLOUD_NETWORK"
+)
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
 
 func envDuration(name string) (time.Duration, error) {
 	v := os.Getenv(name)

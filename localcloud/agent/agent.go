@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os/exec"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -72,6 +73,37 @@ type Config struct {
 	// ProcessGrace is how long a stopped background process gets between
 	// TERM and KILL; 3s when zero.
 	ProcessGrace time.Duration
+	// Sandbox builds every command the agent runs and dials every port
+	// forward (the run's isolation); plain processes of this user on this
+	// machine's network when nil.
+	Sandbox Sandbox
+}
+
+// Sandbox is the run's isolated environment (package localcloud/sandbox).
+type Sandbox interface {
+	Command(ctx context.Context, dir string, argv ...string) *exec.Cmd
+	DialTCP(ctx context.Context, addr string) (net.Conn, error)
+}
+
+// command builds argv to run in the workspace, in the sandbox if any.
+func (a *Agent) command(argv ...string) *exec.Cmd {
+	if a.cfg.Sandbox != nil {
+		return a.cfg.Sandbox.Command(context.Background(), a.cfg.Workspace, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = a.cfg.Workspace
+	return cmd
+}
+
+// dialTCP connects to addr on the sandbox's loopback.
+func (a *Agent) dialTCP(addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)
+	defer cancel()
+	if a.cfg.Sandbox != nil {
+		return a.cfg.Sandbox.DialTCP(ctx, addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
 }
 
 // Agent is a running SSH sandbox agent.

@@ -6,7 +6,6 @@ import (
 	"net"
 	"strconv"
 	"sync"
-	"time"
 
 	"golang.org/x/crypto/ssh"
 )
@@ -53,7 +52,7 @@ func (a *Agent) forward(nch ssh.NewChannel) {
 		host = "127.0.0.1"
 	}
 	addr := net.JoinHostPort(host, strconv.Itoa(int(req.Port)))
-	tc, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	tc, err := a.dialTCP(addr)
 	if err != nil {
 		_ = nch.Reject(ssh.ConnectionFailed, fmt.Sprintf("connect to %s in the sandbox: %v", addr, err))
 		return

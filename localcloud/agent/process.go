@@ -218,8 +218,7 @@ func (a *Agent) startProcess(key, command string, port int) (ProcessRecord, erro
 	}
 	defer stderr.Close()
 
-	cmd := exec.Command("/bin/sh", "-c", command)
-	cmd.Dir = a.cfg.Workspace
+	cmd := a.command("/bin/sh", "-c", command)
 	cmd.Env = a.cfg.Env
 	cmd.Stdout, cmd.Stderr = stdout, stderr // files: the child writes them directly
 	// Its own process group, so that stop reaches everything it started.

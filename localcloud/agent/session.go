@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -226,8 +225,7 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 	if shell {
 		args = []string{loginShell(), "-i"}
 	}
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Dir = a.cfg.Workspace
+	cmd := a.command(args...)
 	s.mu.Lock()
 	env := append(append([]string{}, a.cfg.Env...), s.env...)
 	var p *ptyRequest

@@ -184,14 +184,29 @@ func (e *StepError) Unwrap() error { return e.Err }
 // log; the first failure stops and is returned as a *StepError carrying the
 // tail of its output.
 func RunSteps(ctx context.Context, steps []Step, dir string, env []string, log io.Writer) error {
+	return RunStepsIn(ctx, nil, steps, dir, env, log)
+}
+
+// Commander builds the command that runs argv in dir (the run's sandbox).
+type Commander func(ctx context.Context, dir string, argv ...string) *exec.Cmd
+
+// RunStepsIn is RunSteps with each step's command built by newCmd (plain
+// processes when nil).
+func RunStepsIn(ctx context.Context, newCmd Commander, steps []Step, dir string, env []string, log io.Writer) error {
 	if log == nil {
 		log = io.Discard
 	}
 	for _, s := range steps {
 		fmt.Fprintf(log, "==> %s\n$ %s\n", s.Key, s.Run)
 		var out tailBuffer
-		cmd := command(ctx, "/bin/sh", "-c", s.Run)
-		cmd.Dir, cmd.Env = dir, env
+		var cmd *exec.Cmd
+		if newCmd == nil {
+			cmd = command(ctx, "/bin/sh", "-c", s.Run)
+			cmd.Dir = dir
+		} else {
+			cmd = inGroup(newCmd(ctx, dir, "/bin/sh", "-c", s.Run))
+		}
+		cmd.Env = env
 		w := io.MultiWriter(log, &out) // one writer: exec shares one pipe
 		cmd.Stdout, cmd.Stderr = w, w
 		start := time.Now()
@@ -211,7 +226,12 @@ func RunSteps(ctx context.Context, steps []Step, dir string, env []string, log i
 // command runs name in its own process group, killed as a whole when ctx
 // ends (a cancelled run leaves nothing behind).
 func command(ctx context.Context, name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, name, args...)
+	return inGroup(exec.CommandContext(ctx, name, args...))
+}
+
+// inGroup makes cmd (built with a context) its own process group, killed
+// as a whole when the context ends.
+func inGroup(cmd *exec.Cmd) *exec.Cmd {
 	cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setpgid: true})
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/localcloud/agent"
 	"github.com/sandboxd/sandboxd/localcloud/provision"
+	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
 
 // Clock tells the time; injected so that tests can move it.
@@ -53,6 +54,8 @@ type Config struct {
 	// WrapListener, when set, wraps each agent's listener (latency
 	// injection).
 	WrapListener func(net.Listener) net.Listener
+	// Sandboxes isolates each run's commands; plain processes when nil.
+	Sandboxes *sandbox.Provider
 }
 
 // Manager owns every run.
@@ -72,6 +75,7 @@ type Manager struct {
 type entry struct {
 	Run
 	agent    *agent.Agent
+	sbx      *sandbox.Sandbox        // the run's isolation, from its setup steps to its end
 	cancel   context.CancelCauseFunc // of provisioning
 	logFile  *os.File
 	connInfo rwxapi.ConnectionInfo // cached while sandboxable
@@ -371,6 +375,18 @@ func (m *Manager) provision(ctx context.Context, id string) {
 		fmt.Fprintf(logf, "==> provisioning run %s: %s at %s\n", id, r.Git.OriginURL, r.Git.Sha)
 		err = provision.Clone(ctx, provision.CloneOptions{Origin: r.Git.OriginURL, Sha: r.Git.Sha, Branch: r.Git.Branch, Dest: ws, Env: m.cfg.GitEnv, Log: logf})
 	}
+	var newCmd provision.Commander
+	if err == nil {
+		var sb *sandbox.Sandbox
+		m.mu.Lock()
+		if e.State == Provisioning {
+			sb, err = m.sandboxLocked(ctx, e)
+		}
+		m.mu.Unlock()
+		if sb != nil {
+			newCmd = sb.Command
+		}
+	}
 	if err == nil {
 		var def provision.Definition
 		def, err = provision.ParseConfig([]byte(r.Config))
@@ -380,7 +396,7 @@ func (m *Manager) provision(ctx context.Context, id string) {
 				break
 			}
 			m.setStep(e, fmt.Sprintf("setup step %s (%d/%d)", step.Key, i+1, len(def.Steps)))
-			err = provision.RunSteps(ctx, []provision.Step{step}, ws, sandboxEnv(id, ws, home), logf)
+			err = provision.RunStepsIn(ctx, newCmd, []provision.Step{step}, ws, sandboxEnv(id, ws, home), logf)
 		}
 		if err == nil {
 			m.setStep(e, "starting the sandbox agent")
@@ -463,6 +479,10 @@ func (m *Manager) startAgentLocked(e *entry) error {
 		runLog = e.logFile
 	}
 	id := e.ID
+	sb, err := m.sandboxLocked(context.Background(), e)
+	if err != nil {
+		return err
+	}
 	cfg := agent.Config{
 		HostKey:       host,
 		AuthorizedKey: userKey,
@@ -474,6 +494,9 @@ func (m *Manager) startAgentLocked(e *entry) error {
 		OnActivity:    func() { m.touch(id) },
 		Refuse:        m.cfg.RefuseSSH,
 		WrapListener:  m.cfg.WrapListener,
+	}
+	if sb != nil {
+		cfg.Sandbox = sb
 	}
 	var a *agent.Agent
 	if e.AgentAddr != "" {
@@ -521,8 +544,8 @@ func (m *Manager) completeLocked(e *entry, reason Reason, detail string) {
 	if e.cancel != nil {
 		e.cancel(errors.New(string(reason)))
 	}
-	a, logf := e.agent, e.logFile
-	e.agent, e.logFile = nil, nil
+	a, logf, sb := e.agent, e.logFile, e.sbx
+	e.agent, e.logFile, e.sbx = nil, nil, nil
 	if logf != nil {
 		fmt.Fprintf(logf, "==> run completed (%s)\n", e.Ended())
 	}
@@ -533,6 +556,9 @@ func (m *Manager) completeLocked(e *entry, reason Reason, detail string) {
 		defer m.wg.Done()
 		if a != nil {
 			a.Close()
+		}
+		if sb != nil {
+			sb.Close() // everything the run started ends with it
 		}
 		if logf != nil {
 			logf.Close()
@@ -778,6 +804,7 @@ func (m *Manager) Close() error {
 	}
 	m.closed = true
 	var agents []*agent.Agent
+	var sandboxes []*sandbox.Sandbox
 	for _, e := range m.runs {
 		if e.cancel != nil {
 			e.cancel(errShutdown)
@@ -786,10 +813,17 @@ func (m *Manager) Close() error {
 			agents = append(agents, e.agent)
 			e.agent = nil
 		}
+		if e.sbx != nil {
+			sandboxes = append(sandboxes, e.sbx)
+			e.sbx = nil
+		}
 	}
 	m.mu.Unlock()
 	for _, a := range agents {
 		a.Close()
+	}
+	for _, sb := range sandboxes {
+		sb.Close()
 	}
 	m.wg.Wait()
 	m.mu.Lock()
@@ -894,5 +928,55 @@ func sandboxEnv(runID, workspace, home string) []string {
 		"RWX_SANDBOX=1",
 		"RWX_RUN_ID=" + runID,
 		"RWX_WORKSPACE=" + workspace,
+	}
+}
+
+// sandboxLocked returns run e's sandbox, starting it (and its watch) if
+// needed; nil without isolation.
+func (m *Manager) sandboxLocked(ctx context.Context, e *entry) (*sandbox.Sandbox, error) {
+	if m.cfg.Sandboxes == nil {
+		return nil, nil
+	}
+	if e.sbx != nil {
+		return e.sbx, nil
+	}
+	sb, err := m.cfg.Sandboxes.Start(ctx, sandbox.Spec{ID: e.ID, Workspace: filepath.Join(m.runDir(e.ID), "workspace"), Home: filepath.Join(m.runDir(e.ID), "home")})
+	if err != nil {
+		return nil, fmt.Errorf("start the run's sandbox: %w", err)
+	}
+	e.sbx = sb
+	m.wg.Add(1)
+	go m.watchSandbox(e.ID, sb)
+	return sb, nil
+}
+
+// watchSandbox ends the run when its sandbox goes over its memory limit
+// or dies under it.
+func (m *Manager) watchSandbox(id string, sb *sandbox.Sandbox) {
+	defer m.wg.Done()
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-sb.Done():
+			m.mu.Lock()
+			if e := m.runs[id]; e != nil && e.sbx == sb && e.State != Completed {
+				m.completeLocked(e, ReasonFailed, "the run's sandbox ended unexpectedly")
+				m.saveQuietLocked()
+			}
+			m.mu.Unlock()
+			return
+		case <-t.C:
+			if !sb.OOMKilled() {
+				continue
+			}
+			m.mu.Lock()
+			if e := m.runs[id]; e != nil && e.sbx == sb && e.State != Completed {
+				m.completeLocked(e, ReasonFailed, "memory limit: a process of the run was killed for going over the run's memory limit")
+				m.saveQuietLocked()
+			}
+			m.mu.Unlock()
+			return
+		}
 	}
 }

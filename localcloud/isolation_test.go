@@ -1,0 +1,86 @@
+//go:build linux
+
+package localcloud
+
+import (
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/sandboxd/sandboxd/localcloud/runs"
+	"github.com/sandboxd/sandboxd/localcloud/sandbox"
+)
+
+func sandboxRun(t *testing.T, sc *ssh.Client, command string) (string, error) {
+	t.Helper()
+	s, err := sc.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	out, err := s.CombinedOutput(command)
+	return strings.TrimSpace(string(out)), err
+}
+
+// TestSandboxIsolation: with the default configuration a sandbox command
+// cannot read the user's HOME, localcloud's token, TLS key, run registry
+// (agent keys) or another run's workspace; cannot write outside its
+// workspace; cannot see or signal the server; cannot reach a port on the
+// machine's loopback. The status record says so.
+func TestSandboxIsolation(t *testing.T) {
+	root := isolate(t)
+	secret := filepath.Join(os.Getenv("HOME"), "secret")
+	if err := os.WriteFile(secret, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServer(t, Config{})
+	if r := srv.isolationReport(); r == nil || r.Isolation != sandbox.IsolationNamespaces || r.Network != sandbox.NetworkLoopback {
+		t.Fatalf("isolation report %+v, want namespaces with a loopback network", r)
+	}
+	c := newClient(t, srv)
+	a := c.create(repo(t, plainConfig), "")
+	b := c.create(repo(t, plainConfig), "")
+	c.waitState(a, runs.Sandboxable)
+	c.waitState(b, runs.Sandboxable)
+	other := filepath.Join(srv.Dir(), "runs", b, "workspace", "README")
+	if _, err := os.Stat(other); err != nil {
+		t.Fatal(err)
+	}
+	sc := dialSandbox(t, c.connInfo(a))
+
+	if out, err := sandboxRun(t, sc, "cat README"); err != nil || out != "hello" {
+		t.Fatalf("the sandbox cannot read its own workspace: %v %q", err, out)
+	}
+	for _, p := range []string{secret, srv.TokenFile(), filepath.Join(srv.Dir(), certDir, "key.pem"), filepath.Join(srv.Dir(), "runs.json"), other, filepath.Join(root, "home")} {
+		if out, err := sandboxRun(t, sc, "cat "+p+" || ls "+p); err == nil {
+			t.Errorf("the sandbox read %s: %q", p, out)
+		}
+	}
+	for _, p := range []string{filepath.Join(srv.Dir(), "escape"), filepath.Join(os.Getenv("HOME"), "escape"), "/usr/escape", "/escape"} {
+		_, _ = sandboxRun(t, sc, "echo x > "+p)
+		if _, err := os.Stat(p); err == nil {
+			os.Remove(p)
+			t.Errorf("the sandbox wrote %s", p)
+		}
+	}
+	if out, err := sandboxRun(t, sc, "echo x > made && cat made"); err != nil || out != "x" {
+		t.Fatalf("the sandbox cannot write its workspace: %v %q", err, out)
+	}
+	self := strconv.Itoa(os.Getpid())
+	if out, err := sandboxRun(t, sc, "kill -0 "+self+" || ls -d /proc/"+self); err == nil {
+		t.Errorf("the sandbox sees the server's pid %s: %q", self, out)
+	}
+	if out, err := sandboxRun(t, sc, "ps -e -o comm= | grep -v -x -e sh -e ps -e sleep -e bwrap -e setpriv -e grep"); err == nil {
+		t.Errorf("the sandbox sees processes not its own: %q", out)
+	}
+	// The API listens on this machine's loopback.
+	_, port, _ := net.SplitHostPort(srv.httpsLn.Addr().String())
+	if out, err := sandboxRun(t, sc, "bash -c 'exec 3<>/dev/tcp/127.0.0.1/"+port+"' && echo connected"); err == nil || strings.Contains(out, "connected") {
+		t.Errorf("the sandbox reached the API's port %s on the machine's loopback: %q", port, out)
+	}
+}
