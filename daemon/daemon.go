@@ -267,7 +267,11 @@ func (d *daemon) run(ctx context.Context) (err error) {
 		}
 	}
 	uid := os.Getuid()
-	d.srv = ipc.NewServer(backends, ipc.ServerOptions{Version: d.opts.Version, Logger: d.log, AllowedUID: &uid, StartedAt: d.startedAt})
+	srvOpts := ipc.ServerOptions{Version: d.opts.Version, Logger: d.log, AllowedUID: &uid, StartedAt: d.startedAt}
+	if w, ok := d.services.(interface{ Warning() string }); ok {
+		srvOpts.Warning = w.Warning
+	}
+	d.srv = ipc.NewServer(backends, srvOpts)
 	serveErr := make(chan error, len(d.listeners))
 	for _, ln := range d.listeners {
 		go func(ln net.Listener) {

@@ -45,6 +45,9 @@ type ServerOptions struct {
 	// gets an error instead of holding the request. Default
 	// DefaultBodyIdleTimeout.
 	BodyIdleTimeout time.Duration
+	// Warning, when set and not empty, is sent on every answer in the
+	// Sandboxd-Warning header.
+	Warning func() string
 }
 
 // DefaultBodyIdleTimeout is ServerOptions.BodyIdleTimeout's default.
@@ -58,6 +61,7 @@ type Server struct {
 	uid       int
 	maxBody   int64
 	startedAt time.Time
+	warning   func() string
 
 	handler http.Handler
 	router  *mux.Router
@@ -86,6 +90,7 @@ func NewServer(b Backends, opts ServerOptions) *Server {
 		uid:       os.Getuid(),
 		maxBody:   opts.MaxBodyBytes,
 		startedAt: opts.StartedAt,
+		warning:   opts.Warning,
 		closing:   make(chan struct{}),
 	}
 	if s.version == "" {
@@ -174,6 +179,11 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 		s.requests.Add(1)
 		defer s.requests.Add(-1)
 		w.Header().Set(HeaderVersion, s.version)
+		if s.warning != nil {
+			if msg := s.warning(); msg != "" {
+				w.Header().Set(HeaderWarning, msg)
+			}
+		}
 		p, err := peerFrom(r.Context())
 		if err != nil {
 			writeError(w, r, s.log, errdefs.Unauthorized(fmt.Errorf("refused: %w", err)))

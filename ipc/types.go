@@ -8,6 +8,9 @@ import (
 // Header names used on every response.
 const (
 	HeaderVersion = "Sandboxd-Version"
+	// HeaderWarning, when present, is a warning about the daemon's setup
+	// that every answer carries (the client shows it once per command).
+	HeaderWarning = "Sandboxd-Warning"
 	// ContentTypeNDJSON is the content type of streamed responses.
 	ContentTypeNDJSON = "application/x-ndjson"
 )
@@ -147,6 +150,10 @@ type ProbeResponse struct {
 	ExpiresAt   *time.Time  `json:"expiresAt,omitempty"`
 	HasSnapshot bool        `json:"hasSnapshot"`
 	Lifecycle   Lifecycle   `json:"lifecycle"`
+	// Isolation says which protections the remote's sandboxes have.
+	Isolation string `json:"isolation,omitempty"`
+	// Warnings are for the user's stderr (isolation none, for one).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Lifecycle is the lifecycle summary of a probe.

@@ -19,6 +19,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/sessions"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/localcloud"
+	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
 
 // Remote kinds.
@@ -51,6 +52,8 @@ type Provider struct {
 	pid      int // of the local remote the client talks to
 	certFile string
 	apiURL   string
+	// isolation is the local remote's, from its discovery record.
+	isolation *sandbox.Report
 }
 
 // New returns a Provider; nothing is contacted or started until first use.
@@ -73,7 +76,7 @@ func (p *Provider) Update(s Settings) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if s != p.settings {
-		p.settings, p.client, p.pid, p.certFile, p.apiURL = s, nil, 0, "", ""
+		p.settings, p.client, p.pid, p.certFile, p.apiURL, p.isolation = s, nil, 0, "", "", nil
 	}
 }
 
@@ -83,9 +86,14 @@ func (p *Provider) Info() sessions.RemoteInfo {
 	defer p.mu.Unlock()
 	switch p.settings.Kind {
 	case KindRWX:
-		return sessions.RemoteInfo{Name: KindRWX, Host: p.settings.Host, TokenSource: p.settings.TokenSource}
+		return sessions.RemoteInfo{Name: KindRWX, Host: p.settings.Host, TokenSource: p.settings.TokenSource, Isolation: "RWX Cloud: each sandbox on its own machine"}
 	default:
-		return sessions.RemoteInfo{Name: KindLocal, Host: p.apiURL, CertFile: p.certFile, TokenSource: "localcloud token file"}
+		info := sessions.RemoteInfo{Name: KindLocal, Host: p.apiURL, CertFile: p.certFile, TokenSource: "localcloud token file"}
+		if p.isolation != nil {
+			info.Isolation = p.isolation.Summary()
+			info.Unisolated = p.isolation.Isolation == sandbox.IsolationNone
+		}
+		return info
 	}
 }
 
@@ -148,7 +156,7 @@ func (p *Provider) connectLocal(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("set up the local remote client: %w", err)
 	}
-	p.client, p.pid, p.certFile, p.apiURL = c, d.PID, d.CertFile, d.APIURL
+	p.client, p.pid, p.certFile, p.apiURL, p.isolation = c, d.PID, d.CertFile, d.APIURL, d.Isolation
 	p.log.Info("using the local remote", "api", d.APIURL, "pid", d.PID)
 	return nil
 }

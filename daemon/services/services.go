@@ -242,3 +242,12 @@ func (s *Services) Close(ctx context.Context) error {
 	s.bus.Close()
 	return errors.Join(errs...)
 }
+
+// Warning is what every answer of the daemon warns about: a local remote
+// that runs sandbox commands unisolated.
+func (s *Services) Warning() string {
+	if s.remote != nil && s.remote.Info().Unisolated {
+		return sessions.UnisolatedWarning
+	}
+	return ""
+}

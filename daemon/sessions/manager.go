@@ -40,6 +40,11 @@ type RemoteInfo struct {
 	Host        string
 	CertFile    string
 	TokenSource string
+	// Isolation says how the remote isolates sandboxes (empty until the
+	// local remote was reached); Unisolated is true when the local remote
+	// runs them unisolated (configured isolation none).
+	Isolation  string
+	Unisolated bool
 }
 
 // RemoteSource hands out the configured remote, starting it when it is the

@@ -383,8 +383,20 @@ func (m *Manager) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeR
 	if err != nil {
 		return ipc.ProbeResponse{}, err
 	}
-	return m.probe(ctx, s)
+	resp, err := m.probe(ctx, s)
+	if err == nil {
+		ri := m.opts.Remotes.Info()
+		resp.Isolation = ri.Isolation
+		if ri.Unisolated {
+			resp.Warnings = append(resp.Warnings, UnisolatedWarning)
+		}
+	}
+	return resp, err
 }
+
+// UnisolatedWarning is shown when the local remote runs sandbox commands
+// without isolation.
+const UnisolatedWarning = "the local remote runs sandbox commands WITHOUT isolation (configured isolation none): they run as your user with your home, files and network in reach"
 
 // Probe probes one session by id.
 func (m *Manager) Probe(ctx context.Context, id string) (ipc.ProbeResponse, error) {

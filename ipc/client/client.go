@@ -37,6 +37,15 @@ type Client struct {
 	hc          *http.Client
 
 	daemonVersion atomic.Pointer[string]
+	warning       atomic.Pointer[string]
+}
+
+// Warning is the last Sandboxd-Warning the daemon sent ("" for none).
+func (c *Client) Warning() string {
+	if p := c.warning.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // Option configures a Client.
@@ -209,6 +218,9 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 	}
 	if v := resp.Header.Get(ipc.HeaderVersion); v != "" {
 		c.daemonVersion.Store(&v)
+	}
+	if v := resp.Header.Get(ipc.HeaderWarning); v != "" {
+		c.warning.Store(&v)
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()

@@ -95,6 +95,9 @@ func (c *Client) ExecLean(ctx context.Context, req ipc.ExecRequest, opts ExecOpt
 	if v := resp.Header.Get(ipc.HeaderVersion); v != "" {
 		c.daemonVersion.Store(&v)
 	}
+	if v := resp.Header.Get(ipc.HeaderWarning); v != "" {
+		c.warning.Store(&v)
+	}
 	if resp.StatusCode/100 != 2 {
 		return ipc.ExecResult{}, decodeError(resp)
 	}

@@ -131,7 +131,13 @@ func Main(ctx context.Context, args []string, sys System) int {
 	a.prog = a.newProgress()
 	a.c = client.New(layout.Socket, client.WithUserAgent("sbx/"+sys.Version))
 	defer a.c.Close()
-	return p.cmd.run(a, ctx)
+	code := p.cmd.run(a, ctx)
+	// A warning about the daemon's setup (an unisolated local remote), once
+	// per command; --json carries it in the records that have warnings.
+	if w := a.c.Warning(); w != "" && !a.p.json() {
+		a.warn(w)
+	}
+	return code
 }
 
 // usage prints a usage error (with the command's synopsis) and returns the

@@ -366,6 +366,9 @@ func (a *app) status(ctx context.Context) int {
 	fmt.Fprintf(tw, "state\t%s, created %s\n", state, l.Created.Local().Format(time.RFC3339))
 	fmt.Fprintf(tw, "execs\t%d, last %s\n", l.ExecCount, a.ago(l.LastExec))
 	fmt.Fprintf(tw, "snapshot\t%v\n", resp.HasSnapshot)
+	if resp.Isolation != "" {
+		fmt.Fprintf(tw, "isolation\t%s\n", resp.Isolation)
+	}
 	tw.Flush()
 	if s.ConfigDrift {
 		a.warn(ipc.DriftWarning(s.ConfigFile))
