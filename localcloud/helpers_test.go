@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,9 +33,20 @@ import (
 // (used to SIGKILL a real server process and by the EnsureRunning tests).
 const asBinaryEnv = "LOCALCLOUD_TEST_AS_BINARY"
 
+// allocEnv makes the test binary allocate and touch that many bytes.
+const allocEnv = "LOCALCLOUD_TEST_ALLOC"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(asBinaryEnv) == "1" {
 		os.Exit(serveForTest(os.Args[1:]))
+	}
+	if n, err := strconv.Atoi(os.Getenv(allocEnv)); err == nil {
+		// In a sandbox: use n bytes of memory.
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = 1
+		}
+		os.Exit(0)
 	}
 	os.Exit(m.Run())
 }

@@ -84,3 +84,31 @@ func TestSandboxIsolation(t *testing.T) {
 		t.Errorf("the sandbox reached the API's port %s on the machine's loopback: %q", port, out)
 	}
 }
+
+// TestRunOverItsMemoryLimitIsEnded: a command going over the run's memory
+// limit is killed, and the run ends saying why.
+func TestRunOverItsMemoryLimitIsEnded(t *testing.T) {
+	isolate(t)
+	srv := startServer(t, Config{Sandbox: sandbox.Options{MemoryBytes: 64 << 20}})
+	if srv.isolationReport().Limits["memory"] != "cgroup-v1" {
+		t.Skipf("memory is not limited by cgroups here: %+v", srv.isolationReport())
+	}
+	c := newClient(t, srv)
+	id := c.create(repo(t, plainConfig), "")
+	c.waitState(id, runs.Sandboxable)
+	bin, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(srv.Dir(), "runs", id, "workspace", "hog"), bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sc := dialSandbox(t, c.connInfo(id))
+	if out, err := sandboxRun(t, sc, allocEnv+"="+strconv.Itoa(256<<20)+" ./hog"); err == nil {
+		t.Fatalf("256 MiB allocated under a 64 MiB limit: %q", out)
+	}
+	st := waitCompleted(t, c, id)
+	if st.Reason != runs.ReasonFailed || !strings.Contains(st.Detail, "memory limit") {
+		t.Fatalf("the run ended with %+v, want failed: memory limit", st)
+	}
+}
