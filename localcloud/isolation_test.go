@@ -3,6 +3,7 @@
 package localcloud
 
 import (
+	"context"
 	"net"
 	"os"
 	"path/filepath"
@@ -41,6 +42,11 @@ func TestSandboxIsolation(t *testing.T) {
 	srv := startServer(t, Config{})
 	if r := srv.isolationReport(); r == nil || r.Isolation != sandbox.IsolationNamespaces || r.Network != sandbox.NetworkLoopback {
 		t.Fatalf("isolation report %+v, want namespaces with a loopback network", r)
+	}
+	// What `sandboxd-localcloud status --json` prints.
+	d, err := Status(context.Background(), srv.Dir())
+	if err != nil || d.Isolation == nil || d.Isolation.Isolation != sandbox.IsolationNamespaces || len(d.Isolation.Protections) == 0 {
+		t.Fatalf("the discovery record does not say the isolation: %v %+v", err, d.Isolation)
 	}
 	c := newClient(t, srv)
 	a := c.create(repo(t, plainConfig), "")

@@ -4,6 +4,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -276,5 +277,21 @@ func TestValidate(t *testing.T) {
 		if err := o.Validate(); err == nil {
 			t.Errorf("%+v accepted", o)
 		}
+	}
+}
+
+// Without bubblewrap, New refuses unless isolation is configured none.
+func TestRefusesWithoutNamespacesUnlessNone(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	_, err := New(context.Background(), Options{})
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), `"none"`) {
+		t.Fatalf("New without bwrap: %v, want ErrUnavailable naming isolation none", err)
+	}
+	p, err := New(context.Background(), Options{Isolation: IsolationNone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := p.Report(); r.Isolation != IsolationNone || len(r.Degraded) == 0 {
+		t.Fatalf("report %+v", r)
 	}
 }
