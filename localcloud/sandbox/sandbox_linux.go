@@ -336,11 +336,18 @@ func (s *Sandbox) Close() error {
 			close(s.done)
 			return
 		}
+		// bubblewrap reaps its child and exits; killed itself only when it
+		// does not (killing it first would leave its child a zombie for
+		// init to reap).
 		if s.pid > 0 {
 			_ = syscall.Kill(s.pid, syscall.SIGKILL)
 		}
-		_ = s.holder.Process.Kill()
-		<-s.done
+		select {
+		case <-s.done:
+		case <-time.After(5 * time.Second):
+			_ = s.holder.Process.Kill()
+			<-s.done
+		}
 		s.removeCgroups()
 	})
 	return nil
