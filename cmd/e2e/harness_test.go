@@ -85,6 +85,9 @@ func newEnv(t testing.TB) *env {
 		"GIT_CONFIG_NOSYSTEM=1",
 		"SANDBOXD_NO_AUTOSTART=1",
 		"LANG=C.UTF-8",
+		// The local remote's sandboxes are isolated; the tests' commands
+		// leave markers in this scratch directory, so it is shared.
+		"SANDBOXD_LOCALCLOUD_SHARE=" + root,
 	}
 	t.Cleanup(func() {
 		e.stopLocalcloud()

@@ -108,6 +108,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	network := fs.String("network", envOr(NetworkEnv, sandbox.NetworkLoopback), "network of each sandbox: loopback (its own, loopback only) or host (this machine's); default from $"+NetworkEnv)
 	memLimit := fs.Int64("memory-limit", sandbox.DefaultMemoryBytes, "memory limit of each run in bytes (a run over it is ended)")
 	maxProcs := fs.Int("max-procs", sandbox.DefaultMaxProcs, "process limit of each run")
+	share := fs.String("share", os.Getenv(ShareEnv), "comma-separated directories every sandbox also sees, writable, at the same paths (none by default; tests share their scratch directory); default from $"+ShareEnv)
 	verbose := fs.Bool("verbose", false, "debug logging")
 	asJSON := fs.Bool("json", false, "log as JSON lines")
 	if err := fs.Parse(args); err != nil {
@@ -133,7 +134,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Logger:      log,
 		Version:     Version,
 		OneWayDelay: *delay,
-		Sandbox:     sandbox.Options{Isolation: *isolation, Network: *network, MemoryBytes: *memLimit, MaxProcs: *maxProcs},
+		Sandbox:     sandbox.Options{Isolation: *isolation, Network: *network, MemoryBytes: *memLimit, MaxProcs: *maxProcs, Share: splitList(*share)},
 
 		EnableFaultInjection: *enableFaults,
 		AllowRemote:          *allowRemote,
@@ -241,7 +242,18 @@ const OneWayDelayEnv = "SANDBOXD_LOCALCLOUD_ONE_WAY_DELAY"
 const (
 	IsolationEnv = "SANDBOXD_LOCALCLOUD_ISOLATION"
 	NetworkEnv   = "SANDBOXD_LOCALCLOUD_NETWORK"
+	ShareEnv     = "SANDBOXD_LOCALCLOUD_SHARE"
 )
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {

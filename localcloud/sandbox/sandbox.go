@@ -13,6 +13,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 )
 
@@ -48,6 +49,10 @@ type Options struct {
 	MemoryBytes int64
 	MaxProcs    int
 	CPUShares   int
+	// Share are directories of this machine every sandbox also sees,
+	// writable, at the same paths (tests share their scratch directory
+	// this way); none by default.
+	Share []string
 	// CgroupRoot is where cgroup v1 controllers are mounted;
 	// /sys/fs/cgroup when empty.
 	CgroupRoot string
@@ -73,6 +78,11 @@ func (o Options) Validate() error {
 	case "", NetworkLoopback, NetworkHost:
 	default:
 		return fmt.Errorf("network %q is not known: use %q (the default: a private network with loopback only) or %q", o.Network, NetworkLoopback, NetworkHost)
+	}
+	for _, d := range o.Share {
+		if !filepath.IsAbs(d) || filepath.Clean(d) != d {
+			return fmt.Errorf("shared directory %q must be an absolute, clean path", d)
+		}
 	}
 	if o.MemoryBytes < 0 || o.MaxProcs < 0 || o.CPUShares < 0 {
 		return errors.New("resource limits must not be negative: use 0 for the defaults")
@@ -112,6 +122,8 @@ type Report struct {
 	// namespaces; "memory-limit", "process-limit", "cpu-share".
 	Protections []string `json:"protections"`
 	Network     string   `json:"network,omitempty"`
+	// Shared are the machine's directories sandboxes also see.
+	Shared []string `json:"shared,omitempty"`
 	// Limits say how each limit is enforced: "cgroup-v1", "rlimit" or
 	// "none".
 	Limits map[string]string `json:"limits,omitempty"`

@@ -58,7 +58,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 		}
 		*t.dst = path
 	}
-	p.report = Report{Isolation: IsolationNamespaces, Mechanism: "bubblewrap", Network: opts.Network,
+	p.report = Report{Isolation: IsolationNamespaces, Mechanism: "bubblewrap", Network: opts.Network, Shared: opts.Share,
 		Protections: []string{"user-namespace", "mount-namespace", "pid-namespace", "uts-namespace", "ipc-namespace"},
 		Limits:      map[string]string{}}
 	if opts.Network == NetworkLoopback {
@@ -149,8 +149,11 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		}
 		args = append(args, "--ro-bind", d, d)
 	}
-	args = append(args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp",
-		"--bind", spec.Workspace, spec.Workspace)
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp")
+	for _, d := range p.opts.Share { // before the workspace, which may lie below
+		args = append(args, "--bind", d, d)
+	}
+	args = append(args, "--bind", spec.Workspace, spec.Workspace)
 	if spec.Home != "" {
 		args = append(args, "--bind", spec.Home, spec.Home)
 	}
