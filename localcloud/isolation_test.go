@@ -77,6 +77,17 @@ func TestSandboxIsolation(t *testing.T) {
 	if out, err := sandboxRun(t, sc, "echo x > made && cat made"); err != nil || out != "x" {
 		t.Fatalf("the sandbox cannot write its workspace: %v %q", err, out)
 	}
+	// A terminal is the sandbox's own, named in its /dev/pts.
+	ps, err := sc.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := ps.CombinedOutput("tty"); err != nil || !strings.HasPrefix(strings.TrimSpace(string(out)), "/dev/pts/") {
+		t.Errorf("tty in the sandbox: %v %q", err, out)
+	}
 	self := strconv.Itoa(os.Getpid())
 	if out, err := sandboxRun(t, sc, "kill -0 "+self+" || ls -d /proc/"+self); err == nil {
 		t.Errorf("the sandbox sees the server's pid %s: %q", self, out)

@@ -95,6 +95,15 @@ func (a *Agent) command(argv ...string) *exec.Cmd {
 	return cmd
 }
 
+// devRoot is where the sandbox's /dev is seen from here ("" without a
+// sandbox, or one that shares this machine's).
+func (a *Agent) devRoot() string {
+	if r, ok := a.cfg.Sandbox.(interface{ DevRoot() string }); ok {
+		return r.DevRoot()
+	}
+	return ""
+}
+
 // dialTCP connects to addr on the sandbox's loopback.
 func (a *Agent) dialTCP(addr string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(a.ctx, 10*time.Second)

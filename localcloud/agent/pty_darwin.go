@@ -13,7 +13,7 @@ import (
 // openPTY allocates a pseudo-terminal pair through /dev/ptmx (grantpt,
 // unlockpt and ptsname are the TIOCPTY* ioctls on macOS). Built and vetted
 // for macOS, not run by the tests here (they run on Linux).
-func openPTY() (master, tty *os.File, err error) {
+func openPTY(_ string) (master, tty *os.File, err error) {
 	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open /dev/ptmx: %w", err)

@@ -8,9 +8,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// openPTY allocates a pseudo-terminal pair through /dev/ptmx.
-func openPTY() (master, tty *os.File, err error) {
-	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+// openPTY allocates a pseudo-terminal pair through /dev/ptmx under root
+// ("" for this machine's; a sandbox's root, so that the terminal belongs
+// to the sandbox's own /dev/pts and is named there).
+func openPTY(root string) (master, tty *os.File, err error) {
+	m, err := os.OpenFile(root+"/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open /dev/ptmx: %w", err)
 	}
@@ -24,7 +26,7 @@ func openPTY() (master, tty *os.File, err error) {
 		m.Close()
 		return nil, nil, fmt.Errorf("get pty number: %w", err)
 	}
-	t, err := os.OpenFile("/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
+	t, err := os.OpenFile(root+"/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
 	if err != nil {
 		m.Close()
 		return nil, nil, fmt.Errorf("open pty /dev/pts/%d: %w", n, err)

@@ -246,7 +246,7 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 
 	var master, tty *os.File
 	if p != nil {
-		master, tty, err = openPTY()
+		master, tty, err = openPTY(a.devRoot())
 		if err != nil {
 			return 1, "", fmt.Errorf("allocate a terminal: %w", err)
 		}

@@ -311,6 +311,15 @@ func (s *Sandbox) DialTCP(ctx context.Context, addr string) (net.Conn, error) {
 	return r.c, r.err
 }
 
+// DevRoot is the sandbox's root as seen from here, for opening a terminal
+// in its own /dev/pts ("" without isolation).
+func (s *Sandbox) DevRoot() string {
+	if s.holder == nil {
+		return ""
+	}
+	return fmt.Sprintf("/proc/%d/root", s.pid)
+}
+
 // Done is closed when the sandbox has ended (closed, or its holder died).
 func (s *Sandbox) Done() <-chan struct{} { return s.done }
 

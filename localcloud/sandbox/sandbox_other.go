@@ -48,6 +48,9 @@ func (s *Sandbox) DialTCP(ctx context.Context, addr string) (net.Conn, error) {
 	return d.DialContext(ctx, "tcp", addr)
 }
 
+// DevRoot is "": terminals are this machine's.
+func (s *Sandbox) DevRoot() string { return "" }
+
 // Done is closed by Close.
 func (s *Sandbox) Done() <-chan struct{} { return s.done }
 
