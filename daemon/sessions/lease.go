@@ -83,6 +83,11 @@ func (m *Manager) lockSandbox(ctx context.Context, s *store.Session) (conn *sshp
 	return conn, done, nil
 }
 
+// lockAttempts bounds the tries to take the lock when connections break
+// before it is granted (taking it again on a new connection is safe: the
+// agent frees the lock of a connection that closed).
+const lockAttempts = 3
+
 // takeLock returns a connection holding the agent lock for lease l.
 func (m *Manager) takeLock(ctx context.Context, s *store.Session, l *lease) (*sshpool.Conn, error) {
 	for attempt := 0; ; attempt++ {
@@ -103,10 +108,17 @@ func (m *Manager) takeLock(ctx context.Context, s *store.Session, l *lease) (*ss
 			l.mu.Unlock()
 			return conn, nil
 		}
-		if attempt > 0 || ctx.Err() != nil || !(errors.Is(err, sshpool.ErrConnectionLost) || errors.Is(err, sshpool.ErrNotSent)) {
+		if attempt >= lockAttempts-1 || ctx.Err() != nil || !(errors.Is(err, sshpool.ErrConnectionLost) || errors.Is(err, sshpool.ErrNotSent)) {
 			return nil, fmt.Errorf("acquire the sandbox lock: %w", err)
 		}
 		m.log.Info("connection broke before the lock was granted; reconnecting", "run", s.RunID, "err", err)
+		// The pool may hand back the broken connection until it has
+		// noticed the break: give it a moment before the next try.
+		select {
+		case <-time.After(time.Duration(attempt+1) * 100 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, fmt.Errorf("acquire the sandbox lock: %w", ctx.Err())
+		}
 	}
 }
 
