@@ -3,20 +3,28 @@
 //
 // The protocol, per synced exec:
 //
-//   - Prepare (local only): a binary-safe patch base→working tree, built with
-//     a temporary index so the user's index and files are never touched.
-//   - Push (one remote command): reset the sandbox to the base commit (this
-//     also heals whatever an interrupted exec left), apply the patch, record
-//     the synced tree as the commit SnapshotRef.
+//   - Prepare (local only): the local HEAD commit and a binary-safe patch
+//     HEAD→working tree, built with a temporary index so the user's index
+//     and files are never touched.
+//   - Push: commits the sandbox lacks travel first by git's own push
+//     protocol (`git-receive-pack '.'` in the sandbox, fed by a local
+//     `git pack-objects`), only when HEAD moved. Then one remote command
+//     normalizes the sandbox: reset to HEAD (this heals whatever happened
+//     there since the last exec), apply the patch, record the synced tree
+//     as the commit SnapshotRef, and mark the exec's edits pending.
 //   - the caller runs the user's command.
 //   - Pull (one remote command): diff the sandbox's tree (untracked files
-//     included) against SnapshotRef, keep that patch in the sandbox, revert
-//     the sandbox to the base commit, send the patch; then apply it locally,
-//     falling back to a 3-way merge and to --reject, never dropping either
-//     side of a conflict.
+//     included) against SnapshotRef and send that patch; the sandbox keeps
+//     its files (a dev server started in the background serves the latest
+//     build). The patch is applied locally, falling back to a 3-way merge
+//     and to --reject (.rej files), never dropping either side of a
+//     conflict; then the exec's id is acknowledged in the local repository.
 //
-// Between execs a sandbox is at rest: worktree == HEAD == BaseRef ==
-// SnapshotRef, so a stray Pull finds nothing to bring back.
+// Crash safety: the sandbox keeps an exec's edits (its tree and
+// .git/sandboxd/pending) until a later push carries the acknowledgement of
+// that exec. A push that finds unacknowledged edits (the daemon died between
+// the command and the end of its pull) sends them back first; they are
+// applied locally or saved under .git/sandboxd/pulls/ and reported.
 package gitsync
 
 import (
@@ -26,6 +34,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -61,18 +70,23 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Syncer syncs working trees. It holds no per-repository state and is safe
-// for concurrent use on different repositories and sandboxes.
+// Syncer syncs working trees. It is safe for concurrent use on different
+// repositories and sandboxes. Its only state is a cache of the commits it
+// pushed to each sandbox (so an exec on an unchanged HEAD costs no push);
+// the acknowledgements of pulls live in each repository.
 type Syncer struct {
 	git      string
 	maxBytes int64
 	now      func() time.Time
 	log      *slog.Logger
+
+	mu     sync.Mutex
+	pushed map[string]string // sandbox key → commit known to be there
 }
 
 // New returns a Syncer.
 func New(o Options) *Syncer {
-	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, now: o.Now, log: o.Logger}
+	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, now: o.Now, log: o.Logger, pushed: map[string]string{}}
 	if s.git == "" {
 		s.git = "git"
 	}
@@ -88,13 +102,23 @@ func New(o Options) *Syncer {
 	return s
 }
 
-// Patch is the local working tree's difference from the sandbox's base
-// commit, ready to push.
+// Patch is the local working tree as the sandbox needs it: a commit and
+// the working tree's difference from it, ready to push.
 type Patch struct {
 	RepoRoot string
-	BaseSHA  string
+	// BaseSHA is the commit the sandbox started at.
+	BaseSHA string
+	// HeadSHA is the local HEAD, the commit the sandbox is reset to.
+	HeadSHA string
+	// Sandbox names the sandbox (its run id) for the cache of pushed
+	// commits; empty disables the cache.
+	Sandbox string
+	// PushOnly says no pull follows (sbx push): the push records no pending
+	// edits, so the next exec's push does not bring back what happens in
+	// the sandbox meanwhile.
+	PushOnly bool
 	// Data is a `git apply` patch (binary-safe); empty when the working tree
-	// equals the base commit.
+	// equals HEAD.
 	Data []byte
 	// Files are the paths the patch changes (the new path of a rename).
 	Files []string
@@ -111,11 +135,23 @@ type PushResult struct {
 	Snapshot string
 	Bytes    int
 	Files    int
+	// Commits says the local HEAD was pushed with git's protocol.
+	Commits bool
+	// Recovered is the pull of an earlier exec whose edits were never
+	// brought back (the daemon died before the end of its pull).
+	Recovered *PullResult
+	// Again says the push was not done because the recovered edits changed
+	// the local working tree: Prepare and Push again.
+	Again bool
+	// Warnings are for the user (a recovered pull, a conflict in it).
+	Warnings []string
 }
 
 // PullResult describes a pull. It is meaningful even when Pull returns an
 // error (a conflict still applies what it can).
 type PullResult struct {
+	// ID identifies the exec whose edits these are.
+	ID string
 	// Files are the paths the sandbox changed (the new path of a rename).
 	Files []string
 	Bytes int
@@ -146,6 +182,7 @@ var (
 	ErrConflict         = errors.New("the sandbox's changes conflict with local changes")
 	ErrSandboxGit       = errors.New("a git command failed in the sandbox")
 	ErrTransfer         = errors.New("the patch from the sandbox arrived incomplete")
+	ErrPushCommits      = errors.New("git push to the sandbox failed")
 )
 
 // syncError is an error with its own message that matches a sentinel and

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -101,12 +102,24 @@ func TestParityUnpushedCommitAndUncommittedFile(t *testing.T) {
 	want := tree(t, f.local)
 	index := fileBytes(t, filepath.Join(f.local, ".git", "index"))
 
-	out, _, err := f.exec("cat committed.txt wip.txt")
-	if err != nil {
+	f.r.reset()
+	p := f.push()
+	if strings.Contains(string(p.Data), "committed.txt") || !strings.Contains(string(p.Data), "wip.txt") {
+		t.Fatalf("the patch should hold only the uncommitted file:\n%s", p.Data)
+	}
+	if f.r.log[0] != ReceivePackCommand {
+		t.Fatalf("the commit did not travel by git push: first call %q", f.r.log[0])
+	}
+	out := f.inSandbox("cat committed.txt wip.txt; git rev-parse HEAD " + PushRef)
+	if out != "local commit\nwork in progress\n"+head+head {
+		t.Fatalf("sandbox saw %q", out)
+	}
+	if _, err := f.pull(); err != nil {
 		t.Fatal(err)
 	}
-	if out != "local commit\nwork in progress\n" {
-		t.Fatalf("sandbox saw %q", out)
+	// The next exec finds the commit there: no second push.
+	if _, _, err := f.exec("true"); err != nil {
+		t.Fatal(err)
 	}
 	assertTree(t, f.local, want)
 	if git(t, f.local, "rev-parse", "HEAD") != head {
@@ -319,28 +332,128 @@ func TestConflictRejectFiles(t *testing.T) {
 	}
 }
 
-// An exec killed mid-command leaves the sandbox dirty (edits, new files,
-// staged files, even a commit); the next push heals it and the user's files
-// are intact.
-func TestInterruptedExecSelfHeals(t *testing.T) {
+// The daemon died between the command's end and its pull (no Pull call):
+// the next push brings the sandbox's edits back first (a conflict with a
+// local edit made meanwhile keeps both sides), says so, then heals the
+// sandbox to exactly the local tree.
+func TestUnpulledEditsComeBackBeforeTheNextPush(t *testing.T) {
 	f := newFixture(t, map[string]string{"README.md": "hello\n", "src/a.go": "package a\n"})
 	writeFile(t, filepath.Join(f.local, "wip.txt"), "mine\n")
 	f.push()
 	f.inSandbox("echo half > README.md && echo junk > junk.txt && mkdir -p gen && echo g > gen/x && git add junk.txt && " +
 		"git -c user.name=x -c user.email=x@x commit -q -m oops && echo more >> src/a.go && rm wip.txt")
-	// No pull: the exec died. The user keeps working.
+	// No pull: the daemon died. The user keeps working.
 	writeFile(t, filepath.Join(f.local, "wip.txt"), "mine, later\n")
-	want := tree(t, f.local)
 
+	ctx := context.Background()
+	p, err := f.s.Prepare(ctx, f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.s.Push(ctx, f.r, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Again || res.Recovered == nil || !strings.Contains(strings.Join(res.Warnings, "\n"), "never pulled") {
+		t.Fatalf("push result %+v", res)
+	}
+	if got := strings.Join(res.Recovered.Files, ","); got != "README.md,gen/x,junk.txt,src/a.go,wip.txt" {
+		t.Fatalf("recovered files %q", got)
+	}
+	saved := string(fileBytes(t, res.Recovered.SavedPatch))
+	if !strings.Contains(saved, "junk.txt") || !strings.Contains(saved, "deleted file mode") {
+		t.Fatalf("saved copy:\n%s", saved)
+	}
+	for name, want := range map[string]string{"README.md": "half\n", "junk.txt": "junk\n", "gen/x": "g\n", "src/a.go": "package a\nmore\n", "wip.txt": "mine, later\n"} {
+		if got := string(fileBytes(t, filepath.Join(f.local, name))); got != want {
+			t.Fatalf("%s = %q, want %q", name, got, want)
+		}
+	}
+	// Pushed again, the sandbox is exactly the local tree.
 	f.pushAndCompare()
 	if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
 		t.Fatalf("sandbox HEAD %s, want base %s", got, f.base)
 	}
-	res, err := f.pull()
-	if err != nil || len(res.Files) != 0 {
-		t.Fatalf("pull after heal: %v %v", res.Files, err)
+}
+
+// The daemon died after applying a pull but before acknowledging it: the
+// next push finds the edits already applied and applies nothing twice.
+func TestPulledButNotAcknowledged(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	f.push()
+	f.inSandbox("echo sandbox >> a.txt && echo n > n.txt")
+	if _, err := f.pull(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(f.local, ".git", "sandboxd", ackFile)); err != nil {
+		t.Fatal(err)
+	}
+	want := tree(t, f.local)
+	ctx := context.Background()
+	p, err := f.s.Prepare(ctx, f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := f.s.Push(ctx, f.r, p)
+	if err != nil || res.Again || len(res.Warnings) != 0 {
+		t.Fatalf("push: %+v %v", res, err)
 	}
 	assertTree(t, f.local, want)
+	assertTree(t, f.sandbox, want)
+}
+
+// Normalize before, not after: what the command generated stays in the
+// sandbox after the exec (ignored build output too, for a dev server),
+// survives to the next exec, and a file deleted locally still does not come
+// back.
+func TestGeneratedFilesStayDeletedDoNotComeBack(t *testing.T) {
+	f := newFixture(t, map[string]string{".gitignore": "dist/\n", "a.txt": "a\n"})
+	if _, _, err := f.exec("mkdir -p dist && echo built > dist/app.js && echo gen > gen.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.inSandbox("cat dist/app.js gen.txt"); got != "built\ngen\n" {
+		t.Fatalf("after the exec the sandbox has %q", got)
+	}
+	if _, err := os.Stat(filepath.Join(f.local, "dist")); err == nil {
+		t.Fatal("ignored output was pulled")
+	}
+	if err := os.Remove(filepath.Join(f.local, "gen.txt")); err != nil {
+		t.Fatal(err)
+	}
+	out, res, err := f.exec("cat dist/app.js; ls")
+	if err != nil || len(res.Files) != 0 {
+		t.Fatalf("second exec: %v %v", res.Files, err)
+	}
+	if !strings.HasPrefix(out, "built\n") || strings.Contains(out, "gen.txt") {
+		t.Fatalf("second exec saw %q", out)
+	}
+	if _, err := os.Stat(filepath.Join(f.local, "gen.txt")); err == nil {
+		t.Fatal("the deleted file came back")
+	}
+}
+
+// Fifty unpushed local commits reach the sandbox by git's push protocol:
+// its HEAD and log have them, and the patch carries none of them.
+func TestFiftyUnpushedCommitsArePushed(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	for i := 0; i < 50; i++ {
+		writeFile(t, filepath.Join(f.local, fmt.Sprintf("c%02d.txt", i)), fmt.Sprintf("commit %d\n", i))
+		git(t, f.local, "add", "-A")
+		git(t, f.local, "commit", "-q", "-m", fmt.Sprintf("commit %d", i))
+	}
+	head := strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+	f.r.reset()
+	p := f.push()
+	if len(p.Data) != 0 || f.r.log[0] != ReceivePackCommand {
+		t.Fatalf("patch %d bytes, first call %q", len(p.Data), f.r.log[0])
+	}
+	if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD")); got != head {
+		t.Fatalf("sandbox HEAD %s, want %s", got, head)
+	}
+	if n := strings.TrimSpace(git(t, f.sandbox, "rev-list", "--count", f.base+".."+head)); n != "50" {
+		t.Fatalf("sandbox log has %s new commits", n)
+	}
+	assertTree(t, f.sandbox, tree(t, f.local))
 }
 
 // LFS-tracked files are detected from .gitattributes alone: changed ones are
@@ -402,9 +515,8 @@ func TestNoOriginRepository(t *testing.T) {
 	assertTree(t, local, map[string]string{"a.txt": "-rw-r--r--:a\n", "b.txt": "-rw-r--r--:b\n", "c.txt": "-rw-r--r--:c\n"})
 }
 
-// A base commit the sandbox lacks (an unpushed commit) gets a clear error
-// saying what to do, and the sandbox is left alone.
-func TestSandboxMissingBaseCommit(t *testing.T) {
+// A base commit the sandbox lacks is pushed to it.
+func TestSandboxMissingBaseCommitIsPushed(t *testing.T) {
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
 	writeFile(t, filepath.Join(f.local, "b.txt"), "b\n")
 	git(t, f.local, "add", "b.txt")
@@ -414,17 +526,18 @@ func TestSandboxMissingBaseCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = f.s.Push(context.Background(), f.r, p)
-	if !errors.Is(err, ErrBaseMissing) || !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "git push") {
-		t.Fatalf("err = %v", err)
+	res, err := f.s.Push(context.Background(), f.r, p)
+	if err != nil || !res.Commits {
+		t.Fatalf("push: %+v %v", res, err)
 	}
-	assertTree(t, f.sandbox, map[string]string{"a.txt": "-rw-r--r--:a\n"})
+	assertTree(t, f.sandbox, map[string]string{"a.txt": "-rw-r--r--:a\n", "b.txt": "-rw-r--r--:b\n"})
 }
 
+// The base is only where the sandbox started: a local repository without it
+// still syncs (its HEAD is pushed); a branch name is not a base.
 func TestLocalBaseUnknown(t *testing.T) {
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
-	_, err := f.s.Prepare(context.Background(), f.local, strings.Repeat("ab", 20))
-	if !errors.Is(err, ErrBaseUnknown) || !strings.Contains(err.Error(), "sbx reset") {
+	if _, err := f.s.Prepare(context.Background(), f.local, strings.Repeat("ab", 20)); err != nil {
 		t.Fatalf("err = %v", err)
 	}
 	if _, err := f.s.Prepare(context.Background(), f.local, "main"); !errors.Is(err, errdefs.ErrInvalid) {
@@ -488,23 +601,24 @@ func TestPatchTooLarge(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 
-	// The sandbox making a patch over the limit: not pulled, sandbox reset,
-	// the patch kept there and its path stated.
+	// The sandbox making a patch over the limit: not applied, saved
+	// locally (streamed, whatever its size) and its path stated; the next
+	// exec does not bring it back again.
 	if err := os.Remove(filepath.Join(f.local, "big.bin")); err != nil {
 		t.Fatal(err)
 	}
 	want := tree(t, f.local)
 	f.push()
 	f.inSandbox("head -c 30000 /dev/urandom > huge.bin")
-	_, err = f.pull()
-	if !errors.Is(err, ErrPatchTooLarge) || !strings.Contains(err.Error(), ".git/sandboxd/pull.patch") {
-		t.Fatalf("pull err = %v", err)
+	res, err := f.s.Pull(context.Background(), f.r, f.local)
+	if !errors.Is(err, ErrPatchTooLarge) || res.SavedPatch == "" || !strings.Contains(err.Error(), res.SavedPatch) {
+		t.Fatalf("pull err = %v (saved %q)", err, res.SavedPatch)
+	}
+	if !strings.HasPrefix(res.SavedPatch, filepath.Join(f.local, ".git", "sandboxd", "pulls")) || !bytes.Contains(fileBytes(t, res.SavedPatch), []byte("huge.bin")) {
+		t.Fatalf("saved patch %s", res.SavedPatch)
 	}
 	assertTree(t, f.local, want)
-	kept, _ := filepath.Glob(filepath.Join(f.sandbox, ".git", "sandboxd", "pull.patch"))
-	if len(kept) != 1 || !bytes.Contains(fileBytes(t, kept[0]), []byte("huge.bin")) {
-		t.Fatalf("kept patches %v", kept)
-	}
+	f.pushAndCompare()
 }
 
 // Ignored files are neither pushed nor pulled, and the sandbox's ignored
@@ -591,7 +705,7 @@ func TestPullTransferBrokenRecovers(t *testing.T) {
 	if strings.Join(res.Files, ",") != "a.txt,r.bin" || r.calls() != 2 {
 		t.Fatalf("pulled %v in %d calls", res.Files, r.calls())
 	}
-	f.assertSandboxClean()
+	assertTree(t, f.sandbox, want)
 }
 
 // truncatingRunner cuts the first command's stdout after cut bytes and

@@ -114,25 +114,33 @@ func (f *fixture) push() *Patch {
 	if err != nil {
 		f.t.Fatalf("prepare: %v", err)
 	}
+	p.Sandbox = "fixture"
 	before := f.r.calls()
-	if _, err := f.s.Push(ctx, f.r, p); err != nil {
+	res, err := f.s.Push(ctx, f.r, p)
+	if err != nil {
 		f.t.Fatalf("push: %v", err)
 	}
-	if n := f.r.calls() - before; n != 1 {
-		f.t.Fatalf("push made %d runner calls, want 1", n)
+	want := 1
+	if res.Commits {
+		want++ // git-receive-pack, then the normalization
+	}
+	if n := f.r.calls() - before; n != want {
+		f.t.Fatalf("push made %d runner calls, want %d", n, want)
 	}
 	return p
 }
 
-// pull pulls, checking it took one Runner call and left the sandbox clean.
+// pull pulls, checking it took one Runner call and left the sandbox's
+// files as the command left them (normalized before, not after).
 func (f *fixture) pull() (PullResult, error) {
 	f.t.Helper()
 	before := f.r.calls()
+	sandbox := tree(f.t, f.sandbox)
 	res, err := f.s.Pull(context.Background(), f.r, f.local)
 	if n := f.r.calls() - before; n != 1 {
 		f.t.Fatalf("pull made %d runner calls, want 1", n)
 	}
-	f.assertSandboxClean()
+	assertTree(f.t, f.sandbox, sandbox)
 	return res, err
 }
 

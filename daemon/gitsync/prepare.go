@@ -17,23 +17,25 @@ import (
 
 var shaPattern = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
 
-// Prepare builds, locally, the patch that turns baseSHA into repoRoot's
+// Prepare builds, locally, what makes the sandbox's checkout equal to
+// repoRoot's working tree: the local HEAD commit (pushed by Push with git's
+// own protocol when the sandbox lacks it) and the patch from HEAD to the
 // working tree: staged, unstaged and untracked (non-ignored) files,
-// deletions, renames, mode changes, binary files and commits not on the
-// base. The user's index and files are left untouched: the changes are
-// staged into a copy of the index (GIT_INDEX_FILE). Changed Git LFS files are
-// left out and named in a warning.
+// deletions, renames, mode changes, binary files. baseSHA is the commit the
+// sandbox was started at. The user's index and files are left untouched:
+// the changes are staged into a copy of the index (GIT_INDEX_FILE). Changed
+// Git LFS files are left out and named in a warning.
 func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch, error) {
 	start := time.Now()
 	r, err := s.openRepo(ctx, repoRoot)
 	if err != nil {
 		return nil, repoError(err)
 	}
+	head, err := s.localHead(ctx, r)
+	if err != nil {
+		return nil, err
+	}
 	if baseSHA == "" {
-		if _, herr := s.run(ctx, gitCall{dir: r.root}, "rev-parse", "-q", "--verify", "HEAD^{commit}"); herr != nil {
-			return nil, errdefs.Invalid(newError(ErrEmptyRepository, herr,
-				"the repository %s has no commits yet, so a sandbox has nothing to start from: make a first commit (for example `git commit --allow-empty -m 'initial commit'`), push it, and run the command again", r.root))
-		}
 		return nil, errdefs.Invalid(errors.New("the session has no base commit to sync against: run `sbx reset` to start a sandbox at your current commit"))
 	}
 	if !shaPattern.MatchString(baseSHA) {
@@ -51,16 +53,19 @@ func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch,
 	}
 	// One diff gives both the file list (raw, NUL-separated) and the patch.
 	args := append([]string{"diff", "--cached", "--raw", "-z", "-p"}, diffOptions...)
-	args = append(args, baseSHA, "--")
+	args = append(args, head, "--")
 	out := &limitedBuffer{max: s.maxBytes + rawAllowance, buf: &bytes.Buffer{}, failOnOverflow: true}
 	if _, err := s.run(ctx, gitCall{dir: r.root, index: index, stdout: out}, args...); err != nil && !out.overflow {
-		return nil, s.baseError(ctx, r, baseSHA, err)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("compute the changes since %s: %w", short(head), err)
 	}
 	if out.overflow {
-		return nil, s.tooLarge(ctx, r, index, baseSHA)
+		return nil, s.tooLarge(ctx, r, index, head)
 	}
 	files, added, data := parseRawPatch(out.buf.Bytes())
-	p := &Patch{RepoRoot: r.root, BaseSHA: baseSHA, Data: data, Files: files}
+	p := &Patch{RepoRoot: r.root, BaseSHA: baseSHA, HeadSHA: head, Data: data, Files: files}
 	if len(files) > 0 && mayUseLFS(r, files) {
 		lfs, err := s.lfsFiles(ctx, r.root, files)
 		if err != nil {
@@ -77,7 +82,7 @@ func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch,
 				return nil, fmt.Errorf("compute the sync patch: %w", err)
 			}
 			if out.overflow {
-				return nil, s.tooLarge(ctx, r, index, baseSHA)
+				return nil, s.tooLarge(ctx, r, index, head)
 			}
 			_, _, p.Data = parseRawPatch(out.buf.Bytes())
 			p.LFSFiles = lfs
@@ -85,7 +90,7 @@ func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch,
 		}
 	}
 	if int64(len(p.Data)) > s.maxBytes {
-		return nil, s.tooLarge(ctx, r, index, baseSHA)
+		return nil, s.tooLarge(ctx, r, index, head)
 	}
 	if len(p.LFSFiles) > 0 {
 		p.Warnings = append(p.Warnings, fmt.Sprintf("%d Git LFS file(s) changed locally and were not synced to the sandbox (it sees their committed version): %s",
@@ -96,19 +101,6 @@ func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch,
 	}
 	s.log.Debug("sync patch prepared", "repo", r.root, "files", len(p.Files), "bytes", len(p.Data), "lfs", len(p.LFSFiles), "took", time.Since(start))
 	return p, nil
-}
-
-// baseError explains a diff against baseSHA that failed.
-func (s *Syncer) baseError(ctx context.Context, r repo, baseSHA string, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if _, cerr := s.run(ctx, gitCall{dir: r.root}, "cat-file", "-e", baseSHA+"^{commit}"); cerr != nil {
-		return errdefs.Conflict(newError(ErrBaseUnknown, err,
-			"the sandbox's base commit %s is not in your local repository %s (was history rewritten, or is this another clone?): run `git fetch origin` and try again, or run `sbx reset` to start a sandbox at your current commit",
-			short(baseSHA), r.root))
-	}
-	return fmt.Errorf("compute the changes since %s: %w", short(baseSHA), err)
 }
 
 // rawAllowance is room for the raw file list ahead of the patch.

@@ -15,41 +15,115 @@ import (
 )
 
 // Pull brings the sandbox's changes since the last Push into repoRoot's
-// working tree and returns the sandbox to its base commit, in one Runner
-// call (a second one only when the transfer broke). The patch is applied to
-// the working tree only (the user's index is not touched). When it does not
-// apply cleanly, nothing is lost: the full patch is saved under
+// working tree, in one Runner call (a second one only when the transfer
+// broke). The sandbox keeps its files. The patch is applied to the working
+// tree only (the user's index is not touched). When it does not apply
+// cleanly, nothing is lost: the full patch is saved under
 // <git dir>/sandboxd/pulls/, a 3-way merge (on a temporary index) writes
 // conflict markers, and failing that `git apply --reject` applies what it can
 // and writes .rej files; the error is a *ConflictError. Git LFS files are not
-// applied (the saved patch has them).
+// applied (the saved patch has them). Once the patch is applied or saved,
+// the exec is acknowledged, so the next push may reset the sandbox; until
+// then the sandbox keeps the edits and the next push brings them back.
 func (s *Syncer) Pull(ctx context.Context, r Runner, repoRoot string) (PullResult, error) {
 	res := PullResult{Files: []string{}}
 	start := time.Now()
-	// Check the local side first: the pull resets the sandbox, so it must
-	// not run when its patch could not be applied here.
 	rp, err := s.openRepo(ctx, repoRoot)
 	if err != nil {
 		return res, repoError(err)
 	}
-	patch, warnings, err := s.fetchPull(ctx, r)
-	res.Warnings = append(res.Warnings, warnings...)
+	id, patch, saved, err := s.fetchPull(ctx, r, rp)
+	res.ID, res.SavedPatch = id, saved
+	if saved != "" {
+		s.ack(rp, id)
+	}
 	if err != nil {
 		return res, err
 	}
 	res.Bytes = len(patch)
-	if len(patch) == 0 {
-		return res, nil
+	err = s.applyPulled(ctx, rp, patch, &res)
+	if err == nil || res.SavedPatch != "" {
+		s.ack(rp, id)
 	}
-	// From here the sandbox is reset: the patch is the only copy of its
-	// changes, so every failure path saves it first.
+	s.log.Debug("sync pulled", "files", len(res.Files), "bytes", res.Bytes, "took", time.Since(start), "err", err)
+	return res, err
+}
+
+// recover handles the answer of a push that found the edits of an exec that
+// was never pulled to the end: they are applied (or saved) and acknowledged.
+// changed reports that the local working tree changed.
+func (s *Syncer) recover(ctx context.Context, r Runner, rp repo, out *limitedBuffer, tooLarge bool) (*PullResult, bool, error) {
+	res := &PullResult{Files: []string{}}
+	if tooLarge {
+		id, size, _ := parseHeader(out.buf.Bytes())
+		res.ID = id
+		saved, err := s.fetchToFile(ctx, r, rp, id)
+		if err != nil {
+			return res, false, errdefs.Unavailable(newError(ErrTransfer, err,
+				"the sandbox holds edits of an earlier exec that were never pulled (the daemon stopped during it), %s, over the %s limit, and copying them here failed (%v): they stay in the sandbox (%s); run the command again",
+				formatBytes(size), formatBytes(s.maxBytes), err, keptPatch))
+		}
+		res.SavedPatch = saved
+		s.ack(rp, id)
+		res.Warnings = append(res.Warnings, fmt.Sprintf("the sandbox held edits of an earlier exec that were never pulled (the daemon stopped during it), %s, over the %s limit: not applied, saved at %s (apply with `git apply --3way %s`)",
+			formatBytes(size), formatBytes(s.maxBytes), saved, saved))
+		return res, false, nil
+	}
+	id, patch, ok := parsePull(out)
+	res.ID = id
+	if !ok {
+		return res, false, errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox's unpulled edits of an earlier exec arrived incomplete: they stay in the sandbox; run the command again"))
+	}
+	res.Bytes = len(patch)
+	if len(patch) == 0 {
+		s.ack(rp, id)
+		return res, false, nil
+	}
+	// The daemon may have died after applying them but before the
+	// acknowledgement: then they apply in reverse.
+	if _, err := s.run(ctx, gitCall{dir: rp.root, stdin: bytes.NewReader(patch)}, "apply", "--check", "-"); err != nil {
+		if _, rerr := s.run(ctx, gitCall{dir: rp.root, stdin: bytes.NewReader(patch)}, "apply", "-R", "--check", "-"); rerr == nil {
+			s.ack(rp, id)
+			return res, false, nil
+		}
+	}
+	err := s.applyPulled(ctx, rp, patch, res)
+	if res.SavedPatch == "" {
+		if saved, serr := s.savePatch(rp, patch); serr == nil {
+			res.SavedPatch = saved
+		}
+	}
+	if err == nil || res.SavedPatch != "" {
+		s.ack(rp, id)
+	}
+	msg := fmt.Sprintf("the sandbox held edits of an earlier exec that were never pulled (the daemon stopped during it); brought back now: %s", strings.Join(res.Files, ", "))
+	if res.SavedPatch != "" {
+		msg += "; a copy of the patch is at " + res.SavedPatch
+	}
+	if err != nil {
+		msg += fmt.Sprintf("; they did not apply cleanly: %v", err)
+	}
+	res.Warnings = append(res.Warnings, msg)
+	if err != nil && res.SavedPatch == "" {
+		return res, true, err
+	}
+	return res, true, nil
+}
+
+// applyPulled applies a patch from the sandbox to the working tree,
+// falling back to a 3-way merge and to --reject; every failure path saves
+// the patch first (res.SavedPatch).
+func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *PullResult) error {
+	if len(patch) == 0 {
+		return nil
+	}
 	files, err := s.patchFiles(ctx, rp.root, patch)
 	if err != nil {
-		return res, s.saveFailed(rp, patch, &res, fmt.Errorf("read the sandbox's patch: %w", err))
+		return s.saveFailed(rp, patch, res, fmt.Errorf("read the sandbox's patch: %w", err))
 	}
 	lfs, err := s.lfsFiles(ctx, rp.root, files)
 	if err != nil {
-		return res, s.saveFailed(rp, patch, &res, err)
+		return s.saveFailed(rp, patch, res, err)
 	}
 	res.Files = without(files, lfs)
 	res.SkippedLFS = lfs
@@ -59,7 +133,7 @@ func (s *Syncer) Pull(ctx context.Context, r Runner, repoRoot string) (PullResul
 	}
 	if len(lfs) > 0 {
 		if res.SavedPatch, err = s.savePatch(rp, patch); err != nil {
-			return res, err
+			return err
 		}
 		res.Warnings = append(res.Warnings, fmt.Sprintf("the sandbox changed %d Git LFS file(s), not applied locally: %s; the full patch is saved at %s",
 			len(lfs), strings.Join(lfs, ", "), res.SavedPatch))
@@ -77,21 +151,20 @@ func (s *Syncer) Pull(ctx context.Context, r Runner, repoRoot string) (PullResul
 		return "", err
 	}
 	if _, err := apply(""); err == nil {
-		s.log.Debug("sync pulled", "files", len(res.Files), "bytes", res.Bytes, "took", time.Since(start))
-		return res, nil
+		return nil
 	} else if ctx.Err() != nil {
-		return res, s.saveFailed(rp, patch, &res, err)
+		return s.saveFailed(rp, patch, res, err)
 	}
 
 	// A local change made during the exec is in the way.
 	if res.SavedPatch == "" {
 		if res.SavedPatch, err = s.savePatch(rp, patch); err != nil {
-			return res, err
+			return err
 		}
 	}
 	conflicts, detail, err := s.applyThreeWay(ctx, rp, apply)
 	if err != nil {
-		return res, s.saveFailed(rp, patch, &res, err)
+		return s.saveFailed(rp, patch, res, err)
 	}
 	if conflicts != nil && len(conflicts) == 0 {
 		// Merged cleanly: nothing to resolve, the saved copy is not needed.
@@ -99,7 +172,7 @@ func (s *Syncer) Pull(ctx context.Context, r Runner, repoRoot string) (PullResul
 			_ = os.Remove(res.SavedPatch)
 			res.SavedPatch = ""
 		}
-		return res, nil
+		return nil
 	}
 	ce := &ConflictError{SavedPatch: res.SavedPatch, ConflictFiles: conflicts}
 	if conflicts == nil {
@@ -109,7 +182,7 @@ func (s *Syncer) Pull(ctx context.Context, r Runner, repoRoot string) (PullResul
 		if err == nil {
 			_ = os.Remove(res.SavedPatch)
 			res.SavedPatch = ""
-			return res, nil
+			return nil
 		}
 		ce.RejectFiles = rejFiles(rp.root, files, rejStart)
 		ce.Detail = gitDetail(msg)
@@ -121,7 +194,7 @@ func (s *Syncer) Pull(ctx context.Context, r Runner, repoRoot string) (PullResul
 	if err := recordUnresolved(rp, unresolved{Patch: ce.SavedPatch, Conflicts: ce.ConflictFiles, Rejects: ce.RejectFiles}); err != nil {
 		s.log.Warn("record unresolved pull", "err", err)
 	}
-	return res, errdefs.Conflict(ce)
+	return errdefs.Conflict(ce)
 }
 
 // applyThreeWay runs `git apply --3way` against a temporary index holding

@@ -5,7 +5,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -24,7 +28,7 @@ const (
 	exitClean       = 85
 	exitNoSnapshot  = 86
 	exitDiff        = 87
-	exitRevert      = 88 // the patch was sent; only the revert failed
+	exitRevert      = 88 // only the revert failed
 	exitTooLarge    = 89
 	exitNoPullPatch = 90
 	exitNoGit       = 127
@@ -59,60 +63,81 @@ stageall() {
 }
 `
 
-// pushScript resets the sandbox to base, applies the patch from stdin when
-// withPatch, and records the snapshot; it prints the snapshot commit.
-func pushScript(base string, withPatch bool, now time.Time) string {
+// pushScript first checks that the sandbox holds no unacknowledged edits
+// (the pending exec's id is not among acks); if it does, it sends them as
+// a pull would and stops (exit 91, or 92 with the header alone when they
+// are over max). Otherwise it resets the sandbox to head, applies the patch
+// from stdin when withPatch, records the snapshot, marks the new exec pend
+// as pending (none when pend is empty) and prints the snapshot commit.
+func pushScript(head string, withPatch bool, now time.Time, pend string, acks []string, max int64) string {
 	var b strings.Builder
 	b.WriteString(prelude)
-	fmt.Fprintf(&b, "base=%s\n", base)
-	// The reset fails, touching nothing, when base is missing; only then is
+	fmt.Fprintf(&b, "head=%s\npend=%s\nmax=%d\nacks=' %s '\n", head, pend, max, strings.Join(acks, " "))
+	fmt.Fprintf(&b, `if [ -f "$st/pending" ]; then
+	p=; read -r p <"$st/pending" || true
+	case "$acks" in
+	*" $p "*) ;;
+	*) if snap=$(g rev-parse -q --verify "$SNAP^{commit}"); then
+		out="$st/pull.patch"
+		stageall && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out" || exit 87
+		echo "$p" >"$st/pull.id"
+		size=$(($(wc -c <"$out")))
+		printf '%s%%s %%d\n' "$p" "$size"
+		if [ "$size" -gt "$max" ]; then exit 92; fi
+		cat "$out" || exit 87
+		exit 91
+	fi ;;
+	esac
+fi
+`, strings.Join(diffOptions, " "), pullHeader)
+	// The reset fails, touching nothing, when head is missing; only then is
 	// it worth a look at why.
-	b.WriteString(`if ! revert "$base"; then
-	if ! g cat-file -e "$base^{commit}" 2>/dev/null; then echo "sandboxd: commit $base is not in the sandbox" >&2; exit 82; fi
+	b.WriteString(`if ! revert "$head"; then
+	if ! g cat-file -e "$head^{commit}" 2>/dev/null; then echo "sandboxd: commit $head is not in the sandbox" >&2; exit 82; fi
 	exit 85
 fi
 `)
-	if !withPatch {
-		b.WriteString("echo \"$base\"\n")
-		return b.String()
-	}
-	date := fmt.Sprintf("@%d +0000", now.Unix())
-	fmt.Fprintf(&b, `if ! g apply --whitespace=nowarn -; then revert "$base"; exit 83; fi
+	if withPatch {
+		date := fmt.Sprintf("@%d +0000", now.Unix())
+		fmt.Fprintf(&b, `if ! g apply --whitespace=nowarn -; then revert "$head"; exit 83; fi
 if stageall && tree=$(GIT_INDEX_FILE="$st/index" g write-tree) &&
-	snap=$(GIT_AUTHOR_DATE=%[1]q GIT_COMMITTER_DATE=%[1]q g -c user.name=sandboxd -c user.email=sandboxd@localhost commit-tree "$tree" -p "$base" -m "sandboxd sync") &&
-	g update-ref "$SNAP" "$snap"; then
-	echo "$snap"
+	snap=$(GIT_AUTHOR_DATE=%[1]q GIT_COMMITTER_DATE=%[1]q g -c user.name=sandboxd -c user.email=sandboxd@localhost commit-tree "$tree" -p "$head" -m "sandboxd sync") &&
+	g update-ref "$SNAP" "$snap"; then :
 else
-	revert "$base"; exit 84
+	revert "$head"; exit 84
 fi
 `, date)
+	} else {
+		b.WriteString("snap=$head\n")
+	}
+	b.WriteString(`if [ -n "$pend" ]; then echo "$pend" >"$st/pending" || exit 84; else rm -f "$st/pending"; fi
+echo "$snap"
+`)
 	return b.String()
 }
 
-// pullHeader starts the pull output; the patch's size follows so a
-// truncated transfer is noticed.
+// pullHeader starts the pull output: the exec's id and the patch's size
+// follow, so a truncated transfer is noticed.
 const pullHeader = "sandboxd-pull "
 
 // pullScript writes the sandbox's changes since the snapshot to
-// $st/pull.patch (kept until the next pull, tagged with the pull's id in
-// $st/pull.id, so a broken transfer can be fetched again), reverts the
-// sandbox to its base, and prints the header and the patch.
-func pullScript(id string, max int64) string {
+// $st/pull.patch (kept until the next pull, tagged with the exec's id in
+// $st/pull.id, so a broken transfer can be fetched again) and prints the
+// header and the patch. The sandbox keeps its files.
+func pullScript(max int64) string {
 	var b strings.Builder
 	b.WriteString(prelude)
-	fmt.Fprintf(&b, "id=%s\nmax=%d\n", id, max)
-	fmt.Fprintf(&b, `refs=$(g rev-parse "$SNAP^{commit}" "$BASE^{commit}" 2>/dev/null) || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
-set -- $refs; snap=$1; base=$2
+	fmt.Fprintf(&b, "max=%d\n", max)
+	fmt.Fprintf(&b, `snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
+id=none; [ ! -f "$st/pending" ] || read -r id <"$st/pending" || true
 out="$st/pull.patch"
 echo >"$st/pull.id"
 stageall && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out" || exit 87
 echo "$id" >"$st/pull.id"
 size=$(($(wc -c <"$out")))
-revert "$base"; rv=$?
-if [ "$size" -gt "$max" ]; then echo "$size" >&2; exit 89; fi
-printf '%s%%d\n' "$size"
+printf '%s%%s %%d\n' "$id" "$size"
+if [ "$size" -gt "$max" ]; then exit 89; fi
 cat "$out" || exit 87
-[ "$rv" -eq 0 ] || exit 88
 `, strings.Join(diffOptions, " "), pullHeader)
 	return b.String()
 }
@@ -120,63 +145,114 @@ cat "$out" || exit 87
 // keptPatch is where the sandbox keeps the last pull's patch.
 const keptPatch = ".git/sandboxd/pull.patch"
 
-// fetchScript prints the kept pull patch again if it is pull id's.
+// fetchScript prints the kept pull patch again if it is exec id's.
 func fetchScript(id string) string {
 	return prelude + fmt.Sprintf(`kept=; read -r kept <"$st/pull.id" || true
 [ "$kept" = %s ] || exit 90
-printf '%s%%d\n' "$(($(wc -c <"$st/pull.patch")))"
+printf '%s%%s %%d\n' "$kept" "$(($(wc -c <"$st/pull.patch")))"
 cat "$st/pull.patch"
-`, id, pullHeader)
+`, shellWord(id), pullHeader)
 }
 
-// revertScript returns the sandbox to its base commit.
+// revertScript returns the sandbox to its base commit and forgets any
+// pending edits.
 const revertScript = prelude + `base=$(g rev-parse -q --verify "$BASE^{commit}") || base=$(g rev-parse -q --verify "HEAD^{commit}") || exit 80
 revert "$base" || exit 88
+rm -f "$st/pending"
 `
 
+// Exit codes of the push script beyond the shared ones.
+const (
+	exitUnpulled         = 91
+	exitUnpulledTooLarge = 92
+)
+
 // Push makes the sandbox's working tree equal to the one p was prepared
-// from, in one Runner call: it resets the sandbox to p.BaseSHA (cleaning
-// whatever an interrupted exec left), applies p, and records the synced tree
-// as SnapshotRef, the baseline of the next Pull. HEAD and the sandbox's
-// index stay at the base commit.
+// from: it pushes p.HeadSHA with git's protocol when the sandbox may lack
+// it, then in one Runner call resets the sandbox to p.HeadSHA (cleaning
+// whatever happened there since the last exec), applies p, and records the
+// synced tree as SnapshotRef, the baseline of the next Pull.
+//
+// When the sandbox still holds the edits of an exec that was never pulled
+// to the end, they are pulled first (applied, or saved and reported); if
+// that changed the local working tree the result says Again: the caller
+// prepares and pushes again.
 func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, error) {
-	if p == nil || !shaPattern.MatchString(p.BaseSHA) {
-		return PushResult{}, errdefs.Invalid(fmt.Errorf("push: no prepared patch with a base commit"))
+	var res PushResult
+	if p == nil || !shaPattern.MatchString(p.HeadSHA) {
+		return res, errdefs.Invalid(fmt.Errorf("push: no prepared patch with a head commit"))
 	}
 	if int64(len(p.Data)) > s.maxBytes {
-		return PushResult{}, errdefs.TooLarge(newError(ErrPatchTooLarge, nil, "the sync patch is %s, over the %s limit: commit and push large files, or add them to .gitignore, or use --no-sync", formatBytes(int64(len(p.Data))), formatBytes(s.maxBytes)))
+		return res, errdefs.TooLarge(newError(ErrPatchTooLarge, nil, "the sync patch is %s, over the %s limit: commit and push large files, or add them to .gitignore, or use --no-sync", formatBytes(int64(len(p.Data))), formatBytes(s.maxBytes)))
 	}
 	start := time.Now()
-	var stdout, stderr bytes.Buffer
-	withPatch := len(p.Data) > 0
-	var code int
-	var err error
-	if withPatch {
-		code, err = r.Run(ctx, pushScript(p.BaseSHA, true, s.now()), bytes.NewReader(p.Data), &stdout, &limitedBuffer{max: 64 << 10, buf: &stderr})
-	} else {
-		code, err = r.Run(ctx, pushScript(p.BaseSHA, false, s.now()), nil, &stdout, &limitedBuffer{max: 64 << 10, buf: &stderr})
-	}
+	rp, err := s.openRepo(ctx, p.RepoRoot)
 	if err != nil {
-		return PushResult{}, errdefs.Unavailable(fmt.Errorf("push your changes to the sandbox: %w", err))
+		return res, repoError(err)
 	}
-	msg := strings.TrimSpace(stderr.String())
-	switch code {
-	case 0:
-	case exitNoGitDir:
-		return PushResult{}, errdefs.Gone(newError(ErrNoGitDir, nil, "the sandbox has no .git directory, so your changes cannot be synced: stop this sandbox and start a new one"))
-	case exitNoGit:
-		return PushResult{}, errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox: add a task that installs git before the sandbox task, or use --no-sync"))
-	case exitNoBase:
-		return PushResult{}, errdefs.Conflict(newError(ErrBaseMissing, nil,
-			"the sandbox does not have commit %s, which your changes are based on: push it (`git push`) and run `sbx reset`, or use --no-sync", short(p.BaseSHA)))
-	case exitApply:
-		return PushResult{}, errdefs.Conflict(newError(ErrApplyFailed, nil, "your changes did not apply in the sandbox (it was reset to %s): %s; run `sbx reset` if this persists", short(p.BaseSHA), msg))
-	default:
-		return PushResult{}, errdefs.Unavailable(newError(ErrSandboxGit, nil, "push your changes to the sandbox: %s (exit %d): %s", pushStep(code), code, msg))
+	if p.HeadSHA != p.BaseSHA && !s.knownPushed(p.Sandbox, p.HeadSHA) {
+		if err := s.pushCommits(ctx, r, rp, p.HeadSHA); err != nil {
+			return res, err
+		}
+		res.Commits = true
 	}
-	res := PushResult{Snapshot: strings.TrimSpace(stdout.String()), Bytes: len(p.Data), Files: len(p.Files)}
-	s.log.Debug("sync pushed", "bytes", res.Bytes, "files", res.Files, "snapshot", res.Snapshot, "took", time.Since(start))
-	return res, nil
+	pend := ""
+	if !p.PushOnly {
+		pend = newID()
+	}
+	for attempt := 0; ; attempt++ {
+		var stdout, stderr bytes.Buffer
+		var stdin io.Reader
+		withPatch := len(p.Data) > 0
+		if withPatch {
+			stdin = bytes.NewReader(p.Data)
+		}
+		out := &limitedBuffer{max: s.maxBytes + 64, buf: &stdout}
+		code, err := r.Run(ctx, pushScript(p.HeadSHA, withPatch, s.now(), pend, s.acks(rp), s.maxBytes), stdin, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
+		if err != nil {
+			return res, errdefs.Unavailable(fmt.Errorf("push your changes to the sandbox: %w", err))
+		}
+		msg := strings.TrimSpace(stderr.String())
+		switch code {
+		case 0:
+			s.remember(p.Sandbox, p.HeadSHA)
+			res.Snapshot, res.Bytes, res.Files = strings.TrimSpace(stdout.String()), len(p.Data), len(p.Files)
+			s.log.Debug("sync pushed", "bytes", res.Bytes, "files", res.Files, "commits", res.Commits, "snapshot", res.Snapshot, "took", time.Since(start))
+			return res, nil
+		case exitUnpulled, exitUnpulledTooLarge:
+			if attempt > 1 {
+				return res, errdefs.Unavailable(newError(ErrSandboxGit, nil, "the sandbox keeps reporting edits that were not pulled: run `sbx reset` if this persists"))
+			}
+			pr, changed, err := s.recover(ctx, r, rp, out, code == exitUnpulledTooLarge)
+			res.Recovered = pr
+			res.Warnings = append(res.Warnings, pr.Warnings...)
+			if err != nil {
+				return res, err
+			}
+			if changed {
+				res.Again = true
+				return res, nil
+			}
+		case exitNoBase:
+			if res.Commits || attempt > 0 {
+				return res, errdefs.Conflict(newError(ErrBaseMissing, nil,
+					"the sandbox does not have commit %s even after a git push to it: run `sbx reset`, or use --no-sync", short(p.HeadSHA)))
+			}
+			s.forget(p.Sandbox)
+			if err := s.pushCommits(ctx, r, rp, p.HeadSHA); err != nil {
+				return res, err
+			}
+			res.Commits = true
+		case exitNoGitDir:
+			return res, errdefs.Gone(newError(ErrNoGitDir, nil, "the sandbox has no .git directory, so your changes cannot be synced: stop this sandbox and start a new one"))
+		case exitNoGit:
+			return res, errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox: add a task that installs git before the sandbox task, or use --no-sync"))
+		case exitApply:
+			return res, errdefs.Conflict(newError(ErrApplyFailed, nil, "your changes did not apply in the sandbox (it was reset to %s): %s; run `sbx reset` if this persists", short(p.HeadSHA), msg))
+		default:
+			return res, errdefs.Unavailable(newError(ErrSandboxGit, nil, "push your changes to the sandbox: %s (exit %d): %s", pushStep(code), code, msg))
+		}
+	}
 }
 
 func pushStep(code int) string {
@@ -192,8 +268,8 @@ func pushStep(code int) string {
 }
 
 // Revert returns the sandbox to its base commit in one Runner call: tracked
-// files reset, untracked files removed (ignored ones kept), index reset.
-// Pull already does this; Revert is for paths that did not pull.
+// files reset, untracked files removed (ignored ones kept), index reset,
+// pending edits forgotten.
 func (s *Syncer) Revert(ctx context.Context, r Runner) error {
 	var stderr bytes.Buffer
 	code, err := r.Run(ctx, revertScript, nil, nil, &limitedBuffer{max: 64 << 10, buf: &stderr})
@@ -211,82 +287,177 @@ func (s *Syncer) Revert(ctx context.Context, r Runner) error {
 	return errdefs.Unavailable(newError(ErrSandboxGit, nil, "revert the sandbox (exit %d): %s", code, strings.TrimSpace(stderr.String())))
 }
 
-// fetchPull runs the pull script and returns the patch. A transfer that
-// breaks after the sandbox made its patch is retried once by reading the
-// kept copy (an idempotent read).
-func (s *Syncer) fetchPull(ctx context.Context, r Runner) (patch []byte, warnings []string, err error) {
-	id := newID()
+// fetchPull runs the pull script and returns the exec's id and its patch.
+// A transfer that breaks after the sandbox made its patch is retried once by
+// reading the kept copy (an idempotent read). A patch over the size limit
+// is streamed to a file under <git dir>/sandboxd/pulls/ instead (saved).
+func (s *Syncer) fetchPull(ctx context.Context, r Runner, rp repo) (id string, patch []byte, saved string, err error) {
 	var stderr bytes.Buffer
-	out := &limitedBuffer{max: s.maxBytes + 64, buf: &bytes.Buffer{}}
-	code, runErr := r.Run(ctx, pullScript(id, s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
+	out := &limitedBuffer{max: s.maxBytes + 128, buf: &bytes.Buffer{}}
+	code, runErr := r.Run(ctx, pullScript(s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	msg := strings.TrimSpace(stderr.String())
 	if runErr == nil {
 		switch code {
 		case 0:
-		case exitRevert:
-			warnings = append(warnings, fmt.Sprintf("the sandbox could not be reset after the pull (%s); the next exec resets it", msg))
 		case exitNoGitDir:
-			return nil, nil, errdefs.Gone(newError(ErrNoGitDir, nil, "the sandbox has no .git directory: stop this sandbox and start a new one"))
+			return "", nil, "", errdefs.Gone(newError(ErrNoGitDir, nil, "the sandbox has no .git directory: stop this sandbox and start a new one"))
 		case exitNoGit:
-			return nil, nil, errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox"))
+			return "", nil, "", errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox"))
 		case exitNoSnapshot:
-			return nil, nil, errdefs.Conflict(newError(ErrNoSnapshot, nil, "the sandbox has no sync snapshot, so there is no baseline to pull against: push first"))
+			return "", nil, "", errdefs.Conflict(newError(ErrNoSnapshot, nil, "the sandbox has no sync snapshot, so there is no baseline to pull against: push first"))
 		case exitTooLarge:
-			if n, err := strconv.ParseInt(msg, 10, 64); err == nil {
-				msg = formatBytes(n)
+			id, size, _ := parseHeader(out.buf.Bytes())
+			saved, err := s.fetchToFile(ctx, r, rp, id)
+			if err != nil {
+				return "", nil, "", errdefs.TooLarge(newError(ErrPatchTooLarge, err,
+					"the sandbox's changes make a patch over the %s limit (%s), so they were not pulled, and copying them here failed (%v); they stay in the sandbox (its files and %s) until an exec after the next one",
+					formatBytes(s.maxBytes), formatBytes(size), err, keptPatch))
 			}
-			return nil, nil, errdefs.TooLarge(newError(ErrPatchTooLarge, nil,
-				"the sandbox's changes make a patch over the %s limit (%s), so they were not pulled; the sandbox was reset and the patch is kept there until the next exec: get it with `sbx exec --no-sync -- cat %s > sandbox.patch`",
-				formatBytes(s.maxBytes), msg, keptPatch))
+			return id, nil, saved, errdefs.TooLarge(newError(ErrPatchTooLarge, nil,
+				"the sandbox's changes make a patch over the %s limit (%s), so they were not applied; the patch is saved at %s (apply what you need with `git apply --3way %s`)",
+				formatBytes(s.maxBytes), formatBytes(size), saved, saved))
 		case exitDiff, exitGitFailed:
-			return nil, nil, errdefs.Unavailable(newError(ErrSandboxGit, nil, "compute the sandbox's changes (exit %d): %s; they were left in the sandbox", code, msg))
+			return "", nil, "", errdefs.Unavailable(newError(ErrSandboxGit, nil, "compute the sandbox's changes (exit %d): %s; they were left in the sandbox and the next exec brings them back", code, msg))
 		default:
-			return nil, nil, errdefs.Unavailable(newError(ErrSandboxGit, nil, "pull the sandbox's changes (exit %d): %s", code, msg))
+			return "", nil, "", errdefs.Unavailable(newError(ErrSandboxGit, nil, "pull the sandbox's changes (exit %d): %s; they were left in the sandbox and the next exec brings them back", code, msg))
 		}
 	}
-	patch, ok := parsePull(out)
+	id, patch, ok := parsePull(out)
 	if runErr == nil && ok {
-		return patch, warnings, nil
+		return id, patch, "", nil
 	}
 	if ctx.Err() != nil {
-		return nil, nil, ctx.Err()
+		return "", nil, "", ctx.Err()
 	}
 	// The transfer broke (or the output is damaged): read the kept copy.
 	s.log.Warn("pull transfer incomplete, fetching the kept patch", "err", runErr, "code", code)
-	out = &limitedBuffer{max: s.maxBytes + 64, buf: &bytes.Buffer{}}
+	cause := runErr
+	if cause == nil {
+		cause = fmt.Errorf("damaged output (exit %d)", code)
+	}
+	if id == "" {
+		// Not even the header arrived: the next exec's push brings the
+		// edits back, as after a crash.
+		return "", nil, "", errdefs.Unavailable(newError(ErrTransfer, cause, "the sandbox's changes did not arrive (%v): they stay in the sandbox and the next exec brings them back first", cause))
+	}
+	out = &limitedBuffer{max: s.maxBytes + 128, buf: &bytes.Buffer{}}
 	stderr.Reset()
 	code, err = r.Run(ctx, fetchScript(id), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	if err == nil && code == 0 {
-		if patch, ok := parsePull(out); ok {
-			return patch, warnings, nil
+		if id2, patch, ok := parsePull(out); ok && id2 == id {
+			return id, patch, "", nil
 		}
 	}
-	cause := runErr
-	if cause == nil {
-		cause = err
+	return "", nil, "", errdefs.Unavailable(newError(ErrTransfer, cause,
+		"the sandbox's changes did not arrive complete (%v): they stay in the sandbox and the next exec brings them back first", cause))
+}
+
+// fetchToFile streams the kept pull patch of exec id into a new file under
+// <git dir>/sandboxd/pulls/, with no size limit.
+func (s *Syncer) fetchToFile(ctx context.Context, r Runner, rp repo, id string) (string, error) {
+	if id == "" {
+		return "", errors.New("no exec id in the sandbox's answer")
 	}
-	if code == exitNoPullPatch {
-		return nil, nil, errdefs.Unavailable(newError(ErrTransfer, cause, "the pull did not reach the sandbox (%v): its changes stay there until the next exec resets it; pull again to get them", cause))
+	dir := filepath.Join(rp.stateDir(), "pulls")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
 	}
-	return nil, nil, errdefs.Unavailable(newError(ErrTransfer, cause,
-		"the sandbox's changes did not arrive complete (%v); the patch is kept in the sandbox until the next exec: get it with `sbx exec --no-sync -- cat %s > sandbox.patch`", cause, keptPatch))
+	name := filepath.Join(dir, s.now().UTC().Format("20060102T150405Z")+"-"+id+".patch")
+	f, err := os.Create(name)
+	if err != nil {
+		return "", err
+	}
+	hw := &headerSkipper{w: f}
+	var stderr bytes.Buffer
+	code, err := r.Run(ctx, fetchScript(id), nil, hw, &limitedBuffer{max: 64 << 10, buf: &stderr})
+	cerr := f.Close()
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(stderr.String()))
+	}
+	if err == nil {
+		err = cerr
+	}
+	if err == nil && hw.size >= 0 && hw.written != hw.size {
+		err = fmt.Errorf("%d of %d bytes arrived", hw.written, hw.size)
+	}
+	if err != nil {
+		_ = os.Remove(name)
+		return "", err
+	}
+	return name, nil
+}
+
+// headerSkipper writes what follows the first line (the pull header) and
+// counts it against the size the header states.
+type headerSkipper struct {
+	w       io.Writer
+	line    []byte
+	past    bool
+	size    int64
+	written int64
+}
+
+func (h *headerSkipper) Write(p []byte) (int, error) {
+	n := len(p)
+	if !h.past {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			h.line = append(h.line, p...)
+			return n, nil
+		}
+		h.line = append(h.line, p[:i+1]...)
+		h.past = true
+		h.size = -1
+		if _, size, ok := parseHeader(h.line); ok {
+			h.size = size
+		}
+		p = p[i+1:]
+	}
+	w, err := h.w.Write(p)
+	h.written += int64(w)
+	if err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// parseHeader reads "sandboxd-pull <id> <size>\n".
+func parseHeader(b []byte) (id string, size int64, ok bool) {
+	line, _, found := bytes.Cut(b, []byte("\n"))
+	rest, has := bytes.CutPrefix(line, []byte(pullHeader))
+	if !found || !has {
+		return "", 0, false
+	}
+	f := strings.Fields(string(rest))
+	if len(f) != 2 {
+		return "", 0, false
+	}
+	n, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil || n < 0 {
+		return "", 0, false
+	}
+	return f[0], n, true
 }
 
 // parsePull checks the header and the size of pull output.
-func parsePull(out *limitedBuffer) ([]byte, bool) {
+func parsePull(out *limitedBuffer) (id string, patch []byte, ok bool) {
+	id, n, ok := parseHeader(out.buf.Bytes())
+	if !ok {
+		return "", nil, false
+	}
 	if out.overflow {
-		return nil, false
+		return id, nil, false
 	}
-	b := out.buf.Bytes()
-	line, rest, found := bytes.Cut(b, []byte("\n"))
-	if !found || !bytes.HasPrefix(line, []byte(pullHeader)) {
-		return nil, false
+	_, rest, _ := bytes.Cut(out.buf.Bytes(), []byte("\n"))
+	if n != int64(len(rest)) {
+		return id, nil, false
 	}
-	n, err := strconv.Atoi(string(line[len(pullHeader):]))
-	if err != nil || n != len(rest) {
-		return nil, false
-	}
-	return rest, true
+	return id, rest, true
+}
+
+// shellWord quotes s for sh.
+func shellWord(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 func newID() string {

@@ -1,0 +1,251 @@
+package gitsync
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+)
+
+// PushRef is the ref the local HEAD is pushed to in the sandbox: the one the
+// RWX CLI uses, so both tools share what is already there.
+const PushRef = "refs/rwx/sync-push"
+
+// ReceivePackCommand is the exec request that serves git's push protocol in
+// the sandbox's checkout, as `git push` over SSH sends it.
+const ReceivePackCommand = "git-receive-pack '.'"
+
+// pushCommits sends head and the commits the sandbox lacks with git's push
+// protocol over one Runner call: the sandbox's git-receive-pack advertises
+// its refs, this side answers with one ref update and a thin pack made by a
+// local `git pack-objects` against the advertised commits it has, and reads
+// the report. Only this ref changes in the sandbox; its files are untouched.
+func (s *Syncer) pushCommits(ctx context.Context, r Runner, rp repo, head string) error {
+	start := time.Now()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	var stderr bytes.Buffer
+	type ran struct {
+		code int
+		err  error
+	}
+	done := make(chan ran, 1)
+	go func() {
+		code, err := r.Run(ctx, ReceivePackCommand, inR, outW, &limitedBuffer{max: 64 << 10, buf: &stderr})
+		_ = outW.Close()
+		_ = inR.CloseWithError(errors.New("the remote command ended"))
+		done <- ran{code, err}
+	}()
+	// fail ends the exchange and explains what went wrong, with what the
+	// sandbox said.
+	fail := func(step string, err error) error {
+		_ = inW.CloseWithError(err)
+		cancel()
+		go func() { _, _ = io.Copy(io.Discard, outR) }()
+		rr := <-done
+		msg := strings.TrimSpace(stderr.String())
+		switch {
+		case rr.err != nil && !errors.Is(rr.err, context.Canceled):
+			err = fmt.Errorf("%w (%v)", err, rr.err)
+		case rr.code == 127:
+			return errdefs.Conflict(newError(ErrNoGit, err, "git is not installed in the sandbox, so your commits cannot be pushed to it: add a task that installs git before the sandbox task, or use --no-sync"))
+		}
+		if msg != "" {
+			err = fmt.Errorf("%w; the sandbox said: %s", err, msg)
+		}
+		return errdefs.Unavailable(newError(ErrPushCommits, err, "push your commits to the sandbox (git push of %s): %s: %v; run `sbx reset` if this persists, or use --no-sync", short(head), step, err))
+	}
+	br := bufio.NewReaderSize(outR, 64<<10)
+	refs, caps, err := readAdvertisement(br)
+	if err != nil {
+		return fail("read the sandbox's refs", err)
+	}
+	zero := strings.Repeat("0", len(head))
+	old := zero
+	if v, ok := refs[PushRef]; ok {
+		old = v
+	}
+	var req bytes.Buffer
+	if old != head {
+		want := []string{"report-status"}
+		for _, c := range []string{"ofs-delta", "quiet"} {
+			if caps[c] {
+				want = append(want, c)
+			}
+		}
+		want = append(want, "agent=sandboxd")
+		writePkt(&req, fmt.Sprintf("%s %s %s\x00%s\n", old, head, PushRef, strings.Join(want, " ")))
+	}
+	req.WriteString("0000")
+	if _, err := inW.Write(req.Bytes()); err != nil {
+		return fail("send the ref update", err)
+	}
+	if old == head {
+		_ = inW.Close()
+		_, _ = io.Copy(io.Discard, br)
+		if rr := <-done; rr.err != nil {
+			return errdefs.Unavailable(newError(ErrPushCommits, rr.err, "push your commits to the sandbox: %v", rr.err))
+		}
+		return nil
+	}
+	haves, err := s.localCommits(ctx, rp, refs)
+	if err != nil {
+		return fail("list the commits the sandbox has", err)
+	}
+	var revs strings.Builder
+	revs.WriteString(head + "\n")
+	for _, h := range haves {
+		revs.WriteString("^" + h + "\n")
+	}
+	args := []string{"pack-objects", "--all-progress-implied", "--revs", "--stdout", "--thin", "-q"}
+	if caps["ofs-delta"] {
+		args = append(args, "--delta-base-offset")
+	}
+	if _, err := s.run(ctx, gitCall{dir: rp.root, stdin: strings.NewReader(revs.String()), stdout: inW}, args...); err != nil {
+		return fail("pack the commits", err)
+	}
+	_ = inW.Close()
+	report, err := readPkts(br)
+	if err != nil {
+		return fail("read the sandbox's report", err)
+	}
+	_, _ = io.Copy(io.Discard, br)
+	rr := <-done
+	var problems []string
+	for _, l := range report {
+		switch {
+		case l == "unpack ok", strings.HasPrefix(l, "ok "):
+		default:
+			problems = append(problems, l)
+		}
+	}
+	if len(problems) > 0 || len(report) == 0 {
+		if len(report) == 0 {
+			problems = append(problems, "no report")
+		}
+		return fail("the sandbox refused the push", errors.New(strings.Join(problems, "; ")))
+	}
+	if rr.err != nil {
+		return errdefs.Unavailable(newError(ErrPushCommits, rr.err, "push your commits to the sandbox: %v", rr.err))
+	}
+	s.log.Debug("commits pushed", "head", short(head), "haves", len(haves), "took", time.Since(start))
+	return nil
+}
+
+// localCommits returns the advertised commits this repository has, the
+// bases of the thin pack (a commit this side lacks cannot be one).
+func (s *Syncer) localCommits(ctx context.Context, rp repo, refs map[string]string) ([]string, error) {
+	seen := map[string]bool{}
+	var in strings.Builder
+	for _, sha := range refs {
+		if !seen[sha] && shaPattern.MatchString(sha) && strings.Trim(sha, "0") != "" {
+			seen[sha] = true
+			in.WriteString(sha + "\n")
+		}
+	}
+	if len(seen) == 0 {
+		return nil, nil
+	}
+	out, err := s.run(ctx, gitCall{dir: rp.root, stdin: strings.NewReader(in.String())}, "cat-file", "--batch-check=%(objectname) %(objecttype)")
+	if err != nil {
+		return nil, err
+	}
+	var haves []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if sha, typ, ok := strings.Cut(l, " "); ok && typ == "commit" {
+			haves = append(haves, sha)
+		}
+	}
+	return haves, nil
+}
+
+// readAdvertisement reads receive-pack's ref advertisement: refs by name
+// (".have" entries keyed by their id) and the capabilities.
+func readAdvertisement(br *bufio.Reader) (map[string]string, map[string]bool, error) {
+	refs := map[string]string{}
+	caps := map[string]bool{}
+	first := true
+	for {
+		line, flush, err := readPkt(br)
+		if err != nil {
+			return nil, nil, err
+		}
+		if flush {
+			return refs, caps, nil
+		}
+		line = strings.TrimSuffix(line, "\n")
+		if first {
+			first = false
+			var c string
+			line, c, _ = strings.Cut(line, "\x00")
+			for _, f := range strings.Fields(c) {
+				name, _, _ := strings.Cut(f, "=")
+				caps[name] = true
+			}
+		}
+		sha, name, ok := strings.Cut(line, " ")
+		if !ok {
+			return nil, nil, fmt.Errorf("unexpected advertisement line %q", line)
+		}
+		if name == ".have" {
+			name = ".have " + sha
+		}
+		if name != "capabilities^{}" {
+			refs[name] = sha
+		}
+	}
+}
+
+// readPkts reads pkt-lines until a flush.
+func readPkts(br *bufio.Reader) ([]string, error) {
+	var lines []string
+	for {
+		line, flush, err := readPkt(br)
+		if err != nil {
+			return lines, err
+		}
+		if flush {
+			return lines, nil
+		}
+		lines = append(lines, strings.TrimSuffix(line, "\n"))
+	}
+}
+
+// readPkt reads one pkt-line; flush is true for "0000".
+func readPkt(br *bufio.Reader) (string, bool, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return "", false, fmt.Errorf("read a pkt-line: %w", err)
+	}
+	n, err := strconv.ParseUint(string(hdr[:]), 16, 16)
+	if err != nil {
+		return "", false, fmt.Errorf("bad pkt-line length %q (is git installed in the sandbox?)", hdr[:])
+	}
+	if n == 0 {
+		return "", true, nil
+	}
+	if n < 4 {
+		return "", false, fmt.Errorf("bad pkt-line length %d", n)
+	}
+	buf := make([]byte, n-4)
+	if _, err := io.ReadFull(br, buf); err != nil {
+		return "", false, fmt.Errorf("read a pkt-line: %w", err)
+	}
+	return string(buf), false, nil
+}
+
+func writePkt(w *bytes.Buffer, line string) {
+	fmt.Fprintf(w, "%04x%s", len(line)+4, line)
+}
