@@ -355,10 +355,14 @@ func (a *Agent) serveConn(nc net.Conn) {
 		if err != nil {
 			continue
 		}
+		// Tracked here, in the order the channels were opened, so that an
+		// exec request can wait for the requests sent before it (settle).
+		q, untrack := c.track(chReqs)
 		sessions.Add(1)
 		go func() {
 			defer sessions.Done()
-			s := &session{conn: c, ch: ch}
+			defer untrack()
+			s := &session{conn: c, ch: ch, q: q}
 			s.serve(ctx, chReqs)
 		}()
 	}
@@ -379,6 +383,7 @@ type connState struct {
 
 	mu     sync.Mutex
 	inSync bool // between sync markers: commands are not logged
+	queues map[*reqQueue]struct{}
 }
 
 func (a *Agent) activity() {

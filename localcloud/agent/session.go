@@ -17,6 +17,7 @@ import (
 type session struct {
 	conn *connState
 	ch   ssh.Channel
+	q    *reqQueue
 
 	mu      sync.Mutex
 	env     []string
@@ -55,9 +56,15 @@ func (s *session) serve(ctx context.Context, reqs <-chan *ssh.Request) {
 		<-ctx.Done()
 		s.hangUp()
 	}()
+	q := s.q
 	var running sync.WaitGroup
-	for req := range reqs {
+	for {
+		req, more := q.next()
+		if !more {
+			break
+		}
 		ok, then := s.handle(req)
+		q.handled.Add(1)
 		if req.WantReply {
 			_ = req.Reply(ok, nil)
 		}
@@ -125,6 +132,7 @@ func (s *session) handle(req *ssh.Request) (bool, func(context.Context)) {
 				return false, nil
 			}
 			command = p.Command
+			s.conn.agent.markSync(s.conn, s.q, command)
 		}
 		s.mu.Lock()
 		if s.started {
@@ -161,6 +169,16 @@ func (s *session) run(ctx context.Context, shell bool, command string) {
 			return
 		}
 		a.logCommand(s.conn, "$ "+command)
+		if git, ok, err := a.gitCommand(command); ok {
+			if err != nil {
+				fmt.Fprintf(s.ch.Stderr(), "sandboxd-localcloud: %v\n", err)
+				_ = s.ch.CloseWrite()
+				s.exit(128)
+				s.ch.Close()
+				return
+			}
+			command = git
+		}
 	} else {
 		a.logCommand(s.conn, "$ (interactive shell)")
 	}
@@ -195,9 +213,7 @@ func (s *session) directive(ctx context.Context, command string) bool {
 	case DirectiveLockReleased:
 		a.lock.release(s.conn.id)
 	case DirectiveSyncStart, DirectiveSyncEnd:
-		s.conn.mu.Lock()
-		s.conn.inSync = command == DirectiveSyncStart
-		s.conn.mu.Unlock()
+		// Applied when the request was read (markSync).
 	case DirectiveEnd:
 		a.logCommand(s.conn, "sandbox ended by the client")
 		s.exit(0)
