@@ -68,6 +68,10 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives debug records (sizes, durations); default discards.
 	Logger *slog.Logger
+	// Pause, for crash tests only, is called at named phases of a pull:
+	// "pull-before-apply" (the patch arrived, nothing applied) and
+	// "pull-before-ack" (applied, not yet acknowledged).
+	Pause func(phase string)
 }
 
 // Syncer syncs working trees. It is safe for concurrent use on different
@@ -79,6 +83,7 @@ type Syncer struct {
 	maxBytes int64
 	now      func() time.Time
 	log      *slog.Logger
+	pause    func(string)
 
 	mu     sync.Mutex
 	pushed map[string]string // sandbox key → commit known to be there
@@ -86,7 +91,10 @@ type Syncer struct {
 
 // New returns a Syncer.
 func New(o Options) *Syncer {
-	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, now: o.Now, log: o.Logger, pushed: map[string]string{}}
+	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, now: o.Now, log: o.Logger, pause: o.Pause, pushed: map[string]string{}}
+	if s.pause == nil {
+		s.pause = func(string) {}
+	}
 	if s.git == "" {
 		s.git = "git"
 	}
@@ -137,6 +145,9 @@ type PushResult struct {
 	Files    int
 	// Commits says the local HEAD was pushed with git's protocol.
 	Commits bool
+	// Pending is the id under which the sandbox keeps this exec's edits
+	// until they are pulled; empty for a push-only sync.
+	Pending string
 	// Recovered is the pull of an earlier exec whose edits were never
 	// brought back (the daemon died before the end of its pull).
 	Recovered *PullResult

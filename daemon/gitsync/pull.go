@@ -41,12 +41,47 @@ func (s *Syncer) Pull(ctx context.Context, r Runner, repoRoot string) (PullResul
 		return res, err
 	}
 	res.Bytes = len(patch)
+	s.pause("pull-before-apply")
 	err = s.applyPulled(ctx, rp, patch, &res)
+	s.pause("pull-before-ack")
 	if err == nil || res.SavedPatch != "" {
 		s.ack(rp, id)
 	}
 	s.log.Debug("sync pulled", "files", len(res.Files), "bytes", res.Bytes, "took", time.Since(start), "err", err)
 	return res, err
+}
+
+// Save fetches the sandbox's changes since the last Push like Pull, but
+// only saves them under <git dir>/sandboxd/pulls/ (nothing is applied) and
+// acknowledges them: for an exec whose caller went away, whose edits must
+// neither be lost nor land in the working tree unasked. SavedPatch is empty
+// when there was nothing to save.
+func (s *Syncer) Save(ctx context.Context, r Runner, repoRoot string) (PullResult, error) {
+	res := PullResult{Files: []string{}}
+	rp, err := s.openRepo(ctx, repoRoot)
+	if err != nil {
+		return res, repoError(err)
+	}
+	id, patch, saved, err := s.fetchPull(ctx, r, rp)
+	res.ID, res.SavedPatch = id, saved
+	if saved != "" {
+		s.ack(rp, id)
+		return res, nil
+	}
+	if err != nil {
+		return res, err
+	}
+	res.Bytes = len(patch)
+	if len(patch) > 0 {
+		if res.SavedPatch, err = s.savePatch(rp, patch); err != nil {
+			return res, err
+		}
+		if files, err := s.patchFiles(ctx, rp.root, patch); err == nil {
+			res.Files = files
+		}
+	}
+	s.ack(rp, id)
+	return res, nil
 }
 
 // recover handles the answer of a push that found the edits of an exec that

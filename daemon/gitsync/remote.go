@@ -216,6 +216,7 @@ func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, erro
 		switch code {
 		case 0:
 			s.remember(p.Sandbox, p.HeadSHA)
+			res.Pending = pend
 			res.Snapshot, res.Bytes, res.Files = strings.TrimSpace(stdout.String()), len(p.Data), len(p.Files)
 			s.log.Debug("sync pushed", "bytes", res.Bytes, "files", res.Files, "commits", res.Commits, "snapshot", res.Snapshot, "took", time.Since(start))
 			return res, nil

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"github.com/sandboxd/sandboxd/daemon"
@@ -71,6 +72,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		s.bus.Publish(events.BranchChanged, "", "", map[string]string{"repoRoot": repoRoot, "from": oldBranch, "to": newBranch})
 	})
 	s.remote = remote.New(s.remoteSettings(deps.Config), log)
+	pause := testPause(os.Getenv(testPauseEnv), log)
 
 	// The pool reports connection changes and asks the manager before each
 	// reconnect whether the run is still alive; the manager needs the pool,
@@ -100,7 +102,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		Remotes:      s.remote,
 		Pool:         s.pool,
 		Queue:        execq.New(),
-		Sync:         gitsync.New(gitsync.Options{Logger: log}),
+		Sync:         gitsync.New(gitsync.Options{Logger: log, Pause: pause}),
 		Events:       s.bus,
 		Branches:     branches,
 		Watcher:      w,
@@ -108,6 +110,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		Logger:       log,
 		DaemonConfig: daemonConfig(deps.Config),
 		SSHDir:       sshDir(deps.Layout),
+		Pause:        pause,
 	})
 	if err != nil {
 		s.pool.Close()
@@ -250,4 +253,24 @@ func (s *Services) Warning() string {
 		return sessions.UnisolatedWarning
 	}
 	return ""
+}
+
+// testPauseEnv names the crash tests' hook, read once at start:
+// "<phase>:<file>" makes the daemon create file and stop there forever when
+// an exec reaches phase, so a test can SIGKILL it at exactly that point.
+const testPauseEnv = "SANDBOXD_TEST_PAUSE"
+
+func testPause(spec string, log *slog.Logger) func(string) {
+	phase, file, ok := strings.Cut(spec, ":")
+	if !ok || phase == "" || file == "" {
+		return nil
+	}
+	log.Warn("test hook: exec pauses forever at a phase", "phase", phase)
+	return func(p string) {
+		if p != phase {
+			return
+		}
+		_ = os.WriteFile(file, []byte(p), 0o600)
+		select {}
+	}
 }

@@ -20,6 +20,11 @@ const (
 	directiveLock   = "__rwx_sandbox_lock_requested__"
 	directiveUnlock = "__rwx_sandbox_lock_released__"
 	directiveEnd    = "__rwx_sandbox_end__"
+	// Sync markers: the run's log on RWX Cloud hides what is sent between
+	// them. Sent without waiting (sshpool.Conn.Send): they cost no round
+	// trip.
+	directiveSyncStart = "__rwx_sandbox_sync_start__"
+	directiveSyncEnd   = "__rwx_sandbox_sync_end__"
 )
 
 // unlockTimeout bounds releasing the agent lock after the caller went away.
@@ -84,7 +89,11 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	sync := !req.NoSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot
 	locked := m.now()
 	if sync {
-		if err := m.push(ctx, runner, s, warn); err != nil {
+		m.mark(ctx, lc, directiveSyncStart)
+		pulled, err := m.push(ctx, runner, s, false, warn)
+		m.mark(ctx, lc, directiveSyncEnd)
+		res.PulledFiles = append(res.PulledFiles, pulled...)
+		if err != nil {
 			return ipc.ExecResult{}, err
 		}
 	}
@@ -94,13 +103,23 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	pushed := m.now()
 	status, runErr := m.run(ctx, lc, req, stream)
 	if runErr != nil {
+		if sync && ctx.Err() != nil {
+			// The caller went away and the command was stopped: what it
+			// changed is saved, not applied to a tree nobody is watching.
+			m.saveAbandoned(ctx, lc, s)
+		}
 		return ipc.ExecResult{}, runErr
 	}
 	res.ExitCode, res.Signal = exitCode(status), status.Signal
 	ran := m.now()
 
 	if sync {
+		if m.opts.Pause != nil {
+			m.opts.Pause("exec-after-command")
+		}
+		m.mark(ctx, lc, directiveSyncStart)
 		pull, err := m.opts.Sync.Pull(context.WithoutCancel(ctx), runner, s.RepoRoot)
+		m.mark(ctx, lc, directiveSyncEnd)
 		if err != nil {
 			warn(fmt.Sprintf("pulling the sandbox's changes failed: %v", err))
 		}
@@ -185,32 +204,84 @@ func (m *Manager) directive(ctx context.Context, conn *sshpool.Conn, name string
 	return nil
 }
 
-// push syncs the working tree into the sandbox.
-func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, warn func(string)) error {
+// abandonTimeout bounds saving the edits of an exec whose caller went away.
+const abandonTimeout = 30 * time.Second
+
+// saveAbandoned keeps the edits of a command whose caller went away in a
+// patch file under the repository's .git/sandboxd/pulls/ (said in the
+// daemon's log), so the next exec starts from the local tree and nothing
+// is lost. If it fails, the sandbox keeps them and the next exec brings
+// them back.
+func (m *Manager) saveAbandoned(ctx context.Context, lc *lockedConn, s *store.Session) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
+	defer cancel()
+	m.mark(sctx, lc, directiveSyncStart)
+	res, err := m.opts.Sync.Save(sctx, connRunner{lc}, s.RepoRoot)
+	m.mark(sctx, lc, directiveSyncEnd)
+	switch {
+	case err != nil:
+		m.log.Warn("save the edits of an exec whose caller went away; the next exec brings them back", "run", s.RunID, "err", err)
+	case res.SavedPatch != "":
+		m.log.Warn("the caller went away; the sandbox's edits were saved, not applied", "run", s.RunID, "patch", res.SavedPatch, "files", res.Files)
+	}
+}
+
+// mark sends a sync marker without waiting; a marker that could not be
+// sent only costs the run's log its filtering.
+func (m *Manager) mark(ctx context.Context, lc *lockedConn, marker string) {
+	if err := lc.conn.Send(ctx, marker); err != nil {
+		m.log.Debug("sync marker not sent", "marker", marker, "err", err)
+	}
+}
+
+// push syncs the working tree into the sandbox. Edits of an earlier exec
+// that the sandbox still held (the daemon died before pulling them) come
+// back first; their files are returned. pushOnly records no pending edits
+// (no pull follows).
+func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, pushOnly bool, warn func(string)) ([]string, error) {
+	var recovered []string
 	base := s.BaseSHA
 	if base == "" {
+		// A run sandboxd did not create: learn where it started.
 		var err error
 		if base, err = m.learnBase(ctx, r, s); err != nil {
-			return err
+			return recovered, err
 		}
 	}
-	patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
-	if err != nil {
-		return fmt.Errorf("prepare the sync patch: %w", err)
-	}
-	for _, w := range patch.Warnings {
-		warn(w)
-	}
-	if _, err := m.opts.Sync.Push(ctx, r, patch); err != nil {
-		if errors.Is(err, gitsync.ErrNoGitDir) {
-			// A sandbox that cannot sync is useless: end it so the next
-			// exec gets a fresh one.
-			m.stopQuietly(s, "the sandbox has no git checkout")
-			return errdefs.Gone(fmt.Errorf("sandbox %s has no .git directory, so your changes cannot be synced; it was stopped: run the command again to get a fresh sandbox", s.RunID))
+	for attempt := 0; ; attempt++ {
+		patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
+		if err != nil {
+			return recovered, fmt.Errorf("prepare the sync patch: %w", err)
 		}
-		return fmt.Errorf("sync your changes to the sandbox: %w", err)
+		patch.Sandbox, patch.PushOnly = s.RunID, pushOnly
+		if attempt == 0 {
+			for _, w := range patch.Warnings {
+				warn(w)
+			}
+		}
+		res, err := m.opts.Sync.Push(ctx, r, patch)
+		for _, w := range res.Warnings {
+			warn(w)
+		}
+		if res.Recovered != nil {
+			recovered = append(recovered, res.Recovered.Files...)
+		}
+		if err != nil {
+			if errors.Is(err, gitsync.ErrNoGitDir) {
+				// A sandbox that cannot sync is useless: end it so the next
+				// exec gets a fresh one.
+				m.stopQuietly(s, "the sandbox has no git checkout")
+				return recovered, errdefs.Gone(fmt.Errorf("sandbox %s has no .git directory, so your changes cannot be synced; it was stopped: run the command again to get a fresh sandbox", s.RunID))
+			}
+			return recovered, fmt.Errorf("sync your changes to the sandbox: %w", err)
+		}
+		if !res.Again {
+			return recovered, nil
+		}
+		if attempt > 0 {
+			return recovered, errdefs.Unavailable(errors.New("sync your changes to the sandbox: it kept reporting edits of earlier execs: run `sbx reset` if this persists"))
+		}
 	}
-	return nil
 }
 
 // run runs the user's command with the caller's streams and signals.

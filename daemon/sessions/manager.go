@@ -66,6 +66,7 @@ type Syncer interface {
 	Prepare(ctx context.Context, repoRoot, baseSHA string) (*gitsync.Patch, error)
 	Push(ctx context.Context, r gitsync.Runner, p *gitsync.Patch) (gitsync.PushResult, error)
 	Pull(ctx context.Context, r gitsync.Runner, repoRoot string) (gitsync.PullResult, error)
+	Save(ctx context.Context, r gitsync.Runner, repoRoot string) (gitsync.PullResult, error)
 }
 
 // Publisher publishes daemon events (*events.Bus satisfies it).
@@ -114,6 +115,9 @@ type Options struct {
 	// LockIdle is how long the agent lock stays held after an exec
 	// (DefaultLockIdle when zero).
 	LockIdle time.Duration
+	// Pause, for crash tests only, is called at named phases of an exec
+	// ("exec-after-command": the command ended, its edits not pulled).
+	Pause func(phase string)
 }
 
 // DaemonConfig is the part of sandboxd's own configuration the manager uses

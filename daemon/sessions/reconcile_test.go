@@ -93,6 +93,9 @@ func (nopSync) Push(context.Context, gitsync.Runner, *gitsync.Patch) (gitsync.Pu
 func (nopSync) Pull(context.Context, gitsync.Runner, string) (gitsync.PullResult, error) {
 	return gitsync.PullResult{}, nil
 }
+func (nopSync) Save(context.Context, gitsync.Runner, string) (gitsync.PullResult, error) {
+	return gitsync.PullResult{}, nil
+}
 
 type nopEvents struct{}
 

@@ -22,6 +22,9 @@ type Conn struct {
 	closing bool  // closed or closing: no new work
 	err     error // why it ended
 	spare   *spareCall
+	// fire is the spare of Send, kept apart so a message sent without
+	// waiting never takes the channel the next Exec expects.
+	fire *spareCall
 }
 
 // spareCall is a session channel being opened ahead of use.
@@ -170,6 +173,85 @@ func (c *Conn) takeSession(ctx context.Context) (*session, error) {
 		return nil, fmt.Errorf("%w: open a session channel on sandbox %s: %w", ErrNotSent, c.target.RunID, err)
 	}
 	return s, nil
+}
+
+// Send sends command as an exec request without waiting for any answer:
+// not for the request's reply, nor for the command's end, so it costs no
+// round trip. It is meant for agent directives whose outcome nobody needs
+// (sync markers). It uses a channel opened ahead of time for the purpose
+// (the first Send on a connection takes the exec spare instead), so what
+// is sent next on the connection reaches the agent after it. An error
+// means nothing was sent.
+func (c *Conn) Send(ctx context.Context, command string) error {
+	c.mu.Lock()
+	sc := c.fire
+	c.fire = nil
+	c.mu.Unlock()
+	var s *session
+	if sc != nil {
+		select {
+		case <-sc.done:
+			if sc.err == nil && sc.s.usable() {
+				s = sc.s
+			} else if sc.s != nil {
+				sc.s.ch.Close()
+			}
+		case <-ctx.Done():
+			c.returnFire(sc)
+			return fmt.Errorf("%w: %w", ErrNotSent, ctx.Err())
+		}
+	}
+	if s == nil {
+		var err error
+		if s, err = c.takeSession(ctx); err != nil {
+			return err
+		}
+		defer c.prepareSpare()
+	}
+	defer c.prepareFire()
+	if _, err := s.ch.SendRequest("exec", false, ssh.Marshal(struct{ Command string }{command})); err != nil {
+		s.ch.Close()
+		return fmt.Errorf("%w: send %q to sandbox %s: %w", ErrNotSent, command, c.target.RunID, err)
+	}
+	// The agent answers with an exit status and closes the channel; the
+	// session's own goroutine reads that and the close is acknowledged by
+	// the SSH library.
+	return nil
+}
+
+// prepareFire opens the next Send channel in the background.
+func (c *Conn) prepareFire() {
+	c.mu.Lock()
+	if c.closing || c.fire != nil {
+		c.mu.Unlock()
+		return
+	}
+	sc := &spareCall{done: make(chan struct{})}
+	c.fire = sc
+	c.pool.wg.Add(1) // under c.mu with closing false: Close has not reached Wait
+	c.mu.Unlock()
+	go func() {
+		defer c.pool.wg.Done()
+		sc.s, sc.err = c.openSession()
+		close(sc.done)
+	}()
+}
+
+// returnFire puts back a Send spare that was not used.
+func (c *Conn) returnFire(sc *spareCall) {
+	c.mu.Lock()
+	if c.fire == nil && !c.closing {
+		c.fire = sc
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	go func() {
+		<-sc.done
+		if sc.s != nil {
+			sc.s.ch.Close()
+		}
+	}()
 }
 
 // returnSpare puts back a spare an exec did not use.

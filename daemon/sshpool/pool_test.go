@@ -685,3 +685,40 @@ func TestHandshakeFailureGivesAdvice(t *testing.T) {
 		t.Fatalf("handshake with a non-SSH server: %v", err)
 	}
 }
+
+// Send reaches the agent without waiting for anything, ahead of what is
+// sent after it, and from the second Send on uses a channel opened before
+// it was called, so it costs no round trip.
+func TestSendWithoutWaiting(t *testing.T) {
+	srv := newTestServer(t)
+	p := newPool(t, testOptions())
+	c, err := p.Get(context.Background(), srv.target("run-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if i > 0 {
+			// The Send spare is open before the Send.
+			c.mu.Lock()
+			sc := c.fire
+			c.mu.Unlock()
+			if sc == nil {
+				t.Fatal("no Send spare prepared")
+			}
+			<-sc.done
+		}
+		openedBefore := srv.opens.Load()
+		if err := c.Send(context.Background(), "true # marker"); err != nil {
+			t.Fatal(err)
+		}
+		execOK(t, c, "true # command", Stdio{})
+		// (The order the agent handles them in is the agent's business:
+		// localcloud's agent keeps arrival order, see its sync markers.)
+		waitFor(t, "the marker", func() bool { return srv.runCount("true # marker") == i+1 })
+		for _, r := range srv.execLog() {
+			if r.command == "true # marker" && i > 0 && r.channel > openedBefore && r.channel == srv.opens.Load() {
+				t.Fatalf("send %d waited for a channel open (channel %d, %d open before)", i, r.channel, openedBefore)
+			}
+		}
+	}
+}
