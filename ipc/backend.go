@@ -24,6 +24,9 @@ type SessionBackend interface {
 	// Exec runs one command. ctx ends when the client goes away (which
 	// must cancel a queued or running command) or the server shuts down.
 	Exec(ctx context.Context, req ExecRequest, stream ExecStream) (ExecResult, error)
+	// Push syncs the caller's working tree to its sandbox without running
+	// a command (POST /v1/push).
+	Push(ctx context.Context, req PushRequest) (PushResponse, error)
 }
 
 // ExecStream is the daemon's view of one exec call's streams. All methods are

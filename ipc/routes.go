@@ -31,6 +31,7 @@ const (
 	routeInit      = "/v1/init"
 	routeReconcile = "/v1/reconcile"
 	routeExec      = "/v1/exec"
+	routePush      = "/v1/push"
 	routeEvents    = "/v1/events"
 	routeOpenAPI   = "/v1/openapi.yaml"
 	routeDoctor    = "/v1/doctor"
@@ -70,6 +71,7 @@ func (s *Server) routes() *mux.Router {
 	handle(http.MethodPost, routeInit, route(s.sessions, jsonBody[InitRequest], SessionBackend.Init, http.StatusCreated))
 	handle(http.MethodPost, routeReconcile, route(s.sessions, emptyBody, reconcile, http.StatusOK))
 	handle(http.MethodPost, routeExec, s.postExec)
+	handle(http.MethodPost, routePush, route(s.sessions, jsonBody[PushRequest], SessionBackend.Push, http.StatusOK))
 	handle(http.MethodGet, routeEvents, s.getEvents)
 	handle(http.MethodGet, routeBg, route(s.background, bgListQuery, listBg, http.StatusOK))
 	handle(http.MethodPost, routeBgStart, route(s.background, jsonBody[BgStartRequest], BackgroundBackend.BgStart, http.StatusOK))

@@ -197,6 +197,8 @@ type ExecRequest struct {
 	Target
 	Argv   []string `json:"argv"`
 	NoSync bool     `json:"noSync,omitempty"`
+	// Reset replaces the sandbox (stop, then a new run) before running.
+	Reset bool `json:"reset,omitempty"`
 	// Env is set in the remote command's environment (names are shell
 	// variable names; values are passed quoted, byte for byte).
 	Env map[string]string `json:"env,omitempty"`
@@ -219,6 +221,24 @@ type TTY struct {
 type WindowSize struct {
 	Cols int `json:"cols"`
 	Rows int `json:"rows"`
+}
+
+// PushRequest is POST /v1/push: sync the caller's working tree to its
+// sandbox without running a command.
+type PushRequest = Target
+
+// PushResponse answers POST /v1/push.
+type PushResponse struct {
+	RunID  string   `json:"runId"`
+	RunURL string   `json:"runUrl,omitempty"`
+	Files  []string `json:"files"`
+	Bytes  int      `json:"bytes"`
+	// Commits says the local HEAD was pushed with git's protocol.
+	Commits bool `json:"commits"`
+	// PulledFiles are edits of an earlier exec the sandbox still held,
+	// brought back first.
+	PulledFiles []string `json:"pulledFiles,omitempty"`
+	Warnings    []string `json:"warnings,omitempty"`
 }
 
 // ExecInput is a frame of the request body after the ExecRequest line.

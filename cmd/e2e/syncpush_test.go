@@ -188,3 +188,46 @@ func waitForFile(t *testing.T, path string, timeout time.Duration) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// sbx push syncs without running a command; sbx exec --reset replaces the
+// sandbox and runs in one call.
+func TestPushAndExecReset(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("pushreset", defaultConfig)
+	writeFile(t, filepath.Join(repo, "c.txt"), "committed\n")
+	e.git(repo, "add", "c.txt")
+	e.git(repo, "commit", "-q", "-m", "local")
+	writeFile(t, filepath.Join(repo, "w.txt"), "wip\n")
+	r := e.mustSbx(repo, "push", "--json")
+	j := decode[struct {
+		RunID   string   `json:"runId"`
+		Files   []string `json:"files"`
+		Commits bool     `json:"commits"`
+	}](t, r.stdout)
+	if j.RunID == "" || !j.Commits || strings.Join(j.Files, ",") != "w.txt" {
+		t.Fatalf("push answered %s", r.stdout)
+	}
+	if r := e.mustSbx(repo, "exec", "--no-sync", "--", "cat", "c.txt", "w.txt"); r.stdout != "committed\nwip\n" {
+		t.Fatalf("after push the sandbox has %q", r.stdout)
+	}
+	if r := e.mustSbx(repo, "push"); !strings.Contains(r.stdout, "Pushed") {
+		t.Fatalf("push said %s", r)
+	}
+
+	r = e.mustSbx(repo, "exec", "--reset", "--json", "--", "cat", "w.txt")
+	ex := decode[execJSON](t, r.stdout[strings.Index(r.stdout, "{"):])
+	if !strings.HasPrefix(r.stdout, "wip\n") || ex.RunID == "" || ex.RunID == j.RunID {
+		t.Fatalf("exec --reset: %s (first run %s)", r, j.RunID)
+	}
+	l := decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout)
+	active := 0
+	for _, s := range l.Sessions {
+		if s.Status == "ready" || s.Status == "starting" {
+			active++
+		}
+	}
+	if active != 1 {
+		t.Fatalf("%d active sandboxes after exec --reset: %+v", active, l.Sessions)
+	}
+}

@@ -32,6 +32,7 @@ const (
 	ExecQueued        = "exec.queued"
 	ExecStarted       = "exec.started"
 	ExecFinished      = "exec.finished"
+	SyncPushed        = "sync.pushed"
 	ConnectionUp      = "connection.up"
 	ConnectionDown    = "connection.down"
 	ReconcileFinished = "reconcile.finished"

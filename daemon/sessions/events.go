@@ -14,6 +14,7 @@ const (
 	eventExecQueued     = events.ExecQueued
 	eventExecStarted    = events.ExecStarted
 	eventExecFinished   = events.ExecFinished
+	eventPushed         = events.SyncPushed
 	eventConfigDrift    = events.ConfigDrift
 	eventReconciled     = events.ReconcileFinished
 )

@@ -39,6 +39,13 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	if len(req.Argv) == 0 {
 		return ipc.ExecResult{}, errdefs.Invalidf("no command given: pass it after --, for example `sbx exec -- make test`")
 	}
+	if req.Reset {
+		// The config changed: a new sandbox first, in the same call.
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: "replacing the sandbox: stopping it and starting a new run"})
+		if _, err := m.Reset(ctx, ipc.StartRequest{Target: req.Target}); err != nil {
+			return ipc.ExecResult{}, fmt.Errorf("replace the sandbox: %w", err)
+		}
+	}
 	s, p, err := m.sessionForExec(ctx, req.Target, func(msg string) {
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
 	}, func(msg string) {
@@ -90,9 +97,9 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	locked := m.now()
 	if sync {
 		m.mark(ctx, lc, directiveSyncStart)
-		pulled, err := m.push(ctx, runner, s, false, warn)
+		out, err := m.push(ctx, runner, s, false, warn)
 		m.mark(ctx, lc, directiveSyncEnd)
-		res.PulledFiles = append(res.PulledFiles, pulled...)
+		res.PulledFiles = append(res.PulledFiles, out.recovered...)
 		if err != nil {
 			return ipc.ExecResult{}, err
 		}
@@ -234,24 +241,32 @@ func (m *Manager) mark(ctx context.Context, lc *lockedConn, marker string) {
 	}
 }
 
+// pushOutcome is what a push did.
+type pushOutcome struct {
+	result gitsync.PushResult
+	// files the working-tree patch changed.
+	files []string
+	// recovered are the files of an earlier exec's edits brought back.
+	recovered []string
+}
+
 // push syncs the working tree into the sandbox. Edits of an earlier exec
 // that the sandbox still held (the daemon died before pulling them) come
-// back first; their files are returned. pushOnly records no pending edits
-// (no pull follows).
-func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, pushOnly bool, warn func(string)) ([]string, error) {
-	var recovered []string
+// back first. pushOnly records no pending edits (no pull follows).
+func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, pushOnly bool, warn func(string)) (pushOutcome, error) {
+	var out pushOutcome
 	base := s.BaseSHA
 	if base == "" {
 		// A run sandboxd did not create: learn where it started.
 		var err error
 		if base, err = m.learnBase(ctx, r, s); err != nil {
-			return recovered, err
+			return out, err
 		}
 	}
 	for attempt := 0; ; attempt++ {
 		patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
 		if err != nil {
-			return recovered, fmt.Errorf("prepare the sync patch: %w", err)
+			return out, fmt.Errorf("prepare the sync patch: %w", err)
 		}
 		patch.Sandbox, patch.PushOnly = s.RunID, pushOnly
 		if attempt == 0 {
@@ -264,22 +279,23 @@ func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, 
 			warn(w)
 		}
 		if res.Recovered != nil {
-			recovered = append(recovered, res.Recovered.Files...)
+			out.recovered = append(out.recovered, res.Recovered.Files...)
 		}
+		out.result, out.files = res, patch.Files
 		if err != nil {
 			if errors.Is(err, gitsync.ErrNoGitDir) {
 				// A sandbox that cannot sync is useless: end it so the next
 				// exec gets a fresh one.
 				m.stopQuietly(s, "the sandbox has no git checkout")
-				return recovered, errdefs.Gone(fmt.Errorf("sandbox %s has no .git directory, so your changes cannot be synced; it was stopped: run the command again to get a fresh sandbox", s.RunID))
+				return out, errdefs.Gone(fmt.Errorf("sandbox %s has no .git directory, so your changes cannot be synced; it was stopped: run the command again to get a fresh sandbox", s.RunID))
 			}
-			return recovered, fmt.Errorf("sync your changes to the sandbox: %w", err)
+			return out, fmt.Errorf("sync your changes to the sandbox: %w", err)
 		}
 		if !res.Again {
-			return recovered, nil
+			return out, nil
 		}
 		if attempt > 0 {
-			return recovered, errdefs.Unavailable(errors.New("sync your changes to the sandbox: it kept reporting edits of earlier execs: run `sbx reset` if this persists"))
+			return out, errdefs.Unavailable(errors.New("sync your changes to the sandbox: it kept reporting edits of earlier execs: run `sbx reset` if this persists"))
 		}
 	}
 }

@@ -324,6 +324,12 @@ func (c *Client) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartResp
 	return call[ipc.StartResponse](ctx, c, http.MethodPost, "/v1/sessions/reset", nil, req)
 }
 
+// Push is POST /v1/push: sync the working tree to the sandbox without
+// running a command.
+func (c *Client) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushResponse, error) {
+	return call[ipc.PushResponse](ctx, c, http.MethodPost, "/v1/push", nil, req)
+}
+
 // List is GET /v1/sessions.
 func (c *Client) List(ctx context.Context, req ipc.ListRequest) (ipc.ListResponse, error) {
 	var q url.Values

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -41,7 +42,7 @@ func (a *app) exec(ctx context.Context) int {
 	if err != nil {
 		return a.fail(err)
 	}
-	req := ipc.ExecRequest{Target: t, Argv: a.p.argv, NoSync: a.p.bools["no-sync"]}
+	req := ipc.ExecRequest{Target: t, Argv: a.p.argv, NoSync: a.p.bools["no-sync"], Reset: a.p.bools["reset"]}
 	ctx, disconnect := context.WithCancel(ctx)
 	defer disconnect()
 
@@ -320,4 +321,31 @@ func (a *app) interruptContext(ctx context.Context) (context.Context, func()) {
 		}
 	}()
 	return ctx, func() { a.sys.StopNotify(sigc); cancel() }
+}
+
+// push syncs the working tree to the sandbox without running a command.
+func (a *app) push(ctx context.Context) int {
+	t, err := a.target()
+	if err != nil {
+		return a.fail(err)
+	}
+	var resp ipc.PushResponse
+	if err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.Push(ctx, t); return err }); err != nil {
+		return a.fail(err)
+	}
+	for _, w := range resp.Warnings {
+		a.warn(w)
+	}
+	if a.p.json() {
+		return a.printJSON(resp)
+	}
+	what := fmt.Sprintf("%d changed file(s)", len(resp.Files))
+	if resp.Commits {
+		what = "your commits and " + what
+	}
+	fmt.Fprintf(a.sys.Stdout, "Pushed %s to sandbox %s %s\n", what, resp.RunID, resp.RunURL)
+	if len(resp.PulledFiles) > 0 {
+		fmt.Fprintf(a.sys.Stdout, "Brought back first: %s\n", strings.Join(resp.PulledFiles, ", "))
+	}
+	return ExitOK
 }
