@@ -25,8 +25,10 @@ func (a *Agent) markSync(c *connState, q *reqQueue, command string) {
 		c.inSync = strings.TrimSpace(command) == DirectiveSyncStart
 		c.mu.Unlock()
 	default:
-		q.command.Store(true)
-		c.settle(q)
+		if q != nil {
+			q.command.Store(true)
+			c.settle(q)
+		}
 	}
 }
 
