@@ -1,6 +1,10 @@
 package agent
 
 import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -69,5 +73,60 @@ func TestSyncMarkersWithoutReply(t *testing.T) {
 	got := log.String()
 	if strings.Contains(got, "plumbing") || strings.Count(got, "echo user") != 20 {
 		t.Fatalf("run log:\n%s", got)
+	}
+}
+
+// `git push` over OpenSSH, as the RWX CLI sends it (user@host:., so the
+// agent gets `git-receive-pack '.'`), reaches the sandbox's checkout.
+func TestGitPushOverOpenSSH(t *testing.T) {
+	if _, err := exec.LookPath("ssh"); err != nil {
+		t.Skip("OpenSSH is not installed")
+	}
+	_, hostPriv, _ := ed25519.GenerateKey(rand.Reader)
+	_, userPriv, _ := ed25519.GenerateKey(rand.Reader)
+	host, _ := ssh.NewSignerFromKey(hostPriv)
+	user, _ := ssh.NewSignerFromKey(userPriv)
+	dir, work := t.TempDir(), t.TempDir()
+	gitIn := func(d string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@t"}, args...)...)
+		cmd.Dir = d
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v: %s", args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	gitIn(dir, "init", "-q", ".")
+	gitIn(dir, "commit", "-q", "--allow-empty", "-m", "base")
+	gitIn(work, "clone", "-q", dir, ".")
+	gitIn(work, "commit", "-q", "--allow-empty", "-m", "local")
+	head := gitIn(work, "rev-parse", "HEAD")
+	a, err := Start(Config{HostKey: host, AuthorizedKey: user.PublicKey(), Workspace: dir,
+		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + dir}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	keyBlock, err := ssh.MarshalPrivateKey(userPriv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, known := filepath.Join(work, ".git", "key"), filepath.Join(work, ".git", "known")
+	if err := os.WriteFile(key, pem.EncodeToMemory(keyBlock), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hostName, port, _ := net.SplitHostPort(a.Addr())
+	if err := os.WriteFile(known, []byte("sandbox "+string(ssh.MarshalAuthorizedKey(host.PublicKey()))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("git", "push", User+"@sandbox:.", "+"+head+":refs/rwx/sync-push")
+	cmd.Dir = work
+	cmd.Env = append(os.Environ(), "GIT_SSH_COMMAND=ssh -F /dev/null -i "+key+" -o BatchMode=yes -o IdentitiesOnly=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile="+known+" -o HostKeyAlias=sandbox -o HostName="+hostName+" -p "+port)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("git push: %v: %s", err, out)
+	}
+	if got := gitIn(dir, "rev-parse", "refs/rwx/sync-push"); got != head {
+		t.Fatalf("the sandbox has %q, want %s", got, head)
 	}
 }
