@@ -120,12 +120,13 @@ func TestSyncPushAndNormalize(t *testing.T) {
 // brings them back (or finds them already applied), says so, and then
 // starts from exactly the local tree.
 func TestSyncPullSurvivesDaemonKill(t *testing.T) {
+	// One user (one local remote) for all phases: only the daemon restarts.
+	e := newEnv(t)
 	for _, phase := range []string{"exec-after-command", "pull-before-apply", "pull-before-ack"} {
 		t.Run(phase, func(t *testing.T) {
-			e := newEnv(t)
-			gate := filepath.Join(e.root, "paused")
+			gate := filepath.Join(e.root, "paused-"+phase)
 			d := e.startDaemon("SANDBOXD_TEST_PAUSE=" + phase + ":" + gate)
-			repo := e.newRepo("crash", defaultConfig)
+			repo := e.newRepo("crash-"+phase, defaultConfig)
 			writeFile(t, filepath.Join(repo, "local.txt"), "mine\n")
 			cmd := e.sbxCmd(repo, "exec", "--", "sh", "-c", "echo made > made.txt; echo edited > README.md; rm local.txt")
 			if err := cmd.Start(); err != nil {
@@ -148,7 +149,8 @@ func TestSyncPullSurvivesDaemonKill(t *testing.T) {
 				}
 			}
 
-			e.startDaemon()
+			d2 := e.startDaemon()
+			defer d2.stop(t)
 			r := e.mustSbx(repo, "exec", "--", "sh", "-c", "cat made.txt README.md; test ! -e local.txt")
 			if r.stdout != "made\nedited\n" {
 				t.Fatalf("the sandbox's edits did not survive: %s", r)
