@@ -105,7 +105,8 @@ func TestSyncPushAndNormalize(t *testing.T) {
 		if rej := readFile(t, filepath.Join(repo, "f.txt.rej")); !strings.Contains(rej, "+two (sandbox)") {
 			t.Fatalf("f.txt.rej = %q", rej)
 		}
-		if !strings.Contains(stderr.String(), "f.txt.rej") || !strings.Contains(rest.String(), "f.txt.rej") {
+		// --json: the warning is a record on stdout.
+		if !strings.Contains(rest.String(), `"type":"warning"`) || !strings.Contains(rest.String(), "f.txt.rej") {
 			t.Fatalf("the .rej was not reported:\nstderr %s\njson %s", stderr.String(), rest.String())
 		}
 		// The next exec warns about it.
@@ -197,6 +198,7 @@ func TestPushAndExecReset(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("pushreset", defaultConfig)
+	e.mustSbx(repo, "start", "--wait")
 	writeFile(t, filepath.Join(repo, "c.txt"), "committed\n")
 	e.git(repo, "add", "c.txt")
 	e.git(repo, "commit", "-q", "-m", "local")
