@@ -319,7 +319,12 @@ func (m *Manager) bgLocked(ctx context.Context, s *store.Session, p place, doSyn
 	defer leaseDone()
 	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 	if doSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot {
-		if err := m.push(ctx, connRunner{lc}, s, func(w string) { m.log.Info("sync before a background process", "run", s.RunID, "warning", w) }); err != nil {
+		// No pull follows: push only, so what the process writes is not
+		// taken for an exec's edits.
+		m.mark(ctx, lc, directiveSyncStart)
+		_, err := m.push(ctx, connRunner{lc}, s, true, func(w string) { m.log.Info("sync before a background process", "run", s.RunID, "warning", w) })
+		m.mark(ctx, lc, directiveSyncEnd)
+		if err != nil {
 			return processRecord{}, err
 		}
 	}
