@@ -220,8 +220,8 @@ func TestPushAndExecReset(t *testing.T) {
 	}
 
 	r = e.mustSbx(repo, "exec", "--reset", "--json", "--", "cat", "w.txt")
-	ex := decode[execJSON](t, r.stdout[strings.Index(r.stdout, "{"):])
-	if !strings.HasPrefix(r.stdout, "wip\n") || ex.RunID == "" || ex.RunID == j.RunID {
+	ex := decode[execJSON](t, r.stdout)
+	if !strings.Contains(r.stdout, `"text":"wip\n"`) || ex.RunID == "" || ex.RunID == j.RunID {
 		t.Fatalf("exec --reset: %s (first run %s)", r, j.RunID)
 	}
 	l := decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout)
