@@ -14,7 +14,8 @@ import (
 // the push, as an exec does, and no pull. A sandbox is started (or adopted)
 // when there is none.
 func (m *Manager) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushResponse, error) {
-	s, p, err := m.sessionForExec(ctx, req, func(string) {})
+	var warnings []string
+	s, p, err := m.sessionForExec(ctx, req, func(string) {}, func(w string) { warnings = append(warnings, w) })
 	if err != nil {
 		return ipc.PushResponse{}, err
 	}
@@ -39,7 +40,7 @@ func (m *Manager) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushRespon
 	defer leaseDone()
 	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 
-	resp := ipc.PushResponse{RunID: s.RunID, RunURL: s.RunURL, Files: []string{}}
+	resp := ipc.PushResponse{RunID: s.RunID, RunURL: s.RunURL, Files: []string{}, Warnings: warnings}
 	warn := func(msg string) { resp.Warnings = append(resp.Warnings, msg) }
 	m.mark(ctx, lc, directiveSyncStart)
 	out, err := m.push(ctx, connRunner{lc}, s, true, warn)
