@@ -377,7 +377,7 @@ func TestSharingWithTheRWXCLICLIFirst(t *testing.T) {
 	cli := e.fakeCLI(lc)
 	repo := e.newRepo("clifirst", defaultConfig)
 	// sbx has seen the checkout (and has no sandbox there).
-	if r := e.sbx(repo, "status"); !strings.Contains(r.stderr, "no sandbox") {
+	if r := e.sbx(repo, "status"); !strings.Contains(r.stdout+r.stderr, "no_sandbox") && !strings.Contains(r.stderr, "no sandbox") {
 		t.Fatalf("status before any sandbox: %s", r)
 	}
 	events := e.followEvents("")
