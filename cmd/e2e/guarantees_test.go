@@ -101,7 +101,7 @@ func (b *bgSbx) wait(t testing.TB, timeout time.Duration) result {
 // append a line to, so the test can count how often a command ran.
 func counterFile(t testing.TB, name string) string {
 	t.Helper()
-	f := filepath.Join(os.TempDir(), fmt.Sprintf("sbx-e2e-%s-%d-%d", name, os.Getpid(), time.Now().UnixNano()))
+	f := filepath.Join(markerDir, fmt.Sprintf("sbx-e2e-%s-%d-%d", name, os.Getpid(), time.Now().UnixNano()))
 	t.Cleanup(func() { os.Remove(f) })
 	return f
 }

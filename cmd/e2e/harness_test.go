@@ -24,7 +24,7 @@ import (
 )
 
 // binDir holds the binaries built for this run.
-var binDir string
+var binDir, markerDir string
 
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
@@ -38,6 +38,14 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binDir = dir
+	// Marker and counter files that tests read from outside a sandbox live
+	// here; every env's local remote shares it with its (isolated)
+	// sandboxes, whose /tmp is private.
+	if markerDir, err = os.MkdirTemp("", "sbxmark"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(markerDir)
 	args := []string{"build", "-o", dir}
 	if raceEnabled {
 		args = append(args, "-race")
@@ -87,7 +95,7 @@ func newEnv(t testing.TB) *env {
 		"LANG=C.UTF-8",
 		// The local remote's sandboxes are isolated; the tests' commands
 		// leave markers in this scratch directory, so it is shared.
-		"SANDBOXD_LOCALCLOUD_SHARE=" + root,
+		"SANDBOXD_LOCALCLOUD_SHARE=" + root + "," + markerDir,
 	}
 	t.Cleanup(func() {
 		e.stopLocalcloud()

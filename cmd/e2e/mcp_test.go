@@ -4,12 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -186,12 +185,15 @@ func TestMCPExecCancel(t *testing.T) {
 	evs := e.followEvents("")
 
 	pidFile := filepath.Join(e.root, "remote.pid")
+	// The sandbox has its own PID namespace: its $$ is no pid of this
+	// machine, so the process is found by a unique argument instead.
+	sleepArg := fmt.Sprintf("%d.%06d", 300+os.Getpid()%200, time.Now().UnixNano()%1000000)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
 		_, err := cs.CallTool(ctx, &sdk.CallToolParams{Name: "exec", Arguments: map[string]any{
-			"command": "echo $$ > " + pidFile + "; exec sleep 300", "noSync": true,
+			"command": "echo $$ > " + pidFile + "; exec sleep " + sleepArg, "noSync": true,
 		}})
 		errc <- err
 	}()
@@ -200,17 +202,13 @@ func TestMCPExecCancel(t *testing.T) {
 		b, err := os.ReadFile(pidFile)
 		return err == nil && strings.HasSuffix(string(b), "\n")
 	})
-	pid, err := strconv.Atoi(strings.TrimSpace(readFile(t, pidFile)))
-	if err != nil {
-		t.Fatal(err)
-	}
 	cancel()
 	if err := <-errc; err == nil {
 		t.Fatal("the cancelled call returned no error")
 	}
 	evs.waitFor(t, 30*time.Second, "exec.finished", eventType("exec.finished"))
 	waitUntil(t, 10*time.Second, "the remote command to end", func() bool {
-		return syscall.Kill(pid, 0) != nil
+		return !processWithArg(sleepArg)
 	})
 
 	_, out := callTool(t, cs, "exec", map[string]any{"argv": []string{"echo", "next"}, "noSync": true})
