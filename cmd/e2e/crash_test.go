@@ -57,7 +57,8 @@ func (c *crashEnv) waitCommandStarted() {
 	waitUntil(c.t, 30*time.Second, "the command to start", func() bool { return lines(c.t, c.counter) == 1 })
 }
 
-// snapshotTree reads every file of the working tree (not .git).
+// snapshotTree reads every file of the working tree (not .git, nor
+// .rwx/sandboxes: the git-ignored bookkeeping shared with the RWX CLI).
 func snapshotTree(t testing.TB, root string) map[string]string {
 	t.Helper()
 	files := map[string]string{}
@@ -65,7 +66,7 @@ func snapshotTree(t testing.TB, root string) map[string]string {
 		if err != nil {
 			return err
 		}
-		if d.IsDir() && d.Name() == ".git" {
+		if d.IsDir() && (d.Name() == ".git" || p == filepath.Join(root, ".rwx", "sandboxes")) {
 			return filepath.SkipDir
 		}
 		if !d.IsDir() {
