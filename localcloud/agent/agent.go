@@ -68,7 +68,7 @@ type Config struct {
 	// WrapListener, when set, wraps the listener (latency injection).
 	WrapListener func(net.Listener) net.Listener
 	// ProcessDir holds the logs of managed background processes (see
-	// process.go); "processes" next to the workspace when empty.
+	// process.go); the checkout's .git/sandbox-processes when empty.
 	ProcessDir string
 	// ProcessGrace is how long a stopped background process gets between
 	// TERM and KILL; 3s when zero.

@@ -186,13 +186,15 @@ func (a *Agent) processRecord(p *managedProcess) ProcessRecord {
 	return p.rec
 }
 
-// processDir is where the logs of managed processes go: outside the
-// workspace, so that they are never synced back as changes.
+// processDir is where the logs of managed processes go: in the checkout's
+// .git directory, so that they are never synced back as changes, yet inside
+// the workspace, the part of the machine an isolated sandbox sees (the RWX
+// CLI's `background logs` runs tail on them in the sandbox).
 func (a *Agent) processDir() string {
 	if a.cfg.ProcessDir != "" {
 		return a.cfg.ProcessDir
 	}
-	return filepath.Join(filepath.Dir(filepath.Clean(a.cfg.Workspace)), "processes")
+	return filepath.Join(filepath.Clean(a.cfg.Workspace), ".git", "sandbox-processes")
 }
 
 // startProcess starts command under key, replacing (stopping) a process of

@@ -105,8 +105,10 @@ func TestProcessStartStatusLogsStopRestart(t *testing.T) {
 	if logs.StdoutPath != rec.StdoutPath || logs.StderrPath != rec.StderrPath || logs.Status != ProcessRunning {
 		t.Fatalf("logs record %+v, start record %+v", logs, rec)
 	}
-	if strings.HasPrefix(logs.StdoutPath, f.dir+string(filepath.Separator)) {
-		t.Fatalf("logs %s are inside the workspace %s (they would be synced back)", logs.StdoutPath, f.dir)
+	// In the workspace (an isolated sandbox sees only that), but under
+	// .git, so never in the working tree that is synced back.
+	if gitDir := filepath.Join(f.dir, ".git") + string(filepath.Separator); !strings.HasPrefix(logs.StdoutPath, gitDir) {
+		t.Fatalf("logs %s are not under %s: a sandbox cannot read them, or they would be synced back", logs.StdoutPath, gitDir)
 	}
 	waitFileContent(t, rec.StdoutPath, "out-1\n"+f.dir+"\n")
 	waitFileContent(t, rec.StderrPath, "err\n")
