@@ -113,7 +113,7 @@ fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
 
 bench: build
-	$(BIN)/sandboxd-bench -bin $(BIN) -rtt '$(BENCH_RTT)' -json $(BIN)/bench.json
+	$(BIN)/sandboxd-bench -bin $(abspath $(BIN)) -rtt '$(BENCH_RTT)' -json $(BIN)/bench.json
 
 bench-go:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count 1 -timeout 20m $(BENCH_PKGS)
