@@ -67,7 +67,7 @@ func toolText(res *sdk.CallToolResult) string {
 
 // TestMCPTools drives `sbx mcp` with the MCP Go SDK's client against a real
 // daemon and localcloud: the tool list, exec (shell line and argv, sync both
-// ways, exit code, both streams, truncation), status, list and stop, with
+// ways, exit code, both streams, truncation), push, status, list and stop, with
 // the checkout given per call or taken from the server's directory, and
 // bad input answered as a tool error that says what to do.
 func TestMCPTools(t *testing.T) {
@@ -91,7 +91,7 @@ func TestMCPTools(t *testing.T) {
 	for _, tl := range tools.Tools {
 		names[tl.Name] = tl
 	}
-	for _, want := range []string{"exec", "status", "list", "start", "stop", "reset", "bg_start", "bg_list", "bg_logs", "bg_restart", "bg_stop"} {
+	for _, want := range []string{"exec", "push", "status", "list", "start", "stop", "reset", "bg_start", "bg_list", "bg_logs", "bg_restart", "bg_stop"} {
 		if tl := names[want]; tl == nil || tl.Description == "" || tl.InputSchema == nil {
 			t.Errorf("tool %s is missing or has no description/schema: %+v", want, tl)
 		}
@@ -118,6 +118,18 @@ func TestMCPTools(t *testing.T) {
 	_, out = callTool(t, cs, "exec", map[string]any{"cwd": rel, "argv": []string{"printf", "%s|", "a b", "$HOME", "*"}, "noSync": true})
 	if out["stdout"] != "a b|$HOME|*|" || out["exitCode"] != float64(0) {
 		t.Fatalf("argv exec: %v", out)
+	}
+
+	// push syncs without running anything: the next exec without sync
+	// sees the file.
+	writeFile(t, filepath.Join(repo, "pushed.txt"), "pushed\n")
+	res, out = callTool(t, cs, "push", map[string]any{"cwd": repo})
+	if files, _ := out["files"].([]any); res.IsError || out["runId"] == "" || len(files) == 0 {
+		t.Fatalf("push: error=%v %v\n%s", res.IsError, out, toolText(res))
+	}
+	_, out = callTool(t, cs, "exec", map[string]any{"cwd": repo, "command": "cat pushed.txt", "noSync": true})
+	if out["stdout"] != "pushed\n" {
+		t.Fatalf("exec after push: %v", out)
 	}
 
 	// Output past the limit keeps its start and end, with a note.

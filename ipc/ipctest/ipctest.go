@@ -121,6 +121,7 @@ type Sessions struct {
 	StopFn   func(context.Context, ipc.StopRequest) (ipc.StopResponse, error)
 	StatusFn func(context.Context, ipc.StatusRequest) (ipc.ProbeResponse, error)
 	ExecFn   func(context.Context, ipc.ExecRequest, ipc.ExecStream) (ipc.ExecResult, error)
+	PushFn   func(context.Context, ipc.PushRequest) (ipc.PushResponse, error)
 
 	mu       sync.Mutex
 	requests []any
@@ -201,6 +202,9 @@ func (s *Sessions) Doctor(context.Context) (ipc.DoctorResponse, error) {
 
 func (s *Sessions) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushResponse, error) {
 	s.record(req)
+	if s.PushFn != nil {
+		return s.PushFn(ctx, req)
+	}
 	return ipc.PushResponse{RunID: "run-1", Files: []string{}}, nil
 }
 

@@ -104,7 +104,7 @@ func root() *command {
 			{name: "mcp", autoStart: true, run: (*app).mcpServe,
 				summary: "serve the sandbox tools to a coding agent (Model Context Protocol on stdio)",
 				long: "Register it with an agent as the command sbx with the arguments [\"mcp\"] (see docs/agents.md). " +
-					"Tools: exec, status, list, start, stop, reset, bg_start, bg_list, bg_logs, bg_restart, bg_stop. Each call names its checkout with cwd, or means " +
+					"Tools: exec, push, status, list, start, stop, reset, bg_start, bg_list, bg_logs, bg_restart, bg_stop. Each call names its checkout with cwd, or means " +
 					"the directory the server started in (or --dir). The protocol is JSON already: --json changes nothing.",
 				flags: []flagSpec{
 					{name: "dir", kind: stringFlag, arg: "DIR", compl: complDir, help: "the checkout a tool call means when it names none (default: the current directory)"},

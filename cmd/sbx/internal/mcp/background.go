@@ -41,110 +41,78 @@ type BgLogsOutput struct {
 
 // addBackgroundTools registers the background-process tools.
 func addBackgroundTools(s *sdk.Server, h *handlers) {
-	no, yes := false, true
 	sdk.AddTool(s, &sdk.Tool{
 		Name:  "bg_start",
 		Title: "Start a background process in the sandbox",
 		Description: "Start a long-running process (a dev server, a watcher, a database) in the sandbox under a name, and return at once. " +
 			"Local changes are synced first. With port, the sandbox port is forwarded to this machine (see forward.localPort in the answer). " +
 			"Read its output with bg_logs; it keeps running between exec calls until bg_stop or the sandbox stops.",
-		Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &no},
-	}, h.bgStart)
+		Annotations: changes(true, false),
+	}, onSandbox(h, func(ctx context.Context, t ipc.Target, in BgStartInput) (ipc.BgProcess, error) {
+		argv, err := commandArgv(in.Command, in.Argv)
+		if err != nil {
+			return ipc.BgProcess{}, err
+		}
+		return h.opts.Client.BgStart(ctx, ipc.BgStartRequest{Target: t, Name: in.Name, Argv: argv, Port: in.Port, LocalPort: in.LocalPort, NoSync: in.NoSync})
+	}))
 	sdk.AddTool(s, &sdk.Tool{
 		Name:        "bg_list",
 		Title:       "List background processes",
 		Description: "List the background processes started in the sandbox with bg_start: name, status (running, exited, stopped), exit code, forward.",
-		Annotations: &sdk.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no},
-	}, h.bgList)
+		Annotations: readOnly(),
+	}, onSandbox(h, func(ctx context.Context, t ipc.Target, _ BgListInput) (ipc.BgListResponse, error) {
+		resp, err := h.opts.Client.BgList(ctx, t)
+		if err == nil && resp.Processes == nil {
+			resp.Processes = []ipc.BgProcess{}
+		}
+		return resp, err
+	}))
 	sdk.AddTool(s, &sdk.Tool{
 		Name:        "bg_logs",
 		Title:       "Read a background process's output",
 		Description: "Return the stdout and stderr a background process wrote so far (cut to the output limit, keeping the start and the end). bg_list says whether it still runs and how it ended.",
-		Annotations: &sdk.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no},
-	}, h.bgLogs)
+		Annotations: readOnly(),
+	}, onSandbox(h, func(ctx context.Context, t ipc.Target, in BgNameInput) (BgLogsOutput, error) {
+		stdout, stderr := newCapture(h.opts.MaxOutput), newCapture(h.opts.MaxOutput)
+		req, err := bgRequest(t, in)
+		if err != nil {
+			return BgLogsOutput{}, err
+		}
+		if _, err := h.opts.Client.BgLogs(ctx, req, stdout, stderr); err != nil {
+			return BgLogsOutput{}, err
+		}
+		return BgLogsOutput{Stdout: stdout.String(), Stderr: stderr.String(), StdoutTruncated: stdout.truncated(), StderrTruncated: stderr.truncated()}, nil
+	}))
 	sdk.AddTool(s, &sdk.Tool{
 		Name:        "bg_restart",
 		Title:       "Restart a background process",
 		Description: "Sync local changes and restart a background process with its command (its forward reopened).",
-		Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &no},
-	}, h.bgRestart)
+		Annotations: changes(true, false),
+	}, onSandbox(h, func(ctx context.Context, t ipc.Target, in BgNameInput) (ipc.BgProcess, error) {
+		req, err := bgRequest(t, in)
+		if err != nil {
+			return ipc.BgProcess{}, err
+		}
+		return h.opts.Client.BgRestart(ctx, req)
+	}))
 	sdk.AddTool(s, &sdk.Tool{
 		Name:        "bg_stop",
 		Title:       "Stop a background process",
 		Description: "Stop a background process (its whole process group) and close its forward.",
-		Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes, IdempotentHint: true, OpenWorldHint: &no},
-	}, h.bgStop)
+		Annotations: changes(true, true),
+	}, onSandbox(h, func(ctx context.Context, t ipc.Target, in BgNameInput) (ipc.BgProcess, error) {
+		req, err := bgRequest(t, in)
+		if err != nil {
+			return ipc.BgProcess{}, err
+		}
+		return h.opts.Client.BgStop(ctx, req)
+	}))
 }
 
-func (h *handlers) bgStart(ctx context.Context, _ *sdk.CallToolRequest, in BgStartInput) (*sdk.CallToolResult, ipc.BgProcess, error) {
-	argv, err := commandArgv(in.Command, in.Argv)
-	if err != nil {
-		return nil, ipc.BgProcess{}, err
-	}
-	t, err := h.target(in.Where)
-	if err != nil {
-		return nil, ipc.BgProcess{}, err
-	}
-	if err := h.ensure(ctx); err != nil {
-		return nil, ipc.BgProcess{}, err
-	}
-	resp, err := h.opts.Client.BgStart(ctx, ipc.BgStartRequest{Target: t, Name: in.Name, Argv: argv, Port: in.Port, LocalPort: in.LocalPort, NoSync: in.NoSync})
-	return jsonResult(resp, err)
-}
-
-func (h *handlers) bgList(ctx context.Context, _ *sdk.CallToolRequest, in BgListInput) (*sdk.CallToolResult, ipc.BgListResponse, error) {
-	t, err := h.target(in.Where)
-	if err != nil {
-		return nil, ipc.BgListResponse{}, err
-	}
-	if err := h.ensure(ctx); err != nil {
-		return nil, ipc.BgListResponse{}, err
-	}
-	resp, err := h.opts.Client.BgList(ctx, t)
-	if err == nil && resp.Processes == nil {
-		resp.Processes = []ipc.BgProcess{}
-	}
-	return jsonResult(resp, err)
-}
-
-func (h *handlers) bgRequest(ctx context.Context, in BgNameInput) (ipc.BgRequest, error) {
+// bgRequest names one background process of the sandbox t.
+func bgRequest(t ipc.Target, in BgNameInput) (ipc.BgRequest, error) {
 	if in.Name == "" {
 		return ipc.BgRequest{}, errors.New("name is required: the name given to bg_start (bg_list shows them)")
 	}
-	t, err := h.target(in.Where)
-	if err != nil {
-		return ipc.BgRequest{}, err
-	}
-	return ipc.BgRequest{Target: t, Name: in.Name}, h.ensure(ctx)
-}
-
-func (h *handlers) bgRestart(ctx context.Context, _ *sdk.CallToolRequest, in BgNameInput) (*sdk.CallToolResult, ipc.BgProcess, error) {
-	req, err := h.bgRequest(ctx, in)
-	if err != nil {
-		return nil, ipc.BgProcess{}, err
-	}
-	resp, err := h.opts.Client.BgRestart(ctx, req)
-	return jsonResult(resp, err)
-}
-
-func (h *handlers) bgStop(ctx context.Context, _ *sdk.CallToolRequest, in BgNameInput) (*sdk.CallToolResult, ipc.BgProcess, error) {
-	req, err := h.bgRequest(ctx, in)
-	if err != nil {
-		return nil, ipc.BgProcess{}, err
-	}
-	resp, err := h.opts.Client.BgStop(ctx, req)
-	return jsonResult(resp, err)
-}
-
-func (h *handlers) bgLogs(ctx context.Context, _ *sdk.CallToolRequest, in BgNameInput) (*sdk.CallToolResult, BgLogsOutput, error) {
-	req, err := h.bgRequest(ctx, in)
-	if err != nil {
-		return nil, BgLogsOutput{}, err
-	}
-	stdout, stderr := newCapture(h.opts.MaxOutput), newCapture(h.opts.MaxOutput)
-	if _, err := h.opts.Client.BgLogs(ctx, req, stdout, stderr); err != nil {
-		return nil, BgLogsOutput{}, err
-	}
-	out := BgLogsOutput{Stdout: stdout.String(), Stderr: stderr.String(), StdoutTruncated: stdout.truncated(), StderrTruncated: stderr.truncated()}
-	return jsonResult(out, nil)
+	return ipc.BgRequest{Target: t, Name: in.Name}, nil
 }

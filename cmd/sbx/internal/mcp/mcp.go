@@ -1,6 +1,6 @@
 // Package mcp is `sbx mcp`: a Model Context Protocol server over stdio that
-// gives coding agents the sandbox as tools (exec, status, list, start,
-// stop, reset). Every tool is one call on sandboxd's socket through
+// gives coding agents the sandbox as tools (exec, push, status, list,
+// start, stop, reset, and the background-process tools). Every tool is one call on sandboxd's socket through
 // ipc/client; the server holds no state besides its default directory.
 package mcp
 
@@ -54,7 +54,6 @@ func NewServer(opts Options) *sdk.Server {
 	s := sdk.NewServer(&sdk.Implementation{Name: "sbx", Title: "sandboxd", Version: opts.Version}, &sdk.ServerOptions{
 		Instructions: instructions,
 	})
-	no, yes := false, true
 	sdk.AddTool(s, &sdk.Tool{
 		Name:  "exec",
 		Title: "Run a command in the sandbox",
@@ -64,41 +63,70 @@ func NewServer(opts Options) *sdk.Server {
 			"Give either `command` (a shell command line, run by sh -c) or `argv` (a program and its arguments, passed exactly). " +
 			"Calls on one checkout run one after another; cancelling the call stops the remote command. " +
 			fmt.Sprintf("stdout and stderr are each cut to %d bytes (keeping the start and the end) with a note saying how much was left out.", opts.MaxOutput),
-		Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &no},
+		Annotations: changes(true, false),
 	}, h.exec)
+	sdk.AddTool(s, &sdk.Tool{
+		Name:  "push",
+		Title: "Sync local changes to the sandbox",
+		Description: "Sync the checkout's uncommitted changes (and local commits the sandbox lacks) to its sandbox without running a command; " +
+			"the sandbox is created (or reconnected) if needed. exec already does this before each command: call push when something else " +
+			"reads the files, e.g. a background process started with bg_start that reloads on change, or an editor or shell on the sandbox. " +
+			"Returns the files sent (files), whether commits were sent (commits), and pulledFiles: edits an earlier exec left in the sandbox, " +
+			"copied back into the checkout first so that nothing is lost.",
+		Annotations: changes(false, true),
+	}, onSandbox(h, func(ctx context.Context, t ipc.Target, _ PushInput) (ipc.PushResponse, error) {
+		return h.opts.Client.Push(ctx, t)
+	}))
 	sdk.AddTool(s, &sdk.Tool{
 		Name:  "status",
 		Title: "Probe the sandbox",
 		Description: "Probe the sandbox of a checkout (or of a run id): probe is `connected` (ready for exec), `expired`, `no_sandbox` (none started yet; exec or start creates one) or `unknown`. " +
 			"Also returns the session (run id, branch, config file, exec count) and its lifecycle.",
-		Annotations: &sdk.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no},
-	}, h.status)
+		Annotations: readOnly(),
+	}, onSandbox(h, func(ctx context.Context, t ipc.Target, _ StatusInput) (ipc.ProbeResponse, error) {
+		return h.opts.Client.Status(ctx, t)
+	}))
 	sdk.AddTool(s, &sdk.Tool{
 		Name:        "list",
 		Title:       "List sandboxes",
 		Description: "List the sandboxes sandboxd knows on this machine (every checkout and branch), checked against the remote. With all=true, ended sandboxes and why they ended are included.",
-		Annotations: &sdk.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: &no},
+		Annotations: readOnly(),
 	}, h.list)
 	sdk.AddTool(s, &sdk.Tool{
 		Name:  "start",
 		Title: "Start the sandbox",
 		Description: "Start the sandbox of a checkout (its repository root, current branch and sandbox config), or report the one already active. " +
 			"exec starts it by itself; call start ahead to have it ready. Waits until it is ready unless wait=false.",
-		Annotations: &sdk.ToolAnnotations{DestructiveHint: &no, IdempotentHint: true, OpenWorldHint: &no},
-	}, h.start)
+		Annotations: changes(false, true),
+	}, onSandbox(h, func(ctx context.Context, t ipc.Target, in StartInput) (ipc.StartResponse, error) {
+		req, err := startRequest(t, in)
+		if err != nil {
+			return ipc.StartResponse{}, err
+		}
+		return h.opts.Client.Start(ctx, req)
+	}))
 	sdk.AddTool(s, &sdk.Tool{
 		Name:        "stop",
 		Title:       "Stop the sandbox",
 		Description: "Stop (end) the sandbox of a checkout, or the run given by runId, or every sandbox with all=true. Idempotent. Work left only in the sandbox is lost: execs already synced it back.",
-		Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes, IdempotentHint: true, OpenWorldHint: &no},
+		Annotations: changes(true, true),
 	}, h.stop)
 	sdk.AddTool(s, &sdk.Tool{
 		Name:  "reset",
 		Title: "Replace the sandbox with a fresh one",
 		Description: "Stop the sandbox of a checkout and start a new one, e.g. after changing the sandbox config (.rwx/sandbox.yml) or when the sandbox is in a bad state. " +
 			"Waits until the new one is ready unless wait=false.",
-		Annotations: &sdk.ToolAnnotations{DestructiveHint: &yes, OpenWorldHint: &no},
-	}, h.reset)
+		Annotations: changes(true, false),
+	}, onSandbox(h, func(ctx context.Context, t ipc.Target, in StartInput) (ipc.StartResponse, error) {
+		if in.RunID != "" {
+			return ipc.StartResponse{}, errors.New("reset takes no runId: it replaces the sandbox of the checkout given by cwd")
+		}
+		req, err := startRequest(t, in)
+		if err != nil {
+			return ipc.StartResponse{}, err
+		}
+		return h.opts.Client.Reset(ctx, req)
+	}))
 	addBackgroundTools(s, h)
 	return s
 }
@@ -159,8 +187,17 @@ type ExecOutput struct {
 	Warnings        []string `json:"warnings,omitempty"`
 }
 
+// where is the part of an input that picks the sandbox (every input
+// embedding Where has it).
+func (w Where) where() Where { return w }
+
 // StatusInput is the status tool's input.
 type StatusInput struct {
+	Where
+}
+
+// PushInput is the push tool's input.
+type PushInput struct {
 	Where
 }
 
@@ -209,16 +246,46 @@ func (h *handlers) ensure(ctx context.Context) error {
 	return h.opts.Ensure(ctx)
 }
 
+// sandbox resolves the sandbox a call names and makes sure a daemon
+// answers: the start of every call on one sandbox.
+func (h *handlers) sandbox(ctx context.Context, w Where) (ipc.Target, error) {
+	t, err := h.target(w)
+	if err != nil {
+		return ipc.Target{}, err
+	}
+	return t, h.ensure(ctx)
+}
+
+// onSandbox is the handler of a tool that is one daemon call on the
+// sandbox its input names, answered as JSON.
+func onSandbox[In interface{ where() Where }, Out any](h *handlers, call func(context.Context, ipc.Target, In) (Out, error)) sdk.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, _ *sdk.CallToolRequest, in In) (*sdk.CallToolResult, Out, error) {
+		t, err := h.sandbox(ctx, in.where())
+		if err != nil {
+			var zero Out
+			return nil, zero, err
+		}
+		return jsonResult(call(ctx, t, in))
+	}
+}
+
+// readOnly annotates a tool that changes nothing.
+func readOnly() *sdk.ToolAnnotations {
+	return &sdk.ToolAnnotations{ReadOnlyHint: true, OpenWorldHint: new(bool)}
+}
+
+// changes annotates a tool that changes the sandbox (or the checkout).
+func changes(destructive, idempotent bool) *sdk.ToolAnnotations {
+	return &sdk.ToolAnnotations{DestructiveHint: &destructive, IdempotentHint: idempotent, OpenWorldHint: new(bool)}
+}
+
 func (h *handlers) exec(ctx context.Context, _ *sdk.CallToolRequest, in ExecInput) (*sdk.CallToolResult, ExecOutput, error) {
 	argv, err := commandArgv(in.Command, in.Argv)
 	if err != nil {
 		return nil, ExecOutput{}, err
 	}
-	t, err := h.target(in.Where)
+	t, err := h.sandbox(ctx, in.Where)
 	if err != nil {
-		return nil, ExecOutput{}, err
-	}
-	if err := h.ensure(ctx); err != nil {
 		return nil, ExecOutput{}, err
 	}
 	stdout, stderr := newCapture(h.opts.MaxOutput), newCapture(h.opts.MaxOutput)
@@ -303,18 +370,6 @@ func exitCode(res ipc.ExecResult) int {
 	return res.ExitCode
 }
 
-func (h *handlers) status(ctx context.Context, _ *sdk.CallToolRequest, in StatusInput) (*sdk.CallToolResult, ipc.ProbeResponse, error) {
-	t, err := h.target(in.Where)
-	if err != nil {
-		return nil, ipc.ProbeResponse{}, err
-	}
-	if err := h.ensure(ctx); err != nil {
-		return nil, ipc.ProbeResponse{}, err
-	}
-	resp, err := h.opts.Client.Status(ctx, t)
-	return jsonResult(resp, err)
-}
-
 func (h *handlers) list(ctx context.Context, _ *sdk.CallToolRequest, in ListInput) (*sdk.CallToolResult, ipc.ListResponse, error) {
 	if err := h.ensure(ctx); err != nil {
 		return nil, ipc.ListResponse{}, err
@@ -326,11 +381,8 @@ func (h *handlers) list(ctx context.Context, _ *sdk.CallToolRequest, in ListInpu
 	return jsonResult(resp, err)
 }
 
-func (h *handlers) startRequest(in StartInput) (ipc.StartRequest, error) {
-	t, err := h.target(in.Where)
-	if err != nil {
-		return ipc.StartRequest{}, err
-	}
+// startRequest is the request of a start or reset call.
+func startRequest(t ipc.Target, in StartInput) (ipc.StartRequest, error) {
 	if in.TimeoutSeconds < 0 {
 		return ipc.StartRequest{}, errors.New("timeoutSeconds is negative: give a number of seconds, or leave it out for 600")
 	}
@@ -340,33 +392,6 @@ func (h *handlers) startRequest(in StartInput) (ipc.StartRequest, error) {
 		timeout = int(defaultWait / time.Second)
 	}
 	return ipc.StartRequest{Target: t, Wait: wait, Init: in.Init, WaitTimeoutSeconds: timeout}, nil
-}
-
-func (h *handlers) start(ctx context.Context, _ *sdk.CallToolRequest, in StartInput) (*sdk.CallToolResult, ipc.StartResponse, error) {
-	req, err := h.startRequest(in)
-	if err != nil {
-		return nil, ipc.StartResponse{}, err
-	}
-	if err := h.ensure(ctx); err != nil {
-		return nil, ipc.StartResponse{}, err
-	}
-	resp, err := h.opts.Client.Start(ctx, req)
-	return jsonResult(resp, err)
-}
-
-func (h *handlers) reset(ctx context.Context, _ *sdk.CallToolRequest, in StartInput) (*sdk.CallToolResult, ipc.StartResponse, error) {
-	if in.RunID != "" {
-		return nil, ipc.StartResponse{}, errors.New("reset takes no runId: it replaces the sandbox of the checkout given by cwd")
-	}
-	req, err := h.startRequest(in)
-	if err != nil {
-		return nil, ipc.StartResponse{}, err
-	}
-	if err := h.ensure(ctx); err != nil {
-		return nil, ipc.StartResponse{}, err
-	}
-	resp, err := h.opts.Client.Reset(ctx, req)
-	return jsonResult(resp, err)
 }
 
 func (h *handlers) stop(ctx context.Context, _ *sdk.CallToolRequest, in StopInput) (*sdk.CallToolResult, ipc.StopResponse, error) {
