@@ -6,7 +6,11 @@ export PATH := /usr/local/go/bin:$(PATH)
 GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.Version=$(VERSION)
-BINARIES  := sandboxd sbx sandboxd-localcloud
+BINARIES  := sandboxd sbx sbx-mcp sandboxd-localcloud
+# Each binary's package: ./cmd/NAME, but for sbx-mcp (sbx mcp's server,
+# apart from sbx so that sbx starts fast), which shares sbx's internals.
+CMD_sbx-mcp := ./cmd/sbx/sbx-mcp
+cmds = $(foreach b,$(1),$(or $(CMD_$(b)),./cmd/$(b)))
 # Built but not installed.
 TOOLS     := sandboxd-bench
 BIN       := ./bin
@@ -57,7 +61,7 @@ help:
 
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(addprefix ./cmd/,$(BINARIES) $(TOOLS))
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(call cmds,$(BINARIES) $(TOOLS))
 
 # make run: sandboxd in the foreground. The local remote it starts on demand
 # (sandboxd-localcloud) outlives a daemon by design (its sandboxes survive a
@@ -89,7 +93,7 @@ completions: build
 PKG_ARCH ?= $(or $(GOARCH),$(shell $(GO) env GOARCH))
 package: man completions
 	@mkdir -p $(DIST)/bin-$(PKG_ARCH)
-	CGO_ENABLED=0 GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(DIST)/bin-$(PKG_ARCH)/ $(addprefix ./cmd/,$(BINARIES))
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(DIST)/bin-$(PKG_ARCH)/ $(call cmds,$(BINARIES))
 	GOOS= GOARCH= $(GO) run ./packaging/build -version '$(VERSION)' -arch $(PKG_ARCH) -bin $(DIST)/bin-$(PKG_ARCH) -share $(SHARE) -out $(DIST)
 
 test: darwin
@@ -100,8 +104,8 @@ test: darwin
 # three binaries for darwin/amd64 and darwin/arm64.
 darwin:
 	GOOS=darwin GOARCH=arm64 $(GO) vet ./...
-	GOOS=darwin GOARCH=amd64 $(GO) build $(addprefix ./cmd/,$(BINARIES))
-	GOOS=darwin GOARCH=arm64 $(GO) build $(addprefix ./cmd/,$(BINARIES))
+	GOOS=darwin GOARCH=amd64 $(GO) build $(call cmds,$(BINARIES))
+	GOOS=darwin GOARCH=arm64 $(GO) build $(call cmds,$(BINARIES))
 
 # The long forms of the reliability suites (load, faults, crashes); make
 # test runs their short forms.
@@ -146,7 +150,7 @@ else
 	sed 's|^ExecStart=.*|ExecStart=$(PREFIX)/bin/sandboxd|' packaging/systemd/sandboxd.service > $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
 	chmod 0644 $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
 	@echo
-	@echo "Installed sandboxd, sbx and sandboxd-localcloud to $(DESTDIR)$(PREFIX)/bin, with the sbx man page and"
+	@echo "Installed sandboxd, sbx, sbx-mcp and sandboxd-localcloud to $(DESTDIR)$(PREFIX)/bin, with the sbx man page and"
 	@echo "bash, zsh and fish completions under $(DESTDIR)$(PREFIX)/share (zsh: add $(PREFIX)/share/zsh/site-functions"
 	@echo "to fpath if it is not there already)."
 	@if [ -z "$(DESTDIR)" ] && [ -n "$(filter $(abspath $(SYSTEMD_USER_DIR)),$(SYSTEMD_USER_PATHS))" ]; then \

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/xml"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,7 +61,7 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	tmp := t.TempDir()
 	bin, share := filepath.Join(tmp, "bin"), filepath.Join(tmp, "share")
 	must(t, nil, "go", "build", "-trimpath", "-ldflags", "-X main.Version=v9.8.7", "-o", bin+"/",
-		"../../cmd/sbx", "../../cmd/sandboxd", "../../cmd/sandboxd-localcloud")
+		"../../cmd/sbx", "../../cmd/sbx/sbx-mcp", "../../cmd/sandboxd", "../../cmd/sandboxd-localcloud")
 	gen := func(rel string, name string, args ...string) {
 		path := filepath.Join(share, rel)
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -104,7 +106,7 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	}
 	list := must(t, nil, "dpkg-deb", "-c", deb)
 	for _, want := range []string{
-		"./usr/bin/sbx", "./usr/bin/sandboxd", "./usr/bin/sandboxd-localcloud",
+		"./usr/bin/sbx", "./usr/bin/sbx-mcp", "./usr/bin/sandboxd", "./usr/bin/sandboxd-localcloud",
 		"./usr/lib/systemd/user/sandboxd.service", "./usr/lib/systemd/user/sandboxd.socket",
 		"./usr/share/bash-completion/completions/sbx", "./usr/share/zsh/vendor-completions/_sbx",
 		"./usr/share/fish/vendor_completions.d/sbx.fish",
@@ -165,6 +167,29 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 		t.Fatalf("installed sbx version:\n%s", v)
 	}
 	must(t, env, sbx, "daemon", "stop")
+	// The installed sbx mcp is the sbx-mcp installed next to it: it answers
+	// an MCP initialize request (and ends with its input).
+	cmd := exec.Command(sbx, "mcp")
+	cmd.Env = env
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mcpOut, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(in, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"deb-test","version":"1"}}}`+"\n")
+	line, _ := bufio.NewReader(mcpOut).ReadString('\n')
+	in.Close()
+	if err := cmd.Wait(); err != nil || !strings.Contains(line, `"serverInfo"`) {
+		t.Fatalf("installed sbx mcp: %v\n%s%s", err, line, stderr.String())
+	}
 
 	// Removal leaves no file of the package.
 	dpkg("--purge", "sandboxd")
@@ -263,7 +288,7 @@ func testMakeInstall(t *testing.T, bin, share string) {
 	if !strings.Contains(out, "systemctl --user enable") {
 		t.Errorf("no systemctl advice for ~/.config/systemd/user:\n%s", out)
 	}
-	for _, f := range []string{"bin/sbx", "share/man/man1/sbx.1", "share/man/man1/sandboxd.1", "share/bash-completion/completions/sbx",
+	for _, f := range []string{"bin/sbx", "bin/sbx-mcp", "share/man/man1/sbx.1", "share/man/man1/sandboxd.1", "share/bash-completion/completions/sbx",
 		"share/zsh/site-functions/_sbx", "share/fish/vendor_completions.d/sbx.fish"} {
 		if _, err := os.Stat(filepath.Join(home, ".local", f)); err != nil {
 			t.Errorf("make install did not install %s: %v", f, err)

@@ -137,17 +137,23 @@ func (e *ExitedError) Unwrap() error { return e.Err }
 // FindDaemon looks for sandboxd next to the running executable (an install
 // keeps them together), then on PATH.
 func FindDaemon() (string, error) {
-	if self, err := os.Executable(); err == nil {
-		cand := filepath.Join(filepath.Dir(self), DaemonName)
-		if st, err := os.Stat(cand); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
-			return cand, nil
-		}
-	}
-	p, err := exec.LookPath(DaemonName)
+	p, err := FindBinary(DaemonName)
 	if err != nil {
 		return "", fmt.Errorf("cannot start the daemon: %s is neither next to this sbx nor on PATH: install it (make install) or start it yourself", DaemonName)
 	}
 	return p, nil
+}
+
+// FindBinary looks for the executable name next to the running executable
+// (an install keeps sandboxd's binaries together), then on PATH.
+func FindBinary(name string) (string, error) {
+	if self, err := os.Executable(); err == nil {
+		cand := filepath.Join(filepath.Dir(self), name)
+		if st, err := os.Stat(cand); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+			return cand, nil
+		}
+	}
+	return exec.LookPath(name)
 }
 
 // tail returns the last n lines written to path after offset.

@@ -51,6 +51,9 @@ type System struct {
 	// StartDaemon starts sandboxd in the background; nil disables
 	// autostart.
 	StartDaemon func(ctx context.Context, l paths.Layout, c *client.Client) error
+	// MCP serves `sbx mcp`. sbx's own replaces the process with sbx-mcp
+	// (execMCP), the binary that links the MCP server.
+	MCP func(ctx context.Context, o MCPOptions) error
 }
 
 // OS is the System of the running process.
@@ -76,6 +79,7 @@ func OS(version string) System {
 		Now:              time.Now,
 		Version:          version,
 		StartDaemon:      startDaemon,
+		MCP:              execMCP,
 	}
 }
 
@@ -102,12 +106,13 @@ type app struct {
 	layout paths.Layout
 	c      *client.Client
 	prog   *progress // the phases of slow waits, on stderr
+	args   []string  // the command line, without the program name
 }
 
 // Main runs sbx with args (without the program name) and returns its exit
 // code.
 func Main(ctx context.Context, args []string, sys System) int {
-	a := &app{sys: sys, root: root()}
+	a := &app{sys: sys, root: root(), args: args}
 	p, err := parse(a.root, args)
 	a.p = p
 	if err != nil {

@@ -171,6 +171,7 @@ type harness struct {
 	signals        chan<- os.Signal
 	mu             sync.Mutex
 	startDaemon    func(ctx context.Context, l paths.Layout, c *client.Client) error
+	mcp            func(ctx context.Context, o MCPOptions) error
 	cwd            string
 }
 
@@ -222,6 +223,7 @@ func (h *harness) run(args ...string) int {
 		Now:         time.Now,
 		Version:     "v1.0.0",
 		StartDaemon: h.startDaemon,
+		MCP:         h.mcp,
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -523,5 +525,37 @@ func TestAutostartRetries(t *testing.T) {
 	h.startDaemon = func(context.Context, paths.Layout, *client.Client) error { starts++; return nil }
 	if code := h.run("list"); code != 125 || starts != 0 {
 		t.Fatalf("SANDBOXD_NO_AUTOSTART=1 started a daemon (%d) or exit %d", starts, code)
+	}
+}
+
+// sbx mcp hands its server the checkout, the output bound and its whole
+// command line (which sbx passes on to sbx-mcp); bad options fail in sbx.
+func TestMCPHandsOverItsCommandLine(t *testing.T) {
+	h := newHarness(t)
+	var got *MCPOptions
+	h.mcp = func(_ context.Context, o MCPOptions) error { got = &o; return nil }
+	if code := h.run("mcp", "--dir", "/work/other", "--max-output", "2048"); code != ExitOK || got == nil {
+		t.Fatalf("sbx mcp: exit %d, server called: %v\n%s", code, got != nil, h.stderr.String())
+	}
+	if got.Dir != "/work/other" || got.MaxOutput != 2048 || !reflect.DeepEqual(got.Args, []string{"mcp", "--dir", "/work/other", "--max-output", "2048"}) || got.Client == nil || got.Ensure == nil {
+		t.Fatalf("server options %+v", *got)
+	}
+	got = nil
+	if code := h.run("mcp"); code != ExitOK || got == nil || got.Dir != h.cwd || got.MaxOutput != 0 {
+		t.Fatalf("sbx mcp without options: exit %d, options %+v", code, got)
+	}
+	got = nil
+	if code := h.run("mcp", "--max-output", "12"); code != ExitFailure || got != nil || !strings.Contains(h.stderr.String(), "at least 1024") {
+		t.Fatalf("sbx mcp --max-output 12: exit %d, server called %v\n%s", code, got != nil, h.stderr.String())
+	}
+}
+
+// Without sbx-mcp next to sbx or on PATH, sbx mcp says what is missing and
+// how to get it.
+func TestExecMCPMissingBinary(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	err := execMCP(context.Background(), MCPOptions{Args: []string{"mcp"}})
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "sbx-mcp, which is neither next to this sbx nor on PATH") || !strings.Contains(err.Error(), "make install") {
+		t.Fatalf("execMCP without sbx-mcp: %v", err)
 	}
 }

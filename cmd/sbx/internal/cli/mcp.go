@@ -3,10 +3,33 @@ package cli
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
+	"syscall"
 
-	"github.com/sandboxd/sandboxd/cmd/sbx/internal/mcp"
+	"github.com/sandboxd/sandboxd/cmd/sbx/internal/autostart"
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc/client"
 )
+
+// MCPBinary is the executable that serves `sbx mcp`: the MCP SDK lives there
+// and not in sbx, whose every start-up would otherwise pay for the SDK's
+// package initialisation. sbx looks for it next to itself, then on PATH.
+const MCPBinary = "sbx-mcp"
+
+// MCPOptions are what `sbx mcp` hands its server.
+type MCPOptions struct {
+	Client *client.Client
+	// Dir is the checkout a tool call means when it names none.
+	Dir string
+	// MaxOutput bounds an exec's stdout and stderr (0: the server's default).
+	MaxOutput int
+	Version   string
+	// Ensure starts the daemon when none answers.
+	Ensure func(ctx context.Context) error
+	// Args is sbx's command line (without the program name).
+	Args []string
+}
 
 // mcpServe is `sbx mcp`: a Model Context Protocol server on stdin/stdout
 // until the client goes away. Nothing else may write to stdout.
@@ -18,7 +41,7 @@ func (a *app) mcpServe(ctx context.Context) int {
 	if a.p.strings["dir"] != "" {
 		dir = a.p.strings["dir"]
 	}
-	max := mcp.DefaultMaxOutput
+	max := 0
 	if s := a.p.strings["max-output"]; s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1024 {
@@ -26,9 +49,12 @@ func (a *app) mcpServe(ctx context.Context) int {
 		}
 		max = n
 	}
+	if a.sys.MCP == nil {
+		return a.fail(errdefs.Internal(fmt.Errorf("this sbx has no MCP server: run %s (it comes with sbx)", MCPBinary)))
+	}
 	ctx, stop := a.interruptContext(ctx)
 	defer stop()
-	err = mcp.Serve(ctx, mcp.Options{
+	err = a.sys.MCP(ctx, MCPOptions{
 		Client:    a.c,
 		Dir:       dir,
 		MaxOutput: max,
@@ -36,9 +62,24 @@ func (a *app) mcpServe(ctx context.Context) int {
 		Ensure: func(ctx context.Context) error {
 			return a.call(ctx, func(ctx context.Context) error { _, err := a.c.Version(ctx); return err })
 		},
+		Args: a.args,
 	})
 	if err != nil {
 		return a.fail(err)
 	}
 	return ExitOK
+}
+
+// execMCP is sbx's MCP: it replaces this process with sbx-mcp, given the
+// same command line, so the agent's stdio, signals and exit status are
+// sbx-mcp's own.
+func execMCP(_ context.Context, o MCPOptions) error {
+	bin, err := autostart.FindBinary(MCPBinary)
+	if err != nil {
+		return errdefs.NotFoundf("sbx mcp runs %s, which is neither next to this sbx nor on PATH\ninstall it with sbx (make install, or the sandboxd package), or build it next to sbx: go build -o \"$(dirname \"$(command -v sbx)\")\" ./cmd/sbx/sbx-mcp", MCPBinary)
+	}
+	if err := syscall.Exec(bin, append([]string{bin}, o.Args...), os.Environ()); err != nil {
+		return fmt.Errorf("run %s for sbx mcp: %w", bin, err)
+	}
+	return nil // not reached: the process is sbx-mcp now
 }
