@@ -9,32 +9,86 @@ import (
 	"testing"
 )
 
-// BenchmarkPrepareOneFileChange measures the local half of a push for a
-// repository of 1,000 files with one file edited: what every synced exec
-// pays before its one push request.
-func BenchmarkPrepareOneFileChange(b *testing.B) {
-	isolate(b)
-	dir := filepath.Join(b.TempDir(), "repo")
+// benchSizes are the repository sizes of the table: a one-file
+// change must cost the same in all of them.
+var benchSizes = []int{200, 5000, 50000}
+
+// benchFullScan measures without the change tracker, for comparison.
+var benchFullScan = os.Getenv("BENCH_FULL_SCAN") == "1"
+
+// benchRepo commits n small files, 20 to a directory, two levels deep,
+// and refreshes the index as a user's git would.
+func benchRepo(b *testing.B, dir string, n int) string {
+	b.Helper()
 	git(b, filepath.Dir(dir), "init", "-q", "-b", "main", dir)
-	for i := 0; i < 1000; i++ {
-		writeFile(b, filepath.Join(dir, fmt.Sprintf("pkg%02d/file%04d.go", i%20, i)), fmt.Sprintf("package pkg\n\n// file %d\nvar X%d = %d\n", i, i, i))
+	for i := 0; i < n; i++ {
+		writeFile(b, filepath.Join(dir, benchPath(i)), fmt.Sprintf("package pkg\n\n// file %d\nvar X%d = %d\n", i, i, i))
 	}
 	git(b, dir, "add", "-A")
 	git(b, dir, "commit", "-q", "-m", "base")
-	base := strings.TrimSpace(git(b, dir, "rev-parse", "HEAD"))
-	git(b, dir, "status", "-s") // refresh the index's stat data, as a user's git would
-	writeFile(b, filepath.Join(dir, "pkg03/file0003.go"), "package pkg\n\n// edited\n")
-	s := New(Options{})
-	ctx := context.Background()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		p, err := s.Prepare(ctx, dir, base)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if len(p.Files) != 1 {
-			b.Fatalf("files %v", p.Files)
-		}
+	git(b, dir, "status", "-s")
+	return strings.TrimSpace(git(b, dir, "rev-parse", "HEAD"))
+}
+
+func benchPath(i int) string {
+	d := i / 20
+	return fmt.Sprintf("pkg%03d/sub%03d/file%05d.go", d/50, d%50, i)
+}
+
+// BenchmarkPrepareOneFileChange measures the local half of a push with one
+// file edited before each Prepare: what every synced exec pays before its
+// push request, at 200, 5,000 and 50,000 files.
+func BenchmarkPrepareOneFileChange(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("files=%d", n), func(b *testing.B) {
+			isolate(b)
+			dir := filepath.Join(b.TempDir(), "repo")
+			base := benchRepo(b, dir, n)
+			s := newBenchSyncer(b)
+			ctx := context.Background()
+			edited := filepath.Join(dir, benchPath(n/2))
+			if _, err := s.Prepare(ctx, dir, base); err != nil { // the first one scans
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				writeFile(b, edited, fmt.Sprintf("package pkg\n\n// edited %d\n", i))
+				b.StartTimer()
+				p, err := s.Prepare(ctx, dir, base)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(p.Files) != 1 {
+					b.Fatalf("files %v", p.Files)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkPrepareNoChange measures Prepare when nothing changed since the
+// previous one.
+func BenchmarkPrepareNoChange(b *testing.B) {
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("files=%d", n), func(b *testing.B) {
+			isolate(b)
+			dir := filepath.Join(b.TempDir(), "repo")
+			base := benchRepo(b, dir, n)
+			writeFile(b, filepath.Join(dir, benchPath(n/2)), "package pkg\n\n// edited\n")
+			s := newBenchSyncer(b)
+			ctx := context.Background()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				p, err := s.Prepare(ctx, dir, base)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if len(p.Files) != 1 {
+					b.Fatalf("files %v", p.Files)
+				}
+			}
+		})
 	}
 }
 
@@ -56,7 +110,7 @@ func BenchmarkSyncedExecOneFileChange(b *testing.B) {
 	base := strings.TrimSpace(git(b, local, "rev-parse", "HEAD"))
 	git(b, local, "status", "-s")
 	writeFile(b, filepath.Join(local, "pkg03/file0003.go"), "package pkg\n\n// edited\n")
-	s := New(Options{})
+	s := newBenchSyncer(b)
 	r := &sandboxRunner{dir: sandbox}
 	ctx := context.Background()
 	b.ResetTimer()

@@ -68,6 +68,11 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives debug records (sizes, durations); default discards.
 	Logger *slog.Logger
+	// Changes, when set, tells Prepare which paths changed since its
+	// previous call for a repository, so it looks only at those and starts
+	// no process when nothing changed (daemon/watch.Trees). Without it,
+	// every Prepare scans the whole working tree.
+	Changes ChangeTracker
 	// Pause, for crash tests only, is called at named phases of a pull:
 	// "pull-before-apply" (the patch arrived, nothing applied) and
 	// "pull-before-ack" (applied, not yet acknowledged).
@@ -84,14 +89,21 @@ type Syncer struct {
 	now      func() time.Time
 	log      *slog.Logger
 	pause    func(string)
+	changes  ChangeTracker
+	// verify, for tests, checks every incremental patch against a full scan.
+	verify bool
+	// observe, for tests, learns how each Prepare was made.
+	observe func(how string)
 
 	mu     sync.Mutex
-	pushed map[string]string // sandbox key → commit known to be there
+	pushed map[string]string     // sandbox key → commit known to be there
+	prep   map[string]*prepState // repository root → its last Prepare
 }
 
 // New returns a Syncer.
 func New(o Options) *Syncer {
-	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, now: o.Now, log: o.Logger, pause: o.Pause, pushed: map[string]string{}}
+	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, now: o.Now, log: o.Logger, pause: o.Pause, changes: o.Changes,
+		pushed: map[string]string{}, prep: map[string]*prepState{}}
 	if s.pause == nil {
 		s.pause = func(string) {}
 	}

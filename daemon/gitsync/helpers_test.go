@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/daemon/watch"
 )
 
 // isolate points HOME and XDG_* at temp dirs and gives git a fixed identity,
@@ -33,6 +35,20 @@ func isolate(t testing.TB) {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
 	}
+}
+
+// newTrackedSyncer is a Syncer with a working tree tracker whose every
+// incremental patch is checked against a full scan: a stale change set
+// fails the test that made it.
+func newTrackedSyncer(t testing.TB, o Options) *Syncer {
+	t.Helper()
+	trees := watch.NewTrees(watch.TreesOptions{})
+	t.Cleanup(func() { _ = trees.Close() })
+	o.Changes = trees
+	s := New(o)
+	s.verify = true
+	s.observe = func(how string) { t.Logf("prepare: %s", how) }
+	return s
 }
 
 // sandboxRunner runs commands with /bin/sh -c in the sandbox checkout, as
@@ -101,7 +117,7 @@ func newFixture(t *testing.T, files map[string]string) *fixture {
 	git(t, f.local, "fetch", "-q", "origin")
 	git(t, root, "clone", "-q", f.origin, f.sandbox)
 	f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
-	f.s = New(Options{})
+	f.s = newTrackedSyncer(t, Options{})
 	f.r = &sandboxRunner{dir: f.sandbox}
 	return f
 }

@@ -19,6 +19,7 @@ import (
 var gitEnvOverrides = []string{
 	"GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY",
 	"GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_COMMON_DIR", "GIT_NAMESPACE", "GIT_PREFIX",
+	"GIT_LITERAL_PATHSPECS", "GIT_GLOB_PATHSPECS", "GIT_NOGLOB_PATHSPECS", "GIT_ICASE_PATHSPECS",
 }
 
 // gitCall is one local git invocation.
@@ -28,6 +29,8 @@ type gitCall struct {
 	stdin io.Reader
 	// stdout receives the output; when nil it is collected and returned.
 	stdout io.Writer
+	// literal makes pathspecs plain paths (GIT_LITERAL_PATHSPECS).
+	literal bool
 }
 
 // gitError is a failed local git command with its stderr.
@@ -52,6 +55,9 @@ func (s *Syncer) run(ctx context.Context, c gitCall, args ...string) ([]byte, er
 	cmd := exec.CommandContext(ctx, s.git, args...)
 	cmd.Dir = c.dir
 	cmd.Env = gitEnv(c.index)
+	if c.literal {
+		cmd.Env = append(cmd.Env, "GIT_LITERAL_PATHSPECS=1")
+	}
 	cmd.Stdin = c.stdin
 	var out, errb bytes.Buffer
 	if c.stdout != nil {

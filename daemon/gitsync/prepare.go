@@ -42,6 +42,55 @@ func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch,
 		return nil, errdefs.Invalid(fmt.Errorf("the base commit %q is not a full commit id: run `sbx reset` to start a new sandbox", baseSHA))
 	}
 
+	if s.changes == nil {
+		res, err := s.prepareFull(ctx, r, head)
+		if err != nil {
+			return nil, err
+		}
+		return s.finishPatch(r, baseSHA, res, start, "full"), nil
+	}
+	st := s.prepState(r.root)
+	defer st.mu.Unlock()
+	res, how, err := s.prepareTracked(ctx, r, head, st)
+	if err != nil {
+		return nil, err
+	}
+	return s.finishPatch(r, baseSHA, res, start, how), nil
+}
+
+// prepared is the working tree's difference from HEAD.
+type prepared struct {
+	head  string
+	data  []byte
+	files []string // the paths the patch changes (new side of renames)
+	added []string
+	lfs   []string
+	// recs are the diff's records, LFS files included.
+	recs []rawRec
+}
+
+// finishPatch makes the Patch the caller owns (the cached result stays
+// untouched) with its warnings.
+func (s *Syncer) finishPatch(r repo, baseSHA string, res *prepared, start time.Time, how string) *Patch {
+	p := &Patch{RepoRoot: r.root, BaseSHA: baseSHA, HeadSHA: res.head, Data: res.data,
+		Files: append([]string{}, res.files...), LFSFiles: append([]string(nil), res.lfs...)}
+	if len(p.LFSFiles) > 0 {
+		p.Warnings = append(p.Warnings, fmt.Sprintf("%d Git LFS file(s) changed locally and were not synced to the sandbox (it sees their committed version): %s",
+			len(p.LFSFiles), strings.Join(p.LFSFiles, ", ")))
+	}
+	if w := unresolvedWarning(r, res.added); w != "" {
+		p.Warnings = append(p.Warnings, w)
+	}
+	if s.observe != nil {
+		s.observe(how)
+	}
+	s.log.Debug("sync patch prepared", "repo", r.root, "how", how, "files", len(p.Files), "bytes", len(p.Data), "lfs", len(p.LFSFiles), "took", time.Since(start))
+	return p
+}
+
+// prepareFull stages the whole working tree into a copy of the user's
+// index and diffs it against head.
+func (s *Syncer) prepareFull(ctx context.Context, r repo, head string) (*prepared, error) {
 	index, cleanup, err := r.tempIndex()
 	if err != nil {
 		return nil, fmt.Errorf("prepare the sync patch: %w", err)
@@ -51,21 +100,39 @@ func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch,
 	if _, err := s.run(ctx, staged, "add", "-A"); err != nil {
 		return nil, fmt.Errorf("stage the working tree into a temporary index: %w", err)
 	}
+	res, err := s.diffIndex(ctx, r, index, head, nil)
+	if errors.Is(err, errOverflow) {
+		return nil, s.tooLarge(ctx, r, index, head)
+	}
+	return res, err
+}
+
+// diffIndex diffs index against head, limited to pathspec (literal paths)
+// when it is not nil. LFS files are left out of the patch. errOverflow
+// says the patch is over the limit.
+func (s *Syncer) diffIndex(ctx context.Context, r repo, index, head string, pathspec []string) (*prepared, error) {
 	// One diff gives both the file list (raw, NUL-separated) and the patch.
-	args := append([]string{"diff", "--cached", "--raw", "-z", "-p"}, diffOptions...)
+	args := append([]string{"diff", "--cached", "--raw", "-z", "-p", "--no-abbrev"}, diffOptions...)
 	args = append(args, head, "--")
+	call := gitCall{dir: r.root, index: index}
+	if pathspec != nil {
+		call.literal = true
+		args = append(args, pathspec...)
+	}
 	out := &limitedBuffer{max: s.maxBytes + rawAllowance, buf: &bytes.Buffer{}, failOnOverflow: true}
-	if _, err := s.run(ctx, gitCall{dir: r.root, index: index, stdout: out}, args...); err != nil && !out.overflow {
+	call.stdout = out
+	if _, err := s.run(ctx, call, args...); err != nil && !out.overflow {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		return nil, fmt.Errorf("compute the changes since %s: %w", short(head), err)
 	}
 	if out.overflow {
-		return nil, s.tooLarge(ctx, r, index, head)
+		return nil, errOverflow
 	}
-	files, added, data := parseRawPatch(out.buf.Bytes())
-	p := &Patch{RepoRoot: r.root, BaseSHA: baseSHA, HeadSHA: head, Data: data, Files: files}
+	recs, data := parseRaw(out.buf.Bytes())
+	files, added := recFiles(recs)
+	res := &prepared{head: head, data: data, files: files, added: added, recs: recs}
 	if len(files) > 0 && mayUseLFS(r, files) {
 		lfs, err := s.lfsFiles(ctx, r.root, files)
 		if err != nil {
@@ -73,75 +140,94 @@ func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch,
 		}
 		if len(lfs) > 0 {
 			// Rare: diff again without them.
-			args = append(args, ".")
-			for _, f := range lfs {
-				args = append(args, ":(exclude,literal)"+f)
+			if pathspec != nil {
+				args = append(args[:len(args)-len(pathspec)], without(pathspec, lfs)...)
+			} else {
+				args = append(args, ".")
+				for _, f := range lfs {
+					args = append(args, ":(exclude,literal)"+f)
+				}
 			}
 			out = &limitedBuffer{max: s.maxBytes + rawAllowance, buf: &bytes.Buffer{}, failOnOverflow: true}
-			if _, err := s.run(ctx, gitCall{dir: r.root, index: index, stdout: out}, args...); err != nil && !out.overflow {
+			call.stdout = out
+			if _, err := s.run(ctx, call, args...); err != nil && !out.overflow {
 				return nil, fmt.Errorf("compute the sync patch: %w", err)
 			}
 			if out.overflow {
-				return nil, s.tooLarge(ctx, r, index, head)
+				return nil, errOverflow
 			}
-			_, _, p.Data = parseRawPatch(out.buf.Bytes())
-			p.LFSFiles = lfs
-			p.Files = without(files, lfs)
+			_, res.data = parseRaw(out.buf.Bytes())
+			res.lfs = lfs
+			res.files = without(files, lfs)
 		}
 	}
-	if int64(len(p.Data)) > s.maxBytes {
-		return nil, s.tooLarge(ctx, r, index, head)
+	if int64(len(res.data)) > s.maxBytes {
+		return nil, errOverflow
 	}
-	if len(p.LFSFiles) > 0 {
-		p.Warnings = append(p.Warnings, fmt.Sprintf("%d Git LFS file(s) changed locally and were not synced to the sandbox (it sees their committed version): %s",
-			len(p.LFSFiles), strings.Join(p.LFSFiles, ", ")))
-	}
-	if w := unresolvedWarning(r, added); w != "" {
-		p.Warnings = append(p.Warnings, w)
-	}
-	s.log.Debug("sync patch prepared", "repo", r.root, "files", len(p.Files), "bytes", len(p.Data), "lfs", len(p.LFSFiles), "took", time.Since(start))
-	return p, nil
+	return res, nil
 }
 
 // rawAllowance is room for the raw file list ahead of the patch.
 const rawAllowance = 1 << 20
 
-// parseRawPatch splits `git diff --raw -z -p` output into the paths the
-// patch changes (new side of renames), the subset that is new, and the
-// patch. Raw records are ":<modes> <ids> <status>\0<path>\0[<path>\0]";
-// a NUL separates them from the patch.
-func parseRawPatch(b []byte) (files, added []string, patch []byte) {
-	files = []string{}
+// rawRec is one record of `git diff --raw -z --no-abbrev`.
+type rawRec struct {
+	dstMode string
+	dstSHA  string
+	status  byte
+	src     string // the old path of a rename or copy, else the path
+	dst     string
+}
+
+// parseRaw splits `git diff --raw -z -p` output into its records and the
+// patch. Records are ":<modes> <ids> <status>\0<path>\0[<path>\0]"; a NUL
+// separates them from the patch.
+func parseRaw(b []byte) (recs []rawRec, patch []byte) {
 	for len(b) > 0 && b[0] == ':' {
 		header, rest, ok := bytes.Cut(b, []byte{0})
 		if !ok {
 			break
 		}
-		status := byte(0)
-		if i := bytes.LastIndexByte(header, ' '); i >= 0 && i+1 < len(header) {
-			status = header[i+1]
+		var rec rawRec
+		if f := strings.Fields(string(header[1:])); len(f) == 5 {
+			rec.dstMode, rec.dstSHA = f[1], f[3]
+			if f[4] != "" {
+				rec.status = f[4][0]
+			}
 		}
 		paths := 1
-		if status == 'R' || status == 'C' {
+		if rec.status == 'R' || rec.status == 'C' {
 			paths = 2
 		}
-		var path string
 		for j := 0; j < paths; j++ {
 			var p []byte
 			p, rest, _ = bytes.Cut(rest, []byte{0})
-			path = string(p)
+			if j == 0 {
+				rec.src = string(p)
+			}
+			rec.dst = string(p)
 		}
-		files = append(files, path)
-		if status == 'A' || status == 'R' || status == 'C' {
-			added = append(added, path)
-		}
+		recs = append(recs, rec)
 		b = rest
 	}
 	if len(b) > 0 && b[0] == 0 {
 		b = b[1:]
 	}
+	return recs, b
+}
+
+// recFiles gives the paths a patch changes (new side of renames), sorted,
+// and the subset that is new.
+func recFiles(recs []rawRec) (files, added []string) {
+	files = []string{}
+	for _, r := range recs {
+		files = append(files, r.dst)
+		if r.status == 'A' || r.status == 'R' || r.status == 'C' {
+			added = append(added, r.dst)
+		}
+	}
 	sort.Strings(files)
-	return files, added, b
+	return files, added
 }
 
 // tooLarge explains a patch over the limit, naming the largest files.
