@@ -374,8 +374,11 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		}
 		for _, c := range candidates {
 			if ignored[c] {
-				if st.inSmall[c] || st.changed[c] {
-					return nil, &fallback{"newly ignored"}
+				// Not staged: absent from the sync index, so a deletion
+				// when HEAD has it (untracked since the last Prepare).
+				pathspec[c] = true
+				if st.inSmall[c] {
+					forceRemove = append(forceRemove, c)
 				}
 				continue
 			}

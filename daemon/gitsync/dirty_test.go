@@ -1,0 +1,364 @@
+package gitsync
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/daemon/watch"
+)
+
+// Each case changes the working tree (or what git makes of it) in a way
+// that a stale change set would get wrong. The fixture's Syncer checks
+// every incremental patch against a full scan, and the sandbox must end
+// up equal to the local tree.
+func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
+	cases := []struct {
+		name   string
+		files  map[string]string
+		before func(f *fixture) // before the first (full) Prepare
+		change func(f *fixture)
+	}{
+		{name: "edit, add, delete", change: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
+			writeFile(f.t, filepath.Join(f.local, "new/deep/n.txt"), "n\n")
+			rm(f, "b.txt")
+		}},
+		{name: "edit back to HEAD", before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
+		}, change: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a\n")
+		}},
+		{name: "gitignore un-ignores a file nobody touched", files: map[string]string{".gitignore": "*.log\n"}, before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "x.log"), "log\n")
+		}, change: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, ".gitignore"), "*.tmp\n")
+		}},
+		{name: "gitignore ignores an untracked file", files: map[string]string{".gitignore": "*.tmp\n"}, before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "x.log"), "log\n")
+		}, change: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, ".gitignore"), "*.log\n")
+		}},
+		{name: "info/exclude changes", before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "x.log"), "log\n")
+		}, change: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, ".git/info/exclude"), "*.log\n")
+		}},
+		{name: "an ignored file force-added to the index", files: map[string]string{".gitignore": "*.log\n"}, before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "x.log"), "log\n")
+		}, change: func(f *fixture) {
+			git(f.t, f.local, "add", "-f", "x.log")
+		}},
+		{name: "an ignored tracked file removed from the index", files: map[string]string{"keep.log": "kept\n"}, before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, ".gitignore"), "*.log\n")
+		}, change: func(f *fixture) {
+			git(f.t, f.local, "rm", "-q", "--cached", "keep.log")
+		}},
+		{name: "an edited ignored tracked file", files: map[string]string{".gitignore": "*.log\n", "keep.log": "kept\n"}, change: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "keep.log"), "edited\n")
+		}},
+		{name: "an ignored untracked file edited", files: map[string]string{".gitignore": "build/\n"}, change: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "build/out.o"), "obj\n")
+		}},
+		{name: "commit", before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
+		}, change: func(f *fixture) {
+			git(f.t, f.local, "commit", "-q", "-am", "local")
+		}},
+		{name: "branch switch", before: func(f *fixture) {
+			git(f.t, f.local, "checkout", "-q", "-b", "other")
+			writeFile(f.t, filepath.Join(f.local, "other.txt"), "other\n")
+			git(f.t, f.local, "add", "-A")
+			git(f.t, f.local, "commit", "-q", "-m", "other")
+			git(f.t, f.local, "checkout", "-q", "main")
+			writeFile(f.t, filepath.Join(f.local, "wip.txt"), "wip\n")
+		}, change: func(f *fixture) {
+			git(f.t, f.local, "checkout", "-q", "other")
+		}},
+		{name: "reset --soft keeps the files, moves HEAD", before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
+			git(f.t, f.local, "commit", "-q", "-am", "local")
+		}, change: func(f *fixture) {
+			git(f.t, f.local, "reset", "-q", "--soft", "HEAD~")
+		}},
+		{name: "directory moved out of the tree", files: map[string]string{"d/x.txt": "x\n", "d/sub/y.txt": "y\n"}, before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "d/sub/y.txt"), "y edited\n")
+		}, change: func(f *fixture) {
+			mv(f, "d", filepath.Join(f.t.TempDir(), "d"))
+		}},
+		{name: "directory renamed, then a file in it edited", files: map[string]string{"d/x.txt": "x\n", "d/sub/y.txt": "y\n"}, change: func(f *fixture) {
+			mv(f, "d", filepath.Join(f.local, "e"))
+			writeFile(f.t, filepath.Join(f.local, "e/sub/y.txt"), "y edited\n")
+		}},
+		{name: "directory moved away and back", files: map[string]string{"d/x.txt": "x\n"}, change: func(f *fixture) {
+			mv(f, "d", filepath.Join(f.local, "e"))
+			mv(f, "e", filepath.Join(f.local, "d"))
+			writeFile(f.t, filepath.Join(f.local, "d/x.txt"), "x edited\n")
+		}},
+		{name: "directory replaced by a file", files: map[string]string{"d/x.txt": "x\n"}, change: func(f *fixture) {
+			if err := os.RemoveAll(filepath.Join(f.local, "d")); err != nil {
+				f.t.Fatal(err)
+			}
+			writeFile(f.t, filepath.Join(f.local, "d"), "now a file\n")
+		}},
+		{name: "file replaced by a directory", files: map[string]string{"d": "a file\n"}, change: func(f *fixture) {
+			rm(f, "d")
+			writeFile(f.t, filepath.Join(f.local, "d/x.txt"), "x\n")
+		}},
+		{name: "directory created with mkdir -p and filled at once", change: func(f *fixture) {
+			for i := 0; i < 30; i++ {
+				writeFile(f.t, filepath.Join(f.local, fmt.Sprintf("n/%d/%d/f.txt", i%3, i)), "x\n")
+			}
+		}},
+		{name: "editor saves by rename", change: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, ".a.txt.swp"), "a saved\n")
+			mv(f, ".a.txt.swp", filepath.Join(f.local, "a.txt"))
+		}},
+		{name: "rename detected", files: map[string]string{"big.txt": strings.Repeat("line\n", 50)}, change: func(f *fixture) {
+			mv(f, "big.txt", filepath.Join(f.local, "moved.txt"))
+		}},
+		{name: "mode change", change: func(f *fixture) {
+			if err := os.Chmod(filepath.Join(f.local, "a.txt"), 0o755); err != nil {
+				f.t.Fatal(err)
+			}
+		}},
+		{name: "symlink retargeted", before: func(f *fixture) {
+			if err := os.Symlink("a.txt", filepath.Join(f.local, "link")); err != nil {
+				f.t.Fatal(err)
+			}
+		}, change: func(f *fixture) {
+			rm(f, "link")
+			if err := os.Symlink("b.txt", filepath.Join(f.local, "link")); err != nil {
+				f.t.Fatal(err)
+			}
+		}},
+		{name: "binary", change: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "bin.dat"), randomBytes(3000, 7))
+		}},
+		{name: "same content rewritten", change: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a\n")
+		}},
+		{name: "a repository created inside", change: func(f *fixture) {
+			git(f.t, f.local, "init", "-q", "inner")
+			writeFile(f.t, filepath.Join(f.local, "inner/i.txt"), "i\n")
+			git(f.t, filepath.Join(f.local, "inner"), "add", "-A")
+			git(f.t, filepath.Join(f.local, "inner"), "commit", "-q", "-m", "inner")
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			files := map[string]string{"a.txt": "a\n", "b.txt": "b\n"}
+			for k, v := range c.files {
+				files[k] = v
+			}
+			f := newFixture(t, files)
+			var hows []string
+			f.s.observe = func(how string) { hows = append(hows, how) }
+			if c.before != nil {
+				c.before(f)
+			}
+			f.syncCompare()
+			c.change(f)
+			p := f.syncCompare()
+			// Nothing changed since: the same patch again, without a scan.
+			again, err := f.s.Prepare(context.Background(), f.local, f.base)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(again.Data, p.Data) {
+				t.Fatalf("the same tree gave another patch:\n%s\nthen:\n%s", p.Data, again.Data)
+			}
+			if len(hows) != 3 || hows[2] != "incremental" {
+				t.Fatalf("prepares: %v, want the third incremental", hows)
+			}
+			t.Logf("prepares: %v", hows)
+		})
+	}
+}
+
+// syncCompare prepares and pushes (push-only, so no exec's edits are
+// pending) and checks the sandbox now holds exactly the local tree.
+func (f *fixture) syncCompare() *Patch {
+	f.t.Helper()
+	ctx := context.Background()
+	p, err := f.s.Prepare(ctx, f.local, f.base)
+	if err != nil {
+		f.t.Fatalf("prepare: %v", err)
+	}
+	p.Sandbox, p.PushOnly = "fixture", true
+	if _, err := f.s.Push(ctx, f.r, p); err != nil {
+		f.t.Fatalf("push: %v", err)
+	}
+	assertTree(f.t, f.sandbox, syncedTree(f.t, f.local))
+	return p
+}
+
+// syncedTree is the tree as the sync sees it: no untracked ignored files,
+// nothing inside another repository.
+func syncedTree(t *testing.T, root string) map[string]string {
+	tr := tree(t, root)
+	for _, p := range splitZ([]byte(git(t, root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard"))) {
+		delete(tr, p)
+	}
+	for p := range tr {
+		if strings.HasPrefix(p, "inner/") {
+			delete(tr, p)
+		}
+	}
+	return tr
+}
+
+func rm(f *fixture, name string) {
+	f.t.Helper()
+	if err := os.Remove(filepath.Join(f.local, name)); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func mv(f *fixture, name, to string) {
+	f.t.Helper()
+	if err := os.Rename(filepath.Join(f.local, name), to); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// The files a pull writes are changes like any other: the next Prepare
+// sends them (the sandbox already has them, so it ends up the same).
+func TestPulledFilesAreInTheNextPatch(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	if _, _, err := f.exec("echo from sandbox > a.txt && echo new > n.txt"); err != nil {
+		t.Fatal(err)
+	}
+	p := f.syncCompare()
+	if strings.Join(p.Files, ",") != "a.txt,n.txt" {
+		t.Fatalf("files %v", p.Files)
+	}
+	if _, _, err := f.exec("rm n.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if p := f.syncCompare(); strings.Join(p.Files, ",") != "a.txt" {
+		t.Fatalf("files %v", p.Files)
+	}
+}
+
+// The daemon's first Prepare after a start scans everything: what changed
+// while it was down is seen.
+func TestChangesWhileTheDaemonWasDown(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	f.syncCompare()
+	writeFile(t, filepath.Join(f.local, "a.txt"), "changed while down\n")
+	f.s = newTrackedSyncer(t, Options{}) // a new daemon: a new tracker
+	if p := f.syncCompare(); strings.Join(p.Files, ",") != "a.txt" {
+		t.Fatalf("files %v", p.Files)
+	}
+}
+
+// When the tracker loses events (too many changes at once) the next
+// Prepare scans everything.
+func TestTrackerOverflowScansEverything(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	trees := watch.NewTrees(watch.TreesOptions{MaxDirty: 5})
+	t.Cleanup(func() { _ = trees.Close() })
+	f.s = New(Options{Changes: trees})
+	f.s.verify = true
+	var hows []string
+	f.s.observe = func(how string) { hows = append(hows, how) }
+	f.syncCompare()
+	for i := 0; i < 20; i++ {
+		writeFile(t, filepath.Join(f.local, fmt.Sprintf("f%02d.txt", i)), "x\n")
+	}
+	if p := f.syncCompare(); len(p.Files) != 20 {
+		t.Fatalf("files %v", p.Files)
+	}
+	if hows[1] != "full:tracker" {
+		t.Fatalf("prepares %v: want a full scan after the overflow", hows)
+	}
+}
+
+// Prepare with nothing changed starts no process; one changed file costs
+// a fixed number of git processes, whatever the size of the tree.
+func TestPrepareProcessCount(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n"})
+	for i := 0; i < 300; i++ {
+		writeFile(t, filepath.Join(f.local, fmt.Sprintf("d%d/f%d.txt", i%10, i)), "x\n")
+	}
+	git(t, f.local, "add", "-A")
+	git(t, f.local, "commit", "-q", "-m", "more")
+	f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+	counter := filepath.Join(t.TempDir(), "count")
+	wrapper := filepath.Join(t.TempDir(), "git")
+	writeFile(t, wrapper, fmt.Sprintf("#!/bin/sh\necho \"$1\" >> %s\nexec git \"$@\"\n", counter))
+	if err := os.Chmod(wrapper, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.s = newTrackedSyncer(t, Options{Git: wrapper})
+	f.s.verify = false // it runs git too
+	ctx := context.Background()
+	calls := func() []string {
+		b, _ := os.ReadFile(counter)
+		_ = os.Remove(counter)
+		return strings.Fields(string(b))
+	}
+	writeFile(t, filepath.Join(f.local, "a.txt"), "edited\n")
+	if _, err := f.s.Prepare(ctx, f.local, f.base); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("first (full) prepare: %v", calls())
+	for i := 0; i < 3; i++ {
+		p, err := f.s.Prepare(ctx, f.local, f.base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := calls(); len(c) != 0 || strings.Join(p.Files, ",") != "a.txt" {
+			t.Fatalf("nothing changed: git ran %v, files %v", c, p.Files)
+		}
+	}
+	writeFile(t, filepath.Join(f.local, "d3/f3.txt"), "edited\n")
+	p, err := f.s.Prepare(ctx, f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := calls(); strings.Join(c, ",") != "update-index,diff" || strings.Join(p.Files, ",") != "a.txt,d3/f3.txt" {
+		t.Fatalf("one tracked file edited: git ran %v, files %v", c, p.Files)
+	}
+	writeFile(t, filepath.Join(f.local, "new.txt"), "new\n")
+	p, err = f.s.Prepare(ctx, f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := calls(); strings.Join(c, ",") != "check-ignore,update-index,diff" || strings.Join(p.Files, ",") != "a.txt,d3/f3.txt,new.txt" {
+		t.Fatalf("one new file: git ran %v, files %v", c, p.Files)
+	}
+}
+
+// Prepares of one repository from many sandboxes at once agree.
+func TestConcurrentPreparesAgree(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	f.syncCompare()
+	writeFile(t, filepath.Join(f.local, "a.txt"), "edited\n")
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, err := f.s.Prepare(context.Background(), f.local, f.base)
+			if err == nil && strings.Join(p.Files, ",") != "a.txt" {
+				err = fmt.Errorf("files %v", p.Files)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
