@@ -72,10 +72,7 @@ func stampOf(p string) stamp {
 		return st
 	}
 	st.exists, st.size, st.mtime, st.modeBit = true, fi.Size(), fi.ModTime().UnixNano(), uint32(fi.Mode())
-	if sys, ok := fi.Sys().(*syscall.Stat_t); ok {
-		st.ino = sys.Ino
-		st.ctime = sys.Ctim.Sec*1e9 + sys.Ctim.Nsec
-	}
+	st.ino, st.ctime = inodeAndCtime(fi)
 	return st
 }
 

@@ -37,6 +37,7 @@ type Services struct {
 	forwards *forward.Manager
 	remote   *remote.Provider
 	watcher  *watch.Watcher
+	trees    *watch.Trees
 	loop     *reconcile.Loop
 	layout   remoteLayout
 	log      *slog.Logger
@@ -71,6 +72,9 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	branches := watch.NewBranches(w, func(repoRoot, oldBranch, newBranch string) {
 		s.bus.Publish(events.BranchChanged, "", "", map[string]string{"repoRoot": repoRoot, "from": oldBranch, "to": newBranch})
 	})
+	// Which paths of each synced working tree changed: a synced exec
+	// looks at those only.
+	s.trees = watch.NewTrees(watch.TreesOptions{Logger: log})
 	s.remote = remote.New(s.remoteSettings(deps.Config), log)
 	pause := testPause(os.Getenv(testPauseEnv), log)
 
@@ -102,7 +106,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		Remotes:      s.remote,
 		Pool:         s.pool,
 		Queue:        execq.New(),
-		Sync:         gitsync.New(gitsync.Options{Logger: log, Pause: pause}),
+		Sync:         gitsync.New(gitsync.Options{Logger: log, Pause: pause, Changes: s.trees}),
 		Events:       s.bus,
 		Branches:     branches,
 		Watcher:      w,
@@ -115,6 +119,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	if err != nil {
 		s.pool.Close()
 		w.Close()
+		s.trees.Close()
 		return nil, err
 	}
 	s.manager = m
@@ -241,7 +246,7 @@ func (s *Services) Close(ctx context.Context) error {
 		errs = append(errs, ctx.Err())
 	}
 	s.forwards.Shutdown()
-	errs = append(errs, s.pool.Close(), s.watcher.Close())
+	errs = append(errs, s.pool.Close(), s.watcher.Close(), s.trees.Close())
 	s.bus.Close()
 	return errors.Join(errs...)
 }
