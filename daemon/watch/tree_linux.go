@@ -29,10 +29,12 @@ type inotifyTrees struct {
 	t    *Trees
 	f    *os.File // the inotify descriptor, read through the runtime poller
 	fd   int
-	err  error // inotify unavailable: every answer is full
 	done chan struct{}
 
 	mu      sync.Mutex
+	started bool
+	closed  bool
+	err     error // inotify unavailable: every answer is full
 	trees   map[string]*itree // by root
 	wds     map[int32]watchRef
 	cookies map[string]chan struct{} // marker file → its waiter
@@ -64,25 +66,39 @@ type itree struct {
 }
 
 func newTreeBackend(t *Trees) treeBackend {
-	b := &inotifyTrees{t: t, trees: map[string]*itree{}, wds: map[int32]watchRef{}, cookies: map[string]chan struct{}{}, done: make(chan struct{})}
+	return &inotifyTrees{t: t, trees: map[string]*itree{}, wds: map[int32]watchRef{}, cookies: map[string]chan struct{}{}, done: make(chan struct{})}
+}
+
+// openLocked opens the inotify instance on first use (instances are few per
+// user; a daemon that never syncs holds none). Called with b.mu held.
+func (b *inotifyTrees) openLocked() {
+	if b.started {
+		return
+	}
+	b.started = true
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		b.err = err
 		close(b.done)
-		t.log.Warn("watching working trees unavailable: every synced exec scans the whole tree; raise fs.inotify.max_user_instances to fix", "err", err)
-		return b
+		b.t.log.Warn("watching working trees unavailable: every synced exec scans the whole tree; raise fs.inotify.max_user_instances to fix", "err", err)
+		return
 	}
 	b.fd = fd
 	b.f = os.NewFile(uintptr(fd), "inotify")
 	go b.read()
-	return b
 }
 
 func (b *inotifyTrees) changes(ctx context.Context, root, cookieDir string) ([]string, []string, bool) {
-	if b.err != nil {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
 		return nil, nil, true
 	}
-	b.mu.Lock()
+	b.openLocked()
+	if b.err != nil {
+		b.mu.Unlock()
+		return nil, nil, true
+	}
 	tr := b.trees[root]
 	if tr != nil && tr.cookieDir != cookieDir {
 		b.dropLocked(tr)
@@ -301,7 +317,11 @@ func (b *inotifyTrees) sweep(before time.Time, max int) {
 }
 
 func (b *inotifyTrees) close() error {
-	if b.err != nil {
+	b.mu.Lock()
+	started, failed := b.started, b.err != nil
+	b.started, b.closed = true, true
+	b.mu.Unlock()
+	if !started || failed {
 		return nil
 	}
 	err := b.f.Close()
