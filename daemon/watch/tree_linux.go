@@ -34,7 +34,7 @@ type inotifyTrees struct {
 	mu      sync.Mutex
 	started bool
 	closed  bool
-	err     error // inotify unavailable: every answer is full
+	err     error             // inotify unavailable: every answer is full
 	trees   map[string]*itree // by root
 	wds     map[int32]watchRef
 	cookies map[string]chan struct{} // marker file → its waiter
