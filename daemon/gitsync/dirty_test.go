@@ -143,6 +143,19 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 		{name: "same content rewritten", change: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a\n")
 		}},
+		{name: "stash with untracked files", before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
+			writeFile(f.t, filepath.Join(f.local, "u/new.txt"), "u\n")
+		}, change: func(f *fixture) {
+			git(f.t, f.local, "stash", "-q", "-u")
+		}},
+		{name: "stash pop", before: func(f *fixture) {
+			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
+			writeFile(f.t, filepath.Join(f.local, "u/new.txt"), "u\n")
+			git(f.t, f.local, "stash", "-q", "-u")
+		}, change: func(f *fixture) {
+			git(f.t, f.local, "stash", "pop", "-q")
+		}},
 		{name: "a repository created inside", change: func(f *fixture) {
 			git(f.t, f.local, "init", "-q", "inner")
 			writeFile(f.t, filepath.Join(f.local, "inner/i.txt"), "i\n")
