@@ -99,6 +99,8 @@ type fixture struct {
 	base    string
 	s       *Syncer
 	r       *sandboxRunner
+	// compareTrees: syncCompare checks the sandbox's tree.
+	compareTrees bool
 }
 
 // newFixture commits files in a new local repository, publishes it to a
@@ -119,6 +121,7 @@ func newFixture(t *testing.T, files map[string]string) *fixture {
 	f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
 	f.s = newTrackedSyncer(t, Options{})
 	f.r = &sandboxRunner{dir: f.sandbox}
+	f.compareTrees = true
 	return f
 }
 

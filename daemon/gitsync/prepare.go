@@ -277,6 +277,16 @@ func mayUseLFS(r repo, files []string) bool {
 // lfsFiles returns the files among paths whose filter attribute is lfs. It
 // reads .gitattributes only, so git-lfs need not be installed.
 func (s *Syncer) lfsFiles(ctx context.Context, dir string, paths []string) ([]string, error) {
+	if len(paths) == 0 {
+		return nil, nil
+	}
+	// No attributes file that could apply mentions lfs (the common case):
+	// no process. Only the plain layout is read; others ask git.
+	if fi, err := os.Stat(filepath.Join(dir, ".git")); err == nil && fi.IsDir() {
+		if !mayUseLFS(repo{root: dir, gitDir: filepath.Join(dir, ".git")}, paths) {
+			return nil, nil
+		}
+	}
 	in := strings.Join(paths, "\x00") + "\x00"
 	out, err := s.run(ctx, gitCall{dir: dir, stdin: strings.NewReader(in)}, "check-attr", "-z", "--stdin", "filter")
 	if err != nil {
