@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -40,6 +41,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(asBinaryEnv) == "1" {
 		os.Exit(serveForTest(os.Args[1:]))
 	}
+	if port := os.Getenv(listenEnv); port != "" {
+		os.Exit(listenOnce(port))
+	}
 	if n, err := strconv.Atoi(os.Getenv(allocEnv)); err == nil {
 		// In a sandbox: use n bytes of memory.
 		b := make([]byte, n)
@@ -49,6 +53,26 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// listenEnv makes the test binary (in a sandbox) listen on 127.0.0.1:port,
+// say "listening", and answer one connection with "inside".
+const listenEnv = "LOCALCLOUD_TEST_LISTEN"
+
+func listenOnce(port string) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:"+port)
+	if err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	fmt.Println("listening")
+	c, err := ln.Accept()
+	if err != nil {
+		return 1
+	}
+	c.Write([]byte("inside\n"))
+	c.Close()
+	return 0
 }
 
 func serveForTest(args []string) int {

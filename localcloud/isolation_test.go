@@ -4,12 +4,16 @@ package localcloud
 
 import (
 	"context"
+	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 
@@ -127,5 +131,131 @@ func TestRunOverItsMemoryLimitIsEnded(t *testing.T) {
 	st := waitCompleted(t, c, id)
 	if st.Reason != runs.ReasonFailed || !strings.Contains(st.Detail, "memory limit") {
 		t.Fatalf("the run ended with %+v, want failed: memory limit", st)
+	}
+}
+
+// nobody is the unprivileged user the tests run a server as.
+const nobody = 65534
+
+// TestForwardWhenNotRoot: a localcloud that is not root (here the test
+// binary re-executed as nobody, with its own HOME) cannot move into a
+// sandbox's network namespace; a port forward still reaches a server the
+// sandbox listens on, not the machine's listener on the same port.
+func TestForwardWhenNotRoot(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a server as another user; as a user, every forward test takes this path")
+	}
+	// Everything nobody reads lives below a directory it can reach.
+	base, err := os.MkdirTemp("", "sbx-unpriv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	if err := os.Chmod(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(base, "localcloud.test")
+	if err := os.WriteFile(exe, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	home := filepath.Join(base, "home")
+	if err := os.Mkdir(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
+	def := repo(t, plainConfig)
+	origin := filepath.Join(base, "origin.git")
+	if err := os.Rename(def.Git.OriginURL, origin); err != nil {
+		t.Fatal(err)
+	}
+	def.Git.OriginURL = origin
+	if err := filepath.Walk(base, func(p string, _ os.FileInfo, err error) error {
+		if err != nil || p == base || p == exe {
+			return err
+		}
+		return os.Lchown(p, nobody, nobody)
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("host\n"))
+			c.Close()
+		}
+	}()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+
+	dir := filepath.Join(home, "state")
+	cmd := exec.Command(exe, "serve", "--state-dir", dir)
+	cmd.Env = []string{asBinaryEnv + "=1", "HOME=" + home, "PATH=" + os.Getenv("PATH"), "GIT_CONFIG_NOSYSTEM=1",
+		"XDG_STATE_HOME=" + filepath.Join(home, ".local/state"), "XDG_DATA_HOME=" + filepath.Join(home, ".local/share"),
+		"XDG_CONFIG_HOME=" + filepath.Join(home, ".config"), "XDG_RUNTIME_DIR=" + filepath.Join(home, "run")}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	var logs strings.Builder
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// SIGTERM: the server ends its sandboxes, and everything in them.
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("server output:\n%s", logs.String())
+		}
+	})
+	c := discoveryClient(t, waitDiscovery(t, dir, cmd.Process.Pid))
+	id := c.create(def, "")
+	c.waitState(id, runs.Sandboxable)
+	ws := filepath.Join(dir, "runs", id, "workspace")
+	if err := os.WriteFile(filepath.Join(ws, "listener"), bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sc := dialSandbox(t, c.connInfo(id))
+	s, err := sc.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	out, err := s.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(listenEnv + "=" + port + " ./listener"); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 64)
+	if n, _ := out.Read(line); !strings.HasPrefix(string(line[:n]), "listening") {
+		t.Fatalf("the listener in the sandbox did not start: %q", line[:n])
+	}
+	fc, err := sc.Dial("tcp", "127.0.0.1:"+port)
+	if err != nil {
+		t.Fatalf("forward to the sandbox's port %s from a localcloud that is not root: %v", port, err)
+	}
+	defer fc.Close()
+	got, _ := io.ReadAll(fc)
+	if string(got) != "inside\n" {
+		t.Fatalf("the forward reached %q, want the sandbox's listener", got)
 	}
 }

@@ -51,6 +51,13 @@ func newCgroups(root string) (*cgroups, error) {
 		if _, err := os.Stat(filepath.Join(base, "cgroup.procs")); err != nil {
 			return nil, fmt.Errorf("cgroup %s: %s is not a cgroup: %w", c, base, err)
 		}
+		// base may exist already, made by another user (root): a group
+		// made and removed here says this process can use it.
+		probe := filepath.Join(base, fmt.Sprintf("probe-%d", os.Getpid()))
+		if err := os.Mkdir(probe, 0o755); err != nil {
+			return nil, fmt.Errorf("cgroup %s is not writable: %w", c, err)
+		}
+		_ = os.Remove(probe)
 		cg.base[c] = base
 	}
 	return cg, nil

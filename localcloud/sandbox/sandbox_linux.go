@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,6 +33,9 @@ type Provider struct {
 	nsent  string
 	setpv  string
 	prlim  string
+	// viaDialer: port forwards go through a dialer process in the sandbox
+	// (set once setns was refused: this process is not root).
+	viaDialer atomic.Bool
 }
 
 // New checks what the machine provides, by starting and entering a probe
@@ -111,6 +115,60 @@ type Sandbox struct {
 	cgDirs    []string
 	done      chan struct{}
 	closeOnce sync.Once
+	dialer    dialer
+	// ownerNS is the user namespace owning the sandbox's other namespaces
+	// when it is not the one its processes run in (bubblewrap nests one
+	// when not run as root); nil otherwise. nsPID is the holder's pid
+	// inside the sandbox.
+	ownerNS     *os.File
+	ownerNSPath string
+	nsPID       int
+}
+
+// findOwnerNS sets ownerNS when the sandbox's namespaces are owned by a
+// user namespace its processes are not in.
+func (s *Sandbox) findOwnerNS() error {
+	ipc, err := os.Open(fmt.Sprintf("/proc/%d/ns/ipc", s.pid))
+	if err != nil {
+		return fmt.Errorf("open the sandbox's namespaces: %w", err)
+	}
+	defer ipc.Close()
+	fd, err := unix.IoctlRetInt(int(ipc.Fd()), unix.NS_GET_USERNS)
+	if err != nil {
+		return fmt.Errorf("find the sandbox's user namespace: %w", err)
+	}
+	owner := os.NewFile(uintptr(fd), "userns")
+	var a, b unix.Stat_t
+	if err := unix.Fstat(fd, &a); err != nil {
+		owner.Close()
+		return fmt.Errorf("find the sandbox's user namespace: %w", err)
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/user", s.pid), &b); err != nil {
+		owner.Close()
+		return fmt.Errorf("find the sandbox's user namespace: %w", err)
+	}
+	if a.Ino == b.Ino && a.Dev == b.Dev {
+		owner.Close()
+		return nil
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.pid))
+	if err != nil {
+		owner.Close()
+		return fmt.Errorf("read the sandbox holder's status: %w", err)
+	}
+	for _, line := range strings.Split(string(st), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "NSpid:" {
+			s.nsPID, _ = strconv.Atoi(f[len(f)-1])
+		}
+	}
+	if s.nsPID <= 0 {
+		owner.Close()
+		return errors.New("the sandbox holder's pid inside the sandbox is not known")
+	}
+	// nsenter opens it through this process's descriptor table.
+	s.ownerNS = owner
+	s.ownerNSPath = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), owner.Fd())
+	return nil
 }
 
 // Start creates run spec's namespaces. With isolation none it returns a
@@ -225,6 +283,10 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		_ = cmd.Wait()
 		close(s.done)
 	}()
+	if err := s.findOwnerNS(); err != nil {
+		s.Close()
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -257,11 +319,23 @@ func (s *Sandbox) Command(ctx context.Context, dir string, argv ...string) *exec
 	if dir != "" && filepath.Clean(dir) != s.spec.Workspace {
 		argv = append([]string{"/bin/sh", "-c", `cd -- "$0" && exec "$@"`, dir}, argv...)
 	}
-	full := []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--user", "--mount", "--pid", "--uts", "--ipc"}
+	var full []string
+	if s.ownerNS == nil {
+		full = []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--user", "--mount", "--pid", "--uts", "--ipc"}
+	} else {
+		// The namespaces belong to the user namespace outside the one the
+		// sandbox's processes are in: enter that one (where this user has
+		// the capabilities setns needs) to join them, then the inner one.
+		full = []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--user=" + s.ownerNSPath, "--preserve-credentials", "--mount", "--pid", "--uts", "--ipc"}
+	}
 	if s.p.opts.Network == NetworkLoopback {
 		full = append(full, "--net")
 	}
-	full = append(full, "--root", "--wd", "--", s.p.setpv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--")
+	full = append(full, "--root", "--wd", "--")
+	if s.ownerNS != nil {
+		full = append(full, s.p.nsent, "--preserve-credentials", "--user=/proc/"+strconv.Itoa(s.nsPID)+"/ns/user", "--")
+	}
+	full = append(full, s.p.setpv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--")
 	full = s.p.enterCgroups(s.cgDirs, append(full, argv...))
 	return exec.CommandContext(ctx, full[0], full[1:]...)
 }
@@ -273,11 +347,16 @@ func (s *Sandbox) DialTCP(ctx context.Context, addr string) (net.Conn, error) {
 	if s.holder == nil || s.p.opts.Network != NetworkLoopback {
 		return d.DialContext(ctx, "tcp", addr)
 	}
-	// The socket is created on a thread moved into the sandbox's network
-	// namespace; a connected socket stays in the namespace it was made in.
+	if s.p.viaDialer.Load() {
+		return s.dialer.dial(ctx, s, addr)
+	}
+	// Root: the socket is created on a thread moved into the sandbox's
+	// network namespace; a connected socket stays in the namespace it was
+	// made in.
 	type result struct {
-		c   net.Conn
-		err error
+		c      net.Conn
+		err    error
+		denied bool
 	}
 	ch := make(chan result, 1)
 	go func() {
@@ -298,16 +377,21 @@ func (s *Sandbox) DialTCP(ctx context.Context, addr string) (net.Conn, error) {
 		defer target.Close()
 		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{err: fmt.Errorf("enter the sandbox's network namespace: %w", err)}
+			ch <- result{err: fmt.Errorf("enter the sandbox's network namespace: %w", err), denied: errors.Is(err, unix.EPERM)}
 			return
 		}
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread()
 		} // else the thread stays locked and exits with this goroutine
-		ch <- result{c, err}
+		ch <- result{c: c, err: err}
 	}()
 	r := <-ch
+	if r.denied {
+		// Not root: from now on, through the sandbox's dialer.
+		s.p.viaDialer.Store(true)
+		return s.dialer.dial(ctx, s, addr)
+	}
 	return r.c, r.err
 }
 
@@ -359,6 +443,10 @@ func (s *Sandbox) Close() error {
 		case <-time.After(5 * time.Second):
 			_ = s.holder.Process.Kill()
 			<-s.done
+		}
+		s.dialer.close()
+		if s.ownerNS != nil {
+			s.ownerNS.Close()
 		}
 		s.removeCgroups()
 	})

@@ -6,11 +6,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -232,6 +235,94 @@ func TestNetworkLoopbackOnly(t *testing.T) {
 	n, _ := c.Read(got)
 	if string(got[:n]) != "inside\n" {
 		t.Fatalf("DialTCP reached %q, want the sandbox's listener", got[:n])
+	}
+}
+
+// Through the dialer (the path of a localcloud that is not root, forced
+// here): a port the sandbox listens on is reached, the host's listener on
+// the same port is not, a closed port is an error, and the dialer comes
+// back after it was killed.
+func TestDialerReachesTheSandbox(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("host\n"))
+			c.Close()
+		}
+	}()
+	sb, ws := start(t, Options{})
+	sb.p.viaDialer.Store(true)
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	bin := helperIn(t, ws)
+	listen := func() *exec.Cmd {
+		t.Helper()
+		cmd := sb.Command(context.Background(), ws, bin)
+		cmd.Env = []string{helperEnv + "=listen:" + port}
+		out, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		buf := make([]byte, 10)
+		if n, _ := out.Read(buf); !strings.HasPrefix(string(buf[:n]), "listening") {
+			t.Fatalf("the listener did not start: %q", buf[:n])
+		}
+		return cmd
+	}
+	read := func() string {
+		t.Helper()
+		c, err := sb.DialTCP(context.Background(), "127.0.0.1:"+port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		got, _ := io.ReadAll(c)
+		return string(got)
+	}
+	first := listen()
+	if got := read(); got != "inside\n" {
+		t.Fatalf("the dialer reached %q, want the sandbox's listener", got)
+	}
+	// The listener serves one connection and ends: then the port is closed.
+	_ = first.Wait()
+	if c, err := sb.DialTCP(context.Background(), "127.0.0.1:"+port); err == nil || !strings.Contains(err.Error(), "refused") {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("dialing a closed port in the sandbox: %v, want connection refused", err)
+	}
+	// Kill the dialer itself, in the sandbox's PID namespace.
+	ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", sb.pid))
+	killed := 0
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		env, _ := os.ReadFile("/proc/" + e.Name() + "/environ")
+		pidns, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid")
+		if pidns == ns && strings.Contains(string(env), dialerEnv+"=1") {
+			pid, _ := strconv.Atoi(e.Name())
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed++
+			}
+		}
+	}
+	if killed != 1 {
+		t.Fatalf("killed %d dialers, want 1", killed)
+	}
+	sb.dialer.mu.Lock()
+	done := sb.dialer.done
+	sb.dialer.mu.Unlock()
+	<-done
+	listen()
+	if got := read(); got != "inside\n" {
+		t.Fatalf("after the dialer was killed: reached %q", got)
 	}
 }
 
