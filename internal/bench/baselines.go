@@ -137,7 +137,10 @@ func (r *runner) baselineA(ctx context.Context, repo string) error {
 		}
 		return nil
 	}
-	vars := append(slices.Clone(r.e.vars), "RWX_HOST="+d.Host(), "RWX_ACCESS_TOKEN="+r.e.lcToken, "SSL_CERT_FILE="+d.CertFile)
+	vars, err := r.rwxVars()
+	if err != nil {
+		return err
+	}
 	change := func(tag string, i int) error {
 		return os.WriteFile(filepath.Join(repo, "README.md"), []byte("rwx "+tag+" "+strconv.Itoa(i)+"\n"), 0o644)
 	}

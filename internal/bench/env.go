@@ -291,10 +291,12 @@ func (e *env) git(dir string, args ...string) error {
 	return nil
 }
 
-const sandboxConfig = "tasks:\n  - key: sandbox\n    run: rwx-sandbox\n"
+// sandboxConfig names its base, as the RWX CLI wants (it would write one
+// into the file otherwise, a change in the working tree).
+const sandboxConfig = "base:\n  image: ubuntu:24.04\n  config: rwx/base 1.0.0\n\ntasks:\n  - key: sandbox\n    run: rwx-sandbox\n"
 
 // makeRepo creates a committed repository of n files (100 per directory)
-// plus a README and the sandbox config.
+// plus a README and the sandbox config, its own origin.
 func (e *env) makeRepo(dir string, n int) error {
 	if err := os.MkdirAll(filepath.Join(dir, ".rwx"), 0o755); err != nil {
 		return err
@@ -322,7 +324,15 @@ func (e *env) makeRepo(dir string, n int) error {
 	if err := e.git(dir, "add", "-A"); err != nil {
 		return err
 	}
-	return e.git(dir, "commit", "-q", "-m", "init")
+	if err := e.git(dir, "commit", "-q", "-m", "init"); err != nil {
+		return err
+	}
+	// An origin that has the commit, as the RWX CLI needs to start a
+	// sandbox (it clones from origin): the repository itself.
+	if err := e.git(dir, "remote", "add", "origin", dir); err != nil {
+		return err
+	}
+	return e.git(dir, "fetch", "-q", "origin")
 }
 
 // copyTree copies a small directory tree (a template repository).

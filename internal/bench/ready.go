@@ -154,6 +154,9 @@ func (r *runner) ratios() {
 		add("baseline A / sbx no-sync", "baseline A: API call + fresh SSH + lock + true + unlock", "exec --no-sync -- true, sbx", ms, "")
 		add(fmt.Sprintf("synced %d files / %d files, sbx", big, small), synced(big, "sbx"), synced(small, "sbx"), ms, "target <= 1.5")
 		add("synced / no-sync, sbx", synced(small, "sbx"), "exec --no-sync -- true, sbx", ms, "")
+		for _, files := range r.sz.repoFiles {
+			add(fmt.Sprintf("sbx start --wait / RWX CLI start --wait, %d files", files), startRow(files, "sbx"), startRow(files, "RWX CLI"), ms, "target <= 1")
+		}
 		add("RWX CLI synced / sbx synced", "baseline A: RWX CLI `rwx sandbox exec -- true`, 1 changed file", synced(small, "sbx"), ms, "")
 	}
 }

@@ -20,6 +20,7 @@ type sizes struct {
 	repoFiles    []int // synced-exec repositories
 	n            int   // samples of a cheap scenario
 	nSynced      map[int]int
+	nStart       map[int]int // start --wait samples per repository
 	bursts       int
 	concurrent   int // execs per caller in the concurrency scenarios
 	multi        int // sandboxes of the "4 on each" scenario
@@ -32,14 +33,14 @@ type sizes struct {
 
 var fullSizes = sizes{
 	repoFiles: []int{200, 5000, 50000}, n: 30,
-	nSynced: map[int]int{200: 15, 5000: 9, 50000: 5},
-	bursts:  3, concurrent: 4, multi: 16, liveRSS: 100, listSessions: 200, nList: 7, readySess: 1000, nReady: 5,
+	nSynced: map[int]int{200: 15, 5000: 9, 50000: 5}, nStart: map[int]int{200: 5, 5000: 3, 50000: 3},
+	bursts: 3, concurrent: 4, multi: 16, liveRSS: 100, listSessions: 200, nList: 7, readySess: 1000, nReady: 5,
 }
 
 var quickSizes = sizes{
 	repoFiles: []int{200}, n: 5,
-	nSynced: map[int]int{200: 3},
-	bursts:  1, concurrent: 1, multi: 4, liveRSS: 8, listSessions: 12, nList: 2, readySess: 100, nReady: 2,
+	nSynced: map[int]int{200: 3}, nStart: map[int]int{200: 2},
+	bursts: 1, concurrent: 1, multi: 4, liveRSS: 8, listSessions: 12, nList: 2, readySess: 100, nReady: 2,
 }
 
 type runner struct {
@@ -184,6 +185,7 @@ func (r *runner) perRTT(ctx context.Context) error {
 		func(ctx context.Context) error { return r.baselineA(ctx, small) },
 		func(ctx context.Context) error { return r.baselineB(ctx, small) },
 		func(ctx context.Context) error { return r.concurrent(ctx) },
+		func(ctx context.Context) error { return r.startWait(ctx) },
 	}
 	for _, step := range steps {
 		if err := step(ctx); err != nil {
