@@ -16,25 +16,35 @@ type peer struct {
 
 type peerKey struct{}
 
-// peerOf reads the peer credentials of a Unix socket connection.
-func peerOf(c net.Conn) peer {
+// PeerCred reads the credentials of the process on the other end of a Unix
+// socket connection: SO_PEERCRED on Linux (for a client, the server's when
+// it called listen), LOCAL_PEERCRED on macOS (readPeerCred).
+func PeerCred(c net.Conn) (uid, gid, pid int, err error) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
-		return peer{err: fmt.Errorf("connection is not a Unix socket (%T), so its user cannot be checked", c)}
+		return 0, 0, 0, fmt.Errorf("connection is not a Unix socket (%T), so its user cannot be checked", c)
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return peer{err: fmt.Errorf("read peer credentials: %w", err)}
+		return 0, 0, 0, fmt.Errorf("read peer credentials: %w", err)
 	}
-	var uid, gid, pid int
 	var credErr error
 	if err := raw.Control(func(fd uintptr) {
 		uid, gid, pid, credErr = readPeerCred(int(fd))
 	}); err != nil {
-		return peer{err: fmt.Errorf("read peer credentials: %w", err)}
+		return 0, 0, 0, fmt.Errorf("read peer credentials: %w", err)
 	}
 	if credErr != nil {
-		return peer{err: fmt.Errorf("read peer credentials: %w", credErr)}
+		return 0, 0, 0, fmt.Errorf("read peer credentials: %w", credErr)
+	}
+	return uid, gid, pid, nil
+}
+
+// peerOf reads the peer credentials of a Unix socket connection.
+func peerOf(c net.Conn) peer {
+	uid, gid, pid, err := PeerCred(c)
+	if err != nil {
+		return peer{err: err}
 	}
 	return peer{uid: uid, gid: gid, pid: pid}
 }

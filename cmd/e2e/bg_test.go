@@ -138,7 +138,7 @@ func TestBackgroundServerForwardOutlivesEverything(t *testing.T) {
 
 	// The daemon dies and comes back: the forward is reopened on its port.
 	d.kill()
-	d = e.startDaemon()
+	e.startDaemon() // stopped by the test's cleanup
 	waitServes(t, "after a daemon SIGKILL and restart", url, "served v1\n")
 
 	// Logs: python logs each request on stderr.

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
 )
 
 // UntrustedError says what serves the socket is not this user's sandboxd: a
@@ -68,11 +69,11 @@ func verifyDaemon(conn net.Conn, socket string) error {
 	if sowner, ok := ownerOf(si); !ok || sowner != uid {
 		return untrusted("the socket belongs to %s, not to you (%s)", describeUID(sowner), describeUID(uid))
 	}
-	peer, known, err := peerUID(conn)
+	peer, _, _, err := ipc.PeerCred(conn)
 	if err != nil {
 		return errdefs.Unavailable(fmt.Errorf("read the credentials of the process serving %s: %w", socket, err))
 	}
-	if known && peer != uid {
+	if peer != uid {
 		return untrusted("the process serving it runs as %s, not as you (%s)", describeUID(peer), describeUID(uid))
 	}
 	return nil
