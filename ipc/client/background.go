@@ -1,14 +1,10 @@
 package client
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net/http"
-	"net/url"
 
-	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
 )
 
@@ -29,28 +25,13 @@ func (c *Client) BgStop(ctx context.Context, req ipc.BgRequest) (ipc.BgProcess, 
 
 // BgList is GET /v1/bg.
 func (c *Client) BgList(ctx context.Context, req ipc.BgListRequest) (ipc.BgListResponse, error) {
-	q := url.Values{}
-	for k, v := range map[string]string{"cwd": req.Cwd, "configFile": req.ConfigFile, "runId": req.RunID} {
-		if v != "" {
-			q.Set(k, v)
-		}
-	}
-	return call[ipc.BgListResponse](ctx, c, http.MethodGet, "/v1/bg", q, nil)
+	return call[ipc.BgListResponse](ctx, c, http.MethodGet, "/v1/bg", targetQuery(req), nil)
 }
 
 // BgLogs is POST /v1/bg/logs: the process's output goes to stdout and
 // stderr as it comes; with req.Follow it returns when ctx ends.
 func (c *Client) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr io.Writer) (ipc.ExecResult, error) {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return ipc.ExecResult{}, errdefs.Invalidf("encode the logs request: %v", err)
-	}
-	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/bg/logs", nil, bytes.NewReader(body))
-	if err != nil {
-		return ipc.ExecResult{}, err
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	resp, err := c.send(hreq)
+	resp, err := c.sendJSON(ctx, http.MethodPost, "/v1/bg/logs", nil, req)
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}

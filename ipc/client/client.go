@@ -229,24 +229,30 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// do sends in (JSON, unless nil) and decodes the answer into out.
-func (c *Client) do(ctx context.Context, method, path string, q url.Values, in, out any) error {
+// sendJSON sends in (JSON, unless nil) and returns the response of a 2xx
+// answer.
+func (c *Client) sendJSON(ctx context.Context, method, path string, q url.Values, in any) (*http.Response, error) {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
 		if err != nil {
-			return errdefs.Invalidf("encode the %s %s request: %v", method, path, err)
+			return nil, errdefs.Invalidf("encode the %s %s request: %v", method, path, err)
 		}
 		body = bytes.NewReader(b)
 	}
 	req, err := c.newRequest(ctx, method, path, q, body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := c.send(req)
+	return c.send(req)
+}
+
+// do sends in (JSON, unless nil) and decodes the answer into out.
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	resp, err := c.sendJSON(ctx, method, path, q, in)
 	if err != nil {
 		return err
 	}
@@ -351,13 +357,18 @@ func (c *Client) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitRespons
 
 // Status is GET /v1/status.
 func (c *Client) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeResponse, error) {
+	return call[ipc.ProbeResponse](ctx, c, http.MethodGet, "/v1/status", targetQuery(req), nil)
+}
+
+// targetQuery is a target as query parameters, those given only.
+func targetQuery(t ipc.Target) url.Values {
 	q := url.Values{}
-	for k, v := range map[string]string{"cwd": req.Cwd, "configFile": req.ConfigFile, "runId": req.RunID} {
+	for k, v := range map[string]string{"cwd": t.Cwd, "configFile": t.ConfigFile, "runId": t.RunID} {
 		if v != "" {
 			q.Set(k, v)
 		}
 	}
-	return call[ipc.ProbeResponse](ctx, c, http.MethodGet, "/v1/status", q, nil)
+	return q
 }
 
 // Probe is GET /v1/sessions/{id}/probe.
