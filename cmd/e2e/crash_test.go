@@ -6,7 +6,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"io/fs"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -42,7 +42,7 @@ func newCrashEnv(t *testing.T, name string) *crashEnv {
 	e.mustSbx(c.repo, "exec", "--", "true") // warm, and the work is synced
 	c.counter = counterFile(t, name)
 	c.marker = fmt.Sprintf("%d.%06d", 700+os.Getpid()%200, time.Now().UnixNano()%1000000)
-	c.tree = snapshotTree(t, c.repo)
+	c.tree = treeSnapshot(t, c.repo)
 	return c
 }
 
@@ -55,34 +55,6 @@ func (c *crashEnv) command() []string {
 func (c *crashEnv) waitCommandStarted() {
 	c.t.Helper()
 	waitUntil(c.t, 30*time.Second, "the command to start", func() bool { return lines(c.t, c.counter) == 1 })
-}
-
-// snapshotTree reads every file of the working tree (not .git, nor
-// .rwx/sandboxes: the git-ignored bookkeeping shared with the RWX CLI).
-func snapshotTree(t testing.TB, root string) map[string]string {
-	t.Helper()
-	files := map[string]string{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && (d.Name() == ".git" || p == filepath.Join(root, ".rwx", "sandboxes")) {
-			return filepath.SkipDir
-		}
-		if !d.IsDir() {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			rel, _ := filepath.Rel(root, p)
-			files[rel] = string(b)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return files
 }
 
 // lcRuns lists the runs the local remote has in progress, with the
@@ -171,21 +143,9 @@ func (c *crashEnv) checkAfterCrash(clients ...*bgSbx) {
 	if r := b.wait(t, 90*time.Second); r.code != 0 {
 		t.Fatalf("the next exec after the crash: %s", r)
 	}
-	if got := snapshotTree(t, c.repo); !equalTrees(got, c.tree) {
+	if got := treeSnapshot(t, c.repo); !maps.Equal(got, c.tree) {
 		t.Errorf("the working tree changed:\nbefore %q\nafter  %q", c.tree, got)
 	}
-}
-
-func equalTrees(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // newStartCrashEnv is a crash case during a start: a checkout whose sandbox
@@ -199,7 +159,7 @@ func newStartCrashEnv(t *testing.T, name string) *crashEnv {
 	writeFile(t, filepath.Join(c.repo, "work.txt"), "uncommitted work\n")
 	c.counter = counterFile(t, name)
 	c.marker = "no-such-process-" + name
-	c.tree = snapshotTree(t, c.repo)
+	c.tree = treeSnapshot(t, c.repo)
 	return c
 }
 

@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/userenv"
 )
 
 // binDir holds the binaries built for this run.
@@ -74,29 +76,13 @@ func newEnv(t testing.TB) *env {
 		t.Fatal(err)
 	}
 	e := &env{t: t, root: root}
-	home := filepath.Join(root, "home")
-	rt := filepath.Join(root, "run")
-	for _, d := range []string{home, rt} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
+	vars, err := userenv.Vars(root, binDir, "e2e")
+	if err != nil {
+		t.Fatal(err)
 	}
-	e.vars = []string{
-		"HOME=" + home,
-		"XDG_STATE_HOME=" + filepath.Join(home, ".local/state"),
-		"XDG_CONFIG_HOME=" + filepath.Join(home, ".config"),
-		"XDG_DATA_HOME=" + filepath.Join(home, ".local/share"),
-		"XDG_RUNTIME_DIR=" + rt,
-		"PATH=" + binDir + ":" + os.Getenv("PATH"),
-		"GIT_AUTHOR_NAME=e2e", "GIT_AUTHOR_EMAIL=e2e@example.com",
-		"GIT_COMMITTER_NAME=e2e", "GIT_COMMITTER_EMAIL=e2e@example.com",
-		"GIT_CONFIG_NOSYSTEM=1",
-		"SANDBOXD_NO_AUTOSTART=1",
-		"LANG=C.UTF-8",
-		// The local remote's sandboxes are isolated; the tests' commands
-		// leave markers in this scratch directory, so it is shared.
-		"SANDBOXD_LOCALCLOUD_SHARE=" + root + "," + markerDir,
-	}
+	// The local remote's sandboxes are isolated; the tests' commands leave
+	// markers in this scratch directory, so it is shared.
+	e.vars = append(vars, "SANDBOXD_LOCALCLOUD_SHARE="+root+","+markerDir)
 	t.Cleanup(func() {
 		e.stopLocalcloud()
 		logs, _ := filepath.Glob(filepath.Join(e.get("XDG_DATA_HOME"), "sandboxd", "localcloud", "*.log"))
@@ -115,18 +101,9 @@ func (e *env) with(extra ...string) []string {
 	return append(append([]string(nil), e.vars...), extra...)
 }
 
-func (e *env) get(key string) string {
-	for i := len(e.vars) - 1; i >= 0; i-- {
-		if k, v, _ := strings.Cut(e.vars[i], "="); k == key {
-			return v
-		}
-	}
-	return ""
-}
+func (e *env) get(key string) string { return userenv.Get(e.vars, key) }
 
-func (e *env) socket() string {
-	return filepath.Join(e.get("XDG_RUNTIME_DIR"), "sandboxd", "sandboxd.sock")
-}
+func (e *env) socket() string { return userenv.Socket(e.vars) }
 
 // daemon is a running sandboxd.
 type daemon struct {

@@ -13,7 +13,7 @@ import (
 // treeSnapshot maps every file of a working tree (outside .git, and outside
 // .rwx/sandboxes, the git-ignored bookkeeping sandboxd shares with the RWX
 // CLI) to its content and mode, to compare trees byte for byte.
-func treeSnapshot(t *testing.T, root string) map[string]string {
+func treeSnapshot(t testing.TB, root string) map[string]string {
 	t.Helper()
 	snap := map[string]string{}
 	err := filepath.Walk(root, func(p string, info os.FileInfo, err error) error {

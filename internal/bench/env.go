@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/userenv"
 	"github.com/sandboxd/sandboxd/ipc/client"
 	"github.com/sandboxd/sandboxd/localcloud"
 	"github.com/sandboxd/sandboxd/localcloud/agent"
@@ -41,42 +42,16 @@ type env struct {
 }
 
 func newEnv(bin, root string) (*env, error) {
-	home := filepath.Join(root, "home")
-	rt := filepath.Join(root, "run")
-	for _, d := range []string{home, rt} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, fmt.Errorf("create %s: %w", d, err)
-		}
+	vars, err := userenv.Vars(root, bin, "bench")
+	if err != nil {
+		return nil, err
 	}
-	e := &env{bin: bin, root: root}
-	e.vars = []string{
-		"HOME=" + home,
-		"XDG_STATE_HOME=" + filepath.Join(home, ".local/state"),
-		"XDG_CONFIG_HOME=" + filepath.Join(home, ".config"),
-		"XDG_DATA_HOME=" + filepath.Join(home, ".local/share"),
-		"XDG_RUNTIME_DIR=" + rt,
-		"PATH=" + bin + ":" + os.Getenv("PATH"),
-		"GIT_AUTHOR_NAME=bench", "GIT_AUTHOR_EMAIL=bench@example.com",
-		"GIT_COMMITTER_NAME=bench", "GIT_COMMITTER_EMAIL=bench@example.com",
-		"GIT_CONFIG_NOSYSTEM=1",
-		"SANDBOXD_NO_AUTOSTART=1",
-		"LANG=C.UTF-8",
-	}
-	return e, nil
+	return &env{bin: bin, root: root, vars: vars}, nil
 }
 
-func (e *env) get(key string) string {
-	for i := len(e.vars) - 1; i >= 0; i-- {
-		if k, v, _ := strings.Cut(e.vars[i], "="); k == key {
-			return v
-		}
-	}
-	return ""
-}
+func (e *env) get(key string) string { return userenv.Get(e.vars, key) }
 
-func (e *env) socket() string {
-	return filepath.Join(e.get("XDG_RUNTIME_DIR"), "sandboxd", "sandboxd.sock")
-}
+func (e *env) socket() string { return userenv.Socket(e.vars) }
 
 func (e *env) localcloudDir() string {
 	return filepath.Join(e.get("XDG_DATA_HOME"), "sandboxd", "localcloud")

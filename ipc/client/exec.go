@@ -44,14 +44,9 @@ type ExecOptions struct {
 // A failure before the command ran is a kinded error with the daemon's
 // message; so is a failure after it started (its outcome is then unknown).
 func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions) (ipc.ExecResult, error) {
-	req.Stdin = opts.Stdin != nil
-	req.TTY = opts.TTY
-	if err := req.CheckText(); err != nil {
-		return ipc.ExecResult{}, err
-	}
-	first, err := json.Marshal(req)
+	first, err := execRequest(req, opts)
 	if err != nil {
-		return ipc.ExecResult{}, errdefs.Invalidf("encode the exec request: %v", err)
+		return ipc.ExecResult{}, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -113,6 +108,21 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 		up.stop()
 	}
 	return res, err
+}
+
+// execRequest is the first line of an exec's request stream: req with the
+// streams opts gives.
+func execRequest(req ipc.ExecRequest, opts ExecOptions) ([]byte, error) {
+	req.Stdin = opts.Stdin != nil
+	req.TTY = opts.TTY
+	if err := req.CheckText(); err != nil {
+		return nil, err
+	}
+	first, err := json.Marshal(req)
+	if err != nil {
+		return nil, errdefs.Invalidf("encode the exec request: %v", err)
+	}
+	return first, nil
 }
 
 // readExec relays output frames until the final one.

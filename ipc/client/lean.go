@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,14 +22,9 @@ import (
 // such as sbx, where each exec is the whole life of the program; the
 // semantics (frames, errors, cancellation) are those of Exec.
 func (c *Client) ExecLean(ctx context.Context, req ipc.ExecRequest, opts ExecOptions) (ipc.ExecResult, error) {
-	req.Stdin = opts.Stdin != nil
-	req.TTY = opts.TTY
-	if err := req.CheckText(); err != nil {
-		return ipc.ExecResult{}, err
-	}
-	first, err := json.Marshal(req)
+	first, err := execRequest(req, opts)
 	if err != nil {
-		return ipc.ExecResult{}, errdefs.Invalidf("encode the exec request: %v", err)
+		return ipc.ExecResult{}, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
