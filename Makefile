@@ -59,9 +59,11 @@ help:
 	@echo "make darwin   go vet and cross-build for macOS (amd64, arm64); make test runs it"
 	@echo "make lint     gofmt and go vet"
 
+# Static (CGO_ENABLED=0), as packaged: no dynamic loader and libc to map at
+# every sbx start (0.7 ms of CPU per exec, measured).
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(call cmds,$(BINARIES) $(TOOLS))
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(call cmds,$(BINARIES) $(TOOLS))
 
 # make run: sandboxd in the foreground. The local remote it starts on demand
 # (sandboxd-localcloud) outlives a daemon by design (its sandboxes survive a

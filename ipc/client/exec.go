@@ -185,10 +185,20 @@ func write(w io.Writer, p []byte) error {
 
 var errUplinkDone = errors.New("exec request stream ended")
 
+// uplinkWriter is where an uplink writes its frames: a pipe into the
+// request body net/http sends (Exec), or the connection itself, a chunk a
+// frame (ExecLean). Close and CloseWithError(errUplinkDone) end the stream
+// cleanly; another error abandons it.
+type uplinkWriter interface {
+	io.Writer
+	Close() error
+	CloseWithError(err error) error
+}
+
 // uplink writes the request stream: the request line, then stdin and
 // signal frames.
 type uplink struct {
-	pw   *io.PipeWriter
+	pw   uplinkWriter
 	done chan struct{}
 	once sync.Once
 

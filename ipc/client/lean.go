@@ -8,8 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httputil"
+	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
@@ -54,24 +55,12 @@ func (c *Client) ExecLean(ctx context.Context, req ipc.ExecRequest, opts ExecOpt
 		return ipc.ExecResult{}, transportError(ctx, http.MethodPost, "/v1/exec", err)
 	}
 	var up *uplink
-	var upDone chan struct{}
 	if streaming {
-		pr, pw := io.Pipe()
-		up = &uplink{pw: pw, done: make(chan struct{})}
+		// Each frame the uplink writes goes out as one chunk, written by
+		// the uplink itself: no pipe, no copying goroutine.
+		up = &uplink{pw: &chunkedConn{w: conn}, done: make(chan struct{})}
 		go up.run(ctx, first, opts.Stdin, opts.Signals, opts.Resizes)
 		defer up.stop()
-		// Each frame the uplink writes goes out as one chunk.
-		upDone = make(chan struct{})
-		go func() {
-			defer close(upDone)
-			cw := httputil.NewChunkedWriter(conn)
-			if _, err := io.Copy(cw, pr); err == nil || errors.Is(err, errUplinkDone) {
-				if cw.Close() == nil {
-					_, _ = io.WriteString(conn, "\r\n")
-				}
-			}
-			_ = pr.Close()
-		}()
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
@@ -99,9 +88,56 @@ func (c *Client) ExecLean(ctx context.Context, req ipc.ExecRequest, opts ExecOpt
 	if up != nil {
 		// End the request stream cleanly before the connection closes.
 		up.stop()
-		<-upDone
 	}
 	return res, err
+}
+
+// chunkedConn is the request body of a streaming ExecLean: each Write is
+// one HTTP/1.1 chunk on the connection, and ending the stream cleanly
+// writes the last chunk, once.
+type chunkedConn struct {
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool
+}
+
+func (c *chunkedConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, io.ErrClosedPipe
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	buf := make([]byte, 0, len(p)+20)
+	buf = strconv.AppendInt(buf, int64(len(p)), 16)
+	buf = append(buf, "\r\n"...)
+	buf = append(buf, p...)
+	buf = append(buf, "\r\n"...)
+	if _, err := c.w.Write(buf); err != nil {
+		c.closed = true
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (c *chunkedConn) Close() error { return c.CloseWithError(nil) }
+
+// CloseWithError ends the body: with the last chunk when err is nil or
+// errUplinkDone, abandoned otherwise (the connection's close tells).
+func (c *chunkedConn) CloseWithError(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if err != nil && !errors.Is(err, errUplinkDone) {
+		return nil
+	}
+	_, werr := io.WriteString(c.w, "0\r\n\r\n")
+	return werr
 }
 
 // headerSafe drops what could end a header line.
