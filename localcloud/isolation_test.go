@@ -4,6 +4,8 @@ package localcloud
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -92,6 +94,54 @@ func TestSandboxIsolation(t *testing.T) {
 	if out, err := ps.CombinedOutput("tty"); err != nil || !strings.HasPrefix(strings.TrimSpace(string(out)), "/dev/pts/") {
 		t.Errorf("tty in the sandbox: %v %q", err, out)
 	}
+	// A shell with job control on that terminal takes it and gives it
+	// back: it leads its own session inside the sandbox's PID namespace
+	// (made outside, the session's group has no number inside, and dash
+	// exits 2 with "Cannot set tty process group").
+	js, err := sc.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := js.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
+		t.Fatal(err)
+	}
+	var exit *ssh.ExitError
+	if out, err := js.CombinedOutput("sh -i -c 'exit 7'"); !errors.As(err, &exit) || exit.ExitStatus() != 7 {
+		t.Errorf("an interactive shell on a terminal in the sandbox: %v %q, want exit status 7", err, out)
+	}
+	// A signal for a command on a terminal reaches it in its session
+	// inside (not only the process that entered the namespaces): the
+	// session ends with that signal.
+	ks, err := sc.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
+		t.Fatal(err)
+	}
+	kin, _ := ks.StdinPipe()
+	kout, _ := ks.StdoutPipe()
+	if err := ks.Shell(); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(kin, "echo READY-$((1+1))")
+	if !readUntil(kout, "READY-2") {
+		t.Fatal("the shell on a terminal did not answer")
+	}
+	if err := ks.Signal(ssh.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- ks.Wait() }()
+	select {
+	case err := <-ended:
+		if !errors.As(err, &exit) || exit.Signal() != "KILL" {
+			t.Errorf("the killed shell's session ended with %v, want signal KILL", err)
+		}
+	case <-time.After(30 * time.Second):
+		_, _ = sandboxRun(t, sc, "kill -9 -1") // frees the server to end
+		t.Fatal("the shell's session did not end on SIGKILL: the signal did not reach the shell")
+	}
 	self := strconv.Itoa(os.Getpid())
 	if out, err := sandboxRun(t, sc, "kill -0 "+self+" || ls -d /proc/"+self); err == nil {
 		t.Errorf("the sandbox sees the server's pid %s: %q", self, out)
@@ -103,6 +153,22 @@ func TestSandboxIsolation(t *testing.T) {
 	_, port, _ := net.SplitHostPort(srv.httpsLn.Addr().String())
 	if out, err := sandboxRun(t, sc, "bash -c 'exec 3<>/dev/tcp/127.0.0.1/"+port+"' && echo connected"); err == nil || strings.Contains(out, "connected") {
 		t.Errorf("the sandbox reached the API's port %s on the machine's loopback: %q", port, out)
+	}
+}
+
+// readUntil reads r until it has seen want (false at the end of r).
+func readUntil(r io.Reader, want string) bool {
+	var seen []byte
+	buf := make([]byte, 4096)
+	for {
+		n, err := r.Read(buf)
+		seen = append(seen, buf[:n]...)
+		if strings.Contains(string(seen), want) {
+			return true
+		}
+		if err != nil {
+			return false
+		}
 	}
 }
 

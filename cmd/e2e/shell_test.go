@@ -82,12 +82,10 @@ func (p *tmuxPane) waitFor(re string) string {
 // on), syncs both ways, exits with the shell's status, and leaves the
 // local terminal as it found it (cooked, echoing).
 func TestShellUnderPseudoTerminal(t *testing.T) {
+	// Under the local remote's default isolation: the shell leads its own
+	// session inside the sandbox's namespaces, so its job control (Ctrl-Z,
+	// kill %1) can give the terminal back at exit and the status is 7.
 	e := newEnv(t)
-	// Known gap: inside the local remote's namespaces, a shell that used job
-	// control (Ctrl-Z, then kill %1) cannot give the terminal back at exit
-	// ("Cannot set tty process group") and exits 2. Until that is fixed the
-	// terminal path is tested without isolation.
-	e.vars = append(e.vars, "SANDBOXD_LOCALCLOUD_ISOLATION=none")
 	e.startDaemon()
 	repo := e.newRepo("shell", defaultConfig)
 	writeFile(t, filepath.Join(repo, "local.txt"), "from the laptop\n")

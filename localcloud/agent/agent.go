@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -92,6 +93,21 @@ func (a *Agent) command(argv ...string) *exec.Cmd {
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = a.cfg.Workspace
+	return cmd
+}
+
+// terminalCommand builds argv to run in the workspace on a terminal (its
+// stdin, stdout and stderr): argv leads a new session whose controlling
+// terminal that is, made inside the sandbox when the sandbox can
+// (TerminalCommand), so that job control inside sees its own groups.
+func (a *Agent) terminalCommand(argv ...string) *exec.Cmd {
+	if t, ok := a.cfg.Sandbox.(interface {
+		TerminalCommand(ctx context.Context, dir string, argv ...string) *exec.Cmd
+	}); ok {
+		return t.TerminalCommand(context.Background(), a.cfg.Workspace, argv...)
+	}
+	cmd := a.command(argv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	return cmd
 }
 

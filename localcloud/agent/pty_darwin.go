@@ -48,3 +48,7 @@ func setWinsize(f *os.File, cols, rows uint32) error {
 	}
 	return unix.IoctlSetWinsize(int(f.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: uint16(rows), Col: uint16(cols)})
 }
+
+// terminalSession is not needed here: without a sandbox the command on a
+// terminal leads its own session, whose group signal reaches already.
+func terminalSession(*os.File) (int, error) { return 0, syscall.ENOTSUP }

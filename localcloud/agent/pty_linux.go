@@ -41,3 +41,9 @@ func setWinsize(f *os.File, cols, rows uint32) error {
 	}
 	return unix.IoctlSetWinsize(int(f.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: uint16(rows), Col: uint16(cols)})
 }
+
+// terminalSession is the session (its leader's pid, as seen here) whose
+// controlling terminal is the one behind master.
+func terminalSession(master *os.File) (int, error) {
+	return unix.IoctlGetInt(int(master.Fd()), unix.TIOCGSID)
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
@@ -241,7 +242,6 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 	if shell {
 		args = []string{loginShell(), "-i"}
 	}
-	cmd := a.command(args...)
 	s.mu.Lock()
 	env := append(append([]string{}, a.cfg.Env...), s.env...)
 	var p *ptyRequest
@@ -250,6 +250,12 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 		p = &cp
 	}
 	s.mu.Unlock()
+	var cmd *exec.Cmd
+	if p != nil {
+		cmd = a.terminalCommand(args...)
+	} else {
+		cmd = a.command(args...)
+	}
 	if p != nil {
 		term := p.Term
 		if term == "" {
@@ -269,7 +275,7 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 		defer master.Close()
 		_ = setWinsize(tty, p.Columns, p.Rows)
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-		cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0})
+		cmd.SysProcAttr = dieWithServer(cmd.SysProcAttr) // a new session, the terminal its own
 	} else {
 		stdin, perr := cmd.StdinPipe()
 		if perr != nil {
@@ -344,6 +350,15 @@ func (s *session) signal(sig syscall.Signal) error {
 			return nil
 		}
 		return errors.New("no command is running")
+	}
+	if s.master != nil {
+		// On a terminal the command leads a session of its own, made
+		// inside the sandbox (terminalCommand), apart from s.pid's group
+		// (what entered the namespaces). The signal goes to it alone:
+		// the process outside then ends as it does, after reaping it.
+		if sid, err := terminalSession(s.master); err == nil && sid > 0 && sid != s.pid {
+			return syscall.Kill(-sid, sig)
+		}
 	}
 	return syscall.Kill(-s.pid, sig)
 }

@@ -36,6 +36,7 @@ type Provider struct {
 	// viaDialer: port forwards go through a dialer process in the sandbox
 	// (set once setns was refused: this process is not root).
 	viaDialer atomic.Bool
+	setsid    string
 }
 
 // New checks what the machine provides, by starting and entering a probe
@@ -55,7 +56,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 		name string
 		dst  *string
 		pkg  string
-	}{{"bwrap", &p.bwrap, "bubblewrap"}, {"nsenter", &p.nsent, "util-linux"}, {"setpriv", &p.setpv, "util-linux"}, {"prlimit", &p.prlim, "util-linux"}} {
+	}{{"bwrap", &p.bwrap, "bubblewrap"}, {"nsenter", &p.nsent, "util-linux"}, {"setpriv", &p.setpv, "util-linux"}, {"prlimit", &p.prlim, "util-linux"}, {"setsid", &p.setsid, "util-linux"}} {
 		path, err := exec.LookPath(t.name)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s is not installed (install the %s package, or configure isolation %q to run sandboxes unisolated)", ErrUnavailable, t.name, t.pkg, IsolationNone)
@@ -338,6 +339,26 @@ func (s *Sandbox) Command(ctx context.Context, dir string, argv ...string) *exec
 	full = append(full, s.p.setpv, "--bounding-set=-all", "--inh-caps=-all", "--no-new-privs", "--")
 	full = s.p.enterCgroups(s.cgDirs, append(full, argv...))
 	return exec.CommandContext(ctx, full[0], full[1:]...)
+}
+
+// TerminalCommand is Command for a program on a terminal, which the
+// caller gives the command as stdin, stdout and stderr: the program leads
+// a new session whose controlling terminal is that terminal. Under
+// isolation that is done inside the namespaces (setsid --ctty), not by the
+// process started here: a session or process group made outside has no
+// number in the sandbox's PID namespace, and a shell with job control
+// could not give the terminal back to it at exit ("Cannot set tty process
+// group"). The command started here gets a session of its own without a
+// controlling terminal (SysProcAttr is set; the caller may add to it).
+func (s *Sandbox) TerminalCommand(ctx context.Context, dir string, argv ...string) *exec.Cmd {
+	if s.holder == nil {
+		cmd := s.Command(ctx, dir, argv...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		return cmd
+	}
+	cmd := s.Command(ctx, dir, append([]string{s.p.setsid, "--ctty"}, argv...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return cmd
 }
 
 // DialTCP connects to addr in the sandbox's network (its loopback), for

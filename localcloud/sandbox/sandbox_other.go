@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"syscall"
 )
 
 // Provider starts the sandboxes of one localcloud; off Linux only
@@ -39,6 +40,14 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 func (s *Sandbox) Command(ctx context.Context, dir string, argv ...string) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Dir = dir
+	return cmd
+}
+
+// TerminalCommand returns argv as a plain process in dir, leading a new
+// session whose controlling terminal is its stdin.
+func (s *Sandbox) TerminalCommand(ctx context.Context, dir string, argv ...string) *exec.Cmd {
+	cmd := s.Command(ctx, dir, argv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	return cmd
 }
 
