@@ -91,7 +91,8 @@ func (s *Syncer) prepState(root string) *prepState {
 // configFiles are the files outside the working tree that change what git
 // add -A stages or how: configuration (filters, autocrlf, excludes file),
 // excludes, attributes, sparse checkout.
-func (s *Syncer) configFiles(ctx context.Context, r repo) []string {
+func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok bool) {
+	ok = true
 	dirs := []string{r.gitDir}
 	if b, err := os.ReadFile(filepath.Join(r.gitDir, "commondir")); err == nil {
 		c := strings.TrimSpace(string(b))
@@ -100,7 +101,6 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) []string {
 		}
 		dirs = append(dirs, c)
 	}
-	var files []string
 	for _, d := range dirs {
 		files = append(files, filepath.Join(d, "config"), filepath.Join(d, "config.worktree"),
 			filepath.Join(d, "info", "exclude"), filepath.Join(d, "info", "attributes"), filepath.Join(d, "info", "sparse-checkout"))
@@ -124,23 +124,49 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) []string {
 	if os.Getenv("GIT_CONFIG_NOSYSTEM") == "" {
 		files = append(files, "/etc/gitconfig")
 	}
-	// A custom excludes or attributes file: asked once per full scan.
-	if out, err := s.run(ctx, gitCall{dir: r.root}, "config", "-z", "--get-regexp", `^core\.(excludesfile|attributesfile)$`); err == nil {
-		for _, kv := range splitZ(out) {
-			_, v, ok := strings.Cut(kv, "\n")
-			if !ok || v == "" {
-				continue
-			}
-			if rest, ok := strings.CutPrefix(v, "~/"); ok && home != "" {
-				v = filepath.Join(home, rest)
-			}
-			if !filepath.IsAbs(v) {
-				v = filepath.Join(r.root, v)
-			}
-			files = append(files, v)
-		}
+	// A custom excludes or attributes file, and settings under which git
+	// add keeps the index's mode or matches paths its own way (the sync
+	// index of the changed paths would not know): asked once per full scan.
+	out, err := s.run(ctx, gitCall{dir: r.root}, "config", "-z", "--get-regexp", `^core\.(excludesfile|attributesfile|filemode|symlinks|ignorecase)$`)
+	var ge *gitError
+	if err != nil && !(errors.As(err, &ge) && ge.code == 1) { // 1: none set
+		return nil, false
 	}
-	return files
+	for _, kv := range splitZ(out) {
+		k, v, _ := strings.Cut(kv, "\n")
+		switch strings.ToLower(k) {
+		case "core.filemode", "core.symlinks":
+			if !gitTrue(v) {
+				ok = false
+			}
+			continue
+		case "core.ignorecase":
+			if gitTrue(v) {
+				ok = false
+			}
+			continue
+		}
+		if v == "" {
+			continue
+		}
+		if rest, ok := strings.CutPrefix(v, "~/"); ok && home != "" {
+			v = filepath.Join(home, rest)
+		}
+		if !filepath.IsAbs(v) {
+			v = filepath.Join(r.root, v)
+		}
+		files = append(files, v)
+	}
+	return files, ok
+}
+
+// gitTrue reads a git boolean ("true" when set without a value).
+func gitTrue(v string) bool {
+	switch strings.ToLower(strings.TrimSpace(v)) {
+	case "", "true", "yes", "on", "1":
+		return true
+	}
+	return false
 }
 
 func stampsChanged(old []stamp) bool {
@@ -197,15 +223,19 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 	// The versions the scan starts from: a change after this is seen next
 	// time (by a stamp, or by the tracker, whose answer came before).
 	indexSt := stampOf(r.index)
-	stamps := s.configFiles(ctx, r)
+	stamps, supported := s.configFiles(ctx, r)
 	ix, ixErr := readIndexPaths(r.index, len(head)/2)
+	if ixErr == nil && !supported {
+		ixErr = errors.New("core.fileMode or core.symlinks is false, or core.ignoreCase true")
+	}
 	res, err := s.prepareFull(ctx, r, head)
 	if err != nil {
 		return nil, "", err
 	}
 	if ixErr != nil {
-		// An index the sync cannot read: always the full scan.
-		s.log.Debug("the user's index is not read in-process; every sync scans the whole tree", "repo", r.root, "err", ixErr)
+		// An index the sync cannot read, or settings it does not follow:
+		// always the full scan.
+		s.log.Debug("every sync of this repository scans the whole tree", "repo", r.root, "why", ixErr)
 		return res, "full:" + why, nil
 	}
 	if err := s.resetSmall(ctx, r, st, res); err != nil {

@@ -23,9 +23,12 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 		files  map[string]string
 		before func(f *fixture) // before the first (full) Prepare
 		change func(f *fixture)
-		// lfs: the sandbox keeps the committed LFS files, so only the
-		// check against a full scan applies.
-		lfs bool
+		// noTree: the sandbox does not get the local tree as it is (LFS
+		// files, modes under core.fileMode=false), so only the check
+		// against a full scan applies.
+		noTree bool
+		// full: settings under which every Prepare scans.
+		full bool
 	}{
 		{name: "edit, add, delete", change: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
@@ -130,6 +133,17 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 				f.t.Fatal(err)
 			}
 		}},
+		{name: "mode change with core.fileMode false", noTree: true, full: true, before: func(f *fixture) {
+			git(f.t, f.local, "config", "core.fileMode", "false")
+		}, change: func(f *fixture) {
+			if err := os.Chmod(filepath.Join(f.local, "a.txt"), 0o755); err != nil {
+				f.t.Fatal(err)
+			}
+			writeFile(f.t, filepath.Join(f.local, "x.sh"), "new\n")
+			if err := os.Chmod(filepath.Join(f.local, "x.sh"), 0o755); err != nil {
+				f.t.Fatal(err)
+			}
+		}},
 		{name: "symlink retargeted", before: func(f *fixture) {
 			if err := os.Symlink("a.txt", filepath.Join(f.local, "link")); err != nil {
 				f.t.Fatal(err)
@@ -146,7 +160,7 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 		{name: "same content rewritten", change: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a\n")
 		}},
-		{name: "LFS files left out", files: map[string]string{".gitattributes": "*.psd filter=lfs diff=lfs merge=lfs -text\n", "art.psd": "pointer\n"}, lfs: true, change: func(f *fixture) {
+		{name: "LFS files left out", files: map[string]string{".gitattributes": "*.psd filter=lfs diff=lfs merge=lfs -text\n", "art.psd": "pointer\n"}, noTree: true, change: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "art.psd"), "big local binary\n")
 			writeFile(f.t, filepath.Join(f.local, "new.psd"), "another\n")
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
@@ -183,7 +197,7 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 			if c.before != nil {
 				c.before(f)
 			}
-			f.compareTrees = !c.lfs
+			f.compareTrees = !c.noTree
 			f.syncCompare()
 			c.change(f)
 			p := f.syncCompare()
@@ -195,7 +209,13 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 			if !bytes.Equal(again.Data, p.Data) {
 				t.Fatalf("the same tree gave another patch:\n%s\nthen:\n%s", p.Data, again.Data)
 			}
-			if len(hows) != 3 || hows[2] != "incremental" {
+			if c.full {
+				for _, h := range hows {
+					if h == "incremental" {
+						t.Fatalf("prepares %v: want only full scans", hows)
+					}
+				}
+			} else if len(hows) != 3 || hows[2] != "incremental" {
 				t.Fatalf("prepares: %v, want the third incremental", hows)
 			}
 			t.Logf("prepares: %v", hows)
