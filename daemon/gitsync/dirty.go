@@ -194,13 +194,11 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 		why = "tracker"
 	case !st.valid:
 		why = "first"
-	case st.head != head:
-		why = "head"
 	case stampsChanged(st.stamps):
 		why = "config"
 	}
 	if why == "" {
-		res, err := s.prepareIncremental(ctx, r, st, paths, gone)
+		res, err := s.prepareIncremental(ctx, r, st, head, paths, gone)
 		if err == nil {
 			if s.verify {
 				err = s.verifyFull(ctx, r, head, res)
@@ -301,10 +299,26 @@ func removeStaleSmall(r repo) {
 
 // prepareIncremental updates the sync index for the changed paths and
 // diffs only the paths that can differ from HEAD.
-func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, paths, gone []string) (*prepared, error) {
+func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, head string, paths, gone []string) (*prepared, error) {
 	dirty := map[string]bool{}
 	for _, p := range paths {
 		dirty[p] = true
+	}
+	if head != st.head {
+		// HEAD moved (a commit, a reset, a checkout): the paths whose
+		// content differs between the two commits are looked at too; the
+		// checkout's own writes come from the tracker.
+		out, err := s.run(ctx, gitCall{dir: r.root}, "diff-tree", "-r", "-z", "--name-only", "--no-renames", st.head, head)
+		if err != nil {
+			return nil, &fallback{"head"}
+		}
+		moved := splitZ(out)
+		if len(moved) > maxIncremental {
+			return nil, &fallback{"head"}
+		}
+		for _, p := range moved {
+			dirty[p] = true
+		}
 	}
 	// The user's index: only which paths it tracks matters.
 	if now := stampOf(r.index); now != st.indexSt {
@@ -317,7 +331,7 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		}
 		st.index, st.indexSt = ix, now
 	}
-	if len(dirty) == 0 && len(gone) == 0 {
+	if len(dirty) == 0 && len(gone) == 0 && head == st.head {
 		return st.res, nil
 	}
 	if len(dirty)+len(gone) > maxIncremental {
@@ -450,10 +464,10 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 	if size > maxPathspecBytes {
 		return nil, &fallback{"pathspec"}
 	}
-	res := &prepared{head: st.head, files: []string{}}
+	res := &prepared{head: head, files: []string{}}
 	if len(spec) > 0 {
 		var err error
-		res, err = s.diffIndex(ctx, r, st.small, st.head, spec)
+		res, err = s.diffIndex(ctx, r, st.small, head, spec)
 		if errors.Is(err, errOverflow) {
 			return nil, &fallback{"too large"}
 		}
@@ -466,7 +480,7 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		st.changed[rec.src] = true
 		st.changed[rec.dst] = true
 	}
-	st.res = res
+	st.res, st.head = res, head
 	st.valid = true
 	return res, nil
 }
