@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/watch"
 )
@@ -404,5 +405,56 @@ func TestConcurrentPreparesAgree(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A file rewritten with the same size in the second the index was last
+// written ("racy git") is seen by a full scan: the copy of the index keeps
+// the index's time, so git checks that entry's content instead of trusting
+// its stat data.
+func TestFullScanSeesRacilyCleanFile(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "aaaa\n"})
+	f.s = New(Options{}) // the full scan alone
+	a, index := filepath.Join(f.local, "a.txt"), filepath.Join(f.local, ".git", "index")
+	past := time.Now().Add(-time.Minute).Truncate(time.Second)
+	for try := 0; ; try++ {
+		if err := os.Chtimes(a, past, past); err != nil {
+			t.Fatal(err)
+		}
+		git(t, f.local, "update-index", "--refresh")
+		sec := time.Now().Unix()
+		// Same size, same mtime, same inode, ctime most likely in the same
+		// second: only the content tells.
+		fh, err := os.OpenFile(a, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fh.WriteString("bbbb\n"); err != nil {
+			t.Fatal(err)
+		}
+		_ = fh.Close()
+		if err := os.Chtimes(a, past, past); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().Unix() == sec {
+			break
+		}
+		if try == 5 {
+			t.Skip("could not rewrite the file within one second")
+		}
+		writeFile(t, a, "aaaa\n")
+	}
+	// The index dated as the file: its entry is racily clean.
+	if err := os.Chtimes(index, past, past); err != nil {
+		t.Fatal(err)
+	}
+	// (git status would see it, and smudge the entry in the index: not
+	// run here.)
+	p, err := f.s.Prepare(context.Background(), f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(p.Files, ",") != "a.txt" {
+		t.Fatalf("files %v: the rewritten file was missed", p.Files)
 	}
 }

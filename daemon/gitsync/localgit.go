@@ -182,6 +182,16 @@ func (r repo) tempIndex() (string, func(), error) {
 		cleanup()
 		return "", nil, fmt.Errorf("copy the index: %w", err)
 	}
+	// The copy keeps the index's time: git trusts an entry's stat data only
+	// when the file is older than the index ("racy git"), so a copy dated
+	// now would let a file rewritten with the same size within the same
+	// second as the last index write pass for unchanged.
+	if fi, err := src.Stat(); err == nil {
+		if err := os.Chtimes(name, fi.ModTime(), fi.ModTime()); err != nil {
+			cleanup()
+			return "", nil, fmt.Errorf("copy the index: %w", err)
+		}
+	}
 	return name, cleanup, nil
 }
 
