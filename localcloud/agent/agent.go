@@ -78,6 +78,10 @@ type Config struct {
 	// forward (the run's isolation); plain processes of this user on this
 	// machine's network when nil.
 	Sandbox Sandbox
+	// SFTPServers are where the sftp subsystem looks for OpenSSH's
+	// sftp-server in the sandbox, in order, before $PATH;
+	// DefaultSFTPServers when nil.
+	SFTPServers []string
 }
 
 // Sandbox is the run's isolated environment (package localcloud/sandbox).

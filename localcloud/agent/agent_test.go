@@ -41,16 +41,25 @@ func newSigner(t testing.TB) ssh.Signer {
 
 func start(t testing.TB) *fixture {
 	t.Helper()
+	return startWith(t, func(*Config) {})
+}
+
+// startWith starts an agent with the fixture's configuration as adjust
+// changes it.
+func startWith(t testing.TB, adjust func(*Config)) *fixture {
+	t.Helper()
 	host, user := newSigner(t), newSigner(t)
 	f := &fixture{dir: t.TempDir()}
-	a, err := Start(Config{
+	cfg := Config{
 		HostKey:       host,
 		AuthorizedKey: user.PublicKey(),
 		Workspace:     f.dir,
 		Env:           []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + f.dir, "LANG=C.UTF-8", "RWX_SANDBOX=1"},
 		OnEnd:         func() { f.ended.Add(1) },
 		OutputGrace:   200 * time.Millisecond,
-	})
+	}
+	adjust(&cfg)
+	a, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

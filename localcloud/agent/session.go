@@ -142,8 +142,26 @@ func (s *session) handle(req *ssh.Request) (bool, func(context.Context)) {
 		}
 		s.started = true
 		s.mu.Unlock()
-		shell := req.Type == "shell"
-		return true, func(ctx context.Context) { s.run(ctx, shell, command) }
+		kind := runExec
+		if req.Type == "shell" {
+			kind = runShell
+		}
+		return true, func(ctx context.Context) { s.run(ctx, kind, command) }
+	case "subsystem":
+		var p struct{ Name string }
+		if ssh.Unmarshal(req.Payload, &p) != nil || p.Name != "sftp" {
+			return false, nil
+		}
+		s.conn.execRequests.Add(1)
+		s.conn.agent.total.execRequests.Add(1)
+		s.mu.Lock()
+		if s.started {
+			s.mu.Unlock()
+			return false, nil
+		}
+		s.started = true
+		s.mu.Unlock()
+		return true, func(ctx context.Context) { s.run(ctx, runSFTP, "") }
 	case "signal":
 		var p struct{ Signal string }
 		if ssh.Unmarshal(req.Payload, &p) != nil {
@@ -161,11 +179,47 @@ func (s *session) handle(req *ssh.Request) (bool, func(context.Context)) {
 	}
 }
 
-// run executes a directive, a command or a shell, then reports its exit and
-// closes the channel.
-func (s *session) run(ctx context.Context, shell bool, command string) {
+// What a session runs.
+const (
+	runExec  = iota // a command (or a directive)
+	runShell        // the interactive login shell
+	runSFTP         // the sftp subsystem
+)
+
+// DefaultSFTPServers are where distributions put OpenSSH's sftp-server
+// (Debian and Ubuntu: package openssh-sftp-server; Fedora; Arch; macOS).
+var DefaultSFTPServers = []string{"/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server",
+	"/usr/lib/ssh/sftp-server", "/usr/libexec/sftp-server", "/usr/local/libexec/sftp-server"}
+
+// sftpScript runs the first sftp-server of paths (then of $PATH) found in
+// the sandbox, as a command; it says what to install when there is none.
+func sftpScript(paths []string) string {
+	var b strings.Builder
+	b.WriteString("for p in")
+	for _, p := range paths {
+		b.WriteString(" '" + strings.ReplaceAll(p, "'", `'\''`) + "'")
+	}
+	b.WriteString(`; do [ -x "$p" ] && exec "$p"; done
+p=$(command -v sftp-server) && exec "$p"
+echo "sandboxd-localcloud: the sftp subsystem needs OpenSSH's sftp-server in the sandbox, and there is none: install it (Debian, Ubuntu: apt-get install openssh-sftp-server), or use scp -O (the classic protocol, over a command)" >&2
+exit 127`)
+	return b.String()
+}
+
+// run executes a directive, a command, a shell or a subsystem, then
+// reports its exit and closes the channel.
+func (s *session) run(ctx context.Context, kind int, command string) {
 	a := s.conn.agent
-	if !shell {
+	shell := kind == runShell
+	switch kind {
+	case runSFTP:
+		a.logCommand(s.conn, "$ (sftp)")
+		paths := a.cfg.SFTPServers
+		if paths == nil {
+			paths = DefaultSFTPServers
+		}
+		command = sftpScript(paths)
+	case runExec:
 		if handled := s.directive(ctx, strings.TrimSpace(command)); handled {
 			return
 		}
@@ -180,7 +234,7 @@ func (s *session) run(ctx context.Context, shell bool, command string) {
 			}
 			command = git
 		}
-	} else {
+	case runShell:
 		a.logCommand(s.conn, "$ (interactive shell)")
 	}
 	status, sig, err := s.runProcess(shell, command)
