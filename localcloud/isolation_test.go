@@ -68,7 +68,22 @@ func TestSandboxIsolation(t *testing.T) {
 	if out, err := sandboxRun(t, sc, "cat README"); err != nil || out != "hello" {
 		t.Fatalf("the sandbox cannot read its own workspace: %v %q", err, out)
 	}
-	for _, p := range []string{secret, srv.TokenFile(), filepath.Join(srv.Dir(), certDir, "key.pem"), filepath.Join(srv.Dir(), "runs.json"), other, filepath.Join(root, "home")} {
+	unreadable := []string{secret, srv.TokenFile(), filepath.Join(srv.Dir(), certDir, "key.pem"), filepath.Join(srv.Dir(), "runs.json"), other, filepath.Join(root, "home")}
+	if os.Geteuid() == 0 {
+		// Root's files of the system directories it sees, and one of
+		// mode 0600 in its own workspace: a root localcloud's sandbox has
+		// no more power over them than an unprivileged user.
+		own := filepath.Join(srv.Dir(), "runs", a, "workspace", "root-only")
+		if err := os.WriteFile(own, []byte("root\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []string{"/etc/shadow", own} {
+			if out, err := sandboxRun(t, sc, "cat "+p); err == nil {
+				t.Errorf("the sandbox of a root localcloud read %s: %q", p, out)
+			}
+		}
+	}
+	for _, p := range unreadable {
 		if out, err := sandboxRun(t, sc, "cat "+p+" || ls "+p); err == nil {
 			t.Errorf("the sandbox read %s: %q", p, out)
 		}

@@ -48,6 +48,12 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(markerDir)
+	// A root localcloud's sandboxes run as an unprivileged user (nobody),
+	// which must write there.
+	if err := os.Chmod(markerDir, 0o1777); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	args := []string{"build", "-o", dir}
 	if raceEnabled {
 		args = append(args, "-race")
@@ -73,6 +79,10 @@ func newEnv(t testing.TB) *env {
 	t.Helper()
 	root, err := os.MkdirTemp("", "sbxe2e")
 	if err != nil {
+		t.Fatal(err)
+	}
+	// Shared with the sandboxes too (see markerDir).
+	if err := os.Chmod(root, 0o1777); err != nil {
 		t.Fatal(err)
 	}
 	e := &env{t: t, root: root}

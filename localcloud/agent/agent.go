@@ -115,6 +115,15 @@ func (a *Agent) terminalCommand(argv ...string) *exec.Cmd {
 	return cmd
 }
 
+// own gives paths the agent made in the workspace to the sandbox's user
+// (another host user than this process's when localcloud runs as root).
+func (a *Agent) own(paths ...string) error {
+	if o, ok := a.cfg.Sandbox.(interface{ Own(...string) error }); ok {
+		return o.Own(paths...)
+	}
+	return nil
+}
+
 // devRoot is where the sandbox's /dev is seen from here ("" without a
 // sandbox, or one that shares this machine's).
 func (a *Agent) devRoot() string {

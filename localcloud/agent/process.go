@@ -219,6 +219,10 @@ func (a *Agent) startProcess(key, command string, port int) (ProcessRecord, erro
 		return ProcessRecord{}, fmt.Errorf("open the process log: %w", err)
 	}
 	defer stderr.Close()
+	// The sandbox's `background logs` tails them: they are its user's.
+	if err := a.own(dir, stdoutPath, stderrPath); err != nil {
+		return ProcessRecord{}, err
+	}
 
 	cmd := a.command("/bin/sh", "-c", command)
 	cmd.Env = a.cfg.Env

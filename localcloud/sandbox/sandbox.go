@@ -53,6 +53,13 @@ type Options struct {
 	// writable, at the same paths (tests share their scratch directory
 	// this way); none by default.
 	Share []string
+	// HostUID and HostGID are the host user and group sandbox commands
+	// run as when localcloud runs as root (so that a sandbox has no more
+	// power over this machine's files than an unprivileged user); the
+	// run's workspace and home are given to them. 65534 (nobody, nogroup)
+	// when 0. Without root, sandboxes run as localcloud's user.
+	HostUID int
+	HostGID int
 	// CgroupRoot is where cgroup v1 controllers are mounted;
 	// /sys/fs/cgroup when empty.
 	CgroupRoot string
@@ -65,6 +72,9 @@ const (
 	// DefaultCPUShares halves a run's CPU weight against the machine's
 	// other processes (1024 is a normal process group's).
 	DefaultCPUShares = 512
+	// DefaultHostUID is nobody's uid (and nogroup's gid) on Debian and
+	// most distributions.
+	DefaultHostUID = 65534
 )
 
 // Validate reports options that are not understood, with the fix.
@@ -83,6 +93,9 @@ func (o Options) Validate() error {
 		if !filepath.IsAbs(d) || filepath.Clean(d) != d {
 			return fmt.Errorf("shared directory %q must be an absolute, clean path", d)
 		}
+	}
+	if o.HostUID < 0 || o.HostGID < 0 {
+		return errors.New("the sandbox's host user and group must not be negative: use 0 for the default (65534, nobody)")
 	}
 	if o.MemoryBytes < 0 || o.MaxProcs < 0 || o.CPUShares < 0 {
 		return errors.New("resource limits must not be negative: use 0 for the defaults")
@@ -106,6 +119,12 @@ func (o Options) withDefaults() Options {
 	if o.CPUShares == 0 {
 		o.CPUShares = DefaultCPUShares
 	}
+	if o.HostUID == 0 {
+		o.HostUID = DefaultHostUID
+	}
+	if o.HostGID == 0 {
+		o.HostGID = DefaultHostUID
+	}
 	if o.CgroupRoot == "" {
 		o.CgroupRoot = "/sys/fs/cgroup"
 	}
@@ -122,6 +141,10 @@ type Report struct {
 	// namespaces; "memory-limit", "process-limit", "cpu-share".
 	Protections []string `json:"protections"`
 	Network     string   `json:"network,omitempty"`
+	// HostUID is the host user sandbox commands run as (localcloud's own
+	// unless it is root; then an unprivileged one, and the protections
+	// list "unprivileged-user").
+	HostUID int `json:"host_uid"`
 	// Shared are the machine's directories sandboxes also see.
 	Shared []string `json:"shared,omitempty"`
 	// Limits say how each limit is enforced: "cgroup-v1", "rlimit" or

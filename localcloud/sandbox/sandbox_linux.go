@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -33,6 +34,9 @@ type Provider struct {
 	nsent  string
 	setpv  string
 	prlim  string
+	sleep  string
+	// remap: this process is root, and sandboxes run as opts.HostUID.
+	remap bool
 	// viaDialer: port forwards go through a dialer process in the sandbox
 	// (set once setns was refused: this process is not root).
 	viaDialer atomic.Bool
@@ -49,14 +53,14 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	opts = opts.withDefaults()
 	p := &Provider{opts: opts}
 	if opts.Isolation == IsolationNone {
-		p.report = Report{Isolation: IsolationNone, Protections: []string{}, Degraded: []string{"isolation is configured off (isolation: none)"}}
+		p.report = Report{Isolation: IsolationNone, Protections: []string{}, HostUID: os.Geteuid(), Degraded: []string{"isolation is configured off (isolation: none)"}}
 		return p, nil
 	}
 	for _, t := range []struct {
 		name string
 		dst  *string
 		pkg  string
-	}{{"bwrap", &p.bwrap, "bubblewrap"}, {"nsenter", &p.nsent, "util-linux"}, {"setpriv", &p.setpv, "util-linux"}, {"prlimit", &p.prlim, "util-linux"}, {"setsid", &p.setsid, "util-linux"}} {
+	}{{"bwrap", &p.bwrap, "bubblewrap"}, {"nsenter", &p.nsent, "util-linux"}, {"setpriv", &p.setpv, "util-linux"}, {"prlimit", &p.prlim, "util-linux"}, {"setsid", &p.setsid, "util-linux"}, {"sleep", &p.sleep, "coreutils"}} {
 		path, err := exec.LookPath(t.name)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %s is not installed (install the %s package, or configure isolation %q to run sandboxes unisolated)", ErrUnavailable, t.name, t.pkg, IsolationNone)
@@ -66,6 +70,12 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	p.report = Report{Isolation: IsolationNamespaces, Mechanism: "bubblewrap", Network: opts.Network, Shared: opts.Share,
 		Protections: []string{"user-namespace", "mount-namespace", "pid-namespace", "uts-namespace", "ipc-namespace"},
 		Limits:      map[string]string{}}
+	p.report.HostUID = os.Geteuid()
+	if os.Geteuid() == 0 {
+		p.remap = true
+		p.report.HostUID = opts.HostUID
+		p.report.Protections = append(p.report.Protections, "unprivileged-user")
+	}
 	if opts.Network == NetworkLoopback {
 		p.report.Protections = append(p.report.Protections, "net-namespace")
 	} else {
@@ -106,6 +116,116 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 
 // Report says which protections are active.
 func (p *Provider) Report() Report { return p.report }
+
+// newUserNS makes the user namespace of a sandbox of a root localcloud:
+// its root is the unprivileged host user opts.HostUID (what every command
+// runs as), and host root is its uid 1, only so that bubblewrap, started
+// as root, can build the sandbox (no process of the sandbox runs as it but
+// bubblewrap's own, with every capability dropped).
+func (p *Provider) newUserNS() (*os.File, error) {
+	cmd := exec.Command(p.sleep, "infinity")
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:                 syscall.CLONE_NEWUSER,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: p.opts.HostUID, Size: 1}, {ContainerID: 1, HostID: 0, Size: 1}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: p.opts.HostGID, Size: 1}, {ContainerID: 1, HostID: 0, Size: 1}},
+		GidMappingsEnableSetgroups: true,
+		Pdeathsig:                  syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("create the sandbox's user namespace: %w", err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid))
+	if err != nil {
+		return nil, fmt.Errorf("open the sandbox's user namespace: %w", err)
+	}
+	return f, nil
+}
+
+// pathTo makes, in a remapped sandbox, the directories leading to dir
+// traversable by the sandbox's user: bubblewrap would make them with the
+// modes of this machine's (0700 ones of root in localcloud's state
+// directory). Below a shared directory, the first of them is replaced by
+// an empty one (the rest of that part of the share, localcloud's state
+// for one, is not seen). made holds the directories already made.
+func (p *Provider) pathTo(dir string, made map[string]bool) []string {
+	var args []string
+	parent := filepath.Dir(dir)
+	for i := 1; i <= len(parent); i++ {
+		if i < len(parent) && parent[i] != '/' {
+			continue
+		}
+		a := parent[:i]
+		if made[a] {
+			continue
+		}
+		made[a] = true
+		op := "--dir"
+		for _, sh := range p.opts.Share {
+			if a == sh {
+				op = "" // the share itself, as it is
+				break
+			}
+			if strings.HasPrefix(a, sh+"/") && !underTmpfs(a, made) {
+				op = "--tmpfs"
+			}
+		}
+		switch op {
+		case "":
+		case "--tmpfs":
+			made[a+"\x00tmpfs"] = true
+			args = append(args, "--perms", "0755", "--tmpfs", a)
+		default:
+			args = append(args, "--perms", "0755", "--dir", a)
+		}
+	}
+	return args
+}
+
+// underTmpfs reports whether an ancestor of a was replaced by pathTo.
+func underTmpfs(a string, made map[string]bool) bool {
+	for d := filepath.Dir(a); d != "/" && d != "."; d = filepath.Dir(d) {
+		if made[d+"\x00tmpfs"] {
+			return true
+		}
+	}
+	return false
+}
+
+// chownTree gives dir and everything below to uid:gid.
+func chownTree(dir string, uid, gid int) error {
+	if dir == "" {
+		return nil
+	}
+	err := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, uid, gid)
+	})
+	if err != nil {
+		return fmt.Errorf("give the sandbox's user (uid %d) the run's directory: %w", uid, err)
+	}
+	return nil
+}
+
+// Own gives paths (made by localcloud in the workspace, as the managed
+// processes' logs) to the sandbox's host user, so that the sandbox can
+// read and write them; nothing when the sandbox runs as this user.
+func (s *Sandbox) Own(paths ...string) error {
+	if s.holder == nil || !s.p.remap {
+		return nil
+	}
+	for _, path := range paths {
+		if err := os.Lchown(path, s.p.opts.HostUID, s.p.opts.HostGID); err != nil {
+			return fmt.Errorf("give %s to the sandbox's user (uid %d): %w", path, s.p.opts.HostUID, err)
+		}
+	}
+	return nil
+}
 
 // Sandbox is one run's isolated environment.
 type Sandbox struct {
@@ -189,8 +309,30 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		}
 		s.cgDirs = dirs
 	}
-	args := []string{"--unshare-user", "--unshare-pid", "--unshare-uts", "--unshare-ipc",
-		"--hostname", hostname(spec.ID), "--die-with-parent", "--cap-drop", "ALL"}
+	var userns *os.File
+	if p.remap {
+		// Root: the sandbox runs as an unprivileged host user, which
+		// must own the run's directories.
+		for _, d := range []string{spec.Workspace, spec.Home} {
+			if err := chownTree(d, p.opts.HostUID, p.opts.HostGID); err != nil {
+				s.removeCgroups()
+				return nil, err
+			}
+		}
+		f, err := p.newUserNS()
+		if err != nil {
+			s.removeCgroups()
+			return nil, err
+		}
+		defer f.Close()
+		userns = f
+	}
+	args := []string{"--unshare-user"}
+	if userns != nil {
+		args = []string{"--userns", "4"} // see ExtraFiles
+	}
+	args = append(args, "--unshare-pid", "--unshare-uts", "--unshare-ipc",
+		"--hostname", hostname(spec.ID), "--die-with-parent", "--cap-drop", "ALL")
 	if p.opts.Network == NetworkLoopback {
 		args = append(args, "--unshare-net")
 	}
@@ -208,17 +350,37 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		}
 		args = append(args, "--ro-bind", d, d)
 	}
-	args = append(args, "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp")
+	// Made by bubblewrap's user, writable by everyone (the sandbox's
+	// user is another one when remapped).
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--tmpfs", "/dev/shm",
+		"--perms", "01777", "--tmpfs", "/tmp", "--perms", "01777", "--tmpfs", "/var/tmp")
+	made := map[string]bool{"/": true, "/tmp": true, "/var/tmp": true}
 	for _, d := range p.opts.Share { // before the workspace, which may lie below
+		if userns != nil {
+			args = append(args, p.pathTo(d, made)...)
+		}
 		args = append(args, "--bind", d, d)
 	}
-	args = append(args, "--bind", spec.Workspace, spec.Workspace)
-	if spec.Home != "" {
-		args = append(args, "--bind", spec.Home, spec.Home)
+	for _, d := range []string{spec.Workspace, spec.Home} {
+		if d == "" {
+			continue
+		}
+		if userns != nil {
+			args = append(args, p.pathTo(d, made)...)
+		}
+		args = append(args, "--bind", d, d)
 	}
 	// Nothing else is writable: not the directories made to hold the
 	// mount points.
-	args = append(args, "--remount-ro", "/", "--chdir", spec.Workspace, "--info-fd", "3", "--", "/bin/sh", "-c", "echo ready; exec sleep infinity")
+
+	// The holder waits in the workspace, whose directory nsenter enters;
+	// remapped, it runs as host root without capabilities, which cannot
+	// enter the sandbox user's workspace: it waits at the root.
+	wd := spec.Workspace
+	if userns != nil {
+		wd = "/"
+	}
+	args = append(args, "--remount-ro", "/", "--chdir", wd, "--info-fd", "3", "--", "/bin/sh", "-c", "echo ready; exec sleep infinity")
 	argv := p.enterCgroups(s.cgDirs, append([]string{p.bwrap}, args...))
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
@@ -229,7 +391,10 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		return nil, fmt.Errorf("start the sandbox: %w", err)
 	}
 	defer info.Close()
-	cmd.ExtraFiles = []*os.File{infoW}
+	cmd.ExtraFiles = []*os.File{infoW} // descriptor 3
+	if userns != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, userns) // 4
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		infoW.Close()
@@ -315,9 +480,12 @@ func (s *Sandbox) Command(ctx context.Context, dir string, argv ...string) *exec
 		cmd.Dir = dir
 		return cmd
 	}
-	// nsenter enters the holder's working directory (the workspace);
-	// another directory is changed to inside.
-	if dir != "" && filepath.Clean(dir) != s.spec.Workspace {
+	// nsenter enters the holder's working directory (the workspace, or
+	// the root when remapped); another directory is changed to inside.
+	if dir == "" {
+		dir = s.spec.Workspace
+	}
+	if filepath.Clean(dir) != s.spec.Workspace || s.p.remap {
 		argv = append([]string{"/bin/sh", "-c", `cd -- "$0" && exec "$@"`, dir}, argv...)
 	}
 	var full []string

@@ -142,6 +142,49 @@ func TestFilesystemConfined(t *testing.T) {
 	}
 }
 
+// A sandbox of a root localcloud runs as an unprivileged host user: it
+// cannot read /etc/shadow nor a root file of mode 0600 in a directory it
+// sees (a shared one), while it reads that directory's other files, and
+// what it writes in its workspace belongs to that user on the host.
+func TestRootSandboxHasNoRootPower(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: without it the sandbox runs as this user")
+	}
+	share := t.TempDir()
+	if err := os.Chmod(share, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, mode := range map[string]os.FileMode{"secret": 0o600, "public": 0o644} {
+		if err := os.WriteFile(filepath.Join(share, name), []byte(name+"\n"), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb, ws := start(t, Options{Share: []string{share}})
+	if r := sb.p.Report(); r.HostUID != DefaultHostUID || !strings.Contains(strings.Join(r.Protections, ","), "unprivileged-user") {
+		t.Errorf("report %+v, want host uid %d and the unprivileged-user protection", r, DefaultHostUID)
+	}
+	if out, err := sh(t, sb, ws, "cat "+filepath.Join(share, "public")); err != nil || out != "public" {
+		t.Fatalf("the shared directory is not seen: %v %q", err, out)
+	}
+	for _, p := range []string{"/etc/shadow", filepath.Join(share, "secret")} {
+		if out, err := sh(t, sb, ws, "cat "+p); err == nil {
+			t.Errorf("the sandbox of a root localcloud read %s: %q", p, out)
+		}
+	}
+	if out, err := sh(t, sb, ws, "echo x > made && mkdir -p d/e && echo y > d/e/f && echo ok"); err != nil || out != "ok" {
+		t.Fatalf("writing the workspace: %v %q", err, out)
+	}
+	for _, p := range []string{"made", "d/e/f"} {
+		fi, err := os.Stat(filepath.Join(ws, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uid := fi.Sys().(*syscall.Stat_t).Uid; uid != DefaultHostUID {
+			t.Errorf("%s written by the sandbox belongs to uid %d on the host, want %d", p, uid, DefaultHostUID)
+		}
+	}
+}
+
 // The sandbox has its own PID namespace and hostname: a host process is
 // neither visible nor signalable, a background process of one command is
 // seen by the next, and Close kills them all.
