@@ -268,6 +268,9 @@ func (s *Server) Start(ctx context.Context) error {
 	if s.sandboxes, err = sandbox.New(ctx, s.cfg.Sandbox); err != nil {
 		return fail(fmt.Errorf("isolate sandboxes: %w", err))
 	}
+	if n := s.sandboxes.RemovedLeftovers(); n > 0 {
+		s.log.Warn("removed run cgroups left by a server that died", "count", n)
+	}
 	s.log.Info("sandbox isolation", "isolation", s.sandboxes.Report().Summary())
 	s.runs, err = runs.Open(runs.Config{
 		Sandboxes:   s.sandboxes,

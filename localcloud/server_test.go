@@ -805,4 +805,45 @@ func TestSIGKILLedServerTakesItsSandboxesAlong(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The run's cgroups (where this machine gives them) stay behind
+	// empty; the next server of any state directory removes them.
+	left := runCgroups(t, cmd.Process.Pid)
+	if len(left) == 0 {
+		t.Log("no run cgroups here: their cleanup is not tested")
+		return
+	}
+	next := exec.Command(os.Args[0], "serve", "--state-dir", filepath.Join(t.TempDir(), "state"))
+	next.Env = append(os.Environ(), asBinaryEnv+"=1")
+	if err := next.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { next.Process.Kill(); next.Wait() })
+	waitDiscovery(t, filepath.Join(filepath.Dir(next.Args[3]), "state"), next.Process.Pid)
+	for _, d := range left {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("the cgroup %s of the SIGKILLed server is still there after the next server started", d)
+		}
+	}
+}
+
+// runCgroups lists the run cgroups server pid made (named
+// <hostname>-<pid>-<seq> below <controller>/<own group>/sandboxd).
+func runCgroups(t *testing.T, pid int) []string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil
+	}
+	var found []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || f[1] == "" {
+			continue
+		}
+		for _, c := range strings.Split(f[1], ",") {
+			m, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", c, f[2], "sandboxd", fmt.Sprintf("sbx-*-%d-*", pid)))
+			found = append(found, m...)
+		}
+	}
+	return found
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"time"
 )
 
 // cgroups are the cgroup v1 hierarchies (pids, memory, cpu) in which this
@@ -61,6 +62,70 @@ func newCgroups(root string) (*cgroups, error) {
 		cg.base[c] = base
 	}
 	return cg, nil
+}
+
+// removeLeftovers removes the run groups (and probe groups) left by
+// localclouds that ended without removing them (SIGKILLed): those whose
+// creator, named in the group's name, no longer runs. A group still
+// holding processes cannot be removed; its processes are given a moment
+// to leave (a killed creator's sandboxes die with it).
+func (cg *cgroups) removeLeftovers() int {
+	removed := map[string]bool{}
+	for _, base := range cg.base {
+		ents, err := os.ReadDir(base)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			pid := creatorPID(e.Name())
+			if !e.IsDir() || pid <= 0 || pid == os.Getpid() || running(pid) {
+				continue
+			}
+			d := filepath.Join(base, e.Name())
+			for i := 0; i < 25; i++ {
+				if err := os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+					removed[e.Name()] = true
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	}
+	return len(removed)
+}
+
+// creatorPID reads the pid in a group name made by create
+// (<hostname>-<pid>-<seq>) or newCgroups (probe-<pid>); 0 if none.
+func creatorPID(name string) int {
+	if rest, ok := strings.CutPrefix(name, "probe-"); ok {
+		pid, _ := strconv.Atoi(rest)
+		return pid
+	}
+	if !strings.HasPrefix(name, "sbx-") {
+		return 0
+	}
+	f := strings.Split(name, "-")
+	if len(f) < 3 {
+		return 0
+	}
+	if _, err := strconv.Atoi(f[len(f)-1]); err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(f[len(f)-2])
+	return pid
+}
+
+// running reports whether pid is a live process (a zombie is not).
+func running(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z' && s[i+2] != 'X'
+	}
+	return true
 }
 
 // create makes one run's groups with opts' limits.

@@ -35,6 +35,8 @@ type Provider struct {
 	setpv  string
 	prlim  string
 	sleep  string
+	// leftovers is how many run groups of ended localclouds New removed.
+	leftovers int
 	// remap: this process is root, and sandboxes run as opts.HostUID.
 	remap bool
 	// viaDialer: port forwards go through a dialer process in the sandbox
@@ -84,6 +86,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	cg, err := newCgroups(opts.CgroupRoot)
 	if err == nil {
 		p.cg = cg
+		p.leftovers = cg.removeLeftovers()
 		p.report.Protections = append(p.report.Protections, "memory-limit", "process-limit", "cpu-share")
 		p.report.Limits = map[string]string{"memory": "cgroup-v1", "processes": "cgroup-v1", "cpu": "cgroup-v1"}
 	} else {
@@ -116,6 +119,10 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 
 // Report says which protections are active.
 func (p *Provider) Report() Report { return p.report }
+
+// RemovedLeftovers is how many run cgroups left by localclouds that ended
+// without removing them (SIGKILLed) New removed.
+func (p *Provider) RemovedLeftovers() int { return p.leftovers }
 
 // newUserNS makes the user namespace of a sandbox of a root localcloud:
 // its root is the unprivileged host user opts.HostUID (what every command

@@ -28,6 +28,9 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 // Report says which protections are active.
 func (p *Provider) Report() Report { return p.report }
 
+// RemovedLeftovers is 0: there are no cgroups here.
+func (p *Provider) RemovedLeftovers() int { return 0 }
+
 // Sandbox runs plain processes.
 type Sandbox struct{ done chan struct{} }
 
