@@ -11,12 +11,17 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // cgroups are the cgroup v1 hierarchies (pids, memory, cpu) in which this
 // process may create child groups.
 type cgroups struct {
-	base map[string]string // controller -> <mount>/<own group>/sandboxd
+	// base: controller -> <mount>/<own group>/sandboxd (v1), or
+	// "unified" -> the delegated group the runs' groups are made in (v2).
+	base map[string]string
+	v2   bool
 	seq  atomic.Int64
 }
 
@@ -39,11 +44,20 @@ func newCgroups(root string) (*cgroups, error) {
 			own[c] = f[2]
 		}
 	}
+	if _, v1 := own["pids"]; !v1 {
+		if path, ok := own[""]; ok {
+			var fs unix.Statfs_t
+			if err := unix.Statfs(root, &fs); err != nil || fs.Type != unix.CGROUP2_SUPER_MAGIC {
+				return nil, fmt.Errorf("no cgroup v1 pids controller, and %s is not a cgroup2 mount", root)
+			}
+			return newCgroupsV2(root, path)
+		}
+	}
 	cg := &cgroups{base: map[string]string{}}
 	for _, c := range cgroupControllers {
 		path, ok := own[c]
 		if !ok {
-			return nil, fmt.Errorf("no cgroup v1 %s controller (cgroup v2 delegation is not supported yet)", c)
+			return nil, fmt.Errorf("no cgroup v1 %s controller", c)
 		}
 		base := filepath.Join(root, c, path, "sandboxd")
 		if err := os.MkdirAll(base, 0o755); err != nil {
@@ -137,6 +151,9 @@ func (cg *cgroups) create(id string, opts Options) ([]string, error) {
 			_ = os.Remove(d)
 		}
 		return nil, err
+	}
+	if cg.v2 {
+		return cg.createV2(name, opts)
 	}
 	for _, c := range cgroupControllers {
 		d := filepath.Join(cg.base[c], name)

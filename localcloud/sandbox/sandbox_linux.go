@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,38 +84,76 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	} else {
 		p.report.Degraded = append(p.report.Degraded, "network: the host's network is shared (network: host)")
 	}
+	base := p.report
+	base.Protections = slices.Clone(base.Protections)
+	base.Degraded = slices.Clone(base.Degraded)
 	cg, err := newCgroups(opts.CgroupRoot)
 	if err == nil {
 		p.cg = cg
 		p.leftovers = cg.removeLeftovers()
-		p.report.Protections = append(p.report.Protections, "memory-limit", "process-limit", "cpu-share")
-		p.report.Limits = map[string]string{"memory": "cgroup-v1", "processes": "cgroup-v1", "cpu": "cgroup-v1"}
-	} else {
-		p.report.Limits = map[string]string{"memory": "rlimit", "processes": "rlimit", "cpu": "none"}
-		p.report.Protections = append(p.report.Protections, "memory-rlimit")
-		p.report.Degraded = append(p.report.Degraded, fmt.Sprintf("cgroups: %v; memory is an address-space rlimit, a run over it is not ended, CPU is not limited", err))
-		if os.Geteuid() == 0 {
-			p.report.Degraded = append(p.report.Degraded, "processes: RLIMIT_NPROC does not apply to root, a fork bomb is not contained")
-		} else {
-			p.report.Protections = append(p.report.Protections, "process-rlimit")
-			p.report.Degraded = append(p.report.Degraded, "processes: RLIMIT_NPROC counts all of the user's processes, not one run's")
-		}
 	}
-	// Probe: a sandbox that starts and can be entered.
+	p.report = p.limitsReport(base, err)
+	// Probe: a sandbox that starts and can be entered; if its groups are
+	// what fails, without them.
+	perr := p.probe(ctx)
+	if perr != nil && p.cg != nil {
+		p.cg = nil
+		p.report = p.limitsReport(base, fmt.Errorf("the run groups could not be used (%v)", perr))
+		perr = p.probe(ctx)
+	}
+	if perr != nil {
+		return nil, perr
+	}
+	return p, nil
+}
+
+// limitsReport adds to base how the limits are enforced: by p.cg, or by
+// rlimits when cgErr says why there are no groups.
+func (p *Provider) limitsReport(base Report, cgErr error) Report {
+	r := base
+	r.Protections = slices.Clone(base.Protections)
+	r.Degraded = slices.Clone(base.Degraded)
+	if p.cg != nil {
+		kind := "cgroup-v1"
+		if p.cg.v2 {
+			kind = "cgroup-v2"
+		}
+		r.Protections = append(r.Protections, "memory-limit", "process-limit", "cpu-share")
+		r.Limits = map[string]string{"memory": kind, "processes": kind, "cpu": kind}
+		return r
+	}
+	r.Limits = map[string]string{"memory": "rlimit", "processes": "rlimit", "cpu": "none"}
+	r.Protections = append(r.Protections, "memory-rlimit")
+	r.Degraded = append(r.Degraded, fmt.Sprintf("cgroups: %v; memory is an address-space rlimit, a run over it is not ended, CPU is not limited", cgErr))
+	switch {
+	case p.remap:
+		r.Protections = append(r.Protections, "process-rlimit")
+		r.Degraded = append(r.Degraded, fmt.Sprintf("processes: RLIMIT_NPROC counts all of the sandbox user's (uid %d) processes, every run's together", p.opts.HostUID))
+	case os.Geteuid() == 0:
+		r.Degraded = append(r.Degraded, "processes: RLIMIT_NPROC does not apply to root, a fork bomb is not contained")
+	default:
+		r.Protections = append(r.Protections, "process-rlimit")
+		r.Degraded = append(r.Degraded, "processes: RLIMIT_NPROC counts all of the user's processes, not one run's")
+	}
+	return r
+}
+
+// probe starts a sandbox and runs a command in it.
+func (p *Provider) probe(ctx context.Context) error {
 	dir, err := os.MkdirTemp("", "sandboxd-probe-")
 	if err != nil {
-		return nil, fmt.Errorf("probe the sandbox: %w", err)
+		return fmt.Errorf("probe the sandbox: %w", err)
 	}
 	defer os.RemoveAll(dir)
 	sb, err := p.Start(ctx, Spec{ID: "probe", Workspace: dir})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w (configure isolation %q to run sandboxes unisolated)", ErrUnavailable, err, IsolationNone)
+		return fmt.Errorf("%w: %w (configure isolation %q to run sandboxes unisolated)", ErrUnavailable, err, IsolationNone)
 	}
 	defer sb.Close()
 	if out, err := sb.Command(ctx, dir, "/bin/sh", "-c", "echo ok").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "ok" {
-		return nil, fmt.Errorf("%w: entering the probe sandbox failed: %v: %s (configure isolation %q to run sandboxes unisolated)", ErrUnavailable, err, strings.TrimSpace(string(out)), IsolationNone)
+		return fmt.Errorf("%w: entering the probe sandbox failed: %v: %s (configure isolation %q to run sandboxes unisolated)", ErrUnavailable, err, strings.TrimSpace(string(out)), IsolationNone)
 	}
-	return p, nil
+	return nil
 }
 
 // Report says which protections are active.
@@ -607,7 +646,12 @@ func (s *Sandbox) Done() <-chan struct{} { return s.done }
 // for exceeding its memory limit.
 func (s *Sandbox) OOMKilled() bool {
 	for _, d := range s.cgDirs {
+		// v1's memory.oom_control or v2's memory.events (the other group
+		// of v1, pids or cpu, has neither).
 		b, err := os.ReadFile(filepath.Join(d, "memory.oom_control"))
+		if errors.Is(err, os.ErrNotExist) {
+			b, err = os.ReadFile(filepath.Join(d, "memory.events"))
+		}
 		if err != nil {
 			continue
 		}
