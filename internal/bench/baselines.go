@@ -30,7 +30,9 @@ const (
 	sshUser         = "rwx-cli"
 )
 
-func sshConfig(ci rwxapi.ConnectionInfo) (*ssh.ClientConfig, error) {
+// dialAgent opens a new SSH connection to the sandbox agent of ci, with its
+// user key and pinned host key.
+func dialAgent(ci rwxapi.ConnectionInfo) (*ssh.Client, error) {
 	signer, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
 	if err != nil {
 		return nil, fmt.Errorf("parse the user key: %w", err)
@@ -39,7 +41,8 @@ func sshConfig(ci rwxapi.ConnectionInfo) (*ssh.ClientConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse the host key: %w", err)
 	}
-	return &ssh.ClientConfig{User: sshUser, Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hostKey), Timeout: 10 * time.Second}, nil
+	cfg := &ssh.ClientConfig{User: sshUser, Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hostKey), Timeout: 10 * time.Second}
+	return ssh.Dial("tcp", ci.Address, cfg)
 }
 
 func runOn(c *ssh.Client, command string) error {
@@ -59,11 +62,7 @@ func (r *runner) agentDirect(ctx context.Context, repo string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := sshConfig(ci)
-	if err != nil {
-		return err
-	}
-	c, err := ssh.Dial("tcp", ci.Address, cfg)
+	c, err := dialAgent(ci)
 	if err != nil {
 		return err
 	}
@@ -109,11 +108,7 @@ func (r *runner) baselineA(ctx context.Context, repo string) error {
 		if err != nil {
 			return err
 		}
-		cfg, err := sshConfig(ci)
-		if err != nil {
-			return err
-		}
-		c, err := ssh.Dial("tcp", ci.Address, cfg)
+		c, err := dialAgent(ci)
 		if err != nil {
 			return err
 		}
@@ -278,11 +273,7 @@ func (r *runner) concurrent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := sshConfig(ci)
-	if err != nil {
-		return err
-	}
-	c, err := ssh.Dial("tcp", ci.Address, cfg)
+	c, err := dialAgent(ci)
 	if err != nil {
 		return err
 	}
