@@ -176,17 +176,77 @@ func (f *fixture) inSandbox(command string) string {
 	return string(out)
 }
 
-// exec is one synced exec: push, command, pull.
+// exec is one synced exec as the daemon runs it: one fused exchange (push,
+// command, pull in one Runner call), checking the pull left the sandbox's
+// files as the command left them.
 func (f *fixture) exec(command string) (string, PullResult, error) {
 	f.t.Helper()
-	f.r.reset()
-	f.push()
-	out := f.inSandbox(command)
-	res, err := f.pull()
-	if n := f.r.calls(); n != 2 {
-		f.t.Fatalf("a synced exec made %d sync runner calls, want 2", n)
+	out, fr, err := f.fused(command)
+	if err != nil {
+		f.t.Fatalf("fused exec %q: %v", command, err)
 	}
-	return out, res, err
+	if !fr.Ran {
+		f.t.Fatalf("fused exec %q: the command did not run", command)
+	}
+	return out, fr.Pull, fr.PullErr
+}
+
+// fused runs command as one fused exchange (again after an exchange that
+// found something to do first) and returns its output (stdout, then
+// stderr). It checks the exchange took one Runner call, plus one when
+// commits were pushed.
+func (f *fixture) fused(command string) (string, Fused, error) {
+	f.t.Helper()
+	ctx := context.Background()
+	for attempt := 0; attempt < 3; attempt++ {
+		p, err := f.s.Prepare(ctx, f.local, f.base)
+		if err != nil {
+			f.t.Fatalf("prepare: %v", err)
+		}
+		p.Sandbox = "fixture"
+		f.r.reset()
+		x, ok, err := f.s.Fuse(ctx, f.r, p, command)
+		if err != nil {
+			return "", Fused{}, err
+		}
+		if !ok {
+			f.t.Fatalf("a %d-byte patch was not fusable", len(p.Data))
+		}
+		var stdout, stderr bytes.Buffer
+		code, err := f.r.Run(ctx, x.Command(), nil, x.Stdout(&stdout), &stderr)
+		if err != nil {
+			f.t.Fatalf("run the exchange: %v", err)
+		}
+		var sandbox map[string]string
+		if x.Reported() {
+			sandbox = tree(f.t, f.sandbox)
+		}
+		before := f.r.calls()
+		fr, err := x.Finish(ctx, f.r)
+		if err != nil {
+			return stdout.String() + stderr.String(), fr, err
+		}
+		if fr.Again {
+			continue
+		}
+		if fr.Ran && code != fr.ExitCode && !(fr.ExitCode > 128 && code == -1) {
+			f.t.Fatalf("the exchange ended %d, the command %d", code, fr.ExitCode)
+		}
+		want := 1
+		if fr.Push.Commits {
+			want++
+		}
+		if n := before; n != want {
+			f.t.Fatalf("a fused exec made %d runner calls, want %d", n, want)
+		}
+		if n := f.r.calls() - before; n != 0 {
+			f.t.Fatalf("finishing a fused exec made %d more runner calls", n)
+		}
+		assertTree(f.t, f.sandbox, sandbox)
+		return stdout.String() + stderr.String(), fr, nil
+	}
+	f.t.Fatalf("fused exec %q: the exchange kept finding work to do first", command)
+	return "", Fused{}, nil
 }
 
 // assertSandboxClean checks the sandbox is at rest: tree == HEAD == base,

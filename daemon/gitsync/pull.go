@@ -33,7 +33,14 @@ func (s *Syncer) Pull(ctx context.Context, r Runner, repoRoot string) (PullResul
 		return res, repoError(err)
 	}
 	id, patch, saved, err := s.fetchPull(ctx, r, rp)
-	res.ID, res.SavedPatch = id, saved
+	return s.land(ctx, rp, start, id, patch, saved, err)
+}
+
+// land applies the patch of exec id that a pull fetched (or notes where it
+// was saved, or returns the fetch's error) and acknowledges the exec once
+// its edits are applied or saved.
+func (s *Syncer) land(ctx context.Context, rp repo, start time.Time, id string, patch []byte, saved string, err error) (PullResult, error) {
+	res := PullResult{Files: []string{}, ID: id, SavedPatch: saved}
 	if saved != "" {
 		s.ack(rp, id)
 	}

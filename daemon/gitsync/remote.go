@@ -34,18 +34,26 @@ const (
 	exitNoGit       = 127
 )
 
-// prelude finds git and the repository and defines the helpers every script
-// uses. The sandbox's PATH may be minimal, so common locations are added.
-// safe.directory lets git read a checkout owned by another sandbox user;
-// no repository hook runs during sync. Every process counts on the hot
-// path, so shell builtins are preferred.
-const prelude = `PATH="$PATH:/usr/local/bin:/usr/bin:/bin"; export PATH
-if [ ! -e .git ]; then echo "sandboxd: there is no .git in $PWD" >&2; exit 81; fi
-if ! command -v git >/dev/null 2>&1; then echo "sandboxd: git is not installed in the sandbox" >&2; exit 127; fi
+// dieExit is how the plain scripts fail: the message on stderr, the code
+// as their exit status. A fused exchange reports failures in its trailer
+// instead (see fused.go).
+const dieExit = `die() { [ -z "$2" ] || echo "$2" >&2; exit "$1"; }
+`
+
+// preludeChecks finds git and the repository and defines the helpers every
+// script uses; it fails through die, which the script defines first. The
+// sandbox's PATH may be minimal, so common locations are added (P0 keeps the
+// sandbox's own PATH for a user command). safe.directory lets git read a
+// checkout owned by another sandbox user; no repository hook runs during
+// sync. Every process counts on the hot path, so shell builtins are
+// preferred.
+const preludeChecks = `P0=$PATH; PATH="$PATH:/usr/local/bin:/usr/bin:/bin"; export PATH
+if [ ! -e .git ]; then die 81 "sandboxd: there is no .git in $PWD"; fi
+if ! command -v git >/dev/null 2>&1; then die 127 "sandboxd: git is not installed in the sandbox"; fi
 g() { git -c safe.directory='*' -c core.hooksPath=/dev/null "$@"; }
-if [ -d .git ]; then gd="$PWD/.git"; else gd=$(g rev-parse --absolute-git-dir) || exit 80; fi
+if [ -d .git ]; then gd="$PWD/.git"; else gd=$(g rev-parse --absolute-git-dir 2>&1) || die 80 "$gd"; fi
 st="$gd/sandboxd"
-[ -d "$st" ] || mkdir -p "$st" || exit 80
+[ -d "$st" ] || mkdir -p "$st" || die 80 "sandboxd: cannot create $st"
 SNAP=` + SnapshotRef + `
 BASE=` + BaseRef + `
 # revert COMMIT: index and files back to COMMIT, untracked files removed
@@ -63,6 +71,9 @@ stageall() {
 }
 `
 
+// prelude starts every plain script.
+const prelude = dieExit + preludeChecks
+
 // pushScript first checks that the sandbox holds no unacknowledged edits
 // (the pending exec's id is not among acks); if it does, it sends them as
 // a pull would and stops (exit 91, or 92 with the header alone when they
@@ -70,8 +81,13 @@ stageall() {
 // from stdin when withPatch, records the snapshot, marks the new exec pend
 // as pending (none when pend is empty) and prints the snapshot commit.
 func pushScript(head string, withPatch bool, now time.Time, pend string, acks []string, max int64) string {
+	return prelude + pushBody(head, withPatch, now, pend, acks, max)
+}
+
+// pushBody is pushScript after the prelude; the patch, when withPatch, is
+// on its standard input.
+func pushBody(head string, withPatch bool, now time.Time, pend string, acks []string, max int64) string {
 	var b strings.Builder
-	b.WriteString(prelude)
 	fmt.Fprintf(&b, "head=%s\npend=%s\nmax=%d\nacks=' %s '\n", head, pend, max, strings.Join(acks, " "))
 	fmt.Fprintf(&b, `if [ -f "$st/pending" ]; then
 	p=; read -r p <"$st/pending" || true
@@ -125,8 +141,12 @@ const pullHeader = "sandboxd-pull "
 // $st/pull.id, so a broken transfer can be fetched again) and prints the
 // header and the patch. The sandbox keeps its files.
 func pullScript(max int64) string {
+	return prelude + pullBody(max)
+}
+
+// pullBody is pullScript after the prelude.
+func pullBody(max int64) string {
 	var b strings.Builder
-	b.WriteString(prelude)
 	fmt.Fprintf(&b, "max=%d\n", max)
 	fmt.Fprintf(&b, `snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
 id=none; [ ! -f "$st/pending" ] || read -r id <"$st/pending" || true
@@ -179,22 +199,16 @@ const (
 // prepares and pushes again.
 func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, error) {
 	var res PushResult
-	if p == nil || !shaPattern.MatchString(p.HeadSHA) {
-		return res, errdefs.Invalid(fmt.Errorf("push: no prepared patch with a head commit"))
-	}
-	if int64(len(p.Data)) > s.maxBytes {
-		return res, errdefs.TooLarge(newError(ErrPatchTooLarge, nil, "the sync patch is %s, over the %s limit: commit and push large files, or add them to .gitignore, or use --no-sync", formatBytes(int64(len(p.Data))), formatBytes(s.maxBytes)))
+	if err := s.checkPatch(p); err != nil {
+		return res, err
 	}
 	start := time.Now()
 	rp, err := s.openRepo(ctx, p.RepoRoot)
 	if err != nil {
 		return res, repoError(err)
 	}
-	if p.HeadSHA != p.BaseSHA && !s.knownPushed(p.Sandbox, p.HeadSHA) {
-		if err := s.pushCommits(ctx, r, rp, p.HeadSHA); err != nil {
-			return res, err
-		}
-		res.Commits = true
+	if err := s.pushCommitsIfNeeded(ctx, r, rp, p, &res); err != nil {
+		return res, err
 	}
 	pend := ""
 	if !p.PushOnly {
@@ -212,47 +226,87 @@ func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, erro
 		if err != nil {
 			return res, errdefs.Unavailable(fmt.Errorf("push your changes to the sandbox: %w", err))
 		}
-		msg := strings.TrimSpace(stderr.String())
-		switch code {
-		case 0:
-			s.remember(p.Sandbox, p.HeadSHA)
-			res.Pending = pend
-			res.Snapshot, res.Bytes, res.Files = strings.TrimSpace(stdout.String()), len(p.Data), len(p.Files)
+		if code == 0 {
+			s.pushDone(p, pend, strings.TrimSpace(stdout.String()), &res)
 			s.log.Debug("sync pushed", "bytes", res.Bytes, "files", res.Files, "commits", res.Commits, "snapshot", res.Snapshot, "took", time.Since(start))
 			return res, nil
-		case exitUnpulled, exitUnpulledTooLarge:
-			if attempt > 1 {
-				return res, errdefs.Unavailable(newError(ErrSandboxGit, nil, "the sandbox keeps reporting edits that were not pulled: run `sbx reset` if this persists"))
-			}
-			pr, changed, err := s.recover(ctx, r, rp, out, code == exitUnpulledTooLarge)
-			res.Recovered = pr
-			res.Warnings = append(res.Warnings, pr.Warnings...)
-			if err != nil {
-				return res, err
-			}
-			if changed {
-				res.Again = true
-				return res, nil
-			}
-		case exitNoBase:
-			if res.Commits || attempt > 0 {
-				return res, errdefs.Conflict(newError(ErrBaseMissing, nil,
-					"the sandbox does not have commit %s even after a git push to it: run `sbx reset`, or use --no-sync", short(p.HeadSHA)))
-			}
-			s.forget(p.Sandbox)
-			if err := s.pushCommits(ctx, r, rp, p.HeadSHA); err != nil {
-				return res, err
-			}
-			res.Commits = true
-		case exitNoGitDir:
-			return res, errdefs.Gone(newError(ErrNoGitDir, nil, "the sandbox has no .git directory, so your changes cannot be synced: stop this sandbox and start a new one"))
-		case exitNoGit:
-			return res, errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox: add a task that installs git before the sandbox task, or use --no-sync"))
-		case exitApply:
-			return res, errdefs.Conflict(newError(ErrApplyFailed, nil, "your changes did not apply in the sandbox (it was reset to %s): %s; run `sbx reset` if this persists", short(p.HeadSHA), msg))
-		default:
-			return res, errdefs.Unavailable(newError(ErrSandboxGit, nil, "push your changes to the sandbox: %s (exit %d): %s", pushStep(code), code, msg))
 		}
+		again, err := s.pushFailed(ctx, r, rp, p, code, out, strings.TrimSpace(stderr.String()), attempt, &res)
+		if err != nil || again {
+			return res, err
+		}
+	}
+}
+
+// checkPatch refuses a push without a prepared patch or over the limit.
+func (s *Syncer) checkPatch(p *Patch) error {
+	if p == nil || !shaPattern.MatchString(p.HeadSHA) {
+		return errdefs.Invalid(fmt.Errorf("push: no prepared patch with a head commit"))
+	}
+	if int64(len(p.Data)) > s.maxBytes {
+		return errdefs.TooLarge(newError(ErrPatchTooLarge, nil, "the sync patch is %s, over the %s limit: commit and push large files, or add them to .gitignore, or use --no-sync", formatBytes(int64(len(p.Data))), formatBytes(s.maxBytes)))
+	}
+	return nil
+}
+
+// pushCommitsIfNeeded sends p's head with git's protocol unless the sandbox
+// is known to have it.
+func (s *Syncer) pushCommitsIfNeeded(ctx context.Context, r Runner, rp repo, p *Patch, res *PushResult) error {
+	if p.HeadSHA == p.BaseSHA || s.knownPushed(p.Sandbox, p.HeadSHA) {
+		return nil
+	}
+	if err := s.pushCommits(ctx, r, rp, p.HeadSHA); err != nil {
+		return err
+	}
+	res.Commits = true
+	return nil
+}
+
+// pushDone records a successful push of p in res.
+func (s *Syncer) pushDone(p *Patch, pend, snapshot string, res *PushResult) {
+	s.remember(p.Sandbox, p.HeadSHA)
+	res.Pending = pend
+	res.Snapshot, res.Bytes, res.Files = snapshot, len(p.Data), len(p.Files)
+}
+
+// pushFailed handles a push script that did not succeed (exit code, its
+// output and its stderr msg). Unpulled edits of an earlier exec are brought
+// back; a missing base commit is pushed. It returns again when the caller
+// must prepare and push anew (the local tree changed), nil error and false
+// when the same push may be retried, or the error to report.
+func (s *Syncer) pushFailed(ctx context.Context, r Runner, rp repo, p *Patch, code int, out *limitedBuffer, msg string, attempt int, res *PushResult) (again bool, err error) {
+	switch code {
+	case exitUnpulled, exitUnpulledTooLarge:
+		if attempt > 1 {
+			return false, errdefs.Unavailable(newError(ErrSandboxGit, nil, "the sandbox keeps reporting edits that were not pulled: run `sbx reset` if this persists"))
+		}
+		pr, changed, err := s.recover(ctx, r, rp, out, code == exitUnpulledTooLarge)
+		res.Recovered = pr
+		res.Warnings = append(res.Warnings, pr.Warnings...)
+		if err != nil {
+			return false, err
+		}
+		res.Again = changed
+		return changed, nil
+	case exitNoBase:
+		if res.Commits || attempt > 0 {
+			return false, errdefs.Conflict(newError(ErrBaseMissing, nil,
+				"the sandbox does not have commit %s even after a git push to it: run `sbx reset`, or use --no-sync", short(p.HeadSHA)))
+		}
+		s.forget(p.Sandbox)
+		if err := s.pushCommits(ctx, r, rp, p.HeadSHA); err != nil {
+			return false, err
+		}
+		res.Commits = true
+		return false, nil
+	case exitNoGitDir:
+		return false, errdefs.Gone(newError(ErrNoGitDir, nil, "the sandbox has no .git directory, so your changes cannot be synced: stop this sandbox and start a new one"))
+	case exitNoGit:
+		return false, errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox: add a task that installs git before the sandbox task, or use --no-sync"))
+	case exitApply:
+		return false, errdefs.Conflict(newError(ErrApplyFailed, nil, "your changes did not apply in the sandbox (it was reset to %s): %s; run `sbx reset` if this persists", short(p.HeadSHA), msg))
+	default:
+		return false, errdefs.Unavailable(newError(ErrSandboxGit, nil, "push your changes to the sandbox: %s (exit %d): %s", pushStep(code), code, msg))
 	}
 }
 
@@ -296,33 +350,44 @@ func (s *Syncer) fetchPull(ctx context.Context, r Runner, rp repo) (id string, p
 	var stderr bytes.Buffer
 	out := &limitedBuffer{max: s.maxBytes + 128, buf: &bytes.Buffer{}}
 	code, runErr := r.Run(ctx, pullScript(s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
-	msg := strings.TrimSpace(stderr.String())
-	if runErr == nil {
-		switch code {
-		case 0:
-		case exitNoGitDir:
-			return "", nil, "", errdefs.Gone(newError(ErrNoGitDir, nil, "the sandbox has no .git directory: stop this sandbox and start a new one"))
-		case exitNoGit:
-			return "", nil, "", errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox"))
-		case exitNoSnapshot:
-			return "", nil, "", errdefs.Conflict(newError(ErrNoSnapshot, nil, "the sandbox has no sync snapshot, so there is no baseline to pull against: push first"))
-		case exitTooLarge:
-			id, size, _ := parseHeader(out.buf.Bytes())
-			saved, err := s.fetchToFile(ctx, r, rp, id)
-			if err != nil {
-				return "", nil, "", errdefs.TooLarge(newError(ErrPatchTooLarge, err,
-					"the sandbox's changes make a patch over the %s limit (%s), so they were not pulled, and copying them here failed (%v); they stay in the sandbox (its files and %s) until an exec after the next one",
-					formatBytes(s.maxBytes), formatBytes(size), err, keptPatch))
-			}
-			return id, nil, saved, errdefs.TooLarge(newError(ErrPatchTooLarge, nil,
-				"the sandbox's changes make a patch over the %s limit (%s), so they were not applied; the patch is saved at %s (apply what you need with `git apply --3way %s`)",
-				formatBytes(s.maxBytes), formatBytes(size), saved, saved))
-		case exitDiff, exitGitFailed:
-			return "", nil, "", errdefs.Unavailable(newError(ErrSandboxGit, nil, "compute the sandbox's changes (exit %d): %s; they were left in the sandbox and the next exec brings them back", code, msg))
-		default:
-			return "", nil, "", errdefs.Unavailable(newError(ErrSandboxGit, nil, "pull the sandbox's changes (exit %d): %s; they were left in the sandbox and the next exec brings them back", code, msg))
-		}
+	if runErr == nil && code != 0 {
+		return s.pullFailed(ctx, r, rp, code, out, strings.TrimSpace(stderr.String()))
 	}
+	return s.pullOutput(ctx, r, rp, out, code, runErr)
+}
+
+// pullFailed explains a pull script that failed with code (out is its
+// output, msg its stderr). Only a patch over the limit is fetched, to a file.
+func (s *Syncer) pullFailed(ctx context.Context, r Runner, rp repo, code int, out *limitedBuffer, msg string) (id string, patch []byte, saved string, err error) {
+	switch code {
+	case exitNoGitDir:
+		return "", nil, "", errdefs.Gone(newError(ErrNoGitDir, nil, "the sandbox has no .git directory: stop this sandbox and start a new one"))
+	case exitNoGit:
+		return "", nil, "", errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox"))
+	case exitNoSnapshot:
+		return "", nil, "", errdefs.Conflict(newError(ErrNoSnapshot, nil, "the sandbox has no sync snapshot, so there is no baseline to pull against: push first"))
+	case exitTooLarge:
+		id, size, _ := parseHeader(out.buf.Bytes())
+		saved, err := s.fetchToFile(ctx, r, rp, id)
+		if err != nil {
+			return "", nil, "", errdefs.TooLarge(newError(ErrPatchTooLarge, err,
+				"the sandbox's changes make a patch over the %s limit (%s), so they were not pulled, and copying them here failed (%v); they stay in the sandbox (its files and %s) until an exec after the next one",
+				formatBytes(s.maxBytes), formatBytes(size), err, keptPatch))
+		}
+		return id, nil, saved, errdefs.TooLarge(newError(ErrPatchTooLarge, nil,
+			"the sandbox's changes make a patch over the %s limit (%s), so they were not applied; the patch is saved at %s (apply what you need with `git apply --3way %s`)",
+			formatBytes(s.maxBytes), formatBytes(size), saved, saved))
+	case exitDiff, exitGitFailed:
+		return "", nil, "", errdefs.Unavailable(newError(ErrSandboxGit, nil, "compute the sandbox's changes (exit %d): %s; they were left in the sandbox and the next exec brings them back", code, msg))
+	default:
+		return "", nil, "", errdefs.Unavailable(newError(ErrSandboxGit, nil, "pull the sandbox's changes (exit %d): %s; they were left in the sandbox and the next exec brings them back", code, msg))
+	}
+}
+
+// pullOutput reads a pull's output (header and patch). A transfer that
+// broke after the sandbox made its patch (runErr, or damaged output) is
+// retried once by reading the kept copy (an idempotent read).
+func (s *Syncer) pullOutput(ctx context.Context, r Runner, rp repo, out *limitedBuffer, code int, runErr error) (id string, patch []byte, saved string, err error) {
 	id, patch, ok := parsePull(out)
 	if runErr == nil && ok {
 		return id, patch, "", nil
@@ -341,8 +406,8 @@ func (s *Syncer) fetchPull(ctx context.Context, r Runner, rp repo) (id string, p
 		// edits back, as after a crash.
 		return "", nil, "", errdefs.Unavailable(newError(ErrTransfer, cause, "the sandbox's changes did not arrive (%v): they stay in the sandbox and the next exec brings them back first", cause))
 	}
+	var stderr bytes.Buffer
 	out = &limitedBuffer{max: s.maxBytes + 128, buf: &bytes.Buffer{}}
-	stderr.Reset()
 	code, err = r.Run(ctx, fetchScript(id), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	if err == nil && code == 0 {
 		if id2, patch, ok := parsePull(out); ok && id2 == id {

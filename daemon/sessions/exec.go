@@ -95,6 +95,19 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	runner := connRunner{lc}
 	sync := !req.NoSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot
 	locked := m.now()
+	if sync && req.TTY == nil {
+		// The common case: push, command and pull in one exchange.
+		done, err := m.execFused(ctx, lc, s, req, stream, &res, warn)
+		if err != nil {
+			return ipc.ExecResult{}, err
+		}
+		if done {
+			res.DurationMs = m.now().Sub(started).Milliseconds()
+			m.log.Debug("exec", "run", s.RunID, "exit", res.ExitCode, "sync", "fused", "wait_and_lock", locked.Sub(started), "exchange", m.now().Sub(locked))
+			m.recordExec(s, res)
+			return res, nil
+		}
+	}
 	if sync {
 		m.mark(ctx, lc, directiveSyncStart)
 		out, err := m.push(ctx, runner, s, false, warn)
@@ -108,7 +121,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 	_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 	pushed := m.now()
-	status, runErr := m.run(ctx, lc, req, stream)
+	status, runErr := m.run(ctx, lc, req, stream, commandLine(req.Env, req.Argv), stream.Stdout())
 	if runErr != nil {
 		if sync && ctx.Err() != nil {
 			// The caller went away and the command was stopped: what it
@@ -255,25 +268,12 @@ type pushOutcome struct {
 // back first. pushOnly records no pending edits (no pull follows).
 func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, pushOnly bool, warn func(string)) (pushOutcome, error) {
 	var out pushOutcome
-	base := s.BaseSHA
-	if base == "" {
-		// A run sandboxd did not create: learn where it started.
-		var err error
-		if base, err = m.learnBase(ctx, r, s); err != nil {
+	for attempt := 0; ; attempt++ {
+		patch, err := m.prepare(ctx, r, s, attempt == 0, warn)
+		if err != nil {
 			return out, err
 		}
-	}
-	for attempt := 0; ; attempt++ {
-		patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
-		if err != nil {
-			return out, fmt.Errorf("prepare the sync patch: %w", err)
-		}
-		patch.Sandbox, patch.PushOnly = s.RunID, pushOnly
-		if attempt == 0 {
-			for _, w := range patch.Warnings {
-				warn(w)
-			}
-		}
+		patch.PushOnly = pushOnly
 		res, err := m.opts.Sync.Push(ctx, r, patch)
 		for _, w := range res.Warnings {
 			warn(w)
@@ -283,13 +283,7 @@ func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, 
 		}
 		out.result, out.files = res, patch.Files
 		if err != nil {
-			if errors.Is(err, gitsync.ErrNoGitDir) {
-				// A sandbox that cannot sync is useless: end it so the next
-				// exec gets a fresh one.
-				m.stopQuietly(s, "the sandbox has no git checkout")
-				return out, errdefs.Gone(fmt.Errorf("sandbox %s has no .git directory, so your changes cannot be synced; it was stopped: run the command again to get a fresh sandbox", s.RunID))
-			}
-			return out, fmt.Errorf("sync your changes to the sandbox: %w", err)
+			return out, m.syncFailed(s, err)
 		}
 		if !res.Again {
 			return out, nil
@@ -301,7 +295,8 @@ func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, 
 }
 
 // run runs the user's command with the caller's streams and signals.
-func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest, stream ipc.ExecStream) (sshpool.ExitStatus, error) {
+// command is the remote command line, stdout where its output goes.
+func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest, stream ipc.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
 	signals := make(chan ssh.Signal, 4)
 	done := make(chan struct{})
 	defer close(done)
@@ -327,12 +322,12 @@ func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest
 	if req.Stdin {
 		stdin = stream.Stdin()
 	}
-	stdio := sshpool.Stdio{Stdin: stdin, Stdout: stream.Stdout(), Stderr: stream.Stderr(), Signals: signals}
+	stdio := sshpool.Stdio{Stdin: stdin, Stdout: stdout, Stderr: stream.Stderr(), Signals: signals}
 	if req.TTY != nil {
 		stdio.PTY = &sshpool.PTY{Term: req.TTY.Term, Cols: uint32(req.TTY.Cols), Rows: uint32(req.TTY.Rows)}
 		stdio.Resizes = resizes(stream, done)
 	}
-	st, err := conn.exec(ctx, commandLine(req.Env, req.Argv), stdio)
+	st, err := conn.exec(ctx, command, stdio)
 	if err != nil {
 		if ctx.Err() != nil {
 			return st, errdefs.Canceled(fmt.Errorf("the command was cancelled because the client went away: %w", err))

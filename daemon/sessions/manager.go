@@ -65,6 +65,7 @@ type Pool interface {
 type Syncer interface {
 	Prepare(ctx context.Context, repoRoot, baseSHA string) (*gitsync.Patch, error)
 	Push(ctx context.Context, r gitsync.Runner, p *gitsync.Patch) (gitsync.PushResult, error)
+	Fuse(ctx context.Context, r gitsync.Runner, p *gitsync.Patch, command string) (*gitsync.Exchange, bool, error)
 	Pull(ctx context.Context, r gitsync.Runner, repoRoot string) (gitsync.PullResult, error)
 	Save(ctx context.Context, r gitsync.Runner, repoRoot string) (gitsync.PullResult, error)
 }

@@ -90,6 +90,9 @@ func (nopSync) Prepare(context.Context, string, string) (*gitsync.Patch, error) 
 func (nopSync) Push(context.Context, gitsync.Runner, *gitsync.Patch) (gitsync.PushResult, error) {
 	return gitsync.PushResult{}, nil
 }
+func (nopSync) Fuse(context.Context, gitsync.Runner, *gitsync.Patch, string) (*gitsync.Exchange, bool, error) {
+	return nil, false, nil
+}
 func (nopSync) Pull(context.Context, gitsync.Runner, string) (gitsync.PullResult, error) {
 	return gitsync.PullResult{}, nil
 }

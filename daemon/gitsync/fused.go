@@ -1,0 +1,364 @@
+package gitsync
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+)
+
+// MaxFusedPatch bounds the patch that travels inside a fused exchange's
+// command: the command is one exec request and, in the sandbox, one argument
+// of its shell (Linux limits one argument to 128 KiB). Larger patches take
+// the separate steps.
+const MaxFusedPatch = 48 << 10
+
+// Exchange is one synced exec in one remote command, so one round trip: the
+// push script (its patch in a here-document), then the user's command with
+// the caller's streams, then the pull script. The command's output streams
+// through as it comes; what the sync has to say follows it on stdout, after
+// a boundary line carrying a random nonce:
+//
+//	<command output> B "push 0 <snapshot>\n" "exit <code>\n" <pull output> E " <pull code>\n" <pull stderr>
+//	B "push <code>\n" <push output> E "\n" <push stderr>   (the push failed; nothing ran)
+//
+// where B is "\x1esandboxd-<nonce>\n" and E is "\x1esandboxd-<nonce>-end".
+// The pull output is the pull script's header and patch, whose size the
+// header states, so the end line is found by counting, not by searching a
+// patch the command wrote. A command that reads the nonce (it is in the
+// script) can forge the trailer, but that only lets it choose what comes
+// back, which it can do by editing files anyway.
+//
+// The wrapper shell catches HUP, INT, QUIT and TERM with a handler (never
+// ignores them: the command would inherit that), so a signal to the process
+// group reaches the command and the pull still runs; the wrapper then ends
+// with the command's status, re-raising the signal that ended it.
+type Exchange struct {
+	s      *Syncer
+	rp     repo
+	p      *Patch
+	pend   string
+	nonce  string
+	script string
+	start  time.Time
+	commit bool // the head was pushed with git's protocol first
+	out    *trailerWriter
+}
+
+// Fused is what a fused exchange did.
+type Fused struct {
+	// Ran says the user's command ran; ExitCode is then its status.
+	Ran      bool
+	ExitCode int
+	Push     PushResult
+	// Pull is the pull of the command's edits; PullErr says it failed (the
+	// sandbox keeps the edits and the next exec brings them back).
+	Pull    PullResult
+	PullErr error
+	// Again says the command did not run because the push found something
+	// to do first (edits of an earlier exec brought back, a commit pushed):
+	// prepare and exchange again.
+	Again bool
+}
+
+// errNoReport says the exchange ended before its trailer.
+var errNoReport = errors.New("the sandbox's sync wrapper ended without its report")
+
+// Fuse returns the exchange that runs command (a shell command line for the
+// sandbox's /bin/sh) synced with p. ok is false when p cannot travel inside
+// a command (too large, or bytes a here-document cannot carry): the caller
+// then takes the separate steps (Push, the command, Pull). When the sandbox
+// may lack p's head commit, it is pushed first with git's protocol (one
+// more round trip, only when HEAD moved).
+func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (*Exchange, bool, error) {
+	if err := s.checkPatch(p); err != nil {
+		return nil, false, err
+	}
+	nonce := newNonce()
+	if !fusable(p.Data, nonce) {
+		return nil, false, nil
+	}
+	rp, err := s.openRepo(ctx, p.RepoRoot)
+	if err != nil {
+		return nil, false, repoError(err)
+	}
+	x := &Exchange{s: s, rp: rp, p: p, pend: newID(), nonce: nonce, start: time.Now()}
+	var res PushResult
+	if err := s.pushCommitsIfNeeded(ctx, r, rp, p, &res); err != nil {
+		return nil, false, err
+	}
+	x.commit = res.Commits
+	x.script = fusedScript(nonce, p.HeadSHA, p.Data, s.now(), x.pend, s.acks(rp), s.maxBytes, command)
+	return x, true, nil
+}
+
+// fusable says patch can travel in a here-document ended by a line with
+// nonce: under the size bound, no NUL, ending with a newline, and no line
+// equal to the delimiter.
+func fusable(patch []byte, nonce string) bool {
+	if len(patch) == 0 {
+		return true
+	}
+	return len(patch) <= MaxFusedPatch && patch[len(patch)-1] == '\n' &&
+		bytes.IndexByte(patch, 0) < 0 && !bytes.Contains(append([]byte{'\n'}, patch...), []byte("\n"+heredocWord(nonce)+"\n"))
+}
+
+func heredocWord(nonce string) string { return "SBX_" + nonce }
+
+// Command is the remote command of the exchange.
+func (x *Exchange) Command() string { return x.script }
+
+// Stdout returns the writer for the exchange's standard output: the
+// command's output goes to w as it arrives, the trailer is kept for Finish.
+func (x *Exchange) Stdout(w io.Writer) io.Writer {
+	x.out = &trailerWriter{
+		w:       w,
+		mark:    []byte(boundary(x.nonce) + "\n"),
+		trailer: limitedBuffer{max: x.s.maxBytes + 64<<10, buf: &bytes.Buffer{}},
+	}
+	return x.out
+}
+
+// Reported says the trailer began: the push was done, and the command ran
+// unless the trailer says the push failed.
+func (x *Exchange) Reported() bool { return x.out != nil && x.out.found }
+
+// Abandon passes on the command's output held back while looking for the
+// trailer, for an exchange whose result nobody will take (the caller went
+// away, the connection broke before the trailer): its edits stay in the
+// sandbox, pending, until they are saved or the next exec brings them back.
+func (x *Exchange) Abandon() {
+	if x.out != nil {
+		x.out.flush()
+	}
+}
+
+// Finish reads the trailer once the exchange ended: it completes the push's
+// bookkeeping, then applies the command's edits to the local working tree
+// (or saves them) and acknowledges them. An error means the command did not
+// run (the push failed); a failed pull is reported in Fused.PullErr. A
+// damaged or missing pull part is fetched again with the pull script.
+func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
+	res := Fused{Push: PushResult{Commits: x.commit}}
+	if x.out == nil || !x.out.found {
+		if x.out != nil {
+			x.out.flush()
+		}
+		return res, errdefs.Unavailable(errNoReport)
+	}
+	tr := x.out.trailer.buf.Bytes()
+	end := []byte(boundary(x.nonce) + "-end")
+	line, rest, _ := bytes.Cut(tr, []byte("\n"))
+	f := strings.Fields(string(line))
+	if len(f) < 2 || f[0] != "push" {
+		return res, errdefs.Unavailable(fmt.Errorf("%w: it began with %q", errNoReport, clip(line)))
+	}
+	code, err := strconv.Atoi(f[1])
+	if err != nil {
+		return res, errdefs.Unavailable(fmt.Errorf("%w: it began with %q", errNoReport, clip(line)))
+	}
+	if code != 0 {
+		// Nothing ran, so nothing in the output can be forged: the end line
+		// is found by searching.
+		body, msg := rest, ""
+		if i := bytes.Index(rest, end); i >= 0 {
+			body, msg = rest[:i], string(bytes.TrimPrefix(rest[i+len(end):], []byte("\n")))
+		}
+		out := &limitedBuffer{max: x.s.maxBytes + 64, buf: bytes.NewBuffer(body), overflow: x.out.trailer.overflow}
+		again, err := x.s.pushFailed(ctx, r, x.rp, x.p, code, out, strings.TrimSpace(msg), 0, &res.Push)
+		if err != nil {
+			return res, err
+		}
+		_ = again // whether or not the local tree changed, the command has yet to run
+		res.Again = true
+		return res, nil
+	}
+	snap := ""
+	if len(f) > 2 {
+		snap = f[2]
+	}
+	x.s.pushDone(x.p, x.pend, snap, &res.Push)
+	line, rest, _ = bytes.Cut(rest, []byte("\n"))
+	if f := strings.Fields(string(line)); len(f) == 2 && f[0] == "exit" {
+		if n, err := strconv.Atoi(f[1]); err == nil {
+			res.Ran, res.ExitCode = true, n
+		}
+	}
+	if !res.Ran {
+		return res, errdefs.Unavailable(fmt.Errorf("%w: no exit status after %q", errNoReport, clip(line)))
+	}
+	id, patch, saved, err := x.pulled(ctx, r, rest, end)
+	res.Pull, res.PullErr = x.s.land(ctx, x.rp, x.start, id, patch, saved, err)
+	return res, nil
+}
+
+// pulled reads the pull part of the trailer: the pull script's output, its
+// end line with the script's exit code, and its stderr. A damaged part (the
+// transfer broke, or something else wrote to the exchange's stdout) is
+// fetched again by running the pull script, which diffs the same snapshot.
+func (x *Exchange) pulled(ctx context.Context, r Runner, rest, end []byte) (id string, patch []byte, saved string, err error) {
+	body, tail, ok := splitPull(rest, end)
+	if !ok || x.out.trailer.overflow {
+		x.s.log.Warn("the pull part of a fused exec arrived damaged, pulling again")
+		return x.s.fetchPull(ctx, r, x.rp)
+	}
+	line, msg, _ := bytes.Cut(tail, []byte("\n"))
+	code, cerr := strconv.Atoi(strings.TrimSpace(string(line)))
+	out := &limitedBuffer{max: x.s.maxBytes + 128, buf: bytes.NewBuffer(body)}
+	switch {
+	case cerr != nil:
+		return x.s.fetchPull(ctx, r, x.rp)
+	case code != 0:
+		return x.s.pullFailed(ctx, r, x.rp, code, out, strings.TrimSpace(string(msg)))
+	}
+	return x.s.pullOutput(ctx, r, x.rp, out, 0, nil)
+}
+
+// splitPull splits the pull part at its end line, found after the size the
+// pull header states: body is the pull output, tail what follows the end
+// marker.
+func splitPull(rest, end []byte) (body, tail []byte, ok bool) {
+	n := 0
+	if bytes.HasPrefix(rest, []byte(pullHeader)) {
+		_, size, hok := parseHeader(rest)
+		i := bytes.IndexByte(rest, '\n')
+		if !hok || i < 0 {
+			return nil, nil, false
+		}
+		n = i + 1
+		if !bytes.HasPrefix(rest[n:], end) {
+			// Header and patch (a patch over the limit sends the header
+			// alone).
+			if int64(len(rest)-n) < size {
+				return nil, nil, false
+			}
+			n += int(size)
+		}
+	}
+	if !bytes.HasPrefix(rest[n:], end) {
+		return nil, nil, false
+	}
+	return rest[:n], rest[n+len(end):], true
+}
+
+func clip(b []byte) string {
+	if len(b) > 80 {
+		b = b[:80]
+	}
+	return string(b)
+}
+
+func boundary(nonce string) string { return "\x1esandboxd-" + nonce }
+
+func newNonce() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// fusedScript is the exchange's command; see Exchange.
+func fusedScript(nonce, head string, patch []byte, now time.Time, pend string, acks []string, max int64, command string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "N=%s\n", nonce)
+	// A failure of the prelude is the push's failure.
+	b.WriteString(`die() { printf '\036sandboxd-%s\npush %s\n\036sandboxd-%s-end\n' "$N" "$1" "$N"; [ -z "$2" ] || printf '%s\n' "$2"; exit 0; }` + "\n")
+	b.WriteString(preludeChecks)
+	b.WriteString("(\n")
+	b.WriteString(pushBody(head, len(patch) > 0, now, pend, acks, max))
+	b.WriteString(`) >"$st/f.out" 2>"$st/f.err"`)
+	if len(patch) > 0 {
+		fmt.Fprintf(&b, " <<'%s'\n", heredocWord(nonce))
+		b.Write(patch)
+		b.WriteString(heredocWord(nonce) + "\n")
+	} else {
+		b.WriteString(" </dev/null\n")
+	}
+	fmt.Fprintf(&b, `pc=$?
+if [ "$pc" -ne 0 ]; then
+	printf '\036sandboxd-%%s\npush %%s\n' "$N" "$pc"; cat "$st/f.out"
+	printf '\036sandboxd-%%s-end\n' "$N"; cat "$st/f.err"; exit 0
+fi
+snap=; read -r snap <"$st/f.out" || true
+trap : HUP INT QUIT TERM
+PATH=$P0 sh -c %s
+s=$?
+printf '\036sandboxd-%%s\npush 0 %%s\nexit %%s\n' "$N" "$snap" "$s"
+(
+%s) 2>"$st/f.err" </dev/null
+printf '\036sandboxd-%%s-end %%s\n' "$N" "$?"
+[ ! -s "$st/f.err" ] || cat "$st/f.err"
+if [ "$s" -gt 128 ] && [ "$s" -lt 160 ]; then trap - HUP INT QUIT TERM; kill -$((s - 128)) $$; fi
+exit "$s"
+`, shellWord(command), pullBody(max))
+	return b.String()
+}
+
+// trailerWriter passes a fused exchange's stdout to w up to the boundary
+// mark and keeps what follows. Bytes that may begin the mark are held back
+// until the next write tells. When w fails (the caller went away) it keeps
+// reading: the trailer still says what became of the command's edits.
+type trailerWriter struct {
+	w       io.Writer
+	werr    error
+	mark    []byte
+	held    []byte
+	found   bool
+	trailer limitedBuffer
+}
+
+func (t *trailerWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	if t.found {
+		_, _ = t.trailer.Write(p)
+		return n, nil
+	}
+	data := p
+	if len(t.held) > 0 {
+		data = append(t.held, p...)
+		t.held = nil
+	}
+	if i := bytes.Index(data, t.mark); i >= 0 {
+		t.found = true
+		_, _ = t.trailer.Write(data[i+len(t.mark):])
+		t.emit(data[:i])
+		return n, nil
+	}
+	keep := partialSuffix(data, t.mark)
+	if keep > 0 {
+		t.held = append([]byte(nil), data[len(data)-keep:]...)
+	}
+	t.emit(data[:len(data)-keep])
+	return n, nil
+}
+
+// flush passes on what was held back, when the mark never came.
+func (t *trailerWriter) flush() {
+	held := t.held
+	t.held = nil
+	t.emit(held)
+}
+
+func (t *trailerWriter) emit(b []byte) {
+	if len(b) == 0 || t.w == nil || t.werr != nil {
+		return
+	}
+	_, t.werr = t.w.Write(b)
+}
+
+// partialSuffix is the length of the longest end of data that begins mark.
+func partialSuffix(data, mark []byte) int {
+	for k := min(len(mark)-1, len(data)); k > 0; k-- {
+		if data[len(data)-k] == mark[0] && bytes.Equal(data[len(data)-k:], mark[:k]) {
+			return k
+		}
+	}
+	return 0
+}

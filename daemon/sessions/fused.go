@@ -1,0 +1,116 @@
+package sessions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// fusedAttempts bounds the exchanges that found something to do before the
+// command (edits of an earlier exec, a commit to push); after them the exec
+// takes the separate steps, which handle every case.
+const fusedAttempts = 2
+
+// execFused runs a synced exec as one exchange with the sandbox: push,
+// command and pull in one remote command (gitsync.Exchange). done false,
+// with no error, means the command has not run and the caller takes the
+// separate steps (a patch too large to travel inside a command, or an
+// exchange that kept finding work to do first).
+func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Session, req ipc.ExecRequest, stream ipc.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
+	runner := connRunner{lc}
+	for attempt := 0; attempt < fusedAttempts; attempt++ {
+		patch, err := m.prepare(ctx, runner, s, attempt == 0, warn)
+		if err != nil {
+			return true, err
+		}
+		ex, ok, err := m.opts.Sync.Fuse(ctx, runner, patch, commandLine(req.Env, req.Argv))
+		if err != nil {
+			return true, m.syncFailed(s, err)
+		}
+		if !ok {
+			return false, nil
+		}
+		if attempt == 0 {
+			m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
+			_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
+		}
+		status, runErr := m.run(ctx, lc, req, stream, ex.Command(), ex.Stdout(stream.Stdout()))
+		if runErr != nil && (ctx.Err() != nil || !ex.Reported()) {
+			ex.Abandon()
+			if ctx.Err() != nil {
+				// The caller went away: what the command changed is saved,
+				// not applied to a tree nobody is watching.
+				m.saveAbandoned(ctx, lc, s)
+			}
+			return true, runErr
+		}
+		if m.opts.Pause != nil {
+			m.opts.Pause("exec-after-command")
+		}
+		fr, err := ex.Finish(context.WithoutCancel(ctx), runner)
+		for _, w := range fr.Push.Warnings {
+			warn(w)
+		}
+		if fr.Push.Recovered != nil {
+			res.PulledFiles = append(res.PulledFiles, fr.Push.Recovered.Files...)
+		}
+		if err != nil {
+			if runErr != nil {
+				return true, runErr
+			}
+			return true, m.syncFailed(s, err)
+		}
+		if fr.Again {
+			continue
+		}
+		res.ExitCode, res.Signal = fr.ExitCode, status.Signal
+		res.PulledFiles = append(res.PulledFiles, fr.Pull.Files...)
+		if fr.PullErr != nil {
+			warn(fmt.Sprintf("pulling the sandbox's changes failed: %v", fr.PullErr))
+		}
+		for _, w := range fr.Pull.Warnings {
+			warn(w)
+		}
+		return true, nil
+	}
+	return false, nil
+}
+
+// prepare makes the sync patch of s's working tree, telling the caller its
+// warnings when tell.
+func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Session, tell bool, warn func(string)) (*gitsync.Patch, error) {
+	base := s.BaseSHA
+	if base == "" {
+		// A run sandboxd did not create: learn where it started.
+		var err error
+		if base, err = m.learnBase(ctx, r, s); err != nil {
+			return nil, err
+		}
+	}
+	patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
+	if err != nil {
+		return nil, fmt.Errorf("prepare the sync patch: %w", err)
+	}
+	patch.Sandbox = s.RunID
+	if tell {
+		for _, w := range patch.Warnings {
+			warn(w)
+		}
+	}
+	return patch, nil
+}
+
+// syncFailed explains a failed push. A sandbox that cannot sync is useless:
+// it is ended so that the next exec gets a fresh one.
+func (m *Manager) syncFailed(s *store.Session, err error) error {
+	if errors.Is(err, gitsync.ErrNoGitDir) {
+		m.stopQuietly(s, "the sandbox has no git checkout")
+		return errdefs.Gone(fmt.Errorf("sandbox %s has no .git directory, so your changes cannot be synced; it was stopped: run the command again to get a fresh sandbox", s.RunID))
+	}
+	return fmt.Errorf("sync your changes to the sandbox: %w", err)
+}
