@@ -108,23 +108,28 @@ fi
 `, strings.Join(diffOptions, " "), pullHeader)
 	// The reset fails, touching nothing, when head is missing; only then is
 	// it worth a look at why.
-	b.WriteString(`if ! revert "$head"; then
-	if ! g cat-file -e "$head^{commit}" 2>/dev/null; then echo "sandboxd: commit $head is not in the sandbox" >&2; exit 82; fi
+	const missing = `	if ! g cat-file -e "$head^{commit}" 2>/dev/null; then echo "sandboxd: commit $head is not in the sandbox" >&2; exit 82; fi
 	exit 85
 fi
-`)
+`
 	if withPatch {
+		// Every process counts here: the refs are written once, at the
+		// end, and the sync index starts as a copy of the fresh index.
 		date := fmt.Sprintf("@%d +0000", now.Unix())
+		b.WriteString(`if ! { g reset -q --hard "$head" && g clean -fdq; }; then
+` + missing + `cp "$gd/index" "$st/index" || exit 85
+`)
 		fmt.Fprintf(&b, `if ! g apply --whitespace=nowarn -; then revert "$head"; exit 83; fi
-if stageall && tree=$(GIT_INDEX_FILE="$st/index" g write-tree) &&
+if GIT_INDEX_FILE="$st/index" g add -A && tree=$(GIT_INDEX_FILE="$st/index" g write-tree) &&
 	snap=$(GIT_AUTHOR_DATE=%[1]q GIT_COMMITTER_DATE=%[1]q g -c user.name=sandboxd -c user.email=sandboxd@localhost commit-tree "$tree" -p "$head" -m "sandboxd sync") &&
-	g update-ref "$SNAP" "$snap"; then :
+	printf 'update %%s %%s\nupdate %%s %%s\n' "$SNAP" "$snap" "$BASE" "$head" | g update-ref --stdin; then :
 else
 	revert "$head"; exit 84
 fi
 `, date)
 	} else {
-		b.WriteString("snap=$head\n")
+		b.WriteString(`if ! revert "$head"; then
+` + missing + "snap=$head\n")
 	}
 	b.WriteString(`if [ -n "$pend" ]; then echo "$pend" >"$st/pending" || exit 84; else rm -f "$st/pending"; fi
 echo "$snap"
@@ -141,23 +146,24 @@ const pullHeader = "sandboxd-pull "
 // $st/pull.id, so a broken transfer can be fetched again) and prints the
 // header and the patch. The sandbox keeps its files.
 func pullScript(max int64) string {
-	return prelude + pullBody(max)
+	return prelude + "snap=\n" + pullBody(max)
 }
 
 // pullBody is pullScript after the prelude.
 func pullBody(max int64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "max=%d\n", max)
-	fmt.Fprintf(&b, `snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
+	// snap is already known when a fused exchange pushed just before.
+	fmt.Fprintf(&b, `[ -n "${snap:-}" ] || snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
 id=none; [ ! -f "$st/pending" ] || read -r id <"$st/pending" || true
 out="$st/pull.patch"
 echo >"$st/pull.id"
 stageall && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out" || exit 87
 echo "$id" >"$st/pull.id"
-size=$(($(wc -c <"$out")))
+size=0; [ ! -s "$out" ] || size=$(($(wc -c <"$out")))
 printf '%s%%s %%d\n' "$id" "$size"
 if [ "$size" -gt "$max" ]; then exit 89; fi
-cat "$out" || exit 87
+[ "$size" -eq 0 ] || cat "$out" || exit 87
 `, strings.Join(diffOptions, " "), pullHeader)
 	return b.String()
 }
