@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -282,5 +283,79 @@ func TestTrailerWriterSplitsAtTheMark(t *testing.T) {
 	tw.flush()
 	if out.String() != "tail\x1esandbox" {
 		t.Fatalf("out %q after flush", out.String())
+	}
+}
+
+// gitLog puts a git on the PATH that records its directory and subcommand
+// in the returned file before running the real one.
+func gitLog(t *testing.T) string {
+	t.Helper()
+	real, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	log := filepath.Join(dir, "calls")
+	writeFile(t, filepath.Join(dir, "git"), "#!/bin/sh\nfor a; do case $a in -c) skip=1;; *) if [ -n \"$skip\" ]; then skip=; else echo \"$PWD $a\" >>"+log+"; break; fi;; esac; done\nexec "+real+" \"$@\"\n")
+	if err := os.Chmod(filepath.Join(dir, "git"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	return log
+}
+
+// A push moves the sandbox's tree to the new one like a checkout: one scan
+// of the working tree (git add), no reset and no clean; a file the command
+// left behind is still removed.
+func TestFusedPushScansOnce(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n"})
+	writeFile(t, filepath.Join(f.local, "a.txt"), "one\n")
+	if _, _, err := f.exec("echo left > left.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(f.local, "left.txt")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(f.local, "a.txt"), "two\n")
+	log := gitLog(t)
+	out, _, err := f.exec("cat a.txt; ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != "two\na.txt\nb.txt\n" {
+		t.Fatalf("the command saw %q", out)
+	}
+	var calls []string
+	for _, line := range strings.Split(string(fileBytes(t, log)), "\n") {
+		if dir, c, ok := strings.Cut(line, " "); ok && dir == f.sandbox {
+			calls = append(calls, c)
+		}
+	}
+	for _, c := range calls {
+		if c == "reset" || c == "clean" {
+			t.Fatalf("the push ran git %s: %v", c, calls)
+		}
+	}
+	if n := strings.Count(" "+strings.Join(calls, " ")+" ", " add "); n != 2 {
+		t.Fatalf("%d scans (git add), want 2 (push and pull): %v", n, calls)
+	}
+}
+
+// An ignored file in the sandbox where the new tree has a tracked one (the
+// local .gitignore changed) is replaced by the local file.
+func TestFusedPushReplacesAnIgnoredFileInTheWay(t *testing.T) {
+	f := newFixture(t, map[string]string{".gitignore": "gen/\n", "a.txt": "a\n"})
+	if _, _, err := f.exec("mkdir -p gen && echo generated > gen/x"); err != nil {
+		t.Fatal(err)
+	}
+	// Locally gen/ is no longer ignored and gen/x is a source file.
+	writeFile(t, filepath.Join(f.local, ".gitignore"), "")
+	writeFile(t, filepath.Join(f.local, "gen", "x"), "source\n")
+	out, _, err := f.exec("cat gen/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != "source\n" {
+		t.Fatalf("the command saw %q", out)
 	}
 }

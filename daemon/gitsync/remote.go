@@ -116,13 +116,27 @@ fi
 		// Every process counts here: the refs are written once, at the
 		// end, and the sync index starts as a copy of the fresh index.
 		date := fmt.Sprintf("@%d +0000", now.Unix())
-		b.WriteString(`if ! { g reset -q --hard "$head" && g clean -fdq; }; then
-` + missing + `cp "$gd/index" "$st/index" || exit 85
-`)
-		fmt.Fprintf(&b, `if ! g apply --whitespace=nowarn -; then revert "$head"; exit 83; fi
-if GIT_INDEX_FILE="$st/index" g add -A && tree=$(GIT_INDEX_FILE="$st/index" g write-tree) &&
-	snap=$(GIT_AUTHOR_DATE=%[1]q GIT_COMMITTER_DATE=%[1]q g -c user.name=sandboxd -c user.email=sandboxd@localhost commit-tree "$tree" -p "$head" -m "sandboxd sync") &&
-	printf 'update %%s %%s\nupdate %%s %%s\n' "$SNAP" "$snap" "$BASE" "$head" | g update-ref --stdin; then :
+		// The tree the sandbox must have is made in a scratch index (head
+		// plus the patch, no file touched); then the working tree moves
+		// from what it is now (one scan) to that tree, touching only the
+		// paths that differ, as a checkout does. When that cannot be done,
+		// the full reset follows.
+		fmt.Fprintf(&b, `if ! tree=$(GIT_INDEX_FILE="$st/next" g read-tree "$head" 2>/dev/null && GIT_INDEX_FILE="$st/next" g apply --cached --whitespace=nowarn - && GIT_INDEX_FILE="$st/next" g write-tree); then
+	if ! g cat-file -e "$head^{commit}" 2>/dev/null; then echo "sandboxd: commit $head is not in the sandbox" >&2; exit 82; fi
+	exit 83
+fi
+if stageall && cur=$(GIT_INDEX_FILE="$st/index" g write-tree) && GIT_INDEX_FILE="$st/index" g read-tree -m -u "$cur" "$tree" 2>/dev/null; then
+	g read-tree "$head" || exit 85
+	# What a reset clears: a merge, cherry-pick or revert left half done.
+	for x in MERGE_HEAD MERGE_MSG MERGE_MODE MERGE_RR SQUASH_MSG CHERRY_PICK_HEAD REVERT_HEAD AUTO_MERGE; do
+		[ ! -e "$gd/$x" ] || rm -f "$gd/$x"
+	done
+else
+	revert "$head" && cp "$gd/index" "$st/index" || exit 85
+	GIT_INDEX_FILE="$st/index" g read-tree --reset -u "$head" "$tree" || { revert "$head"; exit 83; }
+fi
+if snap=$(GIT_AUTHOR_DATE=%[1]q GIT_COMMITTER_DATE=%[1]q g -c user.name=sandboxd -c user.email=sandboxd@localhost commit-tree "$tree" -p "$head" -m "sandboxd sync") &&
+	printf 'update HEAD %%s\nupdate %%s %%s\nupdate %%s %%s\n' "$head" "$SNAP" "$snap" "$BASE" "$head" | g update-ref --stdin; then :
 else
 	revert "$head"; exit 84
 fi
