@@ -287,18 +287,20 @@ func (m *Manager) Rehydrate(ctx context.Context) {
 	if len(live) == 0 {
 		return
 	}
-	// The RWX CLI's files of these checkouts: adopt what they record, and
-	// record the sessions there (they may predate sandboxd writing them).
-	for root := range repos {
-		if root != "" {
-			m.watchCLIFile(root)
-			m.cliFileChanged(root)
-		}
-	}
 	m.log.Info("rehydrating sessions", "count", len(live))
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
+		// The RWX CLI's files of these checkouts: adopt what they record,
+		// and record the sessions there (they may predate sandboxd writing
+		// them). After READY: a thousand checkouts take seconds, and the
+		// file is read again before each create anyway.
+		for root := range repos {
+			if root != "" && ctx.Err() == nil {
+				m.watchCLIFile(root)
+				m.cliFileChanged(root)
+			}
+		}
 		m.forEach(ctx, live, func(s *store.Session) {
 			defer m.checkDone(s.ID)
 			// Re-read: a client may have changed the session meanwhile.
