@@ -173,11 +173,10 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 			body, msg = rest[:i], string(bytes.TrimPrefix(rest[i+len(end):], []byte("\n")))
 		}
 		out := &limitedBuffer{max: x.s.maxBytes + 64, buf: bytes.NewBuffer(body), overflow: x.out.trailer.overflow}
-		again, err := x.s.pushFailed(ctx, r, x.rp, x.p, code, out, strings.TrimSpace(msg), 0, &res.Push)
-		if err != nil {
+		// Whether or not the local tree changed, the command has yet to run.
+		if _, err := x.s.pushFailed(ctx, r, x.rp, x.p, code, out, strings.TrimSpace(msg), 0, &res.Push); err != nil {
 			return res, err
 		}
-		_ = again // whether or not the local tree changed, the command has yet to run
 		res.Again = true
 		return res, nil
 	}

@@ -48,7 +48,7 @@ func (c *Conn) start() {
 	c.pool.wg.Add(2)
 	go c.monitor()
 	go c.keepalive()
-	c.prepareSpare()
+	c.prepare(&c.spare)
 }
 
 // monitor reports the connection up, waits for its end, and reports it down.
@@ -120,22 +120,41 @@ func (c *Conn) alive() bool {
 	return !c.closing
 }
 
-// prepareSpare opens the next session channel in the background so that the
-// next exec does not pay the channel-open round trip.
-func (c *Conn) prepareSpare() {
+// prepare opens the channel of slot (c.spare for execs, c.fire for Send)
+// in the background, so that its next user does not pay the channel-open
+// round trip.
+func (c *Conn) prepare(slot **spareCall) {
 	c.mu.Lock()
-	if c.closing || c.spare != nil {
+	if c.closing || *slot != nil {
 		c.mu.Unlock()
 		return
 	}
 	sc := &spareCall{done: make(chan struct{})}
-	c.spare = sc
+	*slot = sc
 	c.pool.wg.Add(1) // under c.mu with closing false: Close has not reached Wait
 	c.mu.Unlock()
 	go func() {
 		defer c.pool.wg.Done()
 		sc.s, sc.err = c.openSession()
 		close(sc.done)
+	}()
+}
+
+// giveBack puts back in slot a spare that was not used, or closes it when
+// the slot was filled meanwhile or the connection is closing.
+func (c *Conn) giveBack(slot **spareCall, sc *spareCall) {
+	c.mu.Lock()
+	if *slot == nil && !c.closing {
+		*slot = sc
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	go func() {
+		<-sc.done
+		if sc.s != nil {
+			sc.s.ch.Close()
+		}
 	}()
 }
 
@@ -160,7 +179,7 @@ func (c *Conn) takeSession(ctx context.Context) (*session, error) {
 				sc.s.ch.Close()
 			}
 		case <-ctx.Done():
-			c.returnSpare(sc)
+			c.giveBack(&c.spare, sc)
 			return nil, fmt.Errorf("%w: %w", ErrNotSent, ctx.Err())
 		}
 	}
@@ -197,7 +216,7 @@ func (c *Conn) Send(ctx context.Context, command string) error {
 				sc.s.ch.Close()
 			}
 		case <-ctx.Done():
-			c.returnFire(sc)
+			c.giveBack(&c.fire, sc)
 			return fmt.Errorf("%w: %w", ErrNotSent, ctx.Err())
 		}
 	}
@@ -206,9 +225,9 @@ func (c *Conn) Send(ctx context.Context, command string) error {
 		if s, err = c.takeSession(ctx); err != nil {
 			return err
 		}
-		defer c.prepareSpare()
+		defer c.prepare(&c.spare)
 	}
-	defer c.prepareFire()
+	defer c.prepare(&c.fire)
 	if _, err := s.ch.SendRequest("exec", false, ssh.Marshal(struct{ Command string }{command})); err != nil {
 		s.ch.Close()
 		return fmt.Errorf("%w: send %q to sandbox %s: %w", ErrNotSent, command, c.target.RunID, err)
@@ -217,58 +236,6 @@ func (c *Conn) Send(ctx context.Context, command string) error {
 	// session's own goroutine reads that and the close is acknowledged by
 	// the SSH library.
 	return nil
-}
-
-// prepareFire opens the next Send channel in the background.
-func (c *Conn) prepareFire() {
-	c.mu.Lock()
-	if c.closing || c.fire != nil {
-		c.mu.Unlock()
-		return
-	}
-	sc := &spareCall{done: make(chan struct{})}
-	c.fire = sc
-	c.pool.wg.Add(1) // under c.mu with closing false: Close has not reached Wait
-	c.mu.Unlock()
-	go func() {
-		defer c.pool.wg.Done()
-		sc.s, sc.err = c.openSession()
-		close(sc.done)
-	}()
-}
-
-// returnFire puts back a Send spare that was not used.
-func (c *Conn) returnFire(sc *spareCall) {
-	c.mu.Lock()
-	if c.fire == nil && !c.closing {
-		c.fire = sc
-		c.mu.Unlock()
-		return
-	}
-	c.mu.Unlock()
-	go func() {
-		<-sc.done
-		if sc.s != nil {
-			sc.s.ch.Close()
-		}
-	}()
-}
-
-// returnSpare puts back a spare an exec did not use.
-func (c *Conn) returnSpare(sc *spareCall) {
-	c.mu.Lock()
-	if c.spare == nil && !c.closing {
-		c.spare = sc
-		c.mu.Unlock()
-		return
-	}
-	c.mu.Unlock()
-	go func() {
-		<-sc.done
-		if sc.s != nil {
-			sc.s.ch.Close()
-		}
-	}()
 }
 
 // session is one session channel and what the agent reported on it.
