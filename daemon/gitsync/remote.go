@@ -121,7 +121,16 @@ fi
 		// from what it is now (one scan) to that tree, touching only the
 		// paths that differ, as a checkout does. When that cannot be done,
 		// the full reset follows.
-		fmt.Fprintf(&b, `if ! tree=$(GIT_INDEX_FILE="$st/next" g read-tree "$head" 2>/dev/null && GIT_INDEX_FILE="$st/next" g apply --cached --whitespace=nowarn - && GIT_INDEX_FILE="$st/next" g write-tree); then
+		// Reading head's whole tree into an index costs what the tree
+		// holds, so head's index is kept (under head's name, written by a
+		// rename: a partial copy never carries a name) and copied.
+		fmt.Fprintf(&b, `headidx() {
+	if [ -f "$st/head-$head.idx" ]; then cp "$st/head-$head.idx" "$st/next"; return; fi
+	GIT_INDEX_FILE="$st/next" g read-tree "$head" 2>/dev/null || return 1
+	rm -f "$st"/head-*.idx; cp "$st/next" "$st/head.tmp" && mv -f "$st/head.tmp" "$st/head-$head.idx" || true
+}
+if ! tree=$(headidx && GIT_INDEX_FILE="$st/next" g apply --cached --whitespace=nowarn - && GIT_INDEX_FILE="$st/next" g write-tree); then
+	rm -f "$st"/head-*.idx
 	if ! g cat-file -e "$head^{commit}" 2>/dev/null; then echo "sandboxd: commit $head is not in the sandbox" >&2; exit 82; fi
 	exit 83
 fi
