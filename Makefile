@@ -6,7 +6,7 @@ export PATH := /usr/local/go/bin:$(PATH)
 GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.Version=$(VERSION)
-BINARIES  := sandboxd sbx sbx-mcp sandboxd-localcloud
+BINARIES  := sandboxd sbx sbx-mcp sandboxd-localcloud sandboxd-helper
 # Each binary's package: ./cmd/NAME, but for sbx-mcp (sbx mcp's server,
 # apart from sbx so that sbx starts fast), which shares sbx's internals.
 CMD_sbx-mcp := ./cmd/sbx/sbx-mcp

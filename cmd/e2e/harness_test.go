@@ -58,7 +58,7 @@ func run(m *testing.M) int {
 	if raceEnabled {
 		args = append(args, "-race")
 	}
-	args = append(args, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx", "github.com/sandboxd/sandboxd/cmd/sbx/sbx-mcp", "github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud")
+	args = append(args, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx", "github.com/sandboxd/sandboxd/cmd/sbx/sbx-mcp", "github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud", "github.com/sandboxd/sandboxd/cmd/sandboxd-helper")
 	cmd := exec.Command("go", args...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Run(); err != nil {

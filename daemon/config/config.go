@@ -48,6 +48,9 @@ const (
 // minReconcileInterval keeps a typo ("30ms") from hammering the remote API.
 const minReconcileInterval = time.Second
 
+// SyncHelperOff as sync_helper installs no helper in sandboxes.
+const SyncHelperOff = "off"
+
 // Config is the effective configuration of sandboxd.
 type Config struct {
 	// Remote is RemoteLocal or RemoteRWX.
@@ -60,6 +63,10 @@ type Config struct {
 	// LocalcloudBinary is the sandboxd-localcloud executable to start for
 	// the local remote; empty means "next to sandboxd, else on PATH".
 	LocalcloudBinary string
+	// SyncHelper is the sandboxd-helper executable installed in Linux
+	// sandboxes of this machine's architecture to sync in proportion to
+	// what changed; empty means "next to sandboxd", SyncHelperOff none.
+	SyncHelper string
 	// IdleTimeout is how long a socket-activated daemon with nothing live
 	// waits before exiting; 0 disables idle exit.
 	IdleTimeout time.Duration
@@ -108,7 +115,7 @@ func (c Config) TokenSource() string { return c.tokenSource }
 // Warnings and the token's source aside).
 func (c Config) Equal(o Config) bool {
 	return c.Remote == o.Remote && c.RWXHost == o.RWXHost && c.RWXAccessToken == o.RWXAccessToken &&
-		c.LocalcloudBinary == o.LocalcloudBinary && c.IdleTimeout == o.IdleTimeout &&
+		c.LocalcloudBinary == o.LocalcloudBinary && c.SyncHelper == o.SyncHelper && c.IdleTimeout == o.IdleTimeout &&
 		c.ShutdownTimeout == o.ShutdownTimeout && c.ReconcileInterval == o.ReconcileInterval &&
 		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout
 }
@@ -121,6 +128,7 @@ func (c Config) LogValue() slog.Value {
 		slog.String("rwx_host", c.RWXHost),
 		slog.String("token_source", c.tokenSource),
 		slog.String("localcloud_binary", c.LocalcloudBinary),
+		slog.String("sync_helper", c.SyncHelper),
 		slog.Duration("idle_timeout", c.IdleTimeout),
 		slog.Duration("shutdown_timeout", c.ShutdownTimeout),
 		slog.Duration("reconcile_interval", c.ReconcileInterval),
@@ -143,6 +151,7 @@ type file struct {
 	RWXHost           *string `json:"rwx_host"`
 	RWXAccessToken    *string `json:"rwx_access_token"`
 	LocalcloudBinary  *string `json:"localcloud_binary"`
+	SyncHelper        *string `json:"sync_helper"`
 	IdleTimeout       *string `json:"idle_timeout"`
 	ShutdownTimeout   *string `json:"shutdown_timeout"`
 	ReconcileInterval *string `json:"reconcile_interval"`
@@ -236,6 +245,12 @@ func (c *Config) apply(raw []byte) error {
 			c.Warnings = append(c.Warnings, fmt.Sprintf("%s holds an access token and is readable by other users (mode %04o); run chmod 600 %s", c.File, fi.Mode().Perm(), c.File))
 		}
 	}
+	if f.SyncHelper != nil {
+		c.SyncHelper = *f.SyncHelper
+		if c.SyncHelper != "" && c.SyncHelper != SyncHelperOff && !filepath.IsAbs(c.SyncHelper) {
+			return fmt.Errorf("field \"sync_helper\" must be an absolute path or %q, got %q", SyncHelperOff, c.SyncHelper)
+		}
+	}
 	if f.LocalcloudBinary != nil {
 		c.LocalcloudBinary = *f.LocalcloudBinary
 		if c.LocalcloudBinary != "" && !filepath.IsAbs(c.LocalcloudBinary) {
@@ -322,7 +337,7 @@ func describeDecodeError(raw []byte, err error) error {
 		return errors.New("invalid JSON: the file ends before the object does")
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout", msg)
+		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, sync_helper, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout", msg)
 	}
 	return err
 }

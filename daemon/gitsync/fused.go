@@ -96,7 +96,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 		return nil, false, err
 	}
 	x.commit = res.Commits
-	x.script = fusedScript(nonce, p.HeadSHA, p.Data, s.now(), x.pend, s.acks(rp), s.maxBytes, command)
+	x.script = fusedScript(helperVars(r), nonce, p.HeadSHA, p.Data, s.now(), x.pend, s.acks(rp), s.maxBytes, command)
 	return x, true, nil
 }
 
@@ -264,12 +264,13 @@ func newNonce() string {
 }
 
 // fusedScript is the exchange's command; see Exchange.
-func fusedScript(nonce, head string, patch []byte, now time.Time, pend string, acks []string, max int64, command string) string {
+func fusedScript(hv, nonce, head string, patch []byte, now time.Time, pend string, acks []string, max int64, command string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "N=%s\n", nonce)
 	// A failure of the prelude is the push's failure.
 	b.WriteString(`die() { printf '\036sandboxd-%s\npush %s\n\036sandboxd-%s-end\n' "$N" "$1" "$N"; [ -z "$2" ] || printf '%s\n' "$2"; exit 0; }` + "\n")
 	b.WriteString(preludeChecks)
+	b.WriteString(hv)
 	b.WriteString("(\n")
 	b.WriteString(pushBody(head, len(patch) > 0, now, pend, acks, max))
 	b.WriteString(`) >"$st/f.out" 2>"$st/f.err"`)
@@ -285,7 +286,7 @@ if [ "$pc" -ne 0 ]; then
 	printf '\036sandboxd-%%s\npush %%s\n' "$N" "$pc"; cat "$st/f.out"
 	printf '\036sandboxd-%%s-end\n' "$N"; cat "$st/f.err"; exit 0
 fi
-snap=; read -r snap <"$st/f.out" || true
+snap=; ptree=; { read -r snap; read -r ptree; } <"$st/f.out" || true
 trap : HUP INT QUIT TERM
 PATH=$P0 sh -c %s
 s=$?

@@ -107,7 +107,7 @@ func TestFusedCommandKilledBySignalIsStillPulled(t *testing.T) {
 	}
 	g := newFixture(t, map[string]string{"a.txt": "a\n"})
 	var out bytes.Buffer
-	code, err := g.r.Run(context.Background(), fusedScript(newNonce(), g.base, nil, f.s.now(), "", nil, 1<<20, "kill -INT $$"), nil, &out, &out)
+	code, err := g.r.Run(context.Background(), fusedScript("", newNonce(), g.base, nil, f.s.now(), "", nil, 1<<20, "kill -INT $$"), nil, &out, &out)
 	if err != nil || code != -1 {
 		t.Fatalf("the exchange ended with %d (%v), want a signal; output %q", code, err, out.String())
 	}

@@ -55,8 +55,10 @@ func newTrackedSyncer(t testing.TB, o Options) *Syncer {
 // the agent does, counting them.
 type sandboxRunner struct {
 	dir string
-	mu  sync.Mutex
-	log []string
+	// helperName and helperInstance: the helper serving (startHelper).
+	helperName, helperInstance string
+	mu                         sync.Mutex
+	log                        []string
 }
 
 func (r *sandboxRunner) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
@@ -121,6 +123,9 @@ func newFixture(t *testing.T, files map[string]string) *fixture {
 	f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
 	f.s = newTrackedSyncer(t, Options{})
 	f.r = &sandboxRunner{dir: f.sandbox}
+	if useHelper {
+		f.r.startHelper(t)
+	}
 	f.compareTrees = true
 	return f
 }

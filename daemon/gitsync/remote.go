@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -57,18 +58,32 @@ st="$gd/sandboxd"
 SNAP=` + SnapshotRef + `
 BASE=` + BaseRef + `
 # revert COMMIT: index and files back to COMMIT, untracked files removed
-# (ignored ones, such as build caches, are kept), both refs at COMMIT.
+# (ignored ones, such as build caches, are kept), both refs at COMMIT. The
+# sync index goes, and with it what the helper knew of it.
 revert() {
 	g reset -q --hard "$1" && g clean -fdq &&
 	printf 'update %s %s\nupdate %s %s\n' "$SNAP" "$1" "$BASE" "$1" | g update-ref --stdin &&
-	{ [ ! -e "$st/index" ] || rm -f "$st/index"; }
+	rm -f "$st/index" "$st/index.fast" "$st/index.tree"
 }
-# stageall: the worktree, untracked files included, into the sync index
-# (a copy of the real index, so unchanged files are not rehashed).
+# syncidx: the sync index starts as a copy of the real one, so unchanged
+# files are not rehashed.
+syncidx() {
+	[ ! -f "$st/index" ] || return 0
+	rm -f "$st/index.fast" "$st/index.tree"
+	[ ! -f "$gd/index" ] || cp "$gd/index" "$st/index"
+}
+# stageall [TREE]: the worktree, untracked files included, into the sync
+# index. The helper ($H, its server $HI), when the daemon runs one, stages
+# only what changed since the last stage (TREE: the tree the index held,
+# when the push just put it there); without it, or when it fails, git add
+# -A looks at everything.
 stageall() {
-	if [ ! -f "$st/index" ] && [ -f "$gd/index" ]; then cp "$gd/index" "$st/index" || return 1; fi
+	syncidx || return 1
+	if [ -n "$HI" ] && "$H" stage -state "$st" -instance "$HI" -index "$st/index" ${1:+-tree-hint "$1"} 2>/dev/null; then return 0; fi
+	rm -f "$st/index.fast"
 	GIT_INDEX_FILE="$st/index" g add -A
 }
+H=; HI=
 `
 
 // prelude starts every plain script.
@@ -80,15 +95,15 @@ const prelude = dieExit + preludeChecks
 // are over max). Otherwise it resets the sandbox to head, applies the patch
 // from stdin when withPatch, records the snapshot, marks the new exec pend
 // as pending (none when pend is empty) and prints the snapshot commit.
-func pushScript(head string, withPatch bool, now time.Time, pend string, acks []string, max int64) string {
-	return prelude + pushBody(head, withPatch, now, pend, acks, max)
+func pushScript(hv, head string, withPatch bool, now time.Time, pend string, acks []string, max int64) string {
+	return prelude + hv + pushBody(head, withPatch, now, pend, acks, max)
 }
 
 // pushBody is pushScript after the prelude; the patch, when withPatch, is
 // on its standard input.
 func pushBody(head string, withPatch bool, now time.Time, pend string, acks []string, max int64) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "head=%s\npend=%s\nmax=%d\nacks=' %s '\n", head, pend, max, strings.Join(acks, " "))
+	fmt.Fprintf(&b, "head=%s\npend=%s\nmax=%d\nacks=' %s '\ntree=\n", head, pend, max, strings.Join(acks, " "))
 	fmt.Fprintf(&b, `if [ -f "$st/pending" ]; then
 	p=; read -r p <"$st/pending" || true
 	case "$acks" in
@@ -134,8 +149,14 @@ if ! tree=$(headidx && GIT_INDEX_FILE="$st/next" g apply --cached --whitespace=n
 	if ! g cat-file -e "$head^{commit}" 2>/dev/null; then echo "sandboxd: commit $head is not in the sandbox" >&2; exit 82; fi
 	exit 83
 fi
-if stageall && cur=$(GIT_INDEX_FILE="$st/index" g write-tree) && GIT_INDEX_FILE="$st/index" g read-tree -m -u "$cur" "$tree" 2>/dev/null; then
-	g read-tree "$head" || exit 85
+# The tree the working tree holds now. The helper also resets the user's
+# index to head (unless it is as the helper left it for head).
+real=
+if [ -n "$HI" ] && syncidx && cur=$("$H" stage -state "$st" -instance "$HI" -index "$st/index" -print-tree -head "$head" -real "$gd/index" 2>/dev/null); then real=1
+elif ! { stageall && cur=$(GIT_INDEX_FILE="$st/index" g write-tree); }; then cur=
+fi
+if [ -n "$cur" ] && GIT_INDEX_FILE="$st/index" g read-tree -m -u "$cur" "$tree" 2>/dev/null; then
+	[ -n "$real" ] || g read-tree "$head" || exit 85
 	# What a reset clears: a merge, cherry-pick or revert left half done.
 	for x in MERGE_HEAD MERGE_MSG MERGE_MODE MERGE_RR SQUASH_MSG CHERRY_PICK_HEAD REVERT_HEAD AUTO_MERGE; do
 		[ ! -e "$gd/$x" ] || rm -f "$gd/$x"
@@ -154,8 +175,9 @@ fi
 		b.WriteString(`if ! revert "$head"; then
 ` + missing + "snap=$head\n")
 	}
+	// The snapshot, then the tree the sync index holds (the pull's hint).
 	b.WriteString(`if [ -n "$pend" ]; then echo "$pend" >"$st/pending" || exit 84; else rm -f "$st/pending"; fi
-echo "$snap"
+echo "$snap"; echo "${tree:-}"
 `)
 	return b.String()
 }
@@ -168,20 +190,21 @@ const pullHeader = "sandboxd-pull "
 // $st/pull.patch (kept until the next pull, tagged with the exec's id in
 // $st/pull.id, so a broken transfer can be fetched again) and prints the
 // header and the patch. The sandbox keeps its files.
-func pullScript(max int64) string {
-	return prelude + "snap=\n" + pullBody(max)
+func pullScript(hv string, max int64) string {
+	return prelude + hv + "snap=; ptree=\n" + pullBody(max)
 }
 
 // pullBody is pullScript after the prelude.
 func pullBody(max int64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "max=%d\n", max)
-	// snap is already known when a fused exchange pushed just before.
+	// snap (and ptree, the tree the push left in the sync index) are
+	// already known when a fused exchange pushed just before.
 	fmt.Fprintf(&b, `[ -n "${snap:-}" ] || snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
 id=none; [ ! -f "$st/pending" ] || read -r id <"$st/pending" || true
 out="$st/pull.patch"
 echo >"$st/pull.id"
-stageall && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out" || exit 87
+stageall "${ptree:-}" && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out" || exit 87
 echo "$id" >"$st/pull.id"
 size=0; [ ! -s "$out" ] || size=$(($(wc -c <"$out")))
 printf '%s%%s %%d\n' "$id" "$size"
@@ -251,12 +274,13 @@ func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, erro
 			stdin = bytes.NewReader(p.Data)
 		}
 		out := &limitedBuffer{max: s.maxBytes + 64, buf: &stdout}
-		code, err := r.Run(ctx, pushScript(p.HeadSHA, withPatch, s.now(), pend, s.acks(rp), s.maxBytes), stdin, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
+		code, err := r.Run(ctx, pushScript(helperVars(r), p.HeadSHA, withPatch, s.now(), pend, s.acks(rp), s.maxBytes), stdin, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 		if err != nil {
 			return res, errdefs.Unavailable(fmt.Errorf("push your changes to the sandbox: %w", err))
 		}
 		if code == 0 {
-			s.pushDone(p, pend, strings.TrimSpace(stdout.String()), &res)
+			snap, _, _ := strings.Cut(strings.TrimSpace(stdout.String()), "\n")
+			s.pushDone(p, pend, snap, &res)
 			s.log.Debug("sync pushed", "bytes", res.Bytes, "files", res.Files, "commits", res.Commits, "snapshot", res.Snapshot, "took", time.Since(start))
 			return res, nil
 		}
@@ -378,7 +402,7 @@ func (s *Syncer) Revert(ctx context.Context, r Runner) error {
 func (s *Syncer) fetchPull(ctx context.Context, r Runner, rp repo) (id string, patch []byte, saved string, err error) {
 	var stderr bytes.Buffer
 	out := &limitedBuffer{max: s.maxBytes + 128, buf: &bytes.Buffer{}}
-	code, runErr := r.Run(ctx, pullScript(s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
+	code, runErr := r.Run(ctx, pullScript(helperVars(r), s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	if runErr == nil && code != 0 {
 		return s.pullFailed(ctx, r, rp, code, out, strings.TrimSpace(stderr.String()))
 	}
@@ -560,3 +584,34 @@ func newID() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// HelperRunner is a Runner that can offer the sandbox helper (package
+// sandboxhelper) on its connection: its installed file name under
+// .git/sandboxd/bin and its server's instance, or "" while there is none.
+type HelperRunner interface {
+	SyncHelper() (name, instance string)
+}
+
+// helperVars is the script line that hands the helper of r, if any, to the
+// scripts (stageall); without one they stage the whole tree.
+func helperVars(r Runner) string {
+	h, ok := r.(HelperRunner)
+	if !ok {
+		return ""
+	}
+	name, inst := h.SyncHelper()
+	if !helperName.MatchString(name) || !helperInstance.MatchString(inst) {
+		return ""
+	}
+	return fmt.Sprintf("H=\"$st/bin/%s\"; HI=%s\n", name, inst)
+}
+
+var (
+	helperName     = regexp.MustCompile(`^[a-z-]+-[0-9a-f]{16}$`)
+	helperInstance = regexp.MustCompile(`^[0-9a-f]{8,64}$`)
+)
+
+// InCheckout is body run as the sync scripts run: in the checkout, with
+// git found, $gd the git directory and $st sandboxd's state directory in
+// it; it fails with the scripts' exit codes (81: no .git, 127: no git).
+func InCheckout(body string) string { return prelude + body }

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 
@@ -20,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/forward"
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/daemon/helper"
 	"github.com/sandboxd/sandboxd/daemon/paths"
 	"github.com/sandboxd/sandboxd/daemon/reconcile"
 	"github.com/sandboxd/sandboxd/daemon/remote"
@@ -27,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/daemon/watch"
 	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // Services is the running set; it implements daemon.Services.
@@ -38,6 +41,7 @@ type Services struct {
 	remote   *remote.Provider
 	watcher  *watch.Watcher
 	trees    *watch.Trees
+	helpers  *helper.Manager
 	loop     *reconcile.Loop
 	layout   remoteLayout
 	log      *slog.Logger
@@ -76,6 +80,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	// looks at those only.
 	s.trees = watch.NewTrees(watch.TreesOptions{Logger: log})
 	s.remote = remote.New(s.remoteSettings(deps.Config), log)
+	s.helpers = helper.New(helperOptions(deps.Config, log))
 	pause := testPause(os.Getenv(testPauseEnv), log)
 
 	// The pool reports connection changes and asks the manager before each
@@ -114,9 +119,11 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		Logger:       log,
 		DaemonConfig: daemonConfig(deps.Config),
 		SSHDir:       sshDir(deps.Layout),
+		SyncHelper:   func(c *sshpool.Conn) (string, string) { return s.helpers.For(c) },
 		Pause:        pause,
 	})
 	if err != nil {
+		s.helpers.Close()
 		s.pool.Close()
 		w.Close()
 		s.trees.Close()
@@ -188,6 +195,29 @@ func (s *Services) remoteSettings(cfg config.Config) remote.Settings {
 	}
 }
 
+// helperOptions: the sandbox helper is sandboxd-helper next to sandboxd
+// unless configured; it serves Linux sandboxes of this machine's
+// architecture, the one it is built for.
+func helperOptions(cfg config.Config, log *slog.Logger) helper.Options {
+	o := helper.Options{Logger: log, Platform: helper.Platform(runtime.GOOS, runtime.GOARCH)}
+	switch cfg.SyncHelper {
+	case config.SyncHelperOff:
+		return o
+	case "":
+		if exe, err := os.Executable(); err == nil {
+			if cand := filepath.Join(filepath.Dir(exe), sandboxhelper.Name); fileExists(cand) {
+				o.Binary = cand
+			}
+		}
+	default:
+		o.Binary = cfg.SyncHelper
+	}
+	if o.Platform == "" {
+		o.Binary = ""
+	}
+	return o
+}
+
 func daemonConfig(cfg config.Config) sessions.DaemonConfig {
 	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention}
 }
@@ -246,6 +276,9 @@ func (s *Services) Close(ctx context.Context) error {
 		errs = append(errs, ctx.Err())
 	}
 	s.forwards.Shutdown()
+	// The helpers' servers end with their exec requests, before the pool
+	// closes the connections under them.
+	s.helpers.Close()
 	errs = append(errs, s.pool.Close(), s.watcher.Close(), s.trees.Close())
 	s.bus.Close()
 	return errors.Join(errs...)

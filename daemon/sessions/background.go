@@ -322,7 +322,7 @@ func (m *Manager) bgLocked(ctx context.Context, s *store.Session, p place, doSyn
 		// No pull follows: push only, so what the process writes is not
 		// taken for an exec's edits.
 		m.mark(ctx, lc, directiveSyncStart)
-		_, err := m.push(ctx, connRunner{lc}, s, true, func(w string) { m.log.Info("sync before a background process", "run", s.RunID, "warning", w) })
+		_, err := m.push(ctx, m.runner(lc), s, true, func(w string) { m.log.Info("sync before a background process", "run", s.RunID, "warning", w) })
 		m.mark(ctx, lc, directiveSyncEnd)
 		if err != nil {
 			return processRecord{}, err

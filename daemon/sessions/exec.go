@@ -92,7 +92,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream ipc.Exec
 	if msg := m.driftWarning(s); msg != "" {
 		warn(msg)
 	}
-	runner := connRunner{lc}
+	runner := m.runner(lc)
 	sync := !req.NoSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot
 	locked := m.now()
 	if sync && req.TTY == nil {
@@ -236,7 +236,7 @@ func (m *Manager) saveAbandoned(ctx context.Context, lc *lockedConn, s *store.Se
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 	defer cancel()
 	m.mark(sctx, lc, directiveSyncStart)
-	res, err := m.opts.Sync.Save(sctx, connRunner{lc}, s.RepoRoot)
+	res, err := m.opts.Sync.Save(sctx, m.runner(lc), s.RepoRoot)
 	m.mark(sctx, lc, directiveSyncEnd)
 	switch {
 	case err != nil:
@@ -426,7 +426,24 @@ func (m *Manager) flushExecRecords() {
 }
 
 // connRunner runs sync commands on the connection holding the lock.
-type connRunner struct{ conn *lockedConn }
+type connRunner struct {
+	conn   *lockedConn
+	helper func(*sshpool.Conn) (string, string)
+}
+
+// runner runs the sync's scripts on lc.
+func (m *Manager) runner(lc *lockedConn) connRunner {
+	return connRunner{conn: lc, helper: m.opts.SyncHelper}
+}
+
+// SyncHelper offers the sandbox helper of the connection the lock is held
+// on (gitsync.HelperRunner).
+func (r connRunner) SyncHelper() (string, string) {
+	if r.helper == nil {
+		return "", ""
+	}
+	return r.helper(r.conn.conn)
+}
 
 func (r connRunner) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 	st, err := r.conn.exec(ctx, command, sshpool.Stdio{Stdin: stdin, Stdout: stdout, Stderr: stderr})

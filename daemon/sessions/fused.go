@@ -22,7 +22,7 @@ const fusedAttempts = 2
 // separate steps (a patch too large to travel inside a command, or an
 // exchange that kept finding work to do first).
 func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Session, req ipc.ExecRequest, stream ipc.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
-	runner := connRunner{lc}
+	runner := m.runner(lc)
 	for attempt := 0; attempt < fusedAttempts; attempt++ {
 		patch, err := m.prepare(ctx, runner, s, attempt == 0, warn)
 		if err != nil {

@@ -116,6 +116,9 @@ type Options struct {
 	// LockIdle is how long the agent lock stays held after an exec
 	// (DefaultLockIdle when zero).
 	LockIdle time.Duration
+	// SyncHelper, optional, offers the sandbox helper of a connection
+	// (daemon/helper): its file name and server instance, "" while none.
+	SyncHelper func(c *sshpool.Conn) (name, instance string)
 	// Pause, for crash tests only, is called at named phases of an exec
 	// ("exec-after-command": the command ended, its edits not pulled).
 	Pause func(phase string)

@@ -43,7 +43,7 @@ func (m *Manager) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushRespon
 	resp := ipc.PushResponse{RunID: s.RunID, RunURL: s.RunURL, Files: []string{}, Warnings: warnings}
 	warn := func(msg string) { resp.Warnings = append(resp.Warnings, msg) }
 	m.mark(ctx, lc, directiveSyncStart)
-	out, err := m.push(ctx, connRunner{lc}, s, true, warn)
+	out, err := m.push(ctx, m.runner(lc), s, true, warn)
 	m.mark(ctx, lc, directiveSyncEnd)
 	resp.PulledFiles = out.recovered
 	if err != nil {

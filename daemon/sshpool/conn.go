@@ -41,6 +41,9 @@ func newConn(p *Pool, t Target, client *ssh.Client, tcp *countingConn) *Conn {
 // RunID returns the run this connection reaches.
 func (c *Conn) RunID() string { return c.target.RunID }
 
+// Done is closed once the connection is over.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
 // start launches the connection's goroutines and opens the first spare
 // session. The caller holds pool.mu with the pool open, so adding to the
 // pool's WaitGroup cannot race with Close.

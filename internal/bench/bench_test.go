@@ -23,7 +23,7 @@ func TestQuickSmoke(t *testing.T) {
 	// Plain builds (not -race): this checks that the program works, and the
 	// race-built binaries are exercised by the end-to-end tests.
 	build := exec.Command("go", "build", "-o", bin, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx",
-		"github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud", "github.com/sandboxd/sandboxd/cmd/sandboxd-bench")
+		"github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud", "github.com/sandboxd/sandboxd/cmd/sandboxd-helper", "github.com/sandboxd/sandboxd/cmd/sandboxd-bench")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		t.Fatalf("build: %v", err)

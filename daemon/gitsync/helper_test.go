@@ -1,0 +1,173 @@
+//go:build linux
+
+package gitsync
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sandboxd/sandboxd/sandboxhelper"
+)
+
+// The sync's scenarios again, with the sandbox helper serving on the
+// sandbox as the daemon runs it (daemon/helper): staging looks only at what
+// changed once the helper's first stage is done, and every scenario's
+// outcome is the same as with git add -A.
+func TestScenariosWithTheSandboxHelper(t *testing.T) {
+	for name, test := range map[string]func(*testing.T){
+		"parity local changes":  TestParityLocalChangesSeenInSandbox,
+		"parity sandbox edits":  TestParitySandboxEditsComeBack,
+		"deleted local file":    TestParityDeletedLocalFileDoesNotComeBack,
+		"binary":                TestBinaryBothWays,
+		"rename":                TestRenameBothWays,
+		"deletion":              TestDeletionBothWays,
+		"mode":                  TestModeChangeBothWays,
+		"hostile names":         TestHostileNamesBothWays,
+		"conflict":              TestConflictThreeWay,
+		"unpulled edits":        TestUnpulledEditsComeBackBeforeTheNextPush,
+		"generated files":       TestGeneratedFilesStayDeletedDoNotComeBack,
+		"ignored files":         TestIgnoredFiles,
+		"heal":                  TestPushHealsChangesBetweenExecs,
+		"fused killed":          TestFusedCommandKilledBySignalIsStillPulled,
+		"fused unpulled":        TestFusedBringsBackUnpulledEditsFirst,
+		"fused ignored in way":  TestFusedPushReplacesAnIgnoredFileInTheWay,
+		"delete and create":     TestConflictDeleteAndCreate,
+		"missing base":          TestSandboxMissingBaseCommitIsPushed,
+		"no changes":            TestNoChanges,
+		"pulled not acked":      TestPulledButNotAcknowledged,
+		"subdirectory":          TestSyncFromSubdirectoryPath,
+		"unpushed commits":      TestParityUnpushedCommitAndUncommittedFile,
+		"revert":                TestRevertAlone,
+		"pull transfer broken":  TestPullTransferBrokenRecovers,
+		"fused output":          TestFusedOutputPassesThroughExactly,
+		"fused push failure":    TestFusedPushFailureRunsNothing,
+		"fused damaged trailer": TestFusedDamagedTrailerPullsAgain,
+	} {
+		t.Run(name, func(t *testing.T) {
+			useHelper = true
+			t.Cleanup(func() { useHelper = false })
+			test(t)
+		})
+	}
+}
+
+// With the helper serving, a synced exec whose command changed nothing
+// stages nothing: no git add, and one git status of the paths that changed
+// (the pushed file, the file the push removed); the user's index, as the
+// helper left it, is not read again either.
+func TestFusedWithTheHelperStagesOnlyWhatChanged(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n"})
+	writeFile(t, filepath.Join(f.local, "a.txt"), "one\n")
+	if _, _, err := f.exec("echo left > left.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(f.local, "left.txt")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(f.local, "a.txt"), "two\n")
+	log := gitLog(t)
+	out, _, err := f.exec("cat a.txt; ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != "two\na.txt\nb.txt\n" {
+		t.Fatalf("the command saw %q", out)
+	}
+	var calls []string
+	for _, line := range strings.Split(string(fileBytes(t, log)), "\n") {
+		if dir, c, ok := strings.Cut(line, " "); ok && dir == f.sandbox {
+			calls = append(calls, c)
+		}
+	}
+	joined := " " + strings.Join(calls, " ") + " "
+	if strings.Contains(joined, " add ") || strings.Contains(joined, " reset ") || strings.Contains(joined, " clean ") {
+		t.Fatalf("a whole-tree git ran: %v", calls)
+	}
+	if n := strings.Count(joined, " --no-optional-locks "); n != 1 {
+		t.Fatalf("%d git status, want 1 (the pull's): %v", n, calls)
+	}
+	if n := strings.Count(joined, " read-tree "); n != 1 {
+		t.Fatalf("%d read-tree, want 1 (the checkout-like move): %v", n, calls)
+	}
+}
+
+// useHelper makes newFixture start the helper (TestScenariosWithTheSandboxHelper).
+var useHelper bool
+
+var (
+	helperOnce sync.Once
+	helperBin  string
+	helperErr  error
+)
+
+// helperBinary builds sandboxd-helper once for the package's tests.
+func helperBinary(t *testing.T) string {
+	t.Helper()
+	helperOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "gitsync-helper")
+		if err != nil {
+			helperErr = err
+			return
+		}
+		helperBin = filepath.Join(dir, sandboxhelper.Name)
+		out, err := exec.Command("go", "build", "-o", helperBin, "github.com/sandboxd/sandboxd/cmd/sandboxd-helper").CombinedOutput()
+		if err != nil {
+			helperErr = err
+			t.Logf("%s", out)
+		}
+	})
+	if helperErr != nil {
+		t.Fatalf("build the helper: %v", helperErr)
+	}
+	return helperBin
+}
+
+// startHelper installs the helper in the sandbox and runs its server for
+// the test; the runner then offers it to the scripts.
+func (r *sandboxRunner) startHelper(t *testing.T) {
+	t.Helper()
+	state := filepath.Join(r.dir, ".git", "sandboxd")
+	name := sandboxhelper.Name + "-0123456789abcdef"
+	b, err := os.ReadFile(helperBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(state, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "bin", name), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(state, "bin", name), "serve", "-state", state)
+	cmd.Dir = r.dir
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the helper did not answer: %v", err)
+	}
+	r.helperName, r.helperInstance = name, strings.TrimSpace(strings.TrimPrefix(line, sandboxhelper.Ready))
+}
+
+// SyncHelper offers the helper when startHelper ran (HelperRunner).
+func (r *sandboxRunner) SyncHelper() (string, string) { return r.helperName, r.helperInstance }

@@ -1,0 +1,312 @@
+// Package helper installs sandboxd-helper (package sandboxhelper) in the
+// sandboxes and keeps its server running over each kept connection, so
+// that the sync scripts stage only what changed. It never stands in the
+// way: until the helper serves on a connection, and wherever it cannot
+// (another platform, no binary, an install that failed), the scripts stage
+// the whole tree as they always did.
+package helper
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/sandboxhelper"
+)
+
+// Conn is the connection the helper runs over (*sshpool.Conn).
+type Conn interface {
+	ExecOnce(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error)
+	Done() <-chan struct{}
+}
+
+// Options configure a Manager.
+type Options struct {
+	// Binary is the helper built for Platform; "" (or a file that cannot
+	// be read) turns the helper off.
+	Binary string
+	// Platform is Binary's platform as `uname -sm` prints it in the
+	// sandbox ("Linux x86_64"); sandboxes of another platform go without.
+	Platform string
+	Logger   *slog.Logger
+	// RetryAfter is how long a connection whose helper failed goes
+	// without before the next try (default a minute).
+	RetryAfter time.Duration
+	Now        func() time.Time
+}
+
+// Manager runs the helper's server once per connection.
+type Manager struct {
+	o    Options
+	log  *slog.Logger
+	ctx  context.Context
+	stop context.CancelFunc
+
+	load sync.Once
+	bin  []byte // the binary, read on first use
+	sum  string // its SHA-256
+	name string // its installed name: sandboxd-helper-<sum prefix>
+
+	mu    sync.Mutex
+	conns map[Conn]*state
+	wg    sync.WaitGroup
+}
+
+type state struct {
+	instance string    // set once the server answers
+	failed   time.Time // the last try failed at this time
+	running  bool
+}
+
+// New returns a Manager; nothing runs until For is called.
+func New(o Options) *Manager {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.RetryAfter <= 0 {
+		o.RetryAfter = time.Minute
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	return &Manager{o: o, log: o.Logger, ctx: ctx, stop: stop, conns: map[Conn]*state{}}
+}
+
+// For returns the installed helper's file name (under the sandbox's
+// .git/sandboxd/bin) and its server's instance once the server answers on
+// c; until then "" and "", having started it in the background.
+func (m *Manager) For(c Conn) (name, instance string) {
+	if m == nil || m.o.Binary == "" {
+		return "", ""
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.ctx.Err() != nil {
+		return "", ""
+	}
+	st := m.conns[c]
+	switch {
+	case st == nil:
+		st = &state{}
+		m.conns[c] = st
+	case st.instance != "":
+		return m.name, st.instance
+	case st.running || m.o.Now().Sub(st.failed) < m.o.RetryAfter:
+		return "", ""
+	}
+	st.running = true
+	m.wg.Add(1)
+	go m.run(c, st)
+	return "", ""
+}
+
+// Close stops every server (their exec requests end) and waits.
+func (m *Manager) Close() {
+	m.stop()
+	m.wg.Wait()
+}
+
+// run installs the helper on c when it is missing and runs its server
+// until the connection ends.
+func (m *Manager) run(c Conn, st *state) {
+	defer m.wg.Done()
+	ctx, cancel := context.WithCancel(m.ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-c.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	err := m.serve(ctx, c, st)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st.running, st.instance = false, ""
+	select {
+	case <-c.Done():
+		delete(m.conns, c)
+		return
+	default:
+	}
+	if m.ctx.Err() == nil {
+		st.failed = m.o.Now()
+		m.log.Debug("sandbox helper not running; syncs stage the whole tree", "err", err)
+	}
+}
+
+func (m *Manager) loadBinary() error {
+	m.load.Do(func() {
+		b, err := os.ReadFile(m.o.Binary)
+		if err != nil {
+			m.log.Debug("sandbox helper unavailable", "binary", m.o.Binary, "err", err)
+			return
+		}
+		h := sha256.Sum256(b)
+		m.bin, m.sum = b, hex.EncodeToString(h[:])
+		m.name = sandboxhelper.Name + "-" + m.sum[:16]
+	})
+	if m.bin == nil {
+		return errors.New("no helper binary")
+	}
+	return nil
+}
+
+// Exit codes of the probe.
+const (
+	probeMissing  = 3 // not installed (or damaged): its platform follows
+	probeNoGitDir = 81
+)
+
+func (m *Manager) serve(ctx context.Context, c Conn, st *state) error {
+	if err := m.loadBinary(); err != nil {
+		return err
+	}
+	file := `"$st/bin/` + m.name + `"`
+	// Probe: is the helper there, whole? If not, what platform is this?
+	var out bytes.Buffer
+	probe := gitsync.InCheckout(`f=` + file + `
+if [ -x "$f" ] && v=$("$f" version 2>/dev/null) && [ "$v" = "` + sandboxhelper.Name + ` ` + m.sum + `" ]; then exit 0; fi
+uname -sm; exit ` + fmt.Sprint(probeMissing) + "\n")
+	status, err := c.ExecOnce(ctx, probe, sshpool.Stdio{Stdout: &limited{w: &out, n: 4096}, Stderr: io.Discard})
+	if err != nil {
+		return fmt.Errorf("probe: %w", err)
+	}
+	switch status.Code {
+	case 0:
+	case probeMissing:
+		if got := strings.TrimSpace(out.String()); got != m.o.Platform {
+			return fmt.Errorf("the sandbox is %q, the helper is for %q", got, m.o.Platform)
+		}
+		if err := m.install(ctx, c, file); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("probe: exit %d", status.Code)
+	}
+	// The server: one exec request for the connection's life. Its stdin
+	// stays open until ctx ends; closing it stops the server.
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	stop := context.AfterFunc(ctx, func() { _ = pw.Close() })
+	defer stop()
+	lines := &lineWatcher{ready: make(chan string, 1)}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.ExecOnce(ctx, gitsync.InCheckout(`exec `+file+` serve -state "$st"`+"\n"), sshpool.Stdio{Stdin: pr, Stdout: lines, Stderr: io.Discard})
+		done <- err
+	}()
+	select {
+	case inst := <-lines.ready:
+		m.mu.Lock()
+		st.instance = inst
+		m.mu.Unlock()
+		m.log.Debug("sandbox helper serving", "instance", inst)
+	case err := <-done:
+		return fmt.Errorf("the helper's server ended before answering: %v", err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return <-done
+}
+
+// install uploads the binary (written under a temporary name, checked by
+// its hash, then renamed) and removes other versions.
+func (m *Manager) install(ctx context.Context, c Conn, file string) error {
+	script := gitsync.InCheckout(`f=` + file + `
+mkdir -p "$st/bin" || exit 1
+t="$st/bin/.install.$$"
+cat >"$t" && chmod 755 "$t" && v=$("$t" version) && [ "$v" = "` + sandboxhelper.Name + ` ` + m.sum + `" ] && mv -f "$t" "$f" || { rm -f "$t"; exit 1; }
+for o in "$st"/bin/` + sandboxhelper.Name + `-*; do [ "$o" = "$f" ] || rm -f "$o"; done
+`)
+	var stderr bytes.Buffer
+	status, err := c.ExecOnce(ctx, script, sshpool.Stdio{Stdin: bytes.NewReader(m.bin), Stdout: io.Discard, Stderr: &limited{w: &stderr, n: 4096}})
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	if status.Code != 0 {
+		return fmt.Errorf("install: exit %d: %s", status.Code, strings.TrimSpace(stderr.String()))
+	}
+	m.log.Debug("sandbox helper installed", "bytes", len(m.bin))
+	return nil
+}
+
+// lineWatcher passes the server's first line, "ready <instance>", on.
+type lineWatcher struct {
+	buf   []byte
+	ready chan string
+	seen  bool
+}
+
+func (l *lineWatcher) Write(p []byte) (int, error) {
+	if l.seen {
+		return len(p), nil
+	}
+	l.buf = append(l.buf, p...)
+	if len(l.buf) > 256 {
+		l.seen = true
+		return len(p), nil
+	}
+	sc := bufio.NewScanner(bytes.NewReader(l.buf))
+	if bytes.IndexByte(l.buf, '\n') >= 0 && sc.Scan() {
+		l.seen = true
+		if inst, ok := strings.CutPrefix(sc.Text(), sandboxhelper.Ready); ok && validInstance(inst) {
+			l.ready <- inst
+		}
+	}
+	return len(p), nil
+}
+
+func validInstance(s string) bool {
+	if len(s) == 0 || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= '0' && r <= '9' || r >= 'a' && r <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// limited keeps the first n bytes written.
+type limited struct {
+	w io.Writer
+	n int
+}
+
+func (l *limited) Write(p []byte) (int, error) {
+	if k := min(len(p), l.n); k > 0 {
+		_, _ = l.w.Write(p[:k])
+		l.n -= k
+	}
+	return len(p), nil
+}
+
+// Platform is what `uname -sm` prints on a Linux machine of goarch, ""
+// for a platform the helper does not serve.
+func Platform(goos, goarch string) string {
+	if goos != "linux" {
+		return ""
+	}
+	switch goarch {
+	case "amd64":
+		return "Linux x86_64"
+	case "arm64":
+		return "Linux aarch64"
+	}
+	return ""
+}

@@ -1,0 +1,109 @@
+package sandboxhelper
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+)
+
+// Exit codes of stage beyond 0: the caller stages the whole tree itself.
+const (
+	exitFailed = 1
+	exitUsage  = 2
+)
+
+// Main is the program: `serve -state DIR`, `stage -state DIR -instance ID
+// -index FILE [...]` or `version`, run in the checkout's root.
+func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprintln(stderr, "usage: sandboxd-helper serve|stage|version [flags]")
+		return exitUsage
+	}
+	fs := flag.NewFlagSet(Name+" "+args[0], flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	state := fs.String("state", "", "the sync state directory (.git/sandboxd), absolute")
+	var o StageOptions
+	fs.StringVar(&o.Instance, "instance", "", "stage: the server to ask")
+	fs.StringVar(&o.Index, "index", "", "stage: the sync index, absolute")
+	fs.StringVar(&o.TreeHint, "tree-hint", "", "stage: the tree the index held before")
+	fs.BoolVar(&o.PrintTree, "print-tree", false, "stage: print the index's tree")
+	fs.StringVar(&o.Head, "head", "", "stage: reset the user's index to this commit")
+	fs.StringVar(&o.Real, "real", "", "stage: the user's index, absolute")
+	if err := fs.Parse(args[1:]); err != nil {
+		return exitUsage
+	}
+	root, err := os.Getwd()
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", Name, err)
+		return exitFailed
+	}
+	switch args[0] {
+	case "version":
+		sum, err := selfHash()
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", Name, err)
+			return exitFailed
+		}
+		fmt.Fprintf(stdout, "%s %s\n", Name, sum)
+		return 0
+	case "serve":
+		if *state == "" {
+			fmt.Fprintln(stderr, "serve: -state is required")
+			return exitUsage
+		}
+		// The daemon's end of the exec request closes stdin: the server
+		// goes with its connection.
+		ctx, cancel := context.WithCancel(ctx)
+		go func() { _, _ = io.Copy(io.Discard, stdin); cancel() }()
+		log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		if err := Serve(ctx, root, *state, stdout, log); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", Name, err)
+			return exitFailed
+		}
+		return 0
+	case "stage":
+		if *state == "" || o.Index == "" {
+			fmt.Fprintln(stderr, "stage: -state and -index are required")
+			return exitUsage
+		}
+		o.Root, o.State = root, *state
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		defer cancel()
+		res, err := Stage(ctx, o)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", Name, err)
+			return exitFailed
+		}
+		if o.PrintTree {
+			fmt.Fprintln(stdout, res.Tree)
+		}
+		return 0
+	}
+	fmt.Fprintf(stderr, "%s: unknown command %q\n", Name, args[0])
+	return exitUsage
+}
+
+// selfHash is the SHA-256 of the running executable: the daemon checks an
+// upload arrived whole by it.
+func selfHash() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	f, err := os.Open(exe)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}

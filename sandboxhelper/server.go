@@ -1,0 +1,169 @@
+package sandboxhelper
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/watch"
+)
+
+// Ready starts the line serve prints once it answers: "ready <instance>".
+const Ready = "ready "
+
+// answer is the server's reply to "changes": the paths changed since the
+// previous question (see watch.Trees.Changes), or Full when it cannot tell.
+type answer struct {
+	Instance string   `json:"instance"`
+	Full     bool     `json:"full,omitempty"`
+	Paths    []string `json:"paths,omitempty"`
+	Gone     []string `json:"gone,omitempty"`
+}
+
+// Serve tracks the working tree at root (absolute) and answers questions on
+// a socket in the helper directory of state (the sync state directory,
+// .git/sandboxd) until ctx ends. Once it answers, it writes Ready and its
+// instance to ready.
+func Serve(ctx context.Context, root, state string, ready io.Writer, log *slog.Logger) error {
+	dir := Dir(state)
+	cookies := filepath.Join(dir, "cookies")
+	if err := os.MkdirAll(cookies, 0o755); err != nil {
+		return fmt.Errorf("create the helper directory: %w", err)
+	}
+	removeStaleSockets(dir)
+	// The tracker is the only one of this process: one tree, kept however
+	// long the sandbox stays idle.
+	trees := watch.NewTrees(watch.TreesOptions{Logger: log, MaxTrees: 1, Idle: 365 * 24 * time.Hour})
+	defer trees.Close()
+	// The first question places the watches (it answers full).
+	trees.Changes(ctx, root, cookies)
+
+	instance := newInstance()
+	addr, release, err := sockAddr(dir, socketName(instance))
+	if err != nil {
+		return err
+	}
+	defer release()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("listen on the helper socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(true)
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	defer ln.Close()
+	if _, err := fmt.Fprintf(ready, "%s%s\n", Ready, instance); err != nil {
+		return err
+	}
+	var mu sync.Mutex // one question at a time: each answer starts the next one's "since"
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("accept on the helper socket: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			line, err := bufio.NewReader(io.LimitReader(c, 256)).ReadString('\n')
+			if err != nil || strings.TrimSpace(line) != "changes" {
+				fmt.Fprintf(c, "{\"error\":%q}\n", "unknown question")
+				return
+			}
+			mu.Lock()
+			a := answer{Instance: instance}
+			a.Paths, a.Gone, a.Full = trees.Changes(ctx, root, cookies)
+			mu.Unlock()
+			_ = json.NewEncoder(c).Encode(a)
+		}()
+	}
+}
+
+// removeStaleSockets removes the sockets of servers no longer running (a
+// killed server leaves its socket file behind); a live one, of another
+// connection, answers and is kept.
+func removeStaleSockets(dir string) {
+	names, _ := filepath.Glob(filepath.Join(dir, "*.sock"))
+	for _, n := range names {
+		addr, release, err := sockAddr(dir, filepath.Base(n))
+		if err != nil {
+			continue
+		}
+		c, err := net.DialTimeout("unix", addr, time.Second)
+		release()
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if errors.Is(err, os.ErrNotExist) || strings.Contains(err.Error(), "connection refused") {
+			_ = os.Remove(n)
+		}
+	}
+}
+
+// query asks the server instance in the helper directory of state.
+func query(ctx context.Context, state, instance string) (answer, error) {
+	var a answer
+	if instance == "" || strings.ContainsAny(instance, "/.") {
+		return a, errors.New("no helper instance")
+	}
+	addr, release, err := sockAddr(Dir(state), socketName(instance))
+	if err != nil {
+		return a, err
+	}
+	defer release()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", addr)
+	if err != nil {
+		return a, err
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	if _, err := io.WriteString(c, "changes\n"); err != nil {
+		return a, err
+	}
+	if err := json.NewDecoder(io.LimitReader(c, 64<<20)).Decode(&a); err != nil {
+		return a, fmt.Errorf("read the helper's answer: %w", err)
+	}
+	if a.Instance != instance {
+		return a, fmt.Errorf("the helper answered as %q, not %q", a.Instance, instance)
+	}
+	return a, nil
+}
+
+// maxSockPath is what a socket address holds (108 bytes with the NUL).
+const maxSockPath = 107
+
+// sockAddr is the address of socket name in dir: its path, or, when that
+// is longer than a socket address holds (checkouts sit deep), the path
+// through /proc/self/fd of dir opened for the time of the call (release
+// closes it).
+func sockAddr(dir, name string) (addr string, release func(), err error) {
+	p := filepath.Join(dir, name)
+	if len(p) <= maxSockPath {
+		return p, func() {}, nil
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return "", nil, fmt.Errorf("open the helper directory: %w", err)
+	}
+	return fmt.Sprintf("/proc/self/fd/%d/%s", f.Fd(), name), func() { _ = f.Close() }, nil
+}
