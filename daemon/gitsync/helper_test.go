@@ -3,15 +3,10 @@
 package gitsync
 
 import (
-	"bufio"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
-
-	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // The sync's scenarios again, with the sandbox helper serving on the
@@ -97,77 +92,3 @@ func TestFusedWithTheHelperStagesOnlyWhatChanged(t *testing.T) {
 		t.Fatalf("%d read-tree, want 1 (the checkout-like move): %v", n, calls)
 	}
 }
-
-// useHelper makes newFixture start the helper (TestScenariosWithTheSandboxHelper).
-var useHelper bool
-
-var (
-	helperOnce sync.Once
-	helperBin  string
-	helperErr  error
-)
-
-// helperBinary builds sandboxd-helper once for the package's tests.
-func helperBinary(t *testing.T) string {
-	t.Helper()
-	helperOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "gitsync-helper")
-		if err != nil {
-			helperErr = err
-			return
-		}
-		helperBin = filepath.Join(dir, sandboxhelper.Name)
-		out, err := exec.Command("go", "build", "-o", helperBin, "github.com/sandboxd/sandboxd/cmd/sandboxd-helper").CombinedOutput()
-		if err != nil {
-			helperErr = err
-			t.Logf("%s", out)
-		}
-	})
-	if helperErr != nil {
-		t.Fatalf("build the helper: %v", helperErr)
-	}
-	return helperBin
-}
-
-// startHelper installs the helper in the sandbox and runs its server for
-// the test; the runner then offers it to the scripts.
-func (r *sandboxRunner) startHelper(t *testing.T) {
-	t.Helper()
-	state := filepath.Join(r.dir, ".git", "sandboxd")
-	name := sandboxhelper.Name + "-0123456789abcdef"
-	b, err := os.ReadFile(helperBinary(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Join(state, "bin"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(state, "bin", name), b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(state, "bin", name), "serve", "-state", state)
-	cmd.Dir = r.dir
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stdin.Close()
-		_ = cmd.Wait()
-	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatalf("the helper did not answer: %v", err)
-	}
-	r.helperName, r.helperInstance = name, strings.TrimSpace(strings.TrimPrefix(line, sandboxhelper.Ready))
-}
-
-// SyncHelper offers the helper when startHelper ran (HelperRunner).
-func (r *sandboxRunner) SyncHelper() (string, string) { return r.helperName, r.helperInstance }

@@ -1,6 +1,7 @@
 package gitsync
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -14,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/daemon/watch"
+	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // isolate points HOME and XDG_* at temp dirs and gives git a fixed identity,
@@ -401,3 +403,77 @@ func randomBytes(n int, seed byte) string {
 	}
 	return string(b)
 }
+
+// useHelper makes newFixture start the helper (TestScenariosWithTheSandboxHelper).
+var useHelper bool
+
+var (
+	helperOnce sync.Once
+	helperBin  string
+	helperErr  error
+)
+
+// helperBinary builds sandboxd-helper once for the package's tests.
+func helperBinary(t *testing.T) string {
+	t.Helper()
+	helperOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "gitsync-helper")
+		if err != nil {
+			helperErr = err
+			return
+		}
+		helperBin = filepath.Join(dir, sandboxhelper.Name)
+		out, err := exec.Command("go", "build", "-o", helperBin, "github.com/sandboxd/sandboxd/cmd/sandboxd-helper").CombinedOutput()
+		if err != nil {
+			helperErr = err
+			t.Logf("%s", out)
+		}
+	})
+	if helperErr != nil {
+		t.Fatalf("build the helper: %v", helperErr)
+	}
+	return helperBin
+}
+
+// startHelper installs the helper in the sandbox and runs its server for
+// the test; the runner then offers it to the scripts.
+func (r *sandboxRunner) startHelper(t *testing.T) {
+	t.Helper()
+	state := filepath.Join(r.dir, ".git", "sandboxd")
+	name := sandboxhelper.Name + "-0123456789abcdef"
+	b, err := os.ReadFile(helperBinary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(state, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(state, "bin", name), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(state, "bin", name), "serve", "-state", state)
+	cmd.Dir = r.dir
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Wait()
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the helper did not answer: %v", err)
+	}
+	r.helperName, r.helperInstance = name, strings.TrimSpace(strings.TrimPrefix(line, sandboxhelper.Ready))
+}
+
+// SyncHelper offers the helper when startHelper ran (HelperRunner).
+func (r *sandboxRunner) SyncHelper() (string, string) { return r.helperName, r.helperInstance }
