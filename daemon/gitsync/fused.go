@@ -272,7 +272,7 @@ func fusedScript(hv, nonce, head string, patch []byte, now time.Time, pend strin
 	b.WriteString(preludeChecks)
 	b.WriteString(hv)
 	b.WriteString("(\n")
-	b.WriteString(pushBody(head, len(patch) > 0, now, pend, acks, max))
+	b.WriteString(pushBody(head, patchKey(patch), now, pend, acks, max))
 	b.WriteString(`) >"$st/f.out" 2>"$st/f.err"`)
 	if len(patch) > 0 {
 		fmt.Fprintf(&b, " <<'%s'\n", heredocWord(nonce))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -357,5 +358,67 @@ func TestFusedPushReplacesAnIgnoredFileInTheWay(t *testing.T) {
 	}
 	if out != "source\n" {
 		t.Fatalf("the command saw %q", out)
+	}
+}
+
+// An exec run again with nothing changed (the command's edits of the last
+// exec already here) builds no scratch tree and moves no file: the tree of
+// the same patch on the same head is remembered, and a working tree that
+// already holds it is left as it is (with the helper, the user's index is
+// not rewritten either). The sandbox still ends up as a synced exec leaves
+// it.
+func TestFusedExecAgainWithNothingChangedMovesNothing(t *testing.T) {
+	for _, helper := range []bool{false, true} {
+		t.Run(fmt.Sprintf("helper=%v", helper), func(t *testing.T) {
+			useHelper = helper
+			t.Cleanup(func() { useHelper = false })
+			f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n"})
+			writeFile(t, filepath.Join(f.local, "a.txt"), "local\n")
+			if _, _, err := f.exec("echo made > made.txt"); err != nil {
+				t.Fatal(err)
+			}
+			// The pulled edit is now local too: the sandbox already holds
+			// the tree the next push asks for.
+			if _, _, err := f.exec("true"); err != nil {
+				t.Fatal(err)
+			}
+			log := gitLog(t)
+			out, _, err := f.exec("cat a.txt made.txt")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out != "local\nmade\n" {
+				t.Fatalf("the command saw %q", out)
+			}
+			var calls []string
+			for _, line := range strings.Split(string(fileBytes(t, log)), "\n") {
+				if dir, c, ok := strings.Cut(line, " "); ok && dir == f.sandbox {
+					calls = append(calls, c)
+				}
+			}
+			joined := " " + strings.Join(calls, " ") + " "
+			for _, c := range []string{"apply", "reset", "clean"} {
+				if strings.Contains(joined, " "+c+" ") {
+					t.Fatalf("git %s ran for an exec with nothing changed: %v", c, calls)
+				}
+			}
+			// Without the helper the one read-tree is the user's index.
+			want := 1
+			if helper {
+				want = 0
+			}
+			if n := strings.Count(joined, " read-tree "); n != want {
+				t.Fatalf("%d read-tree, want %d: %v", n, want, calls)
+			}
+			// A different head with the same patch is not taken for it.
+			writeFile(t, filepath.Join(f.local, "c.txt"), "c\n")
+			git(t, f.local, "add", "c.txt")
+			git(t, f.local, "commit", "-q", "-m", "c")
+			f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+			if out, _, err := f.exec("cat a.txt c.txt made.txt"); err != nil || out != "local\nc\nmade\n" {
+				t.Fatalf("after a commit: %q %v", out, err)
+			}
+			f.pushAndCompare()
+		})
 	}
 }

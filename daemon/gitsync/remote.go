@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -93,15 +94,15 @@ const prelude = dieExit + preludeChecks
 // (the pending exec's id is not among acks); if it does, it sends them as
 // a pull would and stops (exit 91, or 92 with the header alone when they
 // are over max). Otherwise it resets the sandbox to head, applies the patch
-// from stdin when withPatch, records the snapshot, marks the new exec pend
+// from stdin when there is one, records the snapshot, marks the new exec pend
 // as pending (none when pend is empty) and prints the snapshot commit.
-func pushScript(hv, head string, withPatch bool, now time.Time, pend string, acks []string, max int64) string {
-	return prelude + hv + pushBody(head, withPatch, now, pend, acks, max)
+func pushScript(hv, head, key string, now time.Time, pend string, acks []string, max int64) string {
+	return prelude + hv + pushBody(head, key, now, pend, acks, max)
 }
 
-// pushBody is pushScript after the prelude; the patch, when withPatch, is
-// on its standard input.
-func pushBody(head string, withPatch bool, now time.Time, pend string, acks []string, max int64) string {
+// pushBody is pushScript after the prelude. The patch, when there is one,
+// is on its standard input, and key is patchKey of it ("" for none).
+func pushBody(head, key string, now time.Time, pend string, acks []string, max int64) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "head=%s\npend=%s\nmax=%d\nacks=' %s '\ntree=\n", head, pend, max, strings.Join(acks, " "))
 	fmt.Fprintf(&b, `if [ -f "$st/pending" ]; then
@@ -127,7 +128,7 @@ fi
 	exit 85
 fi
 `
-	if withPatch {
+	if key != "" {
 		// Every process counts here: the refs are written once, at the
 		// end, and the sync index starts as a copy of the fresh index.
 		date := fmt.Sprintf("@%d +0000", now.Unix())
@@ -144,8 +145,14 @@ fi
 	GIT_INDEX_FILE="$st/next" g read-tree "$head" 2>/dev/null || return 1
 	rm -f "$st"/head-*.idx; cp "$st/next" "$st/head.tmp" && mv -f "$st/head.tmp" "$st/head-$head.idx" || true
 }
-if ! tree=$(headidx && GIT_INDEX_FILE="$st/next" g apply --cached --whitespace=nowarn - && GIT_INDEX_FILE="$st/next" g write-tree); then
-	rm -f "$st"/head-*.idx
+# The same patch on the same head makes the same tree: the last one is
+# remembered (an exec run again with nothing changed needs no scratch).
+k=; t=; [ ! -f "$st/ptree" ] || read -r k t <"$st/ptree" || true
+if [ "$k" = "$head-%[2]s" ] && [ -n "$t" ]; then tree=$t
+elif tree=$(headidx && GIT_INDEX_FILE="$st/next" g apply --cached --whitespace=nowarn - && GIT_INDEX_FILE="$st/next" g write-tree); then
+	echo "$head-%[2]s $tree" >"$st/ptree" || rm -f "$st/ptree"
+else
+	rm -f "$st"/head-*.idx "$st/ptree"
 	if ! g cat-file -e "$head^{commit}" 2>/dev/null; then echo "sandboxd: commit $head is not in the sandbox" >&2; exit 82; fi
 	exit 83
 fi
@@ -155,7 +162,7 @@ real=
 if [ -n "$HI" ] && syncidx && cur=$("$H" stage -state "$st" -instance "$HI" -index "$st/index" -print-tree -head "$head" -real "$gd/index" 2>/dev/null); then real=1
 elif ! { stageall && cur=$(GIT_INDEX_FILE="$st/index" g write-tree); }; then cur=
 fi
-if [ -n "$cur" ] && GIT_INDEX_FILE="$st/index" g read-tree -m -u "$cur" "$tree" 2>/dev/null; then
+if [ -n "$cur" ] && { [ "$cur" = "$tree" ] || GIT_INDEX_FILE="$st/index" g read-tree -m -u "$cur" "$tree" 2>/dev/null; }; then
 	[ -n "$real" ] || g read-tree "$head" || exit 85
 	# What a reset clears: a merge, cherry-pick or revert left half done.
 	for x in MERGE_HEAD MERGE_MSG MERGE_MODE MERGE_RR SQUASH_MSG CHERRY_PICK_HEAD REVERT_HEAD AUTO_MERGE; do
@@ -163,14 +170,14 @@ if [ -n "$cur" ] && GIT_INDEX_FILE="$st/index" g read-tree -m -u "$cur" "$tree" 
 	done
 else
 	revert "$head" && cp "$gd/index" "$st/index" || exit 85
-	GIT_INDEX_FILE="$st/index" g read-tree --reset -u "$head" "$tree" || { revert "$head"; exit 83; }
+	GIT_INDEX_FILE="$st/index" g read-tree --reset -u "$head" "$tree" || { rm -f "$st/ptree"; revert "$head"; exit 83; }
 fi
 if snap=$(GIT_AUTHOR_DATE=%[1]q GIT_COMMITTER_DATE=%[1]q g -c user.name=sandboxd -c user.email=sandboxd@localhost commit-tree "$tree" -p "$head" -m "sandboxd sync") &&
 	printf 'update HEAD %%s\nupdate %%s %%s\nupdate %%s %%s\n' "$head" "$SNAP" "$snap" "$BASE" "$head" | g update-ref --stdin; then :
 else
 	revert "$head"; exit 84
 fi
-`, date)
+`, date, key)
 	} else {
 		b.WriteString(`if ! revert "$head"; then
 ` + missing + "snap=$head\n")
@@ -269,12 +276,11 @@ func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, erro
 	for attempt := 0; ; attempt++ {
 		var stdout, stderr bytes.Buffer
 		var stdin io.Reader
-		withPatch := len(p.Data) > 0
-		if withPatch {
+		if len(p.Data) > 0 {
 			stdin = bytes.NewReader(p.Data)
 		}
 		out := &limitedBuffer{max: s.maxBytes + 64, buf: &stdout}
-		code, err := r.Run(ctx, pushScript(helperVars(r), p.HeadSHA, withPatch, s.now(), pend, s.acks(rp), s.maxBytes), stdin, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
+		code, err := r.Run(ctx, pushScript(helperVars(r), p.HeadSHA, patchKey(p.Data), s.now(), pend, s.acks(rp), s.maxBytes), stdin, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 		if err != nil {
 			return res, errdefs.Unavailable(fmt.Errorf("push your changes to the sandbox: %w", err))
 		}
@@ -615,3 +621,13 @@ var (
 // git found, $gd the git directory and $st sandboxd's state directory in
 // it; it fails with the scripts' exit codes (81: no .git, 127: no git).
 func InCheckout(body string) string { return prelude + body }
+
+// patchKey names a patch in the sandbox's cache of the tree it makes
+// (.git/sandboxd/ptree): its SHA-256, "" for no patch.
+func patchKey(patch []byte) string {
+	if len(patch) == 0 {
+		return ""
+	}
+	h := sha256.Sum256(patch)
+	return hex.EncodeToString(h[:])
+}
