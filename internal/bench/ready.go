@@ -162,6 +162,10 @@ func (r *runner) ratios() {
 		add("baseline A / sbx no-sync", "baseline A: API call + fresh SSH + lock + true + unlock", "exec --no-sync -- true, sbx", ms, "")
 		add(fmt.Sprintf("synced %d files / %d files, sbx", big, small), synced(big, "sbx"), synced(small, "sbx"), ms, "target <= 1.5")
 		add("synced / no-sync, sbx", synced(small, "sbx"), "exec --no-sync -- true, sbx", ms, "")
+		same := func(files int) string {
+			return fmt.Sprintf("synced exec -- true, nothing changed since the last exec, %d files, sbx", files)
+		}
+		add(fmt.Sprintf("synced, nothing changed, %d files / %d files, sbx", big, small), same(big), same(small), ms, "")
 		for _, files := range r.sz.repoFiles {
 			add(fmt.Sprintf("sbx start --wait / RWX CLI start --wait, %d files", files), startRow(files, "sbx"), startRow(files, "RWX CLI"), ms, "target <= 1")
 			addExtra(fmt.Sprintf("sbx start --wait / RWX CLI start --wait, %d files, own share (but provisioning)", files), startRow(files, "sbx"), startRow(files, "RWX CLI"), "own_ms", ms)

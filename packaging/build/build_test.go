@@ -61,7 +61,7 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	tmp := t.TempDir()
 	bin, share := filepath.Join(tmp, "bin"), filepath.Join(tmp, "share")
 	must(t, nil, "go", "build", "-trimpath", "-ldflags", "-X main.Version=v9.8.7", "-o", bin+"/",
-		"../../cmd/sbx", "../../cmd/sbx/sbx-mcp", "../../cmd/sandboxd", "../../cmd/sandboxd-localcloud")
+		"../../cmd/sbx", "../../cmd/sbx/sbx-mcp", "../../cmd/sandboxd", "../../cmd/sandboxd-localcloud", "../../cmd/sandboxd-helper")
 	gen := func(rel string, name string, args ...string) {
 		path := filepath.Join(share, rel)
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -106,7 +106,7 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	}
 	list := must(t, nil, "dpkg-deb", "-c", deb)
 	for _, want := range []string{
-		"./usr/bin/sbx", "./usr/bin/sbx-mcp", "./usr/bin/sandboxd", "./usr/bin/sandboxd-localcloud",
+		"./usr/bin/sbx", "./usr/bin/sbx-mcp", "./usr/bin/sandboxd", "./usr/bin/sandboxd-localcloud", "./usr/bin/sandboxd-helper",
 		"./usr/lib/systemd/user/sandboxd.service", "./usr/lib/systemd/user/sandboxd.socket",
 		"./usr/share/bash-completion/completions/sbx", "./usr/share/zsh/vendor-completions/_sbx",
 		"./usr/share/fish/vendor_completions.d/sbx.fish",
