@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"strings"
 )
 
@@ -106,6 +107,11 @@ func Stage(ctx context.Context, o StageOptions) (Result, error) {
 // -A would see them, and git add takes exactly those. It returns how many
 // were handed to git add.
 func stageRestricted(ctx context.Context, o StageOptions, paths []string) (int, error) {
+	// The tracker leaves nested repositories out, so a submodule whose
+	// checkout moved is not among the paths: with submodules, git looks.
+	if _, err := os.Lstat(filepath.Join(o.Root, ".gitmodules")); err == nil {
+		return 0, errFallback
+	}
 	if len(paths) == 0 {
 		return 0, nil
 	}

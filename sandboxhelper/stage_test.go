@@ -297,3 +297,25 @@ func TestStageRemembersTreesAndTheUserIndex(t *testing.T) {
 		t.Fatal("an untouched user index was rewritten")
 	}
 }
+
+// A submodule's checkout is a nested repository the tracker leaves out:
+// with a .gitmodules file every stage looks at the whole tree, so a
+// submodule moved to another commit is staged.
+func TestStageWithSubmodulesLooksAtEverything(t *testing.T) {
+	f := newFixture(t)
+	sub := filepath.Join(t.TempDir(), "sub")
+	run(t, "", nil, "init", "-q", "-b", "main", sub)
+	write(t, filepath.Join(sub, "s.txt"), "one\n")
+	run(t, sub, nil, "add", "-A")
+	run(t, sub, nil, "commit", "-q", "-m", "one")
+	run(t, f.root, nil, "-c", "protocol.file.allow=always", "submodule", "add", "-q", sub, "mod")
+	f.stage(t)
+	f.stage(t)
+	// The submodule's checkout moves: nothing the tracker sees changes.
+	write(t, filepath.Join(f.root, "mod", "s.txt"), "two\n")
+	run(t, filepath.Join(f.root, "mod"), nil, "commit", "-q", "-am", "two")
+	res := f.stage(t)
+	if want := f.oracle(t); res.Tree != want || !res.Full {
+		t.Fatalf("with a submodule: tree %s, want %s (full=%v)", res.Tree, want, res.Full)
+	}
+}
