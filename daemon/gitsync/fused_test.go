@@ -305,6 +305,18 @@ func gitLog(t *testing.T) string {
 	return log
 }
 
+// sandboxCalls are the git subcommands gitLog's log recorded in dir.
+func sandboxCalls(t *testing.T, log, dir string) []string {
+	t.Helper()
+	var calls []string
+	for _, line := range strings.Split(string(fileBytes(t, log)), "\n") {
+		if d, c, ok := strings.Cut(line, " "); ok && d == dir {
+			calls = append(calls, c)
+		}
+	}
+	return calls
+}
+
 // A push moves the sandbox's tree to the new one like a checkout: one scan
 // of the working tree (git add), no reset and no clean; a file the command
 // left behind is still removed.
@@ -326,12 +338,7 @@ func TestFusedPushScansOnce(t *testing.T) {
 	if out != "two\na.txt\nb.txt\n" {
 		t.Fatalf("the command saw %q", out)
 	}
-	var calls []string
-	for _, line := range strings.Split(string(fileBytes(t, log)), "\n") {
-		if dir, c, ok := strings.Cut(line, " "); ok && dir == f.sandbox {
-			calls = append(calls, c)
-		}
-	}
+	calls := sandboxCalls(t, log, f.sandbox)
 	for _, c := range calls {
 		if c == "reset" || c == "clean" {
 			t.Fatalf("the push ran git %s: %v", c, calls)
@@ -390,12 +397,7 @@ func TestFusedExecAgainWithNothingChangedMovesNothing(t *testing.T) {
 			if out != "local\nmade\n" {
 				t.Fatalf("the command saw %q", out)
 			}
-			var calls []string
-			for _, line := range strings.Split(string(fileBytes(t, log)), "\n") {
-				if dir, c, ok := strings.Cut(line, " "); ok && dir == f.sandbox {
-					calls = append(calls, c)
-				}
-			}
+			calls := sandboxCalls(t, log, f.sandbox)
 			joined := " " + strings.Join(calls, " ") + " "
 			for _, c := range []string{"apply", "reset", "clean"} {
 				if strings.Contains(joined, " "+c+" ") {

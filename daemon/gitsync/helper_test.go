@@ -75,12 +75,7 @@ func TestFusedWithTheHelperStagesOnlyWhatChanged(t *testing.T) {
 	if out != "two\na.txt\nb.txt\n" {
 		t.Fatalf("the command saw %q", out)
 	}
-	var calls []string
-	for _, line := range strings.Split(string(fileBytes(t, log)), "\n") {
-		if dir, c, ok := strings.Cut(line, " "); ok && dir == f.sandbox {
-			calls = append(calls, c)
-		}
-	}
+	calls := sandboxCalls(t, log, f.sandbox)
 	joined := " " + strings.Join(calls, " ") + " "
 	if strings.Contains(joined, " add ") || strings.Contains(joined, " reset ") || strings.Contains(joined, " clean ") {
 		t.Fatalf("a whole-tree git ran: %v", calls)

@@ -55,8 +55,7 @@ type Manager struct {
 	stop context.CancelFunc
 
 	load sync.Once
-	bin  []byte // the binary, read on first use
-	sum  string // its SHA-256
+	sum  string // the binary's SHA-256, taken on first use
 	name string // its installed name: sandboxd-helper-<sum prefix>
 
 	mu    sync.Mutex
@@ -148,6 +147,9 @@ func (m *Manager) run(c Conn, st *state) {
 	}
 }
 
+// loadBinary names the binary by its hash, once. The binary itself is
+// read again for each upload rather than held (it is megabytes, uploads
+// are rare).
 func (m *Manager) loadBinary() error {
 	m.load.Do(func() {
 		b, err := os.ReadFile(m.o.Binary)
@@ -155,14 +157,18 @@ func (m *Manager) loadBinary() error {
 			m.log.Debug("sandbox helper unavailable", "binary", m.o.Binary, "err", err)
 			return
 		}
-		h := sha256.Sum256(b)
-		m.bin, m.sum = b, hex.EncodeToString(h[:])
+		m.sum = hashOf(b)
 		m.name = sandboxhelper.Name + "-" + m.sum[:16]
 	})
-	if m.bin == nil {
+	if m.sum == "" {
 		return errors.New("no helper binary")
 	}
 	return nil
+}
+
+func hashOf(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
 }
 
 // Exit codes of the probe.
@@ -226,6 +232,15 @@ uname -sm; exit ` + fmt.Sprint(probeMissing) + "\n")
 // install uploads the binary (written under a temporary name, checked by
 // its hash, then renamed) and removes other versions.
 func (m *Manager) install(ctx context.Context, c Conn, file string) error {
+	bin, err := os.ReadFile(m.o.Binary)
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	if hashOf(bin) != m.sum {
+		// Replaced on disk (an upgrade): the sandbox would get a binary
+		// other than the one named; the next daemon names the new one.
+		return errors.New("install: the helper binary changed since sandboxd started")
+	}
 	script := gitsync.InCheckout(`f=` + file + `
 mkdir -p "$st/bin" || exit 1
 t="$st/bin/.install.$$"
@@ -233,14 +248,14 @@ cat >"$t" && chmod 755 "$t" && v=$("$t" version) && [ "$v" = "` + sandboxhelper.
 for o in "$st"/bin/` + sandboxhelper.Name + `-*; do [ "$o" = "$f" ] || rm -f "$o"; done
 `)
 	var stderr bytes.Buffer
-	status, err := c.ExecOnce(ctx, script, sshpool.Stdio{Stdin: bytes.NewReader(m.bin), Stdout: io.Discard, Stderr: &limited{w: &stderr, n: 4096}})
+	status, err := c.ExecOnce(ctx, script, sshpool.Stdio{Stdin: bytes.NewReader(bin), Stdout: io.Discard, Stderr: &limited{w: &stderr, n: 4096}})
 	if err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
 	if status.Code != 0 {
 		return fmt.Errorf("install: exit %d: %s", status.Code, strings.TrimSpace(stderr.String()))
 	}
-	m.log.Debug("sandbox helper installed", "bytes", len(m.bin))
+	m.log.Debug("sandbox helper installed", "bytes", len(bin))
 	return nil
 }
 
