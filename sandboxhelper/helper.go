@@ -26,9 +26,13 @@ const Name = "sandboxd-helper"
 // (.git/sandboxd): sockets and the tracker's marker files.
 const dirName = "helper"
 
-// maxPaths bounds the paths staged one by one; past it the whole tree is
-// staged, which is then as cheap.
+// maxPaths bounds the pathspecs of a restricted stage; more changed paths
+// are named by their directories (collapse).
 const maxPaths = 2000
+
+// maxTracked bounds the changed paths the server remembers between two
+// questions; past it the answer is "everything".
+const maxTracked = 200000
 
 // maxPathBytes bounds the command line of the restricted staging.
 const maxPathBytes = 512 << 10

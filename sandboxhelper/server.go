@@ -43,7 +43,7 @@ func Serve(ctx context.Context, root, state string, ready io.Writer, log *slog.L
 	removeStaleSockets(dir)
 	// The tracker is the only one of this process: one tree, kept however
 	// long the sandbox stays idle.
-	trees := watch.NewTrees(watch.TreesOptions{Logger: log, MaxTrees: 1, Idle: 365 * 24 * time.Hour})
+	trees := watch.NewTrees(watch.TreesOptions{Logger: log, MaxTrees: 1, Idle: 365 * 24 * time.Hour, MaxDirty: maxTracked})
 	defer trees.Close()
 	// The first question places the watches (it answers full).
 	trees.Changes(ctx, root, cookies)

@@ -115,19 +115,22 @@ func stageRestricted(ctx context.Context, o StageOptions, paths []string) (int, 
 	if len(paths) == 0 {
 		return 0, nil
 	}
-	if len(paths) > maxPaths {
-		return 0, errFallback
-	}
-	size := 0
 	for _, p := range paths {
-		size += len(p) + 1
 		// Rules that decide what the other paths are.
 		switch path.Base(p) {
 		case ".gitignore", ".gitattributes", ".gitmodules":
 			return 0, errFallback
 		}
 	}
-	if size > maxPathBytes {
+	// A build writing thousands of files (often in an ignored directory)
+	// is named by the directories it wrote in: git status does not go
+	// into an ignored one.
+	paths = collapse(paths, maxPaths)
+	size := 0
+	for _, p := range paths {
+		size += len(p) + 1
+	}
+	if paths == nil || size > maxPathBytes {
 		return 0, errFallback
 	}
 	args := append([]string{"--no-optional-locks", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--ignore-submodules=none", "--"}, paths...)
@@ -240,4 +243,49 @@ func git(ctx context.Context, root, index string, stdin io.Reader, args ...strin
 		return out, fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
+}
+
+// collapse returns at most limit pathspecs covering paths: the paths
+// themselves, or, when there are more, their ancestor directories at the
+// greatest depth that brings them under limit (a directory's literal
+// pathspec covers everything under it). nil when even the top-level
+// entries are more than limit.
+func collapse(paths []string, limit int) []string {
+	if len(paths) <= limit {
+		return paths
+	}
+	depth := 0
+	for _, p := range paths {
+		depth = max(depth, strings.Count(p, "/")+1)
+	}
+	for d := depth - 1; d >= 1; d-- {
+		seen := map[string]bool{}
+		var out []string
+		for _, p := range paths {
+			if i := nthSlash(p, d); i >= 0 {
+				p = p[:i]
+			}
+			if !seen[p] {
+				seen[p] = true
+				out = append(out, p)
+			}
+		}
+		if len(out) <= limit {
+			return out
+		}
+	}
+	return nil
+}
+
+// nthSlash is the index of the n-th "/" of p, -1 when it has fewer.
+func nthSlash(p string, n int) int {
+	for i := range len(p) {
+		if p[i] == '/' {
+			n--
+			if n == 0 {
+				return i
+			}
+		}
+	}
+	return -1
 }

@@ -319,3 +319,46 @@ func TestStageWithSubmodulesLooksAtEverything(t *testing.T) {
 		t.Fatalf("with a submodule: tree %s, want %s (full=%v)", res.Tree, want, res.Full)
 	}
 }
+
+// Thousands of files written at once (a build into an ignored directory,
+// a generator into a new one) are named by their directories: the stage
+// stays restricted and stages what git add -A does.
+func TestStageOfManyPathsNamesTheirDirectories(t *testing.T) {
+	f := newFixture(t)
+	f.stage(t)
+	for i := range 3000 {
+		write(t, filepath.Join(f.root, "build", fmt.Sprintf("obj%d", i%7), fmt.Sprintf("o%d.o", i)), "obj\n")
+	}
+	for i := range 2500 {
+		write(t, filepath.Join(f.root, "gen", fmt.Sprintf("g%d", i%3), fmt.Sprintf("g%d.txt", i)), "gen\n")
+	}
+	write(t, filepath.Join(f.root, "d0/e0/f0.txt"), "edited\n")
+	if err := os.Remove(filepath.Join(f.root, "d1/e1/f1.txt")); err != nil {
+		t.Fatal(err)
+	}
+	res := f.stage(t)
+	if want := f.oracle(t); res.Tree != want {
+		t.Fatalf("tree %s, git add -A makes %s (full=%v)", res.Tree, want, res.Full)
+	}
+	if res.Full || res.Staged != 2502 {
+		t.Fatalf("full=%v staged=%d, want a restricted stage of 2,502 paths", res.Full, res.Staged)
+	}
+}
+
+func TestCollapse(t *testing.T) {
+	paths := []string{"a/b/c/1", "a/b/c/2", "a/b/d/3", "a/e/4", "f"}
+	for _, tc := range []struct {
+		limit int
+		want  string
+	}{
+		{5, "a/b/c/1 a/b/c/2 a/b/d/3 a/e/4 f"},
+		{4, "a/b/c a/b/d a/e/4 f"},
+		{3, "a/b a/e f"},
+		{2, "a f"},
+		{1, ""},
+	} {
+		if got := strings.Join(collapse(paths, tc.limit), " "); got != tc.want {
+			t.Errorf("collapse to %d: %q, want %q", tc.limit, got, tc.want)
+		}
+	}
+}
