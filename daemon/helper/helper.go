@@ -42,7 +42,9 @@ type Options struct {
 	Platform string
 	Logger   *slog.Logger
 	// RetryAfter is how long a connection whose helper failed goes
-	// without before the next try (default a minute).
+	// without before the next try (default a minute); it doubles with
+	// each failure on the connection, up to an hour. A sandbox of another
+	// platform is never tried again on the connection.
 	RetryAfter time.Duration
 	Now        func() time.Time
 }
@@ -66,6 +68,8 @@ type Manager struct {
 type state struct {
 	instance string    // set once the server answers
 	failed   time.Time // the last try failed at this time
+	wait     time.Duration
+	never    bool // the sandbox cannot run this helper
 	running  bool
 }
 
@@ -103,7 +107,7 @@ func (m *Manager) For(c Conn) (name, instance string) {
 		m.conns[c] = st
 	case st.instance != "":
 		return m.name, st.instance
-	case st.running || m.o.Now().Sub(st.failed) < m.o.RetryAfter:
+	case st.running || st.never || m.o.Now().Sub(st.failed) < st.wait:
 		return "", ""
 	}
 	st.running = true
@@ -143,6 +147,8 @@ func (m *Manager) run(c Conn, st *state) {
 	}
 	if m.ctx.Err() == nil {
 		st.failed = m.o.Now()
+		st.wait = min(max(2*st.wait, m.o.RetryAfter), time.Hour)
+		st.never = errors.Is(err, errPlatform)
 		m.log.Debug("sandbox helper not running; syncs stage the whole tree", "err", err)
 	}
 }
@@ -171,6 +177,9 @@ func hashOf(b []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
+// errPlatform: the sandbox is not of the helper's platform.
+var errPlatform = errors.New("another platform")
+
 // Exit codes of the probe.
 const (
 	probeMissing  = 3 // not installed (or damaged): its platform follows
@@ -195,7 +204,7 @@ uname -sm; exit ` + fmt.Sprint(probeMissing) + "\n")
 	case 0:
 	case probeMissing:
 		if got := strings.TrimSpace(out.String()); got != m.o.Platform {
-			return fmt.Errorf("the sandbox is %q, the helper is for %q", got, m.o.Platform)
+			return fmt.Errorf("%w: the sandbox is %q, the helper is for %q", errPlatform, got, m.o.Platform)
 		}
 		if err := m.install(ctx, c, file); err != nil {
 			return err

@@ -226,6 +226,19 @@ func TestReplacesADamagedCopyAndSkipsOtherPlatforms(t *testing.T) {
 	if name, inst := other.For(c3); name != "" || inst != "" || c3.uploads() != 0 {
 		t.Fatalf("another platform got the helper: %q %q, %d uploads", name, inst, c3.uploads())
 	}
+	// Not asked again on that connection, however long it lives.
+	c3.mu.Lock()
+	probes := len(c3.cmds)
+	c3.mu.Unlock()
+	other.o.Now = func() time.Time { return time.Now().Add(48 * time.Hour) }
+	other.For(c3)
+	time.Sleep(100 * time.Millisecond)
+	c3.mu.Lock()
+	again := len(c3.cmds)
+	c3.mu.Unlock()
+	if again != probes {
+		t.Fatal("a sandbox of another platform was probed again")
+	}
 	if _, err := os.Stat(filepath.Join(c3.dir, ".git", "sandboxd", "bin")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatal("something was written to a sandbox of another platform")
 	}
