@@ -250,3 +250,40 @@ func TestSyncEdgeCases(t *testing.T) {
 		assertTree(t, repo, before)
 	})
 }
+
+// TestSandboxHelperServesTheSync: on a real connection to an isolated
+// sandbox the daemon installs sandboxd-helper and runs its server; from
+// then on the sync stages through it (its marker is in the sandbox), and
+// what happens in the sandbox between execs is still healed or brought
+// back as without it.
+func TestSandboxHelperServesTheSync(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("helper", defaultConfig)
+	e.mustSbx(repo, "exec", "--", "true")
+	// The server starts in the background after the first synced exec.
+	waitUntil(t, 20*time.Second, "the helper's server", func() bool {
+		r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "ls .git/sandboxd/helper/*.sock .git/sandboxd/bin/sandboxd-helper-*")
+		return r.code == 0
+	})
+	writeFile(t, filepath.Join(repo, "local.txt"), "local\n")
+	e.mustSbx(repo, "exec", "--", "sh", "-c", "echo made > made.txt")
+	// Only the helper writes the marker of a staged index.
+	if r := e.sbx(repo, "exec", "--no-sync", "--", "test", "-s", ".git/sandboxd/index.fast"); r.code != 0 {
+		t.Fatalf("the sync did not stage through the helper: %s", r)
+	}
+	// Between execs, something in the sandbox edits a tracked file and
+	// leaves a stray one: the next synced exec heals both.
+	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo sandbox > README.md; echo stray > stray.txt")
+	before := treeSnapshot(t, repo)
+	r := e.mustSbx(repo, "exec", "--", "sh", "-c", "cat README.md local.txt made.txt; test ! -e stray.txt || echo stray")
+	if want := readFile(t, filepath.Join(repo, "README.md")) + "local\nmade\n"; r.stdout != want {
+		t.Fatalf("the sandbox was not healed: %q, want %q", r.stdout, want)
+	}
+	assertTree(t, repo, before)
+	// And the command's edits still come back.
+	e.mustSbx(repo, "exec", "--", "sh", "-c", "echo again >> made.txt")
+	if got := readFile(t, filepath.Join(repo, "made.txt")); got != "made\nagain\n" {
+		t.Fatalf("made.txt is %q", got)
+	}
+}
