@@ -149,7 +149,14 @@ func (m *Manager) run(c Conn, st *state) {
 		st.failed = m.o.Now()
 		st.wait = min(max(2*st.wait, m.o.RetryAfter), time.Hour)
 		st.never = errors.Is(err, errPlatform)
-		m.log.Debug("sandbox helper not running; syncs stage the whole tree", "err", err)
+		// Another platform is expected and says so once per connection at
+		// debug level; anything else is worth a look (a sandbox that
+		// cannot run it, a broken upload) and costs speed, not results.
+		level := slog.LevelWarn
+		if st.never {
+			level = slog.LevelDebug
+		}
+		m.log.Log(context.Background(), level, "sandbox helper not running: synced execs scan the sandbox's whole tree", "retry_in", st.wait, "err", err)
 	}
 }
 
