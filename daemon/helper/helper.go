@@ -189,8 +189,7 @@ var errPlatform = errors.New("another platform")
 
 // Exit codes of the probe.
 const (
-	probeMissing  = 3 // not installed (or damaged): its platform follows
-	probeNoGitDir = 81
+	probeMissing = 3 // not installed (or damaged): its platform follows
 )
 
 func (m *Manager) serve(ctx context.Context, c Conn, st *state) error {
@@ -240,6 +239,8 @@ uname -sm; exit ` + fmt.Sprint(probeMissing) + "\n")
 	case err := <-done:
 		return fmt.Errorf("the helper's server ended before answering: %v", err)
 	case <-ctx.Done():
+		// The exec request ends with ctx (TERM, which the server obeys).
+		<-done
 		return ctx.Err()
 	}
 	return <-done
