@@ -388,39 +388,84 @@ func exitCode(st sshpool.ExitStatus) int {
 }
 
 // recordExec updates the exec statistics off the hot path: the caller has
-// its answer before the store write is synced. Readers that show the
-// statistics call flushExecRecords first, so they never see them stale.
+// its answer before the store write is synced. The records of a burst are
+// written together (one transaction, one sync, per session and flush
+// rather than per exec). Readers that show the statistics call
+// flushExecRecords first, so they never see them stale.
 func (m *Manager) recordExec(s *store.Session, res ipc.ExecResult) {
 	now := m.now()
 	m.publish(eventExecFinished, s, map[string]any{"exitCode": res.ExitCode, "durationMs": res.DurationMs})
 	m.records.Lock()
-	m.pendingRecords++
-	m.records.Unlock()
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		if _, err := m.st.Update(s.ID, func(s *store.Session) error {
-			s.LastExecAt = now
-			s.ExecCount++
-			return nil
-		}); err != nil {
-			m.log.Warn("record exec", "session", s.ID, "err", err)
+	defer m.records.Unlock()
+	t := m.tallies[s.ID]
+	t.last = now
+	t.count++
+	m.tallies[s.ID] = t
+	if !m.flushing {
+		m.flushing = true
+		m.wg.Add(1)
+		go m.flushRecords()
+	}
+}
+
+// execTally is what recordExec has not yet written for one session.
+type execTally struct {
+	last  time.Time
+	count int64
+}
+
+// recordDelay is how long the records of a burst are gathered before they
+// are written (flushExecRecords does not wait for it).
+const recordDelay = 50 * time.Millisecond
+
+// flushRecords writes the gathered records until none are left.
+func (m *Manager) flushRecords() {
+	defer m.wg.Done()
+	for {
+		t := time.NewTimer(recordDelay)
+		select {
+		case <-t.C:
+		case <-m.flushNow:
+			t.Stop()
 		}
 		m.records.Lock()
-		m.pendingRecords--
-		if m.pendingRecords == 0 {
-			m.recordsDone.Broadcast()
+		batch := m.tallies
+		m.tallies = map[string]execTally{}
+		m.writing = len(batch)
+		m.records.Unlock()
+		for id, t := range batch {
+			if _, err := m.st.Update(id, func(s *store.Session) error {
+				if t.last.After(s.LastExecAt) {
+					s.LastExecAt = t.last
+				}
+				s.ExecCount += t.count
+				return nil
+			}); err != nil {
+				m.log.Warn("record exec", "session", id, "err", err)
+			}
+		}
+		m.records.Lock()
+		m.writing = 0
+		m.recordsDone.Broadcast()
+		if len(m.tallies) == 0 {
+			m.flushing = false
+			m.records.Unlock()
+			return
 		}
 		m.records.Unlock()
-	}()
+	}
 }
 
 // flushExecRecords waits until the exec statistics recorded so far are in
-// the store.
+// the store, having them written at once.
 func (m *Manager) flushExecRecords() {
 	m.records.Lock()
 	defer m.records.Unlock()
-	for m.pendingRecords > 0 {
+	for len(m.tallies) > 0 || m.writing > 0 {
+		select {
+		case m.flushNow <- struct{}{}:
+		default:
+		}
 		m.recordsDone.Wait()
 	}
 }

@@ -157,9 +157,12 @@ type Manager struct {
 
 	wg sync.WaitGroup // background work: rehydration, exec records
 
-	records        sync.Mutex // guards pendingRecords
-	recordsDone    *sync.Cond // signalled when pendingRecords drops to 0
-	pendingRecords int        // exec statistics not yet in the store
+	records     sync.Mutex           // guards the fields below
+	recordsDone *sync.Cond           // signalled after each write of records
+	tallies     map[string]execTally // exec statistics not yet written, by session
+	writing     int                  // records being written now
+	flushing    bool                 // flushRecords runs
+	flushNow    chan struct{}        // cuts flushRecords' wait short
 }
 
 // sessionRuntime is what the daemon knows about a session beyond the store:
@@ -220,6 +223,8 @@ func New(opts Options) (*Manager, error) {
 		cliWrites:  make(map[string]*bool),
 	}
 	m.recordsDone = sync.NewCond(&m.records)
+	m.tallies = map[string]execTally{}
+	m.flushNow = make(chan struct{}, 1)
 	return m, nil
 }
 
