@@ -35,6 +35,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	fs.BoolVar(&o.PrintTree, "print-tree", false, "stage: print the index's tree")
 	fs.StringVar(&o.Head, "head", "", "stage: reset the user's index to this commit")
 	fs.StringVar(&o.Real, "real", "", "stage: the user's index, absolute")
+	same := fs.Int("same-exit", 0, "stage: exit with this code when the index still holds -tree-hint (nothing was staged)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
@@ -82,6 +83,9 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		}
 		if o.PrintTree {
 			fmt.Fprintln(stdout, res.Tree)
+		}
+		if *same != 0 && res.Same {
+			return *same
 		}
 		return 0
 	}

@@ -35,6 +35,9 @@ type Result struct {
 	Full   bool   // the whole tree was staged
 	Staged int    // paths handed to git add (restricted staging)
 	Tree   string // with PrintTree
+	// Same says the index still holds TreeHint: only paths were looked
+	// at, and none differed.
+	Same bool
 }
 
 // errFallback: the restricted staging does not apply; stage everything.
@@ -79,6 +82,7 @@ func Stage(ctx context.Context, o StageOptions) (Result, error) {
 	cache := o.Index + ".tree"
 	if o.TreeHint != "" && !staged {
 		rememberTree(cache, o.Index, o.TreeHint)
+		res.Same = true
 	}
 	if o.PrintTree {
 		t, ok := cachedTree(cache, o.Index)

@@ -52,9 +52,10 @@ func TestScenariosWithTheSandboxHelper(t *testing.T) {
 }
 
 // With the helper serving, a synced exec whose command changed nothing
-// stages nothing: no git add, and one git status of the paths that changed
-// (the pushed file, the file the push removed); the user's index, as the
-// helper left it, is not read again either.
+// stages nothing: no git add, one git status of the paths that changed
+// (the pushed file, the file the push removed), and no git diff for the
+// empty pull; the user's index, as the helper left it, is not read again
+// either.
 func TestFusedWithTheHelperStagesOnlyWhatChanged(t *testing.T) {
 	useHelper = true
 	t.Cleanup(func() { useHelper = false })
@@ -85,5 +86,17 @@ func TestFusedWithTheHelperStagesOnlyWhatChanged(t *testing.T) {
 	}
 	if n := strings.Count(joined, " read-tree "); n != 1 {
 		t.Fatalf("%d read-tree, want 1 (the checkout-like move): %v", n, calls)
+	}
+	// Nothing differed from the pushed tree: the pull's patch is empty
+	// without a diff.
+	if strings.Contains(joined, " diff ") {
+		t.Fatalf("the pull ran git diff although nothing changed: %v", calls)
+	}
+	// A command that edits still brings its edits back.
+	if _, _, err := f.exec("echo more >> b.txt"); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "b.txt"))); got != "b\nmore\n" {
+		t.Fatalf("b.txt is %q locally", got)
 	}
 }

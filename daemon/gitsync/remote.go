@@ -211,10 +211,18 @@ func pullBody(max int64) string {
 id=none; [ ! -f "$st/pending" ] || read -r id <"$st/pending" || true
 out="$st/pull.patch"
 echo >"$st/pull.id"
-stageall "${ptree:-}" && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out" || exit 87
+# With the helper and the tree the push left (the snapshot's), a stage that
+# found nothing changed means an empty patch: no diff to run.
+pc=1
+if [ -n "$HI" ] && syncidx; then "$H" stage -state "$st" -instance "$HI" -index "$st/index" ${ptree:+-tree-hint "$ptree" -same-exit 3} 2>/dev/null; pc=$?; fi
+case $pc in
+0) GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out" || exit 87 ;;
+3) : >"$out" || exit 87 ;;
+*) { syncidx && rm -f "$st/index.fast" && GIT_INDEX_FILE="$st/index" g add -A && GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out"; } || exit 87 ;;
+esac
 echo "$id" >"$st/pull.id"
 size=0; [ ! -s "$out" ] || size=$(($(wc -c <"$out")))
-printf '%s%%s %%d\n' "$id" "$size"
+printf '%[2]s%%s %%d\n' "$id" "$size"
 if [ "$size" -gt "$max" ]; then exit 89; fi
 [ "$size" -eq 0 ] || cat "$out" || exit 87
 `, strings.Join(diffOptions, " "), pullHeader)
