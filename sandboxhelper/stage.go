@@ -56,6 +56,10 @@ func Stage(ctx context.Context, o StageOptions) (Result, error) {
 	var res Result
 	marker := o.Index + ".fast"
 	prev, _ := os.ReadFile(marker)
+	if _, err := os.Stat(o.Index); err != nil {
+		// No index to be up to date: whatever the marker says.
+		prev = nil
+	}
 	if err := os.Remove(marker); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return res, fmt.Errorf("remove %s: %w", marker, err)
 	}

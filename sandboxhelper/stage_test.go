@@ -222,6 +222,14 @@ func TestStageFallsBackWhenUnsure(t *testing.T) {
 	if res := f.stage(t); !res.Full || res.Tree != f.oracle(t) {
 		t.Fatalf("without a marker: full=%v tree ok=%v", res.Full, res.Tree == f.oracle(t))
 	}
+	// The index itself went away (the marker stayed): the whole tree.
+	f.stage(t)
+	if err := os.Remove(f.o.Index); err != nil {
+		t.Fatal(err)
+	}
+	if res := f.stage(t); !res.Full || res.Tree != f.oracle(t) {
+		t.Fatalf("without an index: full=%v", res.Full)
+	}
 	// The server goes away: the whole tree, and no marker is left to trust.
 	f.stop()
 	write(t, filepath.Join(f.root, "d0/later.txt"), "later\n")
