@@ -317,10 +317,11 @@ func sandboxCalls(t *testing.T, log, dir string) []string {
 	return calls
 }
 
-// A push moves the sandbox's tree to the new one like a checkout: one scan
-// of the working tree (git add), no reset and no clean; a file the command
-// left behind is still removed.
-func TestFusedPushScansOnce(t *testing.T) {
+// secondExec runs an exec whose command leaves a file the local side then
+// removes, then a second exec with a local edit, and returns the fixture
+// and the git subcommands the second one ran in the sandbox.
+func secondExec(t *testing.T) (*fixture, []string) {
+	t.Helper()
 	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n"})
 	writeFile(t, filepath.Join(f.local, "a.txt"), "one\n")
 	if _, _, err := f.exec("echo left > left.txt"); err != nil {
@@ -339,6 +340,14 @@ func TestFusedPushScansOnce(t *testing.T) {
 		t.Fatalf("the command saw %q", out)
 	}
 	calls := sandboxCalls(t, log, f.sandbox)
+	return f, calls
+}
+
+// A push moves the sandbox's tree to the new one like a checkout: one scan
+// of the working tree (git add), no reset and no clean; a file the command
+// left behind is still removed.
+func TestFusedPushScansOnce(t *testing.T) {
+	_, calls := secondExec(t)
 	for _, c := range calls {
 		if c == "reset" || c == "clean" {
 			t.Fatalf("the push ran git %s: %v", c, calls)

@@ -3,7 +3,6 @@
 package gitsync
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -59,24 +58,7 @@ func TestScenariosWithTheSandboxHelper(t *testing.T) {
 func TestFusedWithTheHelperStagesOnlyWhatChanged(t *testing.T) {
 	useHelper = true
 	t.Cleanup(func() { useHelper = false })
-	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n"})
-	writeFile(t, filepath.Join(f.local, "a.txt"), "one\n")
-	if _, _, err := f.exec("echo left > left.txt"); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Remove(filepath.Join(f.local, "left.txt")); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(f.local, "a.txt"), "two\n")
-	log := gitLog(t)
-	out, _, err := f.exec("cat a.txt; ls")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if out != "two\na.txt\nb.txt\n" {
-		t.Fatalf("the command saw %q", out)
-	}
-	calls := sandboxCalls(t, log, f.sandbox)
+	f, calls := secondExec(t)
 	joined := " " + strings.Join(calls, " ") + " "
 	if strings.Contains(joined, " add ") || strings.Contains(joined, " reset ") || strings.Contains(joined, " clean ") {
 		t.Fatalf("a whole-tree git ran: %v", calls)
