@@ -220,9 +220,13 @@ local function on_event(ev)
   local s = state.sessions[id] or { status = 'unknown' }
   state.sessions[id] = s
   local t = ev.type
+  -- A session that ended stays ended: its connection's last word (the
+  -- daemon closes it as it stops) may come after the stop.
+  local ended = s.status == 'stopped' or s.status == 'expired'
   if t == 'session.created' then s.status = 'starting'
-  elseif t == 'session.ready' or t == 'connection.up' or t == 'session.adopted' then s.status = 'ready'
-  elseif t == 'connection.down' then s.status = 'disconnected'
+  elseif t == 'session.ready' or t == 'session.adopted' then s.status = 'ready'
+  elseif t == 'connection.up' then if not ended then s.status = 'ready' end
+  elseif t == 'connection.down' then if not ended then s.status = 'disconnected' end
   elseif t == 'session.expired' then s.status = 'expired'
   elseif t == 'session.stopped' or t == 'session.pruned' then s.status = 'stopped'
   elseif t == 'exec.queued' then state.queued[id] = (state.queued[id] or 0) + 1
