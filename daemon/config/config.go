@@ -48,8 +48,13 @@ const (
 // minReconcileInterval keeps a typo ("30ms") from hammering the remote API.
 const minReconcileInterval = time.Second
 
-// SyncHelperOff as sync_helper installs no helper in sandboxes.
-const SyncHelperOff = "off"
+// sync_helper's words: SyncHelperOff installs no helper in sandboxes,
+// SyncHelperOn the one next to sandboxd whatever the remote (by default only
+// the local remote's sandboxes get it).
+const (
+	SyncHelperOff = "off"
+	SyncHelperOn  = "on"
+)
 
 // Config is the effective configuration of sandboxd.
 type Config struct {
@@ -65,7 +70,9 @@ type Config struct {
 	LocalcloudBinary string
 	// SyncHelper is the sandboxd-helper executable installed in Linux
 	// sandboxes of this machine's architecture to sync in proportion to
-	// what changed; empty means "next to sandboxd", SyncHelperOff none.
+	// what changed: a path, SyncHelperOn (the one next to sandboxd),
+	// SyncHelperOff, or empty: the one next to sandboxd on the local remote
+	// only.
 	SyncHelper string
 	// IdleTimeout is how long a socket-activated daemon with nothing live
 	// waits before exiting; 0 disables idle exit.
@@ -247,8 +254,8 @@ func (c *Config) apply(raw []byte) error {
 	}
 	if f.SyncHelper != nil {
 		c.SyncHelper = *f.SyncHelper
-		if c.SyncHelper != "" && c.SyncHelper != SyncHelperOff && !filepath.IsAbs(c.SyncHelper) {
-			return fmt.Errorf("field \"sync_helper\" must be an absolute path or %q, got %q", SyncHelperOff, c.SyncHelper)
+		if c.SyncHelper != "" && c.SyncHelper != SyncHelperOff && c.SyncHelper != SyncHelperOn && !filepath.IsAbs(c.SyncHelper) {
+			return fmt.Errorf("field \"sync_helper\" must be %q, %q or an absolute path, got %q", SyncHelperOn, SyncHelperOff, c.SyncHelper)
 		}
 	}
 	if f.LocalcloudBinary != nil {

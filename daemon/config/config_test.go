@@ -140,6 +140,7 @@ func TestBrokenFiles(t *testing.T) {
 		{"unknown remote", `{"remote": "aws"}`, []string{`field "remote"`, `"aws"`, `"local"`, `"rwx"`}},
 		{"empty host", `{"rwx_host": " "}`, []string{`"rwx_host" is empty`}},
 		{"relative binary", `{"localcloud_binary": "bin/lc"}`, []string{"absolute path"}},
+		{"relative helper", `{"sync_helper": "bin/helper"}`, []string{`field "sync_helper"`, `"on"`, `"off"`, "absolute path"}},
 		{"bad log level", `{"log_level": "loud"}`, []string{`field "log_level"`, "loud"}},
 		{"array", `[]`, []string{"want a JSON object"}},
 		{"trailing data", `{} {}`, []string{"after the JSON object"}},

@@ -80,7 +80,11 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	// looks at those only.
 	s.trees = watch.NewTrees(watch.TreesOptions{Logger: log})
 	s.remote = remote.New(s.remoteSettings(deps.Config), log)
-	s.helpers = helper.New(helperOptions(deps.Config, log))
+	exeDir := ""
+	if exe, err := os.Executable(); err == nil {
+		exeDir = filepath.Dir(exe)
+	}
+	s.helpers = helper.New(helperOptions(deps.Config, log, exeDir))
 	pause := testPause(os.Getenv(testPauseEnv), log)
 
 	// The pool reports connection changes and asks the manager before each
@@ -197,18 +201,27 @@ func (s *Services) remoteSettings(cfg config.Config) remote.Settings {
 
 // helperOptions: the sandbox helper is sandboxd-helper next to sandboxd
 // unless configured; it serves Linux sandboxes of this machine's
-// architecture, the one it is built for.
-func helperOptions(cfg config.Config, log *slog.Logger) helper.Options {
+// architecture, the one it is built for. By default it runs on the local
+// remote only: on RWX Cloud it keeps one exec request open per connection,
+// which has not been tried against RWX's own agent yet, so it is there
+// only when asked for ("on", or a path).
+func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Options {
 	o := helper.Options{Logger: log, Platform: helper.Platform(runtime.GOOS, runtime.GOARCH)}
+	next := func() string {
+		if cand := filepath.Join(exeDir, sandboxhelper.Name); exeDir != "" && fileExists(cand) {
+			return cand
+		}
+		return ""
+	}
 	switch cfg.SyncHelper {
 	case config.SyncHelperOff:
 		return o
 	case "":
-		if exe, err := os.Executable(); err == nil {
-			if cand := filepath.Join(filepath.Dir(exe), sandboxhelper.Name); fileExists(cand) {
-				o.Binary = cand
-			}
+		if cfg.Remote == config.RemoteLocal {
+			o.Binary = next()
 		}
+	case config.SyncHelperOn:
+		o.Binary = next()
 	default:
 		o.Binary = cfg.SyncHelper
 	}
