@@ -7,7 +7,6 @@
 package helper
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -288,16 +287,13 @@ func (l *lineWatcher) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	l.buf = append(l.buf, p...)
-	if len(l.buf) > 256 {
-		l.seen = true
+	line, _, complete := bytes.Cut(l.buf, []byte("\n"))
+	if !complete && len(l.buf) <= 256 {
 		return len(p), nil
 	}
-	sc := bufio.NewScanner(bytes.NewReader(l.buf))
-	if bytes.IndexByte(l.buf, '\n') >= 0 && sc.Scan() {
-		l.seen = true
-		if inst, ok := strings.CutPrefix(sc.Text(), sandboxhelper.Ready); ok && validInstance(inst) {
-			l.ready <- inst
-		}
+	l.seen = true
+	if inst, ok := strings.CutPrefix(string(line), sandboxhelper.Ready); complete && ok && validInstance(inst) {
+		l.ready <- inst
 	}
 	return len(p), nil
 }
