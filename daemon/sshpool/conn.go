@@ -21,11 +21,20 @@ type Conn struct {
 	mu      sync.Mutex
 	closing bool  // closed or closing: no new work
 	err     error // why it ended
-	spare   *spareCall
+	// spares are session channels opened ahead of use for execs, oldest
+	// first. Two, because an exec after an idle lease needs two channels
+	// at once (the lock request, then the command) and a client's next
+	// exec may come sooner than a channel open takes: neither should wait
+	// for a round trip.
+	spares []*spareCall
 	// fire is the spare of Send, kept apart so a message sent without
 	// waiting never takes the channel the next Exec expects.
 	fire *spareCall
 }
+
+// spareSessions is how many exec channels a connection keeps open ahead of
+// use (see Conn.spares).
+const spareSessions = 2
 
 // spareCall is a session channel being opened ahead of use.
 type spareCall struct {
@@ -51,7 +60,7 @@ func (c *Conn) start() {
 	c.pool.wg.Add(2)
 	go c.monitor()
 	go c.keepalive()
-	c.prepare(&c.spare)
+	c.prepareSpares()
 }
 
 // monitor reports the connection up, waits for its end, and reports it down.
@@ -123,32 +132,53 @@ func (c *Conn) alive() bool {
 	return !c.closing
 }
 
-// prepare opens the channel of slot (c.spare for execs, c.fire for Send)
-// in the background, so that its next user does not pay the channel-open
-// round trip.
+// prepare opens the channel of Send's slot in the background, so that
+// its next user does not pay the channel-open round trip.
 func (c *Conn) prepare(slot **spareCall) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.closing || *slot != nil {
-		c.mu.Unlock()
 		return
 	}
+	*slot = c.openAhead()
+}
+
+// prepareSpares opens exec channels in the background until spareSessions
+// are open or opening.
+func (c *Conn) prepareSpares() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for !c.closing && len(c.spares) < spareSessions {
+		c.spares = append(c.spares, c.openAhead())
+	}
+}
+
+// openAhead starts opening a session channel. The caller holds c.mu with
+// the connection not closing, so Close has not reached the pool's Wait.
+func (c *Conn) openAhead() *spareCall {
 	sc := &spareCall{done: make(chan struct{})}
-	*slot = sc
-	c.pool.wg.Add(1) // under c.mu with closing false: Close has not reached Wait
-	c.mu.Unlock()
+	c.pool.wg.Add(1)
 	go func() {
 		defer c.pool.wg.Done()
 		sc.s, sc.err = c.openSession()
 		close(sc.done)
 	}()
+	return sc
 }
 
-// giveBack puts back in slot a spare that was not used, or closes it when
-// the slot was filled meanwhile or the connection is closing.
+// giveBack puts back a spare that was not used (in slot, or among the exec
+// spares when slot is nil), or closes it when there is no room for it or
+// the connection is closing.
 func (c *Conn) giveBack(slot **spareCall, sc *spareCall) {
 	c.mu.Lock()
-	if *slot == nil && !c.closing {
+	switch {
+	case c.closing:
+	case slot != nil && *slot == nil:
 		*slot = sc
+		c.mu.Unlock()
+		return
+	case slot == nil && len(c.spares) < spareSessions:
+		c.spares = append([]*spareCall{sc}, c.spares...)
 		c.mu.Unlock()
 		return
 	}
@@ -161,18 +191,41 @@ func (c *Conn) giveBack(slot **spareCall, sc *spareCall) {
 	}()
 }
 
-// takeSession returns an open session channel: the spare when it is usable,
+// takeSpare removes and returns the spare to use: the oldest one already
+// open, else the oldest; nil when there is none.
+func (c *Conn) takeSpare() *spareCall {
+	if len(c.spares) == 0 {
+		return nil
+	}
+	i := 0
+	for j, sc := range c.spares {
+		select {
+		case <-sc.done:
+			i = j
+		default:
+			continue
+		}
+		break
+	}
+	sc := c.spares[i]
+	c.spares = append(c.spares[:i], c.spares[i+1:]...)
+	return sc
+}
+
+// takeSession returns an open session channel: a spare when one is usable,
 // else a new one. Failing here means nothing was sent (ErrNotSent).
 func (c *Conn) takeSession(ctx context.Context) (*session, error) {
 	c.mu.Lock()
-	sc := c.spare
-	c.spare = nil
 	closing, reason := c.closing, c.err
+	var sc *spareCall
+	if !closing {
+		sc = c.takeSpare()
+	}
 	c.mu.Unlock()
 	if closing {
 		return nil, fmt.Errorf("%w: %w", ErrNotSent, reason)
 	}
-	if sc != nil {
+	for sc != nil {
 		select {
 		case <-sc.done:
 			if sc.err == nil && sc.s.usable() {
@@ -181,8 +234,12 @@ func (c *Conn) takeSession(ctx context.Context) (*session, error) {
 			if sc.s != nil { // the agent closed it meanwhile: discard
 				sc.s.ch.Close()
 			}
+			// Another spare may be open; else open one now.
+			c.mu.Lock()
+			sc = c.takeSpare()
+			c.mu.Unlock()
 		case <-ctx.Done():
-			c.giveBack(&c.spare, sc)
+			c.giveBack(nil, sc)
 			return nil, fmt.Errorf("%w: %w", ErrNotSent, ctx.Err())
 		}
 	}
@@ -228,7 +285,7 @@ func (c *Conn) Send(ctx context.Context, command string) error {
 		if s, err = c.takeSession(ctx); err != nil {
 			return err
 		}
-		defer c.prepare(&c.spare)
+		defer c.prepareSpares()
 	}
 	defer c.prepare(&c.fire)
 	if _, err := s.ch.SendRequest("exec", false, ssh.Marshal(struct{ Command string }{command})); err != nil {

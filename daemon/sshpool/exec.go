@@ -92,7 +92,7 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 	// Open the next spare now, while this command runs, so that the next
 	// exec (a burst, a push then a command) never waits for a channel
 	// open.
-	c.prepare(&c.spare)
+	c.prepareSpares()
 	before := c.tcp.writes.Load()
 	if stdio.PTY != nil {
 		term := stdio.PTY.Term
@@ -105,7 +105,7 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 		ok, err := s.ch.SendRequest("pty-req", true, ssh.Marshal(req))
 		if err != nil || !ok {
 			s.ch.Close()
-			c.prepare(&c.spare)
+			c.prepareSpares()
 			if err == nil {
 				err = errors.New("the agent refused it")
 			}

@@ -1,7 +1,7 @@
 // Package sshpool keeps one persistent SSH connection per sandbox so that an
 // exec costs one round trip instead of a TCP + SSH handshake: connections are
 // kept alive with keepalive requests, reconnected with backoff when they
-// drop (unless the run is over), and hold a spare session channel opened
+// drop (unless the run is over), and hold two spare session channels opened
 // ahead of use. A command whose exec request may have reached the agent is
 // never sent again.
 package sshpool

@@ -168,8 +168,8 @@ func TestSpareSessionIsUsed(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		// The spare for exec i is open on the server before exec i starts.
-		waitFor(t, "the spare session", func() bool { return srv.opens.Load() == int64(i+1) })
+		// The spares for exec i are open on the server before exec i starts.
+		waitFor(t, "the spare sessions", func() bool { return srv.opens.Load() == int64(i+spareSessions) })
 		openedBefore := srv.opens.Load()
 		execOK(t, c, "true", Stdio{})
 		log := srv.execLog()
@@ -180,7 +180,47 @@ func TestSpareSessionIsUsed(t *testing.T) {
 	}
 }
 
-// A spare the agent closed meanwhile is discarded, and the exec still runs.
+// Two execs in a row, the second sent before any channel could have been
+// opened for it (the lock request, then the command, after an idle lease),
+// both run on channels opened ahead of use.
+func TestTwoExecsInARowWaitForNoChannelOpen(t *testing.T) {
+	srv := newTestServer(t)
+	p := newPool(t, testOptions())
+	c, err := p.Get(context.Background(), srv.target("run-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 3 {
+		waitFor(t, "the spare sessions", func() bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if len(c.spares) != spareSessions {
+				return false
+			}
+			for _, sc := range c.spares {
+				select {
+				case <-sc.done:
+				default:
+					return false
+				}
+			}
+			return true
+		})
+		openedBefore := srv.opens.Load()
+		// A channel opened once the first exec began (the spare it
+		// replaces) is numbered above openedBefore.
+		execOK(t, c, "true # lock", Stdio{})
+		execOK(t, c, "true # command", Stdio{})
+		log := srv.execLog()
+		for _, r := range log[len(log)-2:] {
+			if r.channel > openedBefore {
+				t.Fatalf("round %d: %q ran on channel %d, opened after the execs began (%d were open before)", round, r.command, r.channel, openedBefore)
+			}
+		}
+	}
+}
+
+// Spares the agent closed meanwhile are discarded, and the exec still runs.
 func TestDeadSpareIsDiscarded(t *testing.T) {
 	srv := newTestServer(t)
 	p := newPool(t, testOptions())
@@ -188,13 +228,15 @@ func TestDeadSpareIsDiscarded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the spare session", func() bool { return srv.opens.Load() == 1 })
+	waitFor(t, "the spare sessions", func() bool { return srv.opens.Load() == spareSessions })
 	c.mu.Lock()
-	sc := c.spare
+	spares := append([]*spareCall(nil), c.spares...)
 	c.mu.Unlock()
-	<-sc.done
-	sc.s.ch.Close() // as if the agent closed it
-	<-sc.s.closed
+	for _, sc := range spares {
+		<-sc.done
+		sc.s.ch.Close() // as if the agent closed it
+		<-sc.s.closed
+	}
 	var out bytes.Buffer
 	execOK(t, c, "echo fine", Stdio{Stdout: &out})
 	if out.String() != "fine\n" {
