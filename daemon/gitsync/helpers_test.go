@@ -413,6 +413,15 @@ var (
 	helperErr  error
 )
 
+// TestMain removes the helper binary built for the package's tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if helperBin != "" {
+		os.RemoveAll(filepath.Dir(helperBin))
+	}
+	os.Exit(code)
+}
+
 // helperBinary builds sandboxd-helper once for the package's tests.
 func helperBinary(t *testing.T) string {
 	t.Helper()

@@ -80,6 +80,15 @@ var (
 	built     string
 )
 
+// TestMain removes the helper binary built for the package's tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if built != "" {
+		os.RemoveAll(filepath.Dir(built))
+	}
+	os.Exit(code)
+}
+
 // binary builds sandboxd-helper once.
 func binary(t *testing.T) string {
 	t.Helper()
