@@ -353,6 +353,7 @@ func readFile(t testing.TB, path string) string {
 type eventLog struct {
 	ch   chan map[string]any
 	stop func()
+	last map[string]any // the last event read, kept to say why a stream ended
 }
 
 func (e *env) followEvents(since string) *eventLog {
@@ -395,8 +396,9 @@ func (l *eventLog) waitFor(t testing.TB, timeout time.Duration, what string, mat
 		select {
 		case ev, ok := <-l.ch:
 			if !ok {
-				t.Fatalf("event stream ended while waiting for %s", what)
+				t.Fatalf("event stream ended while waiting for %s; its last event: %v", what, l.last)
 			}
+			l.last = ev
 			if match(ev) {
 				return ev
 			}

@@ -55,18 +55,25 @@ type Manager struct {
 	ctx  context.Context
 	stop context.CancelFunc
 
-	load sync.Once
-	sum  string // the binary's SHA-256, taken on first use
-	name string // its installed name: sandboxd-helper-<sum prefix>
-
 	mu    sync.Mutex
+	bin   *binFile // nil: the helper is off
 	conns map[Conn]*state
 	wg    sync.WaitGroup
 }
 
+// binFile is one helper binary, named by its hash on first use.
+type binFile struct {
+	path string
+	load sync.Once
+	sum  string // the binary's SHA-256
+	name string // its installed name: sandboxd-helper-<sum prefix>
+}
+
 type state struct {
-	instance string    // set once the server answers
-	failed   time.Time // the last try failed at this time
+	bin      *binFile           // the binary this connection's server runs
+	cancel   context.CancelFunc // stops the server (a reload changed the binary)
+	instance string             // set once the server answers
+	failed   time.Time          // the last try failed at this time
 	wait     time.Duration
 	never    bool // the sandbox cannot run this helper
 	running  bool
@@ -84,34 +91,62 @@ func New(o Options) *Manager {
 		o.Now = time.Now
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{o: o, log: o.Logger, ctx: ctx, stop: stop, conns: map[Conn]*state{}}
+	m := &Manager{o: o, log: o.Logger, ctx: ctx, stop: stop, conns: map[Conn]*state{}}
+	if o.Binary != "" {
+		m.bin = &binFile{path: o.Binary}
+	}
+	return m
+}
+
+// SetBinary switches the helper to another binary, or off with "" (a
+// reloaded configuration). The servers of the previous one stop; each
+// connection starts the new one on its next use.
+func (m *Manager) SetBinary(path string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if (m.bin == nil && path == "") || (m.bin != nil && m.bin.path == path) {
+		return
+	}
+	m.bin = nil
+	if path != "" {
+		m.bin = &binFile{path: path}
+	}
+	for _, st := range m.conns {
+		if st.cancel != nil {
+			st.cancel()
+		}
+	}
+	m.conns = map[Conn]*state{}
+	m.log.Info("sandbox helper changed", "binary", path)
 }
 
 // For returns the installed helper's file name (under the sandbox's
 // .git/sandboxd/bin) and its server's instance once the server answers on
 // c; until then "" and "", having started it in the background.
 func (m *Manager) For(c Conn) (name, instance string) {
-	if m == nil || m.o.Binary == "" {
+	if m == nil {
 		return "", ""
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.ctx.Err() != nil {
+	if m.bin == nil || m.ctx.Err() != nil {
 		return "", ""
 	}
 	st := m.conns[c]
 	switch {
 	case st == nil:
-		st = &state{}
+		st = &state{bin: m.bin}
 		m.conns[c] = st
 	case st.instance != "":
-		return m.name, st.instance
+		return st.bin.name, st.instance
 	case st.running || st.never || m.o.Now().Sub(st.failed) < st.wait:
 		return "", ""
 	}
 	st.running = true
+	ctx, cancel := context.WithCancel(m.ctx)
+	st.cancel = cancel
 	m.wg.Add(1)
-	go m.run(c, st)
+	go m.run(ctx, c, st)
 	return "", ""
 }
 
@@ -123,9 +158,9 @@ func (m *Manager) Close() {
 
 // run installs the helper on c when it is missing and runs its server
 // until the connection ends.
-func (m *Manager) run(c Conn, st *state) {
+func (m *Manager) run(ctx context.Context, c Conn, st *state) {
 	defer m.wg.Done()
-	ctx, cancel := context.WithCancel(m.ctx)
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		select {
@@ -138,6 +173,9 @@ func (m *Manager) run(c Conn, st *state) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st.running, st.instance = false, ""
+	if m.conns[c] != st {
+		return // the binary changed: this state is gone
+	}
 	select {
 	case <-c.Done():
 		delete(m.conns, c)
@@ -159,21 +197,20 @@ func (m *Manager) run(c Conn, st *state) {
 	}
 }
 
-// loadBinary names the binary by its hash, once. The binary itself is
-// read again for each upload rather than held (it is megabytes, uploads
-// are rare).
-func (m *Manager) loadBinary() error {
-	m.load.Do(func() {
-		b, err := os.ReadFile(m.o.Binary)
+// loadBinary names b by its hash, once. The binary itself is read again
+// for each upload rather than held (it is megabytes, uploads are rare).
+func (m *Manager) loadBinary(b *binFile) error {
+	b.load.Do(func() {
+		data, err := os.ReadFile(b.path)
 		if err != nil {
-			m.log.Debug("sandbox helper unavailable", "binary", m.o.Binary, "err", err)
+			m.log.Debug("sandbox helper unavailable", "binary", b.path, "err", err)
 			return
 		}
-		m.sum = hashOf(b)
-		m.name = sandboxhelper.Name + "-" + m.sum[:16]
+		b.sum = hashOf(data)
+		b.name = sandboxhelper.Name + "-" + b.sum[:16]
 	})
-	if m.sum == "" {
-		return errors.New("no helper binary")
+	if b.sum == "" {
+		return fmt.Errorf("no helper binary at %s", b.path)
 	}
 	return nil
 }
@@ -192,14 +229,15 @@ const (
 )
 
 func (m *Manager) serve(ctx context.Context, c Conn, st *state) error {
-	if err := m.loadBinary(); err != nil {
+	b := st.bin
+	if err := m.loadBinary(b); err != nil {
 		return err
 	}
-	file := `"$st/bin/` + m.name + `"`
+	file := `"$st/bin/` + b.name + `"`
 	// Probe: is the helper there, whole? If not, what platform is this?
 	var out bytes.Buffer
 	probe := gitsync.InCheckout(`f=` + file + `
-if [ -x "$f" ] && v=$("$f" version 2>/dev/null) && [ "$v" = "` + sandboxhelper.Name + ` ` + m.sum + `" ]; then exit 0; fi
+if [ -x "$f" ] && v=$("$f" version 2>/dev/null) && [ "$v" = "` + sandboxhelper.Name + ` ` + b.sum + `" ]; then exit 0; fi
 uname -sm; exit ` + fmt.Sprint(probeMissing) + "\n")
 	status, err := c.ExecOnce(ctx, probe, sshpool.Stdio{Stdout: &limited{w: &out, n: 4096}, Stderr: io.Discard})
 	if err != nil {
@@ -211,7 +249,7 @@ uname -sm; exit ` + fmt.Sprint(probeMissing) + "\n")
 		if got := strings.TrimSpace(out.String()); got != m.o.Platform {
 			return fmt.Errorf("%w: the sandbox is %q, the helper is for %q", errPlatform, got, m.o.Platform)
 		}
-		if err := m.install(ctx, c, file); err != nil {
+		if err := m.install(ctx, c, b, file); err != nil {
 			return err
 		}
 	default:
@@ -247,12 +285,12 @@ uname -sm; exit ` + fmt.Sprint(probeMissing) + "\n")
 
 // install uploads the binary (written under a temporary name, checked by
 // its hash, then renamed) and removes other versions.
-func (m *Manager) install(ctx context.Context, c Conn, file string) error {
-	bin, err := os.ReadFile(m.o.Binary)
+func (m *Manager) install(ctx context.Context, c Conn, b *binFile, file string) error {
+	bin, err := os.ReadFile(b.path)
 	if err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
-	if hashOf(bin) != m.sum {
+	if hashOf(bin) != b.sum {
 		// Replaced on disk (an upgrade): the sandbox would get a binary
 		// other than the one named; the next daemon names the new one.
 		return errors.New("install: the helper binary changed since sandboxd started")
@@ -260,7 +298,7 @@ func (m *Manager) install(ctx context.Context, c Conn, file string) error {
 	script := gitsync.InCheckout(`f=` + file + `
 mkdir -p "$st/bin" || exit 1
 t="$st/bin/.install.$$"
-cat >"$t" && chmod 755 "$t" && v=$("$t" version) && [ "$v" = "` + sandboxhelper.Name + ` ` + m.sum + `" ] && mv -f "$t" "$f" || { rm -f "$t"; exit 1; }
+cat >"$t" && chmod 755 "$t" && v=$("$t" version) && [ "$v" = "` + sandboxhelper.Name + ` ` + b.sum + `" ] && mv -f "$t" "$f" || { rm -f "$t"; exit 1; }
 for o in "$st"/bin/` + sandboxhelper.Name + `-*; do [ "$o" = "$f" ] || rm -f "$o"; done
 `)
 	var stderr bytes.Buffer

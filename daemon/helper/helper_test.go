@@ -197,11 +197,11 @@ func TestReplacesADamagedCopyAndSkipsOtherPlatforms(t *testing.T) {
 	bin := binary(t)
 	m := New(Options{Binary: bin, Platform: Platform(runtime.GOOS, runtime.GOARCH)})
 	defer m.Close()
-	if err := m.loadBinary(); err != nil {
+	if err := m.loadBinary(m.bin); err != nil {
 		t.Fatal(err)
 	}
 	c := newShConn(t)
-	installed := filepath.Join(c.dir, ".git", "sandboxd", "bin", m.name)
+	installed := filepath.Join(c.dir, ".git", "sandboxd", "bin", m.bin.name)
 	if err := os.MkdirAll(filepath.Dir(installed), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -265,5 +265,47 @@ func TestNoBinaryNoHelper(t *testing.T) {
 	var nilManager *Manager
 	if name, _ := nilManager.For(c); name != "" {
 		t.Fatal("a nil manager offered a helper")
+	}
+}
+
+// A reloaded configuration that turns the helper off stops its servers
+// and offers it no more; turning it on again (here: another copy of the
+// binary) serves again on the same connection.
+func TestSetBinaryStopsAndRestartsServers(t *testing.T) {
+	isolate(t)
+	m := New(Options{Binary: binary(t), Platform: Platform(runtime.GOOS, runtime.GOARCH)})
+	defer m.Close()
+	c := newShConn(t)
+	defer close(c.done)
+	_, inst := waitFor(t, m, c)
+
+	m.SetBinary("")
+	if name, inst2 := m.For(c); name != "" || inst2 != "" {
+		t.Fatal("the helper was offered after it was turned off")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		conn, err := dialServer(t, c.dir, inst)
+		if err != nil {
+			break
+		}
+		conn.Close()
+		if time.Now().After(deadline) {
+			t.Fatal("the server outlived the helper being turned off")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	other := filepath.Join(t.TempDir(), "copy")
+	b, err := os.ReadFile(binary(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(other, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m.SetBinary(other)
+	if _, inst3 := waitFor(t, m, c); inst3 == inst {
+		t.Fatal("the stopped server was offered again")
 	}
 }

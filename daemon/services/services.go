@@ -42,6 +42,7 @@ type Services struct {
 	watcher  *watch.Watcher
 	trees    *watch.Trees
 	helpers  *helper.Manager
+	exeDir   string // where sandboxd-helper is looked for by default
 	loop     *reconcile.Loop
 	layout   remoteLayout
 	log      *slog.Logger
@@ -84,6 +85,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	if exe, err := os.Executable(); err == nil {
 		exeDir = filepath.Dir(exe)
 	}
+	s.exeDir = exeDir
 	s.helpers = helper.New(helperOptions(deps.Config, log, exeDir))
 	pause := testPause(os.Getenv(testPauseEnv), log)
 
@@ -265,9 +267,11 @@ func (s *Services) Live() int { return s.pool.Live() }
 func (s *Services) Handshakes() uint64 { return s.pool.Handshakes() }
 
 // Reload implements daemon.Services: a changed remote applies to the next
-// call; the reconcile interval applies from the next pass.
+// call; the reconcile interval applies from the next pass; a changed sync
+// helper setting from each connection's next exec.
 func (s *Services) Reload(ctx context.Context, cfg config.Config) error {
 	s.remote.Update(s.remoteSettings(cfg))
+	s.helpers.SetBinary(helperOptions(cfg, nil, s.exeDir).Binary)
 	s.manager.SetDaemonConfig(daemonConfig(cfg))
 	s.loop.SetInterval(cfg.ReconcileInterval)
 	s.loop.Trigger()
