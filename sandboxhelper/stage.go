@@ -248,9 +248,19 @@ func git(ctx context.Context, root, index string, stdin io.Reader, args ...strin
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return out, fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+		return out, fmt.Errorf("git %s: %w: %s", subcommand(args), err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
+}
+
+// subcommand is the git command args run, past the options before it.
+func subcommand(args []string) string {
+	for _, a := range args {
+		if !strings.HasPrefix(a, "-") {
+			return a
+		}
+	}
+	return strings.Join(args, " ")
 }
 
 // collapse returns at most limit pathspecs covering paths: the paths

@@ -370,3 +370,11 @@ func TestCollapse(t *testing.T) {
 		}
 	}
 }
+
+// A failed git call is named by its command, not by an option before it.
+func TestGitErrorsNameTheCommand(t *testing.T) {
+	_, err := git(context.Background(), t.TempDir(), filepath.Join(t.TempDir(), "index"), nil, "--no-optional-locks", "status")
+	if err == nil || !strings.HasPrefix(err.Error(), "git status: ") {
+		t.Fatalf("error %v, want it to start with \"git status: \"", err)
+	}
+}
