@@ -135,6 +135,24 @@ func dialServer(t *testing.T, dir, instance string) (net.Conn, error) {
 	return net.Dial("unix", fmt.Sprintf("/proc/self/fd/%d/%s.sock", d.Fd(), instance))
 }
 
+// waitGone waits until the server of instance no longer answers, failing
+// with msg after 10 seconds.
+func waitGone(t *testing.T, dir, instance, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		conn, err := dialServer(t, dir, instance)
+		if err != nil {
+			return
+		}
+		conn.Close()
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func isolate(t *testing.T) {
 	home := t.TempDir()
 	t.Setenv("HOME", home)
@@ -168,18 +186,7 @@ func TestInstallsOnceAndServesPerConnection(t *testing.T) {
 	// The connection ends: the server goes, and a new connection finds the
 	// installed copy.
 	close(c.done)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		conn, err := dialServer(t, c.dir, inst)
-		if err != nil {
-			break
-		}
-		conn.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("the server outlived its connection")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitGone(t, c.dir, inst, "the server outlived its connection")
 	c2 := &shConn{dir: c.dir, done: make(chan struct{})}
 	if _, inst2 := waitFor(t, m, c2); inst2 == inst {
 		t.Fatal("a new connection got the old server")
@@ -283,18 +290,7 @@ func TestSetBinaryStopsAndRestartsServers(t *testing.T) {
 	if name, inst2 := m.For(c); name != "" || inst2 != "" {
 		t.Fatal("the helper was offered after it was turned off")
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		conn, err := dialServer(t, c.dir, inst)
-		if err != nil {
-			break
-		}
-		conn.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("the server outlived the helper being turned off")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitGone(t, c.dir, inst, "the server outlived the helper being turned off")
 
 	other := filepath.Join(t.TempDir(), "copy")
 	b, err := os.ReadFile(binary(t))
