@@ -30,6 +30,10 @@ type lease struct {
 	gen       uint64        // bumped on every use: a stale idle timer does nothing
 	timer     *time.Timer
 	releasing chan struct{} // closed once an unlock in flight is answered
+	// acquiring is closed once the lock request that follows a yield is
+	// answered (or given up); cancelAcquire gives it up.
+	acquiring     chan struct{}
+	cancelAcquire context.CancelFunc
 }
 
 // leaseFor returns the lease of a run, creating it on first use.
@@ -62,14 +66,18 @@ func (m *Manager) lockSandbox(ctx context.Context, s *store.Session) (conn *sshp
 		l.timer.Stop()
 		l.timer = nil
 	}
-	releasing := l.releasing
+	releasing, acquiring := l.releasing, l.acquiring
 	l.mu.Unlock()
-	done = func() { m.leaseIdle(l, s.RunID) }
-	if releasing != nil {
-		// An unlock is on its way: a lock request racing it on another
-		// channel could be answered first and then undone.
+	done = func() { m.leaseIdle(l, s) }
+	// An unlock on its way: a lock request racing it on another channel
+	// could be answered first and then undone. A lock request on its way
+	// (after a yield): its answer is this exec's lock.
+	for _, ch := range []chan struct{}{releasing, acquiring} {
+		if ch == nil {
+			continue
+		}
 		select {
-		case <-releasing:
+		case <-ch:
 		case <-ctx.Done():
 			done()
 			return nil, nil, fmt.Errorf("acquire the sandbox lock: %w", ctx.Err())
@@ -134,8 +142,9 @@ func (m *Manager) relock(ctx context.Context, s *store.Session) (*sshpool.Conn, 
 
 // leaseIdle ends an exec's use of the lease: the lock is released after
 // LockIdle unless another exec comes first (at once when the manager is
-// closing).
-func (m *Manager) leaseIdle(l *lease, runID string) {
+// closing, or when it was held for LockIdle through a burst: then it is
+// asked for again at once, see yield).
+func (m *Manager) leaseIdle(l *lease, s *store.Session) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.busy = false
@@ -144,12 +153,49 @@ func (m *Manager) leaseIdle(l *lease, runID string) {
 		return
 	}
 	gen := l.gen
-	if m.isClosing() || m.now().Sub(l.since) >= m.opts.LockIdle {
-		// Held long enough through a burst: give others their turn now.
-		go m.release(l, runID, gen)
+	switch {
+	case m.isClosing():
+		go m.release(l, s.RunID, gen)
+	case m.now().Sub(l.since) >= m.opts.LockIdle:
+		go m.yield(l, s, gen)
+	default:
+		l.timer = time.AfterFunc(m.opts.LockIdle, func() { m.release(l, s.RunID, gen) })
+	}
+}
+
+// yield gives the lock up after a burst held it for LockIdle, so that a
+// client waiting for it goes first (the agent grants it in request order),
+// and asks for it again at once: the burst's next exec then finds it held,
+// or waits for that request instead of paying an unlock and a lock round
+// trip on its own path. Taken back with no exec coming, it is released
+// after LockIdle as usual.
+func (m *Manager) yield(l *lease, s *store.Session, gen uint64) {
+	m.release(l, s.RunID, gen)
+	l.mu.Lock()
+	if l.gen != gen || l.conn != nil || l.acquiring != nil || m.isClosing() {
+		// An exec came first (it takes the lock itself), the session is
+		// stopping (releaseNow), or the manager is closing.
+		l.mu.Unlock()
 		return
 	}
-	l.timer = time.AfterFunc(m.opts.LockIdle, func() { m.release(l, runID, gen) })
+	ch := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	l.acquiring, l.cancelAcquire = ch, cancel
+	l.mu.Unlock()
+	_, err := m.takeLock(ctx, s, l)
+	cancel()
+	if err != nil {
+		m.log.Debug("take the sandbox lock again after yielding it", "run", s.RunID, "err", err)
+	}
+	l.mu.Lock()
+	l.acquiring, l.cancelAcquire = nil, nil
+	if err == nil && !l.busy {
+		l.gen++
+		next := l.gen
+		l.timer = time.AfterFunc(m.opts.LockIdle, func() { m.release(l, s.RunID, next) })
+	}
+	l.mu.Unlock()
+	close(ch)
 }
 
 // release sends the unlock if the lease is still idle at generation gen,
@@ -192,10 +238,23 @@ func (m *Manager) releaseNow(runID string) {
 		return
 	}
 	l.mu.Lock()
+	// A new generation: a yield on its way does not ask for the lock
+	// again, and one that asks already gives up (it may wait behind
+	// another client for as long as that one holds the lock).
+	l.gen++
+	if l.cancelAcquire != nil {
+		l.cancelAcquire()
+	}
 	if l.timer != nil {
 		l.timer.Stop()
 		l.timer = nil
 	}
+	acquiring := l.acquiring
+	l.mu.Unlock()
+	if acquiring != nil {
+		<-acquiring
+	}
+	l.mu.Lock()
 	gen := l.gen
 	releasing := l.releasing
 	l.mu.Unlock()

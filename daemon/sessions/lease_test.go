@@ -5,13 +5,18 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
+	"fmt"
+	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/localcloud/agent"
+	"github.com/sandboxd/sandboxd/store"
 )
 
 // startAgent runs a real sandbox agent and returns the pool target to it.
@@ -98,5 +103,162 @@ func TestLockedConnRelocksBeforeTheRetry(t *testing.T) {
 	// Exactly one new connection: the one that took the lock ran the command.
 	if got := a.Stats().Connections - before; got != 1 {
 		t.Fatalf("%d new connections, want 1", got)
+	}
+}
+
+// leaseManager is a manager whose pool reaches the real agent of target,
+// with a clock the test moves and an idle release that never comes by
+// itself.
+func leaseManager(t *testing.T, target sshpool.Target, clock *leaseClock) (*Manager, *store.Session) {
+	t.Helper()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "sandboxd.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	pool := sshpool.New(sshpool.Options{})
+	t.Cleanup(func() { pool.Close() })
+	m, err := New(Options{Store: st, Remotes: fakeSource{}, Pool: pool, Queue: execq.New(), Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{},
+		LockIdle: time.Hour, Now: clock.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		m.Close(ctx)
+	})
+	s := &store.Session{RunID: target.RunID, Address: target.Address, PublicHostKey: target.PublicHostKey, PrivateUserKey: target.PrivateUserKey}
+	return m, s
+}
+
+// leaseClock is a clock the test moves.
+type leaseClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *leaseClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *leaseClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// waitRetaken waits until the agent has seen n more exec requests than
+// before and the lease holds the lock again, with no request in flight.
+func waitRetaken(t *testing.T, a *agent.Agent, before int64, n int64, m *Manager, runID string) {
+	t.Helper()
+	l := m.leaseFor(runID)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		l.mu.Lock()
+		idle := l.acquiring == nil && l.releasing == nil && l.conn != nil
+		l.mu.Unlock()
+		if idle && a.Stats().ExecRequests-before >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lock request after the yield never ended")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// When a burst has held the lock for LockIdle, the lease yields it at the
+// exec boundary and asks for it again at once: the next exec sends no lock
+// request of its own (nor waits for an unlock).
+func TestLeaseYieldsAndTakesTheLockBackBeforeTheNextExec(t *testing.T) {
+	a, target := startAgent(t)
+	clock := &leaseClock{t: time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)}
+	m, s := leaseManager(t, target, clock)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	_, done, err := m.lockSandbox(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := a.Stats().ExecRequests
+	clock.add(2 * time.Hour) // held through a burst for LockIdle
+	done()
+	waitRetaken(t, a, before, 2, m, s.RunID)
+	if got := a.Stats().ExecRequests - before; got != 2 {
+		t.Fatalf("%d exec requests after the yield, want 2 (unlock, lock)", got)
+	}
+	before = a.Stats().ExecRequests
+	_, done, err = m.lockSandbox(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done()
+	if got := a.Stats().ExecRequests - before; got != 0 {
+		t.Fatalf("the exec after the yield sent %d requests to take the lock, want 0", got)
+	}
+}
+
+// A lock request after a yield that waits behind another client is given
+// up when the session stops: stopping does not wait for the other client.
+func TestLeaseStopDoesNotWaitForTheRetake(t *testing.T) {
+	_, target := startAgent(t)
+	clock := &leaseClock{t: time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)}
+	m, s := leaseManager(t, target, clock)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, done, err := m.lockSandbox(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another client asks for the lock while the lease holds it.
+	other := sshpool.New(sshpool.Options{})
+	defer other.Close()
+	oc, err := other.Get(ctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := make(chan error, 1)
+	go func() {
+		st, err := oc.ExecOnce(ctx, directiveLock, sshpool.Stdio{})
+		if err == nil && st.Code != 0 {
+			err = fmt.Errorf("exit %d", st.Code)
+		}
+		granted <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the other request is queued first
+	clock.add(2 * time.Hour)
+	done()
+	if err := <-granted; err != nil {
+		t.Fatalf("the other client was not granted the lock after the yield: %v", err)
+	}
+	// The lease's own request now waits behind the other client, which
+	// keeps the lock: stopping gives it up.
+	l := m.leaseFor(s.RunID)
+	waitUntilTrue(t, "the lease to ask for the lock again", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.acquiring != nil
+	})
+	stopped := make(chan struct{})
+	go func() { m.releaseNow(s.RunID); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("releasing the lease waited for another client's lock")
+	}
+}
+
+func waitUntilTrue(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
