@@ -96,7 +96,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 		return nil, false, err
 	}
 	x.commit = res.Commits
-	x.script = fusedScript(helperVars(r), nonce, p.HeadSHA, p.Data, s.now(), x.pend, s.acks(rp), s.maxBytes, command)
+	x.script = fusedScript(helperVars(r), nonce, p.HeadSHA, p.Data, s.now(), x.pend, s.acks(rp), s.maxBytes, p.LargeTree, command)
 	return x, true, nil
 }
 
@@ -264,7 +264,7 @@ func newNonce() string {
 }
 
 // fusedScript is the exchange's command; see Exchange.
-func fusedScript(hv, nonce, head string, patch []byte, now time.Time, pend string, acks []string, max int64, command string) string {
+func fusedScript(hv, nonce, head string, patch []byte, now time.Time, pend string, acks []string, max int64, large bool, command string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "N=%s\n", nonce)
 	// A failure of the prelude is the push's failure.
@@ -272,7 +272,7 @@ func fusedScript(hv, nonce, head string, patch []byte, now time.Time, pend strin
 	b.WriteString(preludeChecks)
 	b.WriteString(hv)
 	b.WriteString("(\n")
-	b.WriteString(pushBody(head, patchKey(patch), now, pend, acks, max))
+	b.WriteString(pushBody(head, patchKey(patch), now, pend, acks, max, large))
 	b.WriteString(`) >"$st/f.out" 2>"$st/f.err"`)
 	if len(patch) > 0 {
 		fmt.Fprintf(&b, " <<'%s'\n", heredocWord(nonce))

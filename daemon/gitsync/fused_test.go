@@ -108,7 +108,7 @@ func TestFusedCommandKilledBySignalIsStillPulled(t *testing.T) {
 	}
 	g := newFixture(t, map[string]string{"a.txt": "a\n"})
 	var out bytes.Buffer
-	code, err := g.r.Run(context.Background(), fusedScript("", newNonce(), g.base, nil, f.s.now(), "", nil, 1<<20, "kill -INT $$"), nil, &out, &out)
+	code, err := g.r.Run(context.Background(), fusedScript("", newNonce(), g.base, nil, f.s.now(), "", nil, 1<<20, false, "kill -INT $$"), nil, &out, &out)
 	if err != nil || code != -1 {
 		t.Fatalf("the exchange ended with %d (%v), want a signal; output %q", code, err, out.String())
 	}
@@ -431,5 +431,25 @@ func TestFusedExecAgainWithNothingChangedMovesNothing(t *testing.T) {
 			}
 			f.pushAndCompare()
 		})
+	}
+}
+
+// In a large tree the push moves the sandbox's working tree by a patch of
+// what differs (diff-tree, then apply --index): no two-way read-tree and
+// no full reset (the one read-tree left resets the user's index).
+func TestFusedPushInALargeTreeAppliesWhatDiffers(t *testing.T) {
+	largeTree = true
+	t.Cleanup(func() { largeTree = false })
+	_, calls := secondExec(t)
+	count := func(sub string) (n int) {
+		for _, c := range calls {
+			if c == sub {
+				n++
+			}
+		}
+		return n
+	}
+	if count("diff-tree") != 1 || count("apply") != 2 || count("read-tree") != 1 || count("reset") != 0 {
+		t.Fatalf("the move was not one patch of what differs (want diff-tree 1, apply 2, read-tree 1): %v", calls)
 	}
 }

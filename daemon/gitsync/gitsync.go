@@ -94,6 +94,10 @@ type Syncer struct {
 	verify bool
 	// observe, for tests, learns how each Prepare was made.
 	observe func(how string)
+	// largeIndex is the size of an index from which the sandbox moves its
+	// working tree by a patch of what differs (see Patch.LargeTree);
+	// tests lower it.
+	largeIndex int64
 
 	mu     sync.Mutex
 	pushed map[string]string     // sandbox key → commit known to be there
@@ -103,7 +107,7 @@ type Syncer struct {
 // New returns a Syncer.
 func New(o Options) *Syncer {
 	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, now: o.Now, log: o.Logger, pause: o.Pause, changes: o.Changes,
-		pushed: map[string]string{}, prep: map[string]*prepState{}}
+		pushed: map[string]string{}, prep: map[string]*prepState{}, largeIndex: largeIndexBytes}
 	if s.pause == nil {
 		s.pause = func(string) {}
 	}
@@ -147,7 +151,18 @@ type Patch struct {
 	// Warnings are for the user: LFS files not synced, unresolved conflicts
 	// from an earlier pull.
 	Warnings []string
+	// LargeTree says the repository's index is large (largeIndexBytes): the
+	// sandbox then moves its working tree to the pushed tree by applying
+	// what differs, whose cost is what changed, rather than by a two-way
+	// read-tree, whose cost is the whole tree but which starts one process
+	// fewer (measured: 45 against 21 ms at 50,000 files, 2.6 against 4.0
+	// at 200, even at 2,000).
+	LargeTree bool
 }
+
+// largeIndexBytes is the index size from which a tree counts as large:
+// about 1,500 entries.
+const largeIndexBytes = 128 << 10
 
 // PushResult describes a completed push.
 type PushResult struct {

@@ -13,35 +13,7 @@ import (
 // changed once the helper's first stage is done, and every scenario's
 // outcome is the same as with git add -A.
 func TestScenariosWithTheSandboxHelper(t *testing.T) {
-	for name, test := range map[string]func(*testing.T){
-		"parity local changes":  TestParityLocalChangesSeenInSandbox,
-		"parity sandbox edits":  TestParitySandboxEditsComeBack,
-		"deleted local file":    TestParityDeletedLocalFileDoesNotComeBack,
-		"binary":                TestBinaryBothWays,
-		"rename":                TestRenameBothWays,
-		"deletion":              TestDeletionBothWays,
-		"mode":                  TestModeChangeBothWays,
-		"hostile names":         TestHostileNamesBothWays,
-		"conflict":              TestConflictThreeWay,
-		"unpulled edits":        TestUnpulledEditsComeBackBeforeTheNextPush,
-		"generated files":       TestGeneratedFilesStayDeletedDoNotComeBack,
-		"ignored files":         TestIgnoredFiles,
-		"heal":                  TestPushHealsChangesBetweenExecs,
-		"fused killed":          TestFusedCommandKilledBySignalIsStillPulled,
-		"fused unpulled":        TestFusedBringsBackUnpulledEditsFirst,
-		"fused ignored in way":  TestFusedPushReplacesAnIgnoredFileInTheWay,
-		"delete and create":     TestConflictDeleteAndCreate,
-		"missing base":          TestSandboxMissingBaseCommitIsPushed,
-		"no changes":            TestNoChanges,
-		"pulled not acked":      TestPulledButNotAcknowledged,
-		"subdirectory":          TestSyncFromSubdirectoryPath,
-		"unpushed commits":      TestParityUnpushedCommitAndUncommittedFile,
-		"revert":                TestRevertAlone,
-		"pull transfer broken":  TestPullTransferBrokenRecovers,
-		"fused output":          TestFusedOutputPassesThroughExactly,
-		"fused push failure":    TestFusedPushFailureRunsNothing,
-		"fused damaged trailer": TestFusedDamagedTrailerPullsAgain,
-	} {
+	for name, test := range syncScenarios() {
 		t.Run(name, func(t *testing.T) {
 			useHelper = true
 			t.Cleanup(func() { useHelper = false })

@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -124,6 +126,9 @@ func newFixture(t *testing.T, files map[string]string) *fixture {
 	git(t, root, "clone", "-q", f.origin, f.sandbox)
 	f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
 	f.s = newTrackedSyncer(t, Options{})
+	if largeTree {
+		f.s.largeIndex = 1
+	}
 	f.r = &sandboxRunner{dir: f.sandbox}
 	if useHelper {
 		f.r.startHelper(t)
@@ -406,6 +411,63 @@ func randomBytes(n int, seed byte) string {
 
 // useHelper makes newFixture start the helper (TestScenariosWithTheSandboxHelper).
 var useHelper bool
+
+// largeTree makes newFixture's syncer treat every tree as large
+// (TestScenariosAsALargeTree).
+var largeTree bool
+
+// syncScenarios are the sync's scenarios that run again under other
+// conditions (the sandbox helper, a large tree).
+func syncScenarios() map[string]func(*testing.T) {
+	return map[string]func(*testing.T){
+		"parity local changes":  TestParityLocalChangesSeenInSandbox,
+		"parity sandbox edits":  TestParitySandboxEditsComeBack,
+		"deleted local file":    TestParityDeletedLocalFileDoesNotComeBack,
+		"binary":                TestBinaryBothWays,
+		"rename":                TestRenameBothWays,
+		"deletion":              TestDeletionBothWays,
+		"mode":                  TestModeChangeBothWays,
+		"hostile names":         TestHostileNamesBothWays,
+		"conflict":              TestConflictThreeWay,
+		"unpulled edits":        TestUnpulledEditsComeBackBeforeTheNextPush,
+		"generated files":       TestGeneratedFilesStayDeletedDoNotComeBack,
+		"ignored files":         TestIgnoredFiles,
+		"heal":                  TestPushHealsChangesBetweenExecs,
+		"fused killed":          TestFusedCommandKilledBySignalIsStillPulled,
+		"fused unpulled":        TestFusedBringsBackUnpulledEditsFirst,
+		"fused ignored in way":  TestFusedPushReplacesAnIgnoredFileInTheWay,
+		"delete and create":     TestConflictDeleteAndCreate,
+		"missing base":          TestSandboxMissingBaseCommitIsPushed,
+		"no changes":            TestNoChanges,
+		"pulled not acked":      TestPulledButNotAcknowledged,
+		"subdirectory":          TestSyncFromSubdirectoryPath,
+		"unpushed commits":      TestParityUnpushedCommitAndUncommittedFile,
+		"revert":                TestRevertAlone,
+		"pull transfer broken":  TestPullTransferBrokenRecovers,
+		"fused output":          TestFusedOutputPassesThroughExactly,
+		"fused push failure":    TestFusedPushFailureRunsNothing,
+		"fused damaged trailer": TestFusedDamagedTrailerPullsAgain,
+	}
+}
+
+// The sync's scenarios again with every tree counted as large: the
+// sandbox's working tree moves to the pushed tree by a patch of what
+// differs (git apply --index) instead of a two-way read-tree, with the
+// same outcome in every scenario.
+func TestScenariosAsALargeTree(t *testing.T) {
+	for name, test := range syncScenarios() {
+		for _, helper := range []bool{false, true} {
+			if helper && runtime.GOOS != "linux" {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/helper=%v", name, helper), func(t *testing.T) {
+				largeTree, useHelper = true, helper
+				t.Cleanup(func() { largeTree, useHelper = false, false })
+				test(t)
+			})
+		}
+	}
+}
 
 var (
 	helperOnce sync.Once

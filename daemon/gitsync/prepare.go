@@ -74,6 +74,9 @@ type prepared struct {
 func (s *Syncer) finishPatch(r repo, baseSHA string, res *prepared, start time.Time, how string) *Patch {
 	p := &Patch{RepoRoot: r.root, BaseSHA: baseSHA, HeadSHA: res.head, Data: res.data,
 		Files: append([]string{}, res.files...), LFSFiles: append([]string(nil), res.lfs...)}
+	if fi, err := os.Stat(r.index); err == nil && fi.Size() >= s.largeIndex {
+		p.LargeTree = true
+	}
 	if len(p.LFSFiles) > 0 {
 		p.Warnings = append(p.Warnings, fmt.Sprintf("%d Git LFS file(s) changed locally and were not synced to the sandbox (it sees their committed version): %s",
 			len(p.LFSFiles), strings.Join(p.LFSFiles, ", ")))

@@ -96,15 +96,19 @@ const prelude = dieExit + preludeChecks
 // are over max). Otherwise it resets the sandbox to head, applies the patch
 // from stdin when there is one, records the snapshot, marks the new exec pend
 // as pending (none when pend is empty) and prints the snapshot commit.
-func pushScript(hv, head, key string, now time.Time, pend string, acks []string, max int64) string {
-	return prelude + hv + pushBody(head, key, now, pend, acks, max)
+func pushScript(hv, head, key string, now time.Time, pend string, acks []string, max int64, large bool) string {
+	return prelude + hv + pushBody(head, key, now, pend, acks, max, large)
 }
 
 // pushBody is pushScript after the prelude. The patch, when there is one,
 // is on its standard input, and key is patchKey of it ("" for none).
-func pushBody(head, key string, now time.Time, pend string, acks []string, max int64) string {
+func pushBody(head, key string, now time.Time, pend string, acks []string, max int64, large bool) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "head=%s\npend=%s\nmax=%d\nacks=' %s '\ntree=\n", head, pend, max, strings.Join(acks, " "))
+	big := ""
+	if large {
+		big = "1"
+	}
+	fmt.Fprintf(&b, "head=%s\npend=%s\nmax=%d\nacks=' %s '\ntree=\nbig=%s\n", head, pend, max, strings.Join(acks, " "), big)
 	fmt.Fprintf(&b, `if [ -f "$st/pending" ]; then
 	p=; read -r p <"$st/pending" || true
 	case "$acks" in
@@ -162,7 +166,19 @@ real=
 if [ -n "$HI" ] && syncidx && cur=$("$H" stage -state "$st" -instance "$HI" -index "$st/index" -print-tree -head "$head" -real "$gd/index" 2>/dev/null); then real=1
 elif ! { stageall && cur=$(GIT_INDEX_FILE="$st/index" g write-tree); }; then cur=
 fi
-if [ -n "$cur" ] && { [ "$cur" = "$tree" ] || GIT_INDEX_FILE="$st/index" g read-tree -m -u "$cur" "$tree" 2>/dev/null; }; then
+# The move: in a large tree by a patch of what differs (it costs what
+# changed), else by a two-way read-tree (it costs the whole tree, and one
+# process less). Either one refuses a path the working tree changed since
+# the index saw it; the full reset follows.
+moveto() {
+	if [ -n "$big" ]; then
+		g diff-tree -p --binary --full-index --no-renames --src-prefix=a/ --dst-prefix=b/ "$1" "$2" >"$st/move.patch" &&
+			GIT_INDEX_FILE="$st/index" g apply --index --whitespace=nowarn <"$st/move.patch" 2>/dev/null
+	else
+		GIT_INDEX_FILE="$st/index" g read-tree -m -u "$1" "$2" 2>/dev/null
+	fi
+}
+if [ -n "$cur" ] && { [ "$cur" = "$tree" ] || moveto "$cur" "$tree"; }; then
 	[ -n "$real" ] || g read-tree "$head" || exit 85
 	# What a reset clears: a merge, cherry-pick or revert left half done.
 	for x in MERGE_HEAD MERGE_MSG MERGE_MODE MERGE_RR SQUASH_MSG CHERRY_PICK_HEAD REVERT_HEAD AUTO_MERGE; do
@@ -288,7 +304,7 @@ func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, erro
 			stdin = bytes.NewReader(p.Data)
 		}
 		out := &limitedBuffer{max: s.maxBytes + 64, buf: &stdout}
-		code, err := r.Run(ctx, pushScript(helperVars(r), p.HeadSHA, patchKey(p.Data), s.now(), pend, s.acks(rp), s.maxBytes), stdin, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
+		code, err := r.Run(ctx, pushScript(helperVars(r), p.HeadSHA, patchKey(p.Data), s.now(), pend, s.acks(rp), s.maxBytes, p.LargeTree), stdin, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 		if err != nil {
 			return res, errdefs.Unavailable(fmt.Errorf("push your changes to the sandbox: %w", err))
 		}
