@@ -12,8 +12,8 @@ par=()
 targets=(
 	"./rwxapi FuzzDecodeCLIState"
 	"./store FuzzLegacyFile"
-	"./ipc FuzzRequestDecoding"
-	"./ipc FuzzExecInputFrames"
+	"./ipc/server FuzzRequestDecoding"
+	"./ipc/server FuzzExecInputFrames"
 	"./ipc/client FuzzExecOutputFrames"
 	"./daemon/gitsync FuzzNumstatFiles"
 	"./localcloud/agent FuzzSessionRequests"

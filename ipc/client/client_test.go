@@ -19,11 +19,12 @@ import (
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
 	"github.com/sandboxd/sandboxd/ipc/ipctest"
+	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
 func start(t *testing.T) (*ipctest.Server, *client.Client) {
 	t.Helper()
-	s := ipctest.Start(t, ipctest.Options{Server: ipc.ServerOptions{Version: "test-7"}})
+	s := ipctest.Start(t, ipctest.Options{Server: server.Options{Version: "test-7"}})
 	c := client.New(s.Socket)
 	t.Cleanup(c.Close)
 	return s, c
@@ -154,7 +155,7 @@ func TestNotRunning(t *testing.T) {
 
 func testExecStdinEchoAndStreams(t *testing.T, exec execFunc) {
 	s, c := start(t)
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		if err := st.Send(ipc.ExecOutput{Type: ipc.ExecStarted}); err != nil {
 			return ipc.ExecResult{}, err
 		}
@@ -197,7 +198,7 @@ func TestExecStdinEchoAndStreams(t *testing.T) { forEachExec(t, testExecStdinEch
 
 func testExecSignalsDelivered(t *testing.T, exec execFunc) {
 	s, c := start(t)
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		io.WriteString(st.Stdout(), "ready\n")
 		select {
 		case sig := <-st.Signals():
@@ -231,7 +232,7 @@ func testExecDisconnectCancelsBackend(t *testing.T, exec execFunc) {
 	s, c := start(t)
 	cancelled := make(chan error, 1)
 	running := make(chan struct{})
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		st.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 		close(running)
 		<-ctx.Done()
@@ -271,7 +272,7 @@ func TestExecDisconnectCancelsBackend(t *testing.T) { forEachExec(t, testExecDis
 // returns when the command does.
 func testExecReturnsWithStdinStillOpen(t *testing.T, exec execFunc) {
 	s, c := start(t)
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		io.WriteString(st.Stdout(), "hi\n")
 		return ipc.ExecResult{ExitCode: 3}, nil
 	}
@@ -291,7 +292,7 @@ func TestExecReturnsWithStdinStillOpen(t *testing.T) {
 
 func testExecErrors(t *testing.T, exec execFunc) {
 	s, c := start(t)
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		switch req.Argv[0] {
 		case "before":
 			return ipc.ExecResult{}, errdefs.NotFoundf("no session for run nope")
@@ -373,7 +374,7 @@ func TestShutdownEndsEventStreamsAndWaitsForExec(t *testing.T) {
 	s, c := start(t)
 	release := make(chan struct{})
 	running := make(chan struct{})
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		st.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 		close(running)
 		<-release
@@ -435,7 +436,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // never start with a context the previous exec on the connection cancelled.
 func testExecsBackToBackOnKeptConnections(t *testing.T, exec execFunc) {
 	s, c := start(t)
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		select {
 		case <-ctx.Done():
 			return ipc.ExecResult{}, fmt.Errorf("exec %s: cancelled before it ran: %w", req.Argv[0], ctx.Err())
