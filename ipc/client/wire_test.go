@@ -216,6 +216,8 @@ func TestSSHProxyCarriesTheStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stream.Close()
+	// A stream that loses bytes would leave a read waiting: fail instead.
+	defer time.AfterFunc(10*time.Second, func() { stream.Close() }).Stop()
 	// The request's context bounds the request, not the stream it became.
 	cancel()
 	if got := <-agent.dialed; got.Host != "sbx-repo-main" {
