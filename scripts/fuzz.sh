@@ -15,6 +15,8 @@ targets=(
 	"./ipc/server FuzzRequestDecoding"
 	"./ipc/server FuzzExecInputFrames"
 	"./ipc/client FuzzExecOutputFrames"
+	"./ipc/client FuzzReadResponse"
+	"./ipc/client FuzzChunkedBody"
 	"./daemon/gitsync FuzzNumstatFiles"
 	"./localcloud/agent FuzzSessionRequests"
 	"./localcloud/agent FuzzProcessRequest"

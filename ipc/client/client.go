@@ -169,17 +169,17 @@ func (c *Client) roundTrip(ctx context.Context, r request) (*response, *callConn
 // received records what every answer's head tells and returns the error
 // of an answer that is not a success.
 func (c *Client) received(resp *response, upgrade bool) error {
-	if v := resp.header.get("sandboxd-version"); v != "" {
+	if v := resp.header.get(ipc.HeaderVersion); v != "" {
 		c.daemonVersion.Store(&v)
 	}
-	if v := resp.header.get("sandboxd-warning"); v != "" {
+	if v := resp.header.get(ipc.HeaderWarning); v != "" {
 		c.warning.Store(&v)
 	}
 	switch {
 	case resp.status == 101 && upgrade, resp.status/100 == 2:
 		return nil
 	case resp.status == 101:
-		return errdefs.Internal(fmt.Errorf("sandboxd answered 101 Switching Protocols to a request that asked for no upgrade: is another program serving the socket? (sbx version)"))
+		return errdefs.Internal(errors.New("sandboxd answered 101 Switching Protocols to a request that asked for no upgrade: is another program serving the socket? (sbx version)"))
 	}
 	return decodeError(resp)
 }

@@ -190,9 +190,9 @@ func shouldEscape(c byte, query bool) bool {
 // header holds an answer's fields by lower-case name.
 type header map[string][]string
 
-// get is the field's first value, "" when absent.
+// get is the first value of the field name (in any case), "" when absent.
 func (h header) get(name string) string {
-	if v := h[name]; len(v) > 0 {
+	if v := h[strings.ToLower(name)]; len(v) > 0 {
 		return v[0]
 	}
 	return ""

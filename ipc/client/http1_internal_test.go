@@ -63,8 +63,8 @@ func TestReadResponseFramesBodies(t *testing.T) {
 				t.Fatalf("body: %v", err)
 			}
 			rest, _ := io.ReadAll(br)
-			if resp.status != tc.status || string(body) != tc.body || string(rest) != tc.rest || resp.header.get("sandboxd-version") != tc.version {
-				t.Fatalf("status %d body %q rest %q version %q, want %d %q %q %q", resp.status, body, rest, resp.header.get("sandboxd-version"), tc.status, tc.body, tc.rest, tc.version)
+			if resp.status != tc.status || string(body) != tc.body || string(rest) != tc.rest || resp.header.get("Sandboxd-Version") != tc.version {
+				t.Fatalf("status %d body %q rest %q version %q, want %d %q %q %q", resp.status, body, rest, resp.header.get("Sandboxd-Version"), tc.status, tc.body, tc.rest, tc.version)
 			}
 			// net/http reads the same answer the same way (but for the
 			// 1xx answers, which its transport skips, not ReadResponse).
@@ -88,7 +88,7 @@ func TestReadResponseFramesBodies(t *testing.T) {
 func TestReadResponseUpgradeLeavesTheStream(t *testing.T) {
 	br := bufio.NewReader(strings.NewReader("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: sandboxd-ssh\r\nSandboxd-Version: v3\r\n\r\nSSH-2.0-OpenSSH_9.6\r\nmore"))
 	resp, err := readResponse(br)
-	if err != nil || resp.status != 101 || resp.body != nil || resp.header.get("upgrade") != "sandboxd-ssh" {
+	if err != nil || resp.status != 101 || resp.body != nil || resp.header.get("Upgrade") != "sandboxd-ssh" {
 		t.Fatalf("%+v %v", resp, err)
 	}
 	if br.Buffered() == 0 {
