@@ -49,11 +49,21 @@ func (e *ProtocolError) Error() string {
 }
 
 // How an answer can end too early. Each wraps io.EOF or io.ErrUnexpectedEOF.
+// (Literals rather than fmt.Errorf: they cost sbx's start nothing.)
 var (
-	errNoAnswer = fmt.Errorf("the connection closed before an answer: %w", io.EOF)
-	errHeadCut  = fmt.Errorf("the answer ended within its head: %w", io.ErrUnexpectedEOF)
-	errBodyCut  = fmt.Errorf("the answer ended within its body: %w", io.ErrUnexpectedEOF)
+	errNoAnswer error = &earlyEnd{"the connection closed before an answer", io.EOF}
+	errHeadCut  error = &earlyEnd{"the answer ended within its head", io.ErrUnexpectedEOF}
+	errBodyCut  error = &earlyEnd{"the answer ended within its body", io.ErrUnexpectedEOF}
 )
+
+// earlyEnd is an answer that ended before its framing said it would.
+type earlyEnd struct {
+	what string
+	err  error
+}
+
+func (e *earlyEnd) Error() string { return e.what + ": " + e.err.Error() }
+func (e *earlyEnd) Unwrap() error { return e.err }
 
 func protocolErrorf(format string, a ...any) error {
 	return &ProtocolError{Reason: fmt.Sprintf(format, a...)}
