@@ -30,6 +30,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/config"
 	"github.com/sandboxd/sandboxd/daemon/paths"
 	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/server"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -41,8 +42,8 @@ const DefaultStoreLockTimeout = 250 * time.Millisecond
 // Services are the working parts of the daemon behind the socket API.
 type Services interface {
 	// Sessions and Events are served on the socket; nil answers 503.
-	Sessions() ipc.SessionBackend
-	Events() ipc.EventSource
+	Sessions() server.SessionBackend
+	Events() server.EventSource
 	// Live counts live SSH connections to sandboxes; a daemon with any is
 	// not idle.
 	Live() int
@@ -144,7 +145,7 @@ type daemon struct {
 	startedAt  time.Time
 	store      *store.Store
 	services   Services
-	srv        *ipc.Server
+	srv        *server.Server
 	listeners  []net.Listener
 	socketPath string
 	ownSocket  bool // created by us, so removed by us
@@ -259,19 +260,19 @@ func (d *daemon) run(ctx context.Context) (err error) {
 		d.services = svc
 	}
 
-	backends := ipc.Backends{Daemon: d}
+	backends := server.Backends{Daemon: d}
 	if d.services != nil {
 		backends.Sessions, backends.Events = d.services.Sessions(), d.services.Events()
-		if sp, ok := d.services.(interface{ SSH() ipc.SSHBackend }); ok {
+		if sp, ok := d.services.(interface{ SSH() server.SSHBackend }); ok {
 			backends.SSH = sp.SSH()
 		}
 	}
 	uid := os.Getuid()
-	srvOpts := ipc.ServerOptions{Version: d.opts.Version, Logger: d.log, AllowedUID: &uid, StartedAt: d.startedAt}
+	srvOpts := server.Options{Version: d.opts.Version, Logger: d.log, AllowedUID: &uid, StartedAt: d.startedAt}
 	if w, ok := d.services.(interface{ Warning() string }); ok {
 		srvOpts.Warning = w.Warning
 	}
-	d.srv = ipc.NewServer(backends, srvOpts)
+	d.srv = server.New(backends, srvOpts)
 	serveErr := make(chan error, len(d.listeners))
 	for _, ln := range d.listeners {
 		go func(ln net.Listener) {
@@ -561,7 +562,7 @@ func deadlineOf(ctx context.Context) time.Time {
 	return dl
 }
 
-// Health implements ipc.DaemonBackend.
+// Health implements server.DaemonBackend.
 func (d *daemon) Health(ctx context.Context) (ipc.HealthResponse, error) {
 	h := ipc.HealthResponse{
 		Status:        "ok",
@@ -595,7 +596,7 @@ func (d *daemon) Health(ctx context.Context) (ipc.HealthResponse, error) {
 	return h, nil
 }
 
-// Shutdown implements ipc.DaemonBackend: it asks the run loop to stop and
+// Shutdown implements server.DaemonBackend: it asks the run loop to stop and
 // returns at once, so the request that asked is answered before the server
 // waits for in-flight requests.
 func (d *daemon) Shutdown(ctx context.Context) error {

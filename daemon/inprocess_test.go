@@ -15,12 +15,13 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/config"
 	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
 // slowSessions is a session backend whose List blocks until released or
 // until its context ends; the other methods are not used by these tests.
 type slowSessions struct {
-	ipc.SessionBackend
+	server.SessionBackend
 	started chan struct{}
 	release chan struct{}
 }
@@ -38,7 +39,7 @@ func (s *slowSessions) List(ctx context.Context, _ ipc.ListRequest) (ipc.ListRes
 // fakeServices records what the lifecycle does to the services.
 type fakeServices struct {
 	sessions *slowSessions
-	events   ipc.EventSource // nil: no event stream
+	events   server.EventSource // nil: no event stream
 	live     atomic.Int64
 	reloads  chan config.Config
 	closed   atomic.Bool
@@ -52,10 +53,10 @@ func newFakeServices() *fakeServices {
 	}
 }
 
-func (f *fakeServices) Sessions() ipc.SessionBackend { return f.sessions }
-func (f *fakeServices) Events() ipc.EventSource      { return f.events }
-func (f *fakeServices) Live() int                    { return int(f.live.Load()) }
-func (f *fakeServices) Close(context.Context) error  { f.closed.Store(true); return nil }
+func (f *fakeServices) Sessions() server.SessionBackend { return f.sessions }
+func (f *fakeServices) Events() server.EventSource      { return f.events }
+func (f *fakeServices) Live() int                       { return int(f.live.Load()) }
+func (f *fakeServices) Close(context.Context) error     { f.closed.Store(true); return nil }
 func (f *fakeServices) Reload(_ context.Context, c config.Config) error {
 	f.reloads <- c
 	return nil

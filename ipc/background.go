@@ -1,27 +1,10 @@
 package ipc
 
 import (
-	"context"
-	"errors"
-	"io"
-	"net/http"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 )
-
-// BackgroundBackend runs managed background processes in sandboxes and owns
-// their port forwards. The session backend provides it when it can (the
-// server asks the SessionBackend for it), so fakes need not.
-type BackgroundBackend interface {
-	BgStart(ctx context.Context, req BgStartRequest) (BgProcess, error)
-	BgRestart(ctx context.Context, req BgRequest) (BgProcess, error)
-	BgStop(ctx context.Context, req BgRequest) (BgProcess, error)
-	BgList(ctx context.Context, req BgListRequest) (BgListResponse, error)
-	// BgLogs writes the process's logs to stdout and stderr; with Follow
-	// it keeps following them until ctx ends.
-	BgLogs(ctx context.Context, req BgRequest, stdout, stderr io.Writer) (BgProcess, error)
-}
 
 // BgStartRequest is POST /v1/bg/start: start (or replace) the background
 // process Name running Argv in the sandbox, and with Port forward
@@ -146,57 +129,4 @@ func (r *BgRequest) Validate() error {
 		return err
 	}
 	return validBgName(r.Name)
-}
-
-// Route paths of background processes.
-const (
-	routeBg        = "/v1/bg"
-	routeBgStart   = "/v1/bg/start"
-	routeBgRestart = "/v1/bg/restart"
-	routeBgStop    = "/v1/bg/stop"
-	routeBgLogs    = "/v1/bg/logs"
-)
-
-func (s *Server) background() (BackgroundBackend, error) {
-	b, err := s.sessions()
-	if err != nil {
-		return nil, err
-	}
-	bg, ok := b.(BackgroundBackend)
-	if !ok {
-		return nil, errdefs.Unavailable(errors.New("background processes are not available in this daemon"))
-	}
-	return bg, nil
-}
-
-func bgListQuery(r *http.Request) (BgListRequest, error) { return statusQuery(r) }
-
-// listBg answers [] rather than null.
-func listBg(b BackgroundBackend, ctx context.Context, req BgListRequest) (BgListResponse, error) {
-	resp, err := b.BgList(ctx, req)
-	if err == nil && resp.Processes == nil {
-		resp.Processes = []BgProcess{}
-	}
-	return resp, err
-}
-
-// postBgLogs serves POST /v1/bg/logs: exec output frames (stdout, stderr)
-// ending with exit (or error), like POST /v1/exec.
-func (s *Server) postBgLogs(w http.ResponseWriter, r *http.Request) error {
-	req, err := jsonBody[BgRequest](r)
-	if err != nil {
-		return err
-	}
-	b, err := s.background()
-	if err != nil {
-		return err
-	}
-	defer s.trackStream()()
-	rc := http.NewResponseController(w)
-	st := newExecStream(r.Context(), w, rc, false, s.log)
-	proc, err := b.BgLogs(r.Context(), req, st.Stdout(), st.Stderr())
-	if !st.finish(ExecResult{RunID: proc.RunID, PulledFiles: []string{}}, err) {
-		return err // nothing streamed yet: a plain JSON error
-	}
-	return nil
 }

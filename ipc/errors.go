@@ -1,11 +1,6 @@
 package ipc
 
 import (
-	"context"
-	"encoding/json"
-	"errors"
-	"log/slog"
-	"net/http"
 	"slices"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -18,22 +13,24 @@ const StatusClientClosed = 499
 // kindStatuses is the one mapping between error kinds and HTTP statuses. A
 // kind's first status is the one the server answers with; the others also
 // stand for it in answers that carry no JSON code (a proxy, an older
-// daemon). KindInternal is also the fallback both ways.
+// daemon). KindInternal is also the fallback both ways. The statuses are
+// plain numbers so that the wire contract (and so every client) does not
+// link net/http.
 var kindStatuses = []struct {
 	kind     errdefs.Kind
 	statuses []int
 }{
-	{errdefs.KindInvalid, []int{http.StatusBadRequest, http.StatusUnprocessableEntity}},
-	{errdefs.KindUnauthorized, []int{http.StatusForbidden, http.StatusUnauthorized}},
-	{errdefs.KindNotFound, []int{http.StatusNotFound}},
-	{errdefs.KindMethod, []int{http.StatusMethodNotAllowed}},
-	{errdefs.KindConflict, []int{http.StatusConflict}},
-	{errdefs.KindGone, []int{http.StatusGone}},
-	{errdefs.KindTooLarge, []int{http.StatusRequestEntityTooLarge}},
+	{errdefs.KindInvalid, []int{400, 422}},      // Bad Request, Unprocessable Entity
+	{errdefs.KindUnauthorized, []int{403, 401}}, // Forbidden, Unauthorized
+	{errdefs.KindNotFound, []int{404}},
+	{errdefs.KindMethod, []int{405}},
+	{errdefs.KindConflict, []int{409}},
+	{errdefs.KindGone, []int{410}},
+	{errdefs.KindTooLarge, []int{413}},
 	{errdefs.KindCanceled, []int{StatusClientClosed}},
-	{errdefs.KindUnavailable, []int{http.StatusServiceUnavailable, http.StatusBadGateway, http.StatusTooManyRequests}},
-	{errdefs.KindTimeout, []int{http.StatusGatewayTimeout, http.StatusRequestTimeout}},
-	{errdefs.KindInternal, []int{http.StatusInternalServerError}},
+	{errdefs.KindUnavailable, []int{503, 502, 429}}, // Service Unavailable, Bad Gateway, Too Many Requests
+	{errdefs.KindTimeout, []int{504, 408}},          // Gateway Timeout, Request Timeout
+	{errdefs.KindInternal, []int{500}},
 }
 
 // StatusOf maps an error kind to its HTTP status. It is the one place where
@@ -45,7 +42,7 @@ func StatusOf(k errdefs.Kind) int {
 			return ks.statuses[0]
 		}
 	}
-	return http.StatusInternalServerError
+	return 500
 }
 
 // KindOfStatus maps an HTTP status to the error kind it stands for.
@@ -66,53 +63,4 @@ func KnownKind(code string) bool {
 		}
 	}
 	return false
-}
-
-// kindOf is errdefs.KindOf, also recognising the standard errors that have
-// an obvious kind when a backend did not wrap them.
-func kindOf(err error) errdefs.Kind {
-	var kinded *errdefs.Error
-	if errors.As(err, &kinded) {
-		return kinded.Kind
-	}
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge):
-		return errdefs.KindTooLarge
-	case errors.Is(err, context.Canceled):
-		return errdefs.KindCanceled
-	case errors.Is(err, context.DeadlineExceeded):
-		return errdefs.KindTimeout
-	}
-	return errdefs.KindInternal
-}
-
-// ErrorDetailOf is the wire form of err.
-func ErrorDetailOf(err error) ErrorDetail {
-	return ErrorDetail{Code: string(kindOf(err)), Message: err.Error()}
-}
-
-// writeError answers err as {"error":{...}} with the status of its kind.
-func writeError(w http.ResponseWriter, r *http.Request, log *slog.Logger, err error) {
-	d := ErrorDetailOf(err)
-	status := StatusOf(errdefs.Kind(d.Code))
-	if status >= 500 && status != http.StatusServiceUnavailable {
-		log.Error("request failed", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
-	} else {
-		log.Debug("request refused", "method", r.Method, "path", r.URL.Path, "status", status, "err", err)
-	}
-	writeJSON(w, status, ErrorBody{Error: d})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		// Only unsupported values reach here: a bug, answered as such.
-		status = http.StatusInternalServerError
-		b, _ = json.Marshal(ErrorBody{Error: ErrorDetail{Code: string(errdefs.KindInternal), Message: "encode the response: " + err.Error()}})
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = w.Write(append(b, '\n'))
 }

@@ -156,3 +156,11 @@ func validEnvName(k string) bool {
 	}
 	return true
 }
+
+// cleanAbs is filepath.Clean for a path that must be absolute.
+func cleanAbs(what, p string) (string, error) {
+	if !filepath.IsAbs(p) {
+		return "", errdefs.Invalidf("%s %q is not an absolute path: send the absolute path", what, p)
+	}
+	return filepath.Clean(p), nil
+}

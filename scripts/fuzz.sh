@@ -12,9 +12,11 @@ par=()
 targets=(
 	"./rwxapi FuzzDecodeCLIState"
 	"./store FuzzLegacyFile"
-	"./ipc FuzzRequestDecoding"
-	"./ipc FuzzExecInputFrames"
+	"./ipc/server FuzzRequestDecoding"
+	"./ipc/server FuzzExecInputFrames"
 	"./ipc/client FuzzExecOutputFrames"
+	"./ipc/client FuzzReadResponse"
+	"./ipc/client FuzzChunkedBody"
 	"./daemon/gitsync FuzzNumstatFiles"
 	"./localcloud/agent FuzzSessionRequests"
 	"./localcloud/agent FuzzProcessRequest"

@@ -105,7 +105,7 @@ func TestLoadManyClientsManySandboxes(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			cl := client.New(e.socket())
-			defer cl.Close() // its idle connections would keep daemon goroutines
+			defer cl.Close()
 			repo := repos[c%sandboxes]
 			for k := range perClient {
 				id := fmt.Sprintf("c%d-%d", c, k)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
 // Event is the wire event (ipc.Event).
@@ -198,7 +199,7 @@ type GapData struct {
 // stream.gap saying which events were lost. The subscription ends when ctx
 // ends, when Close is called, or when the subscriber falls behind by more
 // than its buffer (a final stream.closed event says so).
-func (b *Bus) Subscribe(ctx context.Context, since *uint64) (ipc.EventSubscription, error) {
+func (b *Bus) Subscribe(ctx context.Context, since *uint64) (server.EventSubscription, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, errdefs.Canceled(fmt.Errorf("subscribe to events: %w", err))
 	}
@@ -290,7 +291,7 @@ func (b *Bus) Close() {
 	}
 }
 
-// subscription implements ipc.EventSubscription. Its fields are guarded by
+// subscription implements server.EventSubscription. Its fields are guarded by
 // bus.mu; only the bus sends on ch, always without blocking.
 type subscription struct {
 	bus     *Bus

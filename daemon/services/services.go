@@ -28,7 +28,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/sessions"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/daemon/watch"
-	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/server"
 	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
@@ -243,13 +243,13 @@ func fileExists(p string) bool {
 }
 
 // Sessions implements daemon.Services.
-func (s *Services) Sessions() ipc.SessionBackend { return s.manager }
+func (s *Services) Sessions() server.SessionBackend { return s.manager }
 
 // Events implements daemon.Services.
-func (s *Services) Events() ipc.EventSource { return s.bus }
+func (s *Services) Events() server.EventSource { return s.bus }
 
 // SSH is OpenSSH access to the sandboxes (sbx ssh-config, sbx proxy).
-func (s *Services) SSH() ipc.SSHBackend { return s.manager }
+func (s *Services) SSH() server.SSHBackend { return s.manager }
 
 // sshDir holds the key files written for OpenSSH; none without a state
 // directory.

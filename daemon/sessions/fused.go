@@ -8,6 +8,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/server"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -21,7 +22,7 @@ const fusedAttempts = 2
 // with no error, means the command has not run and the caller takes the
 // separate steps (a patch too large to travel inside a command, or an
 // exchange that kept finding work to do first).
-func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Session, req ipc.ExecRequest, stream ipc.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
+func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Session, req ipc.ExecRequest, stream server.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
 	runner := m.runner(lc)
 	for attempt := 0; attempt < fusedAttempts; attempt++ {
 		patch, err := m.prepare(ctx, runner, s, attempt == 0, warn)

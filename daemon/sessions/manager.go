@@ -2,7 +2,7 @@
 // session from its working directory, creates, adopts, stops and resets
 // sandbox runs on the remote, and runs commands in them over the persistent
 // SSH connections, one at a time per sandbox. It implements the socket API's
-// session backend (ipc.SessionBackend).
+// session backend (server.SessionBackend).
 package sessions
 
 import (
@@ -133,7 +133,7 @@ type DaemonConfig struct {
 	HistoryRetention time.Duration
 }
 
-// Manager implements ipc.SessionBackend.
+// Manager implements server.SessionBackend.
 type Manager struct {
 	opts Options
 	st   *store.Store

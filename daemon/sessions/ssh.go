@@ -18,6 +18,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/server"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -28,7 +29,7 @@ const sshUser = "rwx-cli"
 // sshDialTimeout bounds connecting to a sandbox's SSH server.
 const sshDialTimeout = 10 * time.Second
 
-var _ ipc.SSHBackend = (*Manager)(nil)
+var _ server.SSHBackend = (*Manager)(nil)
 
 // sshHost is a live session that OpenSSH can reach.
 type sshHost struct {

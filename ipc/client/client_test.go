@@ -19,11 +19,12 @@ import (
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
 	"github.com/sandboxd/sandboxd/ipc/ipctest"
+	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
 func start(t *testing.T) (*ipctest.Server, *client.Client) {
 	t.Helper()
-	s := ipctest.Start(t, ipctest.Options{Server: ipc.ServerOptions{Version: "test-7"}})
+	s := ipctest.Start(t, ipctest.Options{Server: server.Options{Version: "test-7"}})
 	c := client.New(s.Socket)
 	t.Cleanup(c.Close)
 	return s, c
@@ -152,9 +153,9 @@ func TestNotRunning(t *testing.T) {
 	}
 }
 
-func testExecStdinEchoAndStreams(t *testing.T, exec execFunc) {
+func TestExecStdinEchoAndStreams(t *testing.T) {
 	s, c := start(t)
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		if err := st.Send(ipc.ExecOutput{Type: ipc.ExecStarted}); err != nil {
 			return ipc.ExecResult{}, err
 		}
@@ -172,7 +173,7 @@ func testExecStdinEchoAndStreams(t *testing.T, exec execFunc) {
 	payload := bytes.Repeat([]byte("0123456789abcdef"), 100_000/16*4) // 400 kB: many frames
 	var stdout, stderr bytes.Buffer
 	var frames []string
-	res, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"cat"}}, client.ExecOptions{
+	res, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"cat"}}, client.ExecOptions{
 		Stdin: bytes.NewReader(payload), Stdout: &stdout, Stderr: &stderr,
 		OnFrame: func(f ipc.ExecOutput) { frames = append(frames, f.Type+":"+f.Message) },
 	})
@@ -193,11 +194,9 @@ func testExecStdinEchoAndStreams(t *testing.T, exec execFunc) {
 	}
 }
 
-func TestExecStdinEchoAndStreams(t *testing.T) { forEachExec(t, testExecStdinEchoAndStreams) }
-
-func testExecSignalsDelivered(t *testing.T, exec execFunc) {
+func TestExecSignalsDelivered(t *testing.T) {
 	s, c := start(t)
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		io.WriteString(st.Stdout(), "ready\n")
 		select {
 		case sig := <-st.Signals():
@@ -216,7 +215,7 @@ func testExecSignalsDelivered(t *testing.T, exec execFunc) {
 		}
 		sigs <- "INT"
 	}()
-	res, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "run-1"}, Argv: []string{"sleep", "9"}}, client.ExecOptions{Stdout: stdout, Signals: sigs})
+	res, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "run-1"}, Argv: []string{"sleep", "9"}}, client.ExecOptions{Stdout: stdout, Signals: sigs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,13 +224,11 @@ func testExecSignalsDelivered(t *testing.T, exec execFunc) {
 	}
 }
 
-func TestExecSignalsDelivered(t *testing.T) { forEachExec(t, testExecSignalsDelivered) }
-
-func testExecDisconnectCancelsBackend(t *testing.T, exec execFunc) {
+func TestExecDisconnectCancelsBackend(t *testing.T) {
 	s, c := start(t)
 	cancelled := make(chan error, 1)
 	running := make(chan struct{})
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		st.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 		close(running)
 		<-ctx.Done()
@@ -243,7 +240,7 @@ func testExecDisconnectCancelsBackend(t *testing.T, exec execFunc) {
 	go func() {
 		// Stdin from a pipe nobody closes: the body stays open.
 		pr, _ := io.Pipe()
-		_, err := exec(c, cctx, ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"sleep", "100"}}, client.ExecOptions{Stdin: pr})
+		_, err := c.Exec(cctx, ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"sleep", "100"}}, client.ExecOptions{Stdin: pr})
 		errc <- err
 	}()
 	<-running
@@ -265,33 +262,27 @@ func testExecDisconnectCancelsBackend(t *testing.T, exec execFunc) {
 	waitFor(t, func() bool { return s.API.ActiveStreams() == 0 && s.API.ActiveRequests() == 0 })
 }
 
-func TestExecDisconnectCancelsBackend(t *testing.T) { forEachExec(t, testExecDisconnectCancelsBackend) }
-
 // An exec whose command ignores a stdin that never ends (a terminal) still
 // returns when the command does.
-func testExecReturnsWithStdinStillOpen(t *testing.T, exec execFunc) {
+func TestExecReturnsWithStdinStillOpen(t *testing.T) {
 	s, c := start(t)
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		io.WriteString(st.Stdout(), "hi\n")
 		return ipc.ExecResult{ExitCode: 3}, nil
 	}
 	pr, pw := io.Pipe()
 	defer pw.Close()
 	var out bytes.Buffer
-	res, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"echo"}}, client.ExecOptions{Stdin: pr, Stdout: &out})
+	res, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"echo"}}, client.ExecOptions{Stdin: pr, Stdout: &out})
 	if err != nil || res.ExitCode != 3 || out.String() != "hi\n" {
 		t.Fatalf("%+v %v %q", res, err, out.String())
 	}
 	waitFor(t, func() bool { return s.API.ActiveRequests() == 0 })
 }
 
-func TestExecReturnsWithStdinStillOpen(t *testing.T) {
-	forEachExec(t, testExecReturnsWithStdinStillOpen)
-}
-
-func testExecErrors(t *testing.T, exec execFunc) {
+func TestExecErrors(t *testing.T) {
 	s, c := start(t)
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		switch req.Argv[0] {
 		case "before":
 			return ipc.ExecResult{}, errdefs.NotFoundf("no session for run nope")
@@ -304,30 +295,28 @@ func testExecErrors(t *testing.T, exec execFunc) {
 			return ipc.ExecResult{}, errdefs.Unavailable(errors.New("the connection broke"))
 		}
 	}
-	_, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "nope"}, Argv: []string{"before"}}, client.ExecOptions{})
+	_, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "nope"}, Argv: []string{"before"}}, client.ExecOptions{})
 	var apiErr *client.APIError
 	if !errors.Is(err, errdefs.ErrNotFound) || !errors.As(err, &apiErr) || apiErr.Status != 404 || err.Error() != "no session for run nope (the command did not run, so it is safe to retry)" {
 		t.Fatalf("error before the first frame: %v", err)
 	}
 	var out bytes.Buffer
 	var pos int
-	_, err = exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "r"}, Argv: []string{"after"}}, client.ExecOptions{Stdout: &out, OnFrame: func(f ipc.ExecOutput) { pos = f.Position }})
+	_, err = c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "r"}, Argv: []string{"after"}}, client.ExecOptions{Stdout: &out, OnFrame: func(f ipc.ExecOutput) { pos = f.Position }})
 	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "connection broke (the command did not run, so it is safe to retry)") || out.String() != "partial" || pos != 2 {
 		t.Fatalf("error after frames: %v, out %q, position %d", err, out.String(), pos)
 	}
 	// Once the command started, the daemon's own words say what may have
 	// happened: nothing is added.
-	_, err = exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "r"}, Argv: []string{"running"}}, client.ExecOptions{})
+	_, err = c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "r"}, Argv: []string{"running"}}, client.ExecOptions{})
 	if !errors.Is(err, errdefs.ErrUnavailable) || strings.Contains(err.Error(), "did not run") {
 		t.Fatalf("error after the command started: %v", err)
 	}
-	_, err = exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}}, client.ExecOptions{})
+	_, err = c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}}, client.ExecOptions{})
 	if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "argv is empty") {
 		t.Fatalf("empty argv: %v", err)
 	}
 }
-
-func TestExecErrors(t *testing.T) { forEachExec(t, testExecErrors) }
 
 func TestEventsStreamSinceAndClose(t *testing.T) {
 	s, c := start(t)
@@ -373,7 +362,7 @@ func TestShutdownEndsEventStreamsAndWaitsForExec(t *testing.T) {
 	s, c := start(t)
 	release := make(chan struct{})
 	running := make(chan struct{})
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		st.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 		close(running)
 		<-release
@@ -431,11 +420,12 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
-// Execs back to back on one client reuse its connections: an exec must
-// never start with a context the previous exec on the connection cancelled.
-func testExecsBackToBackOnKeptConnections(t *testing.T, exec execFunc) {
+// Execs back to back on one client: none may start with a context that an
+// earlier exec cancelled (each has a connection of its own, which the
+// daemon sees closed after the earlier one's answer).
+func TestExecsBackToBack(t *testing.T) {
 	s, c := start(t)
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		select {
 		case <-ctx.Done():
 			return ipc.ExecResult{}, fmt.Errorf("exec %s: cancelled before it ran: %w", req.Argv[0], ctx.Err())
@@ -446,22 +436,8 @@ func testExecsBackToBackOnKeptConnections(t *testing.T, exec execFunc) {
 	}
 	for i := range 40 {
 		var out bytes.Buffer
-		if _, err := exec(c, ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{strconv.Itoa(i)}}, client.ExecOptions{Stdout: &out}); err != nil {
+		if _, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{strconv.Itoa(i)}}, client.ExecOptions{Stdout: &out}); err != nil {
 			t.Fatalf("exec %d: %v", i, err)
 		}
 	}
-}
-
-func TestExecsBackToBackOnKeptConnections(t *testing.T) {
-	forEachExec(t, testExecsBackToBackOnKeptConnections)
-}
-
-// execFunc is one of the client's two exec implementations.
-type execFunc func(c *client.Client, ctx context.Context, req ipc.ExecRequest, opts client.ExecOptions) (ipc.ExecResult, error)
-
-// forEachExec runs an exec test against Exec (net/http) and ExecLean (the
-// hand-written HTTP/1.1 of sbx's exec path): both keep the same contract.
-func forEachExec(t *testing.T, test func(*testing.T, execFunc)) {
-	t.Run("net/http", func(t *testing.T) { test(t, (*client.Client).Exec) })
-	t.Run("lean", func(t *testing.T) { test(t, (*client.Client).ExecLean) })
 }

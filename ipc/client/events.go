@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
@@ -16,7 +15,7 @@ import (
 type EventStream struct {
 	ctx    context.Context
 	cancel context.CancelFunc
-	body   io.ReadCloser
+	cc     *callConn
 	dec    *json.Decoder
 }
 
@@ -24,17 +23,12 @@ type EventStream struct {
 // ctx ends or Close.
 func (c *Client) Events(ctx context.Context, since *uint64) (*EventStream, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	req, err := c.newRequest(ctx, http.MethodGet, "/v1/events", sinceQuery(since), nil)
+	resp, cc, err := c.roundTrip(ctx, request{method: methodGet, path: "/v1/events", query: sinceQuery(since)})
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	resp, err := c.send(req)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	return &EventStream{ctx: ctx, cancel: cancel, body: resp.Body, dec: json.NewDecoder(resp.Body)}, nil
+	return &EventStream{ctx: ctx, cancel: cancel, cc: cc, dec: json.NewDecoder(resp.body)}, nil
 }
 
 // StreamClosedError is the reason the daemon gave for ending the stream (a
@@ -72,5 +66,6 @@ func (s *EventStream) Next() (ipc.Event, error) {
 // Close ends the stream.
 func (s *EventStream) Close() error {
 	s.cancel()
-	return s.body.Close()
+	s.cc.close()
+	return nil
 }

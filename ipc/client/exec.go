@@ -1,14 +1,12 @@
 package client
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/http/httptrace"
+	"strconv"
 	"sync"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -50,61 +48,52 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-
-	var body io.Reader
-	var up *uplink
-	if opts.Stdin == nil && opts.Signals == nil && opts.Resizes == nil {
-		// Nothing will follow the request: send it as one plain body.
-		body = bytes.NewReader(first)
-	} else {
-		pr, pw := io.Pipe()
-		up = &uplink{pw: pw, done: make(chan struct{})}
-		body = pr
-		go up.run(ctx, first, opts.Stdin, opts.Signals, opts.Resizes)
-		defer up.stop()
-	}
-	rctx := ctx
-	if up != nil {
-		// When the connection fails (the daemon died), end the request
-		// stream: the round trip waits for it before it returns.
-		rctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
-			wc, ok := info.Conn.(*watchedConn)
-			if !ok {
-				return
-			}
-			go func() {
-				select {
-				case <-wc.dead:
-					up.connLost()
-				case <-up.done:
-				}
-			}()
-		}})
-	}
-	hreq, err := c.newRequest(rctx, http.MethodPost, "/v1/exec", nil, body)
+	const path = "/v1/exec"
+	// The connection closes when ctx ends, which cancels a queued or
+	// running command.
+	cc, err := c.connect(ctx, methodPost, path)
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}
-	hreq.Header.Set("Content-Type", ipc.ContentTypeNDJSON)
-	resp, err := c.send(hreq)
+	defer cc.close()
+
+	r := request{method: methodPost, path: path, contentType: ipc.ContentTypeNDJSON}
+	streaming := opts.Stdin != nil || opts.Signals != nil || opts.Resizes != nil
+	if streaming {
+		r.chunked = true
+	} else {
+		// Nothing will follow the request: one plain body.
+		r.body = append(first, '\n')
+	}
+	if _, err := cc.Write(appendRequest(nil, r, c.userAgent)); err != nil {
+		return ipc.ExecResult{}, transportError(ctx, methodPost, path, err)
+	}
+	var up *uplink
+	if streaming {
+		// Each frame the uplink writes goes out as one chunk, written by
+		// the uplink itself: no pipe, no copying goroutine.
+		up = &uplink{pw: &chunkedConn{w: cc.Conn}, done: make(chan struct{})}
+		go up.run(ctx, first, opts.Stdin, opts.Signals, opts.Resizes)
+		defer up.stop()
+	}
+	resp, err := readResponse(cc.br)
 	if err != nil {
 		if up != nil && up.failed() != nil && ctx.Err() == nil {
 			return ipc.ExecResult{}, up.failed()
 		}
-		if errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, ErrDaemonNotRunning) && ctx.Err() == nil {
-			var ue *UntrustedError
-			if !errors.As(err, &ue) {
-				return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd closed the connection before answering (did it die or restart?): the command had not been reported started, so it most likely did not run; check `sbx daemon status`, then run it again: %w", err))
-			}
+		if ctx.Err() == nil {
+			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd closed the connection before answering (did it die or restart?): the command had not been reported started, so it most likely did not run; check `sbx daemon status`, then run it again: %w", err))
 		}
+		return ipc.ExecResult{}, transportError(ctx, methodPost, path, err)
+	}
+	// The body is never read to its end: the daemon ends it only after it
+	// saw this request end. The connection's close ends both.
+	if err := c.received(resp, false); err != nil {
 		return ipc.ExecResult{}, err
 	}
-	defer resp.Body.Close()
-	res, err := c.readExec(ctx, resp.Body, resp.StatusCode, opts, up)
+	res, err := c.readExec(ctx, resp.body, resp.status, opts, up)
 	if up != nil {
-		// End the request stream before the response body is closed: a
-		// transport that sees the response end while the request is still
-		// being written waits 50ms for the write before it lets go.
+		// End the request stream cleanly before the connection closes.
 		up.stop()
 	}
 	return res, err
@@ -136,7 +125,7 @@ func (c *Client) readExec(ctx context.Context, body io.Reader, status int, opts 
 				return ipc.ExecResult{}, up.failed()
 			}
 			if ctx.Err() != nil {
-				return ipc.ExecResult{}, transportError(ctx, http.MethodPost, "/v1/exec", err)
+				return ipc.ExecResult{}, transportError(ctx, methodPost, "/v1/exec", err)
 			}
 			if !started {
 				return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd's answer ended before the command started (did the daemon die or restart?): the command most likely did not run; check `sbx daemon status`, then run it again: %w", err))
@@ -185,10 +174,9 @@ func write(w io.Writer, p []byte) error {
 
 var errUplinkDone = errors.New("exec request stream ended")
 
-// uplinkWriter is where an uplink writes its frames: a pipe into the
-// request body net/http sends (Exec), or the connection itself, a chunk a
-// frame (ExecLean). Close and CloseWithError(errUplinkDone) end the stream
-// cleanly; another error abandons it.
+// uplinkWriter is where an uplink writes its frames: the connection itself,
+// a chunk a frame (chunkedConn). Close and CloseWithError(errUplinkDone)
+// end the stream cleanly; another error abandons it.
 type uplinkWriter interface {
 	io.Writer
 	Close() error
@@ -205,12 +193,6 @@ type uplink struct {
 	mu  sync.Mutex
 	err error // why the uplink failed, if it did
 }
-
-// errConnLost ends the request stream of an exec whose connection failed.
-var errConnLost = errors.New("the connection to sandboxd failed")
-
-// connLost ends the request stream because its connection failed.
-func (u *uplink) connLost() { _ = u.pw.CloseWithError(errConnLost) }
 
 func (u *uplink) stop() {
 	u.once.Do(func() { close(u.done) })
@@ -232,8 +214,8 @@ func (u *uplink) fail(err error) {
 }
 
 func (u *uplink) run(ctx context.Context, first []byte, stdin io.Reader, signals <-chan string, resizes <-chan ipc.WindowSize) {
-	// However the uplink ends, the transport must see the body end: its
-	// write loop (and so a cancelled round trip) waits for that.
+	// However the uplink ends, the request stream ends with it: with the
+	// last chunk, unless it was abandoned (the daemon then sees it broken).
 	defer u.pw.CloseWithError(errUplinkDone)
 	enc := func(v any) bool {
 		b, err := json.Marshal(v)
@@ -326,4 +308,52 @@ func pumpStdin(r io.Reader, chunks chan<- []byte, errc chan<- error, done <-chan
 			return
 		}
 	}
+}
+
+// chunkedConn is the request body of a streaming Exec: each Write is
+// one HTTP/1.1 chunk on the connection, and ending the stream cleanly
+// writes the last chunk, once.
+type chunkedConn struct {
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool
+}
+
+func (c *chunkedConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, io.ErrClosedPipe
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	buf := make([]byte, 0, len(p)+20)
+	buf = strconv.AppendInt(buf, int64(len(p)), 16)
+	buf = append(buf, "\r\n"...)
+	buf = append(buf, p...)
+	buf = append(buf, "\r\n"...)
+	if _, err := c.w.Write(buf); err != nil {
+		c.closed = true
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (c *chunkedConn) Close() error { return c.CloseWithError(nil) }
+
+// CloseWithError ends the body: with the last chunk when err is nil or
+// errUplinkDone, abandoned otherwise (the connection's close tells).
+func (c *chunkedConn) CloseWithError(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if err != nil && !errors.Is(err, errUplinkDone) {
+		return nil
+	}
+	_, werr := io.WriteString(c.w, "0\r\n\r\n")
+	return werr
 }

@@ -1,12 +1,11 @@
 package client
 
 import (
-	"bytes"
+	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
+	"net"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
@@ -15,41 +14,37 @@ import (
 // SSHHosts is GET /v1/ssh/hosts: the live sandboxes as OpenSSH hosts (the
 // daemon writes their key files).
 func (c *Client) SSHHosts(ctx context.Context) (ipc.SSHHostsResponse, error) {
-	return call[ipc.SSHHostsResponse](ctx, c, http.MethodGet, "/v1/ssh/hosts", nil, nil)
+	return call[ipc.SSHHostsResponse](ctx, c, methodGet, "/v1/ssh/hosts", nil, nil)
 }
 
 // SSHProxy is POST /v1/ssh/proxy: it returns the connection, now carrying
-// the SSH stream of the sandbox req names. The caller closes it.
+// the SSH stream of the sandbox req names. ctx bounds the request until the
+// daemon switches protocols; the stream is then the caller's, who closes
+// it.
 func (c *Client) SSHProxy(ctx context.Context, req ipc.SSHProxyRequest) (io.ReadWriteCloser, error) {
-	b, err := json.Marshal(req)
-	if err != nil {
-		return nil, errdefs.Invalidf("encode the proxy request: %v", err)
-	}
-	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/ssh/proxy", nil, bytes.NewReader(b))
+	r, err := jsonRequest(methodPost, "/v1/ssh/proxy", nil, req)
 	if err != nil {
 		return nil, err
 	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Connection", "Upgrade")
-	hreq.Header.Set("Upgrade", ipc.SSHProxyProtocol)
-	resp, err := c.hc.Do(hreq)
+	r.upgrade = ipc.SSHProxyProtocol
+	resp, cc, err := c.roundTrip(ctx, r)
 	if err != nil {
-		return nil, transportError(ctx, hreq.Method, hreq.URL.Path, err)
+		return nil, err
 	}
-	if v := resp.Header.Get(ipc.HeaderVersion); v != "" {
-		c.daemonVersion.Store(&v)
+	if resp.status != 101 {
+		cc.close()
+		return nil, errdefs.Internal(fmt.Errorf("sandboxd answered %d to a proxy request instead of switching protocols: is it an older version? (sbx version)", resp.status))
 	}
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		defer resp.Body.Close()
-		if resp.StatusCode/100 == 2 {
-			return nil, errdefs.Internal(fmt.Errorf("sandboxd answered %d to a proxy request instead of switching protocols: is it an older version? (sbx version)", resp.StatusCode))
-		}
-		return nil, decodeError(resp)
-	}
-	rwc, ok := resp.Body.(io.ReadWriteCloser)
-	if !ok {
-		resp.Body.Close()
-		return nil, errdefs.Internal(fmt.Errorf("the upgraded connection is not writable"))
-	}
-	return rwc, nil
+	cc.stop()
+	return &upgraded{Conn: cc.Conn, br: cc.br}, nil
 }
+
+// upgraded is a connection after a 101: the bytes that came behind the
+// answer's head are in br, so reads go through it; writes go straight to
+// the connection.
+type upgraded struct {
+	net.Conn
+	br *bufio.Reader
+}
+
+func (u *upgraded) Read(p []byte) (int, error) { return u.br.Read(p) }

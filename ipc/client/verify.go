@@ -11,7 +11,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/errdefs"
-	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/peercred"
 )
 
 // UntrustedError says what serves the socket is not this user's sandboxd: a
@@ -69,7 +69,7 @@ func verifyDaemon(conn net.Conn, socket string) error {
 	if sowner, ok := ownerOf(si); !ok || sowner != uid {
 		return untrusted("the socket belongs to %s, not to you (%s)", describeUID(sowner), describeUID(uid))
 	}
-	peer, _, _, err := ipc.PeerCred(conn)
+	peer, _, _, err := peercred.Read(conn)
 	if err != nil {
 		return errdefs.Unavailable(fmt.Errorf("read the credentials of the process serving %s: %w", socket, err))
 	}

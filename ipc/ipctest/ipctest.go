@@ -14,13 +14,14 @@ import (
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
-// Server is a running ipc.Server on a socket in its own short temp dir.
+// Server is a running server.Server on a socket in its own short temp dir.
 type Server struct {
 	Socket   string
 	Dir      string
-	API      *ipc.Server
+	API      *server.Server
 	Sessions *Sessions
 	Events   *Events
 	Daemon   *Daemon
@@ -29,7 +30,7 @@ type Server struct {
 
 // Options adjust Start.
 type Options struct {
-	Server ipc.ServerOptions
+	Server server.Options
 	// NoSessions / NoEvents leave those backends nil (503).
 	NoSessions, NoEvents bool
 	// Socket is where to listen; default a socket in a new temp dir.
@@ -67,14 +68,14 @@ func Start(t testing.TB, o Options) *Server {
 	if err := os.Chmod(s.Socket, mode); err != nil {
 		t.Fatal(err)
 	}
-	b := ipc.Backends{Daemon: s.Daemon}
+	b := server.Backends{Daemon: s.Daemon}
 	if !o.NoSessions {
 		b.Sessions = s.Sessions
 	}
 	if !o.NoEvents {
 		b.Events = s.Events
 	}
-	s.API = ipc.NewServer(b, o.Server)
+	s.API = server.New(b, o.Server)
 	go func() { s.served <- s.API.Serve(ln) }()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -120,7 +121,7 @@ type Sessions struct {
 	ListFn   func(context.Context, ipc.ListRequest) (ipc.ListResponse, error)
 	StopFn   func(context.Context, ipc.StopRequest) (ipc.StopResponse, error)
 	StatusFn func(context.Context, ipc.StatusRequest) (ipc.ProbeResponse, error)
-	ExecFn   func(context.Context, ipc.ExecRequest, ipc.ExecStream) (ipc.ExecResult, error)
+	ExecFn   func(context.Context, ipc.ExecRequest, server.ExecStream) (ipc.ExecResult, error)
 	PushFn   func(context.Context, ipc.PushRequest) (ipc.PushResponse, error)
 
 	mu       sync.Mutex
@@ -208,7 +209,7 @@ func (s *Sessions) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushRespo
 	return ipc.PushResponse{RunID: "run-1", Files: []string{}}, nil
 }
 
-func (s *Sessions) Exec(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+func (s *Sessions) Exec(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 	s.record(req)
 	if s.ExecFn != nil {
 		return s.ExecFn(ctx, req, st)
@@ -255,7 +256,7 @@ func (s *sub) end(err error) {
 func (s *sub) Close() { s.end(nil) }
 
 // Subscribe replays events after since, then streams new ones.
-func (e *Events) Subscribe(ctx context.Context, since *uint64) (ipc.EventSubscription, error) {
+func (e *Events) Subscribe(ctx context.Context, since *uint64) (server.EventSubscription, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	s := &sub{ch: make(chan ipc.Event, 64)}

@@ -15,8 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
+	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
 // TestMain doubles as a fake sandboxd when AUTOSTART_TEST_MODE is set.
@@ -28,7 +28,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "sandboxd:", err)
 			os.Exit(1)
 		}
-		srv := ipc.NewServer(ipc.Backends{}, ipc.ServerOptions{Version: "fake"})
+		srv := server.New(server.Backends{}, server.Options{Version: "fake"})
 		go func() {
 			c := make(chan os.Signal, 1)
 			signal.Notify(c, syscall.SIGTERM)

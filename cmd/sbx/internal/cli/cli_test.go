@@ -21,6 +21,7 @@ import (
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
 	"github.com/sandboxd/sandboxd/ipc/ipctest"
+	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
 func TestParse(t *testing.T) {
@@ -197,7 +198,7 @@ func (l *lockedBuffer) Len() int { l.mu.Lock(); defer l.mu.Unlock(); return l.b.
 func (l *lockedBuffer) Reset()   { l.mu.Lock(); defer l.mu.Unlock(); l.b.Reset() }
 
 func newHarness(t *testing.T) *harness {
-	h := &harness{t: t, srv: ipctest.Start(t, ipctest.Options{Server: ipc.ServerOptions{Version: "v1.0.0"}}), cwd: "/work/repo"}
+	h := &harness{t: t, srv: ipctest.Start(t, ipctest.Options{Server: server.Options{Version: "v1.0.0"}}), cwd: "/work/repo"}
 	home := t.TempDir()
 	h.env = map[string]string{"HOME": home, "XDG_STATE_HOME": filepath.Join(home, "state"), "SANDBOXD_SOCKET": h.srv.Socket}
 	return h
@@ -240,7 +241,7 @@ func (h *harness) lastRequest() any {
 
 func TestExecPassesArgvAndStdinAndExitCode(t *testing.T) {
 	h := newHarness(t)
-	h.srv.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	h.srv.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		st.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: "config drift: run `sbx reset`"})
 		in, _ := io.ReadAll(st.Stdin())
 		st.Stdout().Write(in)
@@ -323,7 +324,7 @@ func TestExecPassesArgvAndStdinAndExitCode(t *testing.T) {
 
 func TestExecFailuresExit125(t *testing.T) {
 	h := newHarness(t)
-	h.srv.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	h.srv.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		if req.RunID == "gone" {
 			return ipc.ExecResult{}, errdefs.NotFoundf("no session for run gone: attach to it with `sbx start --id gone`")
 		}
@@ -348,7 +349,7 @@ func TestExecFailuresExit125(t *testing.T) {
 func TestExecForwardsSignals(t *testing.T) {
 	h := newHarness(t)
 	got := make(chan string, 1)
-	h.srv.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	h.srv.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		st.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 		st.Stdout().Write([]byte("running\n"))
 		select {
@@ -449,7 +450,7 @@ func TestVersionAndDaemonCommands(t *testing.T) {
 	if code := h.run("--version"); code != 0 || !strings.Contains(h.stdout.String(), "sbx       v1.0.0") {
 		t.Fatalf("sbx --version: %d %q %q", code, h.stdout.String(), h.stderr.String())
 	}
-	other := ipctest.Start(t, ipctest.Options{Server: ipc.ServerOptions{Version: "v0.9.0"}})
+	other := ipctest.Start(t, ipctest.Options{Server: server.Options{Version: "v0.9.0"}})
 	h.env["SANDBOXD_SOCKET"] = other.Socket
 	if code := h.run("version"); code != 0 || strings.Count(h.stderr.String(), "\n") != 1 || !strings.Contains(h.stderr.String(), "sbx v1.0.0 and sandboxd v0.9.0 differ") {
 		t.Fatalf("mismatch: %d %q", code, h.stderr.String())
@@ -507,7 +508,7 @@ func TestAutostartRetries(t *testing.T) {
 		if l.Socket != sock {
 			t.Errorf("autostart for socket %s, want %s", l.Socket, sock)
 		}
-		ipctest.Start(t, ipctest.Options{Socket: sock, Server: ipc.ServerOptions{Version: "v1.0.0"}})
+		ipctest.Start(t, ipctest.Options{Socket: sock, Server: server.Options{Version: "v1.0.0"}})
 		return nil
 	}
 	if code := h.run("list", "--json"); code != 0 || starts != 1 {

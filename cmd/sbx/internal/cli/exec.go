@@ -158,7 +158,7 @@ func (a *app) exec(ctx context.Context) int {
 
 func (a *app) runExec(ctx context.Context, req ipc.ExecRequest, opts client.ExecOptions) (ipc.ExecResult, error) {
 	var res ipc.ExecResult
-	err := a.call(ctx, func(ctx context.Context) (err error) { res, err = a.c.ExecLean(ctx, req, opts); return err })
+	err := a.call(ctx, func(ctx context.Context) (err error) { res, err = a.c.Exec(ctx, req, opts); return err })
 	return res, err
 }
 

@@ -106,7 +106,6 @@ func (a *app) daemonStop(ctx context.Context) int {
 		if a.sys.Now().After(deadline) {
 			return a.fail(errors.New("sandboxd accepted the stop request but still answers after 30s: commands in flight may be holding it; see its log"))
 		}
-		a.c.Close() // a fresh connection each try: the old one may stay open
 		select {
 		case <-ctx.Done():
 			return a.fail(ctx.Err())

@@ -9,10 +9,10 @@ import (
 	"testing"
 )
 
-// chunkedConn is ExecLean's request body: each frame one chunk, and a clean
-// end (Close, or the uplink's errUplinkDone) the last chunk, written once;
-// an abandoned stream (stdin failed) gets no last chunk, so the daemon sees
-// it broken, not complete.
+// chunkedConn is Exec's streamed request body: each frame one chunk, and a
+// clean end (Close, or the uplink's errUplinkDone) the last chunk, written
+// once; an abandoned stream (stdin failed) gets no last chunk, so the daemon
+// sees it broken, not complete.
 func TestChunkedConnFramesAndEnds(t *testing.T) {
 	for _, end := range []struct {
 		name  string

@@ -1,4 +1,4 @@
-package ipc
+package server
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
 )
 
 // eventWriteTimeout bounds one event write: a client that stops reading for
@@ -36,13 +37,13 @@ func (s *Server) getEvents(w http.ResponseWriter, r *http.Request) error {
 	defer s.trackStream()()
 
 	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", ContentTypeNDJSON)
+	w.Header().Set("Content-Type", ipc.ContentTypeNDJSON)
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)
 	if err := rc.Flush(); err != nil {
 		return nil // the client is gone; nothing to answer
 	}
-	send := func(ev Event) bool {
+	send := func(ev ipc.Event) bool {
 		b, err := json.Marshal(ev)
 		if err != nil {
 			s.log.Error("encode event", "type", ev.Type, "err", err)
@@ -55,13 +56,13 @@ func (s *Server) getEvents(w http.ResponseWriter, r *http.Request) error {
 		return rc.Flush() == nil
 	}
 	closed := func(err error) {
-		data, _ := json.Marshal(StreamClosed{Code: string(kindOf(err)), Reason: err.Error()})
-		send(Event{Time: time.Now().UTC(), Type: EventStreamClosed, Data: data})
+		data, _ := json.Marshal(ipc.StreamClosed{Code: string(kindOf(err)), Reason: err.Error()})
+		send(ipc.Event{Time: time.Now().UTC(), Type: ipc.EventStreamClosed, Data: data})
 	}
 	for {
 		select {
 		case ev, ok := <-sub.Events():
-			if ok && ev.Type == EventStreamClosed {
+			if ok && ev.Type == ipc.EventStreamClosed {
 				// The source ended the stream with its own reason (a slow
 				// consumer): forward it as the last event.
 				send(ev)

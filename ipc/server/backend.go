@@ -1,32 +1,34 @@
-package ipc
+package server
 
 import (
 	"context"
 	"io"
+
+	"github.com/sandboxd/sandboxd/ipc"
 )
 
 // SessionBackend is what the daemon's session manager provides to the socket
 // API. Errors carry errdefs kinds; the server maps them to status codes.
 type SessionBackend interface {
-	Start(ctx context.Context, req StartRequest) (StartResponse, error)
-	Reset(ctx context.Context, req StartRequest) (StartResponse, error)
-	List(ctx context.Context, req ListRequest) (ListResponse, error)
-	Stop(ctx context.Context, req StopRequest) (StopResponse, error)
-	Init(ctx context.Context, req InitRequest) (InitResponse, error)
-	Status(ctx context.Context, req StatusRequest) (ProbeResponse, error)
-	Probe(ctx context.Context, sessionID string) (ProbeResponse, error)
-	Config(ctx context.Context) (ConfigResponse, error)
+	Start(ctx context.Context, req ipc.StartRequest) (ipc.StartResponse, error)
+	Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartResponse, error)
+	List(ctx context.Context, req ipc.ListRequest) (ipc.ListResponse, error)
+	Stop(ctx context.Context, req ipc.StopRequest) (ipc.StopResponse, error)
+	Init(ctx context.Context, req ipc.InitRequest) (ipc.InitResponse, error)
+	Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeResponse, error)
+	Probe(ctx context.Context, sessionID string) (ipc.ProbeResponse, error)
+	Config(ctx context.Context) (ipc.ConfigResponse, error)
 	// Doctor checks the remote and each live sandbox (GET /v1/doctor).
-	Doctor(ctx context.Context) (DoctorResponse, error)
+	Doctor(ctx context.Context) (ipc.DoctorResponse, error)
 	// Reconcile runs a reconcile pass, or joins the one in flight
 	// (POST /v1/reconcile).
 	Reconcile(ctx context.Context) error
 	// Exec runs one command. ctx ends when the client goes away (which
 	// must cancel a queued or running command) or the server shuts down.
-	Exec(ctx context.Context, req ExecRequest, stream ExecStream) (ExecResult, error)
+	Exec(ctx context.Context, req ipc.ExecRequest, stream ExecStream) (ipc.ExecResult, error)
 	// Push syncs the caller's working tree to its sandbox without running
 	// a command (POST /v1/push).
-	Push(ctx context.Context, req PushRequest) (PushResponse, error)
+	Push(ctx context.Context, req ipc.PushRequest) (ipc.PushResponse, error)
 }
 
 // ExecStream is the daemon's view of one exec call's streams. All methods are
@@ -43,7 +45,7 @@ type ExecStream interface {
 	// It is closed when the request body ends.
 	Signals() <-chan string
 	// Send writes a queued, started or warning frame.
-	Send(ExecOutput) error
+	Send(ipc.ExecOutput) error
 }
 
 // ExecResizer is implemented by exec streams that carry resize frames (an
@@ -51,7 +53,7 @@ type ExecStream interface {
 type ExecResizer interface {
 	// Resizes yields the caller's new terminal sizes; closed when the
 	// request body ends.
-	Resizes() <-chan WindowSize
+	Resizes() <-chan ipc.WindowSize
 }
 
 // EventSource is the daemon's event bus as the socket API sees it.
@@ -65,7 +67,7 @@ type EventSource interface {
 // EventSubscription is one subscriber's view of the event bus.
 type EventSubscription interface {
 	// Events is closed when the subscription ends.
-	Events() <-chan Event
+	Events() <-chan ipc.Event
 	// Err says why the subscription ended: nil while it runs or when the
 	// subscriber closed it.
 	Err() error
@@ -74,7 +76,7 @@ type EventSubscription interface {
 
 // DaemonBackend is the daemon process itself.
 type DaemonBackend interface {
-	Health(ctx context.Context) (HealthResponse, error)
+	Health(ctx context.Context) (ipc.HealthResponse, error)
 	// Shutdown begins an orderly shutdown (POST /v1/daemon/stop) and
 	// returns at once: the shutdown itself waits for in-flight requests,
 	// including the one that asked for it.

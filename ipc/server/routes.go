@@ -1,4 +1,4 @@
-package ipc
+package server
 
 import (
 	"context"
@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 
 	"github.com/gorilla/mux"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
 )
 
 // Route paths.
@@ -37,6 +37,11 @@ const (
 	routeDoctor    = "/v1/doctor"
 	routeSSHHosts  = "/v1/ssh/hosts"
 	routeSSHProxy  = "/v1/ssh/proxy"
+	routeBg        = "/v1/bg"
+	routeBgStart   = "/v1/bg/start"
+	routeBgRestart = "/v1/bg/restart"
+	routeBgStop    = "/v1/bg/stop"
+	routeBgLogs    = "/v1/bg/logs"
 )
 
 //go:embed openapi.yaml
@@ -62,21 +67,21 @@ func (s *Server) routes() *mux.Router {
 	handle(http.MethodPost, routeStop, route(s.daemon, emptyBody, stopDaemon, http.StatusAccepted))
 	handle(http.MethodGet, routeConfig, route(s.sessions, noInput, withoutInput(SessionBackend.Config), http.StatusOK))
 	handle(http.MethodGet, routeDoctor, route(s.sessions, noInput, withoutInput(SessionBackend.Doctor), http.StatusOK))
-	handle(http.MethodPost, routeStart, routeWithStatus(s.sessions, jsonBody[StartRequest], SessionBackend.Start, startStatus))
-	handle(http.MethodPost, routeReset, routeWithStatus(s.sessions, jsonBody[StartRequest], SessionBackend.Reset, startStatus))
+	handle(http.MethodPost, routeStart, routeWithStatus(s.sessions, jsonBody[ipc.StartRequest], SessionBackend.Start, startStatus))
+	handle(http.MethodPost, routeReset, routeWithStatus(s.sessions, jsonBody[ipc.StartRequest], SessionBackend.Reset, startStatus))
 	handle(http.MethodGet, routeSessions, route(s.sessions, listQuery, listSessions, http.StatusOK))
-	handle(http.MethodPost, routeStopSess, route(s.sessions, jsonBody[StopRequest], stopSessions, http.StatusOK))
+	handle(http.MethodPost, routeStopSess, route(s.sessions, jsonBody[ipc.StopRequest], stopSessions, http.StatusOK))
 	handle(http.MethodGet, routeProbe, route(s.sessions, probeID, SessionBackend.Probe, http.StatusOK))
 	handle(http.MethodGet, routeStatus, route(s.sessions, statusQuery, SessionBackend.Status, http.StatusOK))
-	handle(http.MethodPost, routeInit, route(s.sessions, jsonBody[InitRequest], SessionBackend.Init, http.StatusCreated))
+	handle(http.MethodPost, routeInit, route(s.sessions, jsonBody[ipc.InitRequest], SessionBackend.Init, http.StatusCreated))
 	handle(http.MethodPost, routeReconcile, route(s.sessions, emptyBody, reconcile, http.StatusOK))
 	handle(http.MethodPost, routeExec, s.postExec)
-	handle(http.MethodPost, routePush, route(s.sessions, jsonBody[PushRequest], SessionBackend.Push, http.StatusOK))
+	handle(http.MethodPost, routePush, route(s.sessions, jsonBody[ipc.PushRequest], SessionBackend.Push, http.StatusOK))
 	handle(http.MethodGet, routeEvents, s.getEvents)
 	handle(http.MethodGet, routeBg, route(s.background, bgListQuery, listBg, http.StatusOK))
-	handle(http.MethodPost, routeBgStart, route(s.background, jsonBody[BgStartRequest], BackgroundBackend.BgStart, http.StatusOK))
-	handle(http.MethodPost, routeBgRestart, route(s.background, jsonBody[BgRequest], BackgroundBackend.BgRestart, http.StatusOK))
-	handle(http.MethodPost, routeBgStop, route(s.background, jsonBody[BgRequest], BackgroundBackend.BgStop, http.StatusOK))
+	handle(http.MethodPost, routeBgStart, route(s.background, jsonBody[ipc.BgStartRequest], BackgroundBackend.BgStart, http.StatusOK))
+	handle(http.MethodPost, routeBgRestart, route(s.background, jsonBody[ipc.BgRequest], BackgroundBackend.BgRestart, http.StatusOK))
+	handle(http.MethodPost, routeBgStop, route(s.background, jsonBody[ipc.BgRequest], BackgroundBackend.BgStop, http.StatusOK))
 	handle(http.MethodPost, routeBgLogs, s.postBgLogs)
 	handle(http.MethodGet, routeSSHHosts, route(s.sshBackend, noInput, getSSHHosts, http.StatusOK))
 	handle(http.MethodPost, routeSSHProxy, s.postSSHProxy)
@@ -123,7 +128,7 @@ func routeWithStatus[B, Req, Resp any](
 
 // startStatus is 201 when start or reset created the session, 200 when it
 // was already there.
-func startStatus(resp StartResponse) int {
+func startStatus(resp ipc.StartResponse) int {
 	if resp.Created {
 		return http.StatusCreated
 	}
@@ -168,15 +173,15 @@ func jsonBody[Req any, PReq interface {
 	return req, nil
 }
 
-func listQuery(r *http.Request) (ListRequest, error) {
+func listQuery(r *http.Request) (ipc.ListRequest, error) {
 	q := newQuery(r)
-	req := ListRequest{All: q.boolean("all")}
+	req := ipc.ListRequest{All: q.boolean("all")}
 	return req, q.done()
 }
 
-func statusQuery(r *http.Request) (StatusRequest, error) {
+func statusQuery(r *http.Request) (ipc.StatusRequest, error) {
 	q := newQuery(r)
-	req := StatusRequest{Cwd: q.str("cwd"), ConfigFile: q.str("configFile"), RunID: q.str("runId")}
+	req := ipc.StatusRequest{Cwd: q.str("cwd"), ConfigFile: q.str("configFile"), RunID: q.str("runId")}
 	if err := q.done(); err != nil {
 		return req, err
 	}
@@ -197,33 +202,33 @@ func probeID(r *http.Request) (string, error) {
 	return id, nil
 }
 
-func stopDaemon(d DaemonBackend, ctx context.Context, _ struct{}) (DaemonStopResponse, error) {
+func stopDaemon(d DaemonBackend, ctx context.Context, _ struct{}) (ipc.DaemonStopResponse, error) {
 	if err := d.Shutdown(ctx); err != nil {
-		return DaemonStopResponse{}, err
+		return ipc.DaemonStopResponse{}, err
 	}
-	return DaemonStopResponse{Status: "stopping"}, nil
+	return ipc.DaemonStopResponse{Status: "stopping"}, nil
 }
 
-func reconcile(b SessionBackend, ctx context.Context, _ struct{}) (ReconcileResponse, error) {
+func reconcile(b SessionBackend, ctx context.Context, _ struct{}) (ipc.ReconcileResponse, error) {
 	if err := b.Reconcile(ctx); err != nil {
-		return ReconcileResponse{}, err
+		return ipc.ReconcileResponse{}, err
 	}
-	return ReconcileResponse{Status: "ok"}, nil
+	return ipc.ReconcileResponse{Status: "ok"}, nil
 }
 
 // listSessions and stopSessions answer [] rather than null for no sessions.
-func listSessions(b SessionBackend, ctx context.Context, req ListRequest) (ListResponse, error) {
+func listSessions(b SessionBackend, ctx context.Context, req ipc.ListRequest) (ipc.ListResponse, error) {
 	resp, err := b.List(ctx, req)
 	if err == nil && resp.Sessions == nil {
-		resp.Sessions = []SessionInfo{}
+		resp.Sessions = []ipc.SessionInfo{}
 	}
 	return resp, err
 }
 
-func stopSessions(b SessionBackend, ctx context.Context, req StopRequest) (StopResponse, error) {
+func stopSessions(b SessionBackend, ctx context.Context, req ipc.StopRequest) (ipc.StopResponse, error) {
 	resp, err := b.Stop(ctx, req)
 	if err == nil && resp.Stopped == nil {
-		resp.Stopped = []SessionInfo{}
+		resp.Stopped = []ipc.SessionInfo{}
 	}
 	return resp, err
 }
@@ -232,7 +237,7 @@ func (s *Server) getVersion(w http.ResponseWriter, r *http.Request) error {
 	if err := noQuery(r); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, VersionResponse{Version: s.version, GoVersion: runtime.Version(), PID: os.Getpid(), StartedAt: s.startedAt})
+	writeJSON(w, http.StatusOK, ipc.VersionResponse{Version: s.version, GoVersion: runtime.Version(), PID: os.Getpid(), StartedAt: s.startedAt})
 	return nil
 }
 
@@ -257,12 +262,4 @@ func (s *Server) sessions() (SessionBackend, error) {
 		return nil, errdefs.Unavailable(errors.New("sessions are not available: the daemon has not finished starting (or failed to); see `sbx daemon status` and the daemon's log"))
 	}
 	return s.b.Sessions, nil
-}
-
-// cleanAbs is filepath.Clean for a path that must be absolute.
-func cleanAbs(what, p string) (string, error) {
-	if !filepath.IsAbs(p) {
-		return "", errdefs.Invalidf("%s %q is not an absolute path: send the absolute path", what, p)
-	}
-	return filepath.Clean(p), nil
 }

@@ -1,7 +1,8 @@
-// Package ipc is sandboxd's socket API: HTTP/1.1 over a Unix socket, routes
-// under /v1, NDJSON streams for exec and events. This file holds the server;
-// types.go the wire types; client/ the one typed Go client.
-package ipc
+// Package server serves sandboxd's socket API (package ipc is its wire
+// contract, ipc/client the client): HTTP/1.1 over a Unix socket, routes
+// under /v1 (routes.go), NDJSON streams for exec and events, each handler
+// returning its error, mapped to a status once (errors.go).
+package server
 
 import (
 	"context"
@@ -19,16 +20,17 @@ import (
 	"github.com/gorilla/mux"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
 )
 
 // DefaultMaxBodyBytes bounds a request body, and each frame of an exec
 // request stream.
 const DefaultMaxBodyBytes = 1 << 20
 
-// ServerOptions configure a Server. The zero value is usable.
-type ServerOptions struct {
+// Options configure a Server. The zero value is usable.
+type Options struct {
 	// Version is sent in the Sandboxd-Version header and by GET /v1/version;
-	// default BuildVersion().
+	// default ipc.BuildVersion().
 	Version string
 	// Logger defaults to discarding.
 	Logger *slog.Logger
@@ -50,7 +52,7 @@ type ServerOptions struct {
 	Warning func() string
 }
 
-// DefaultBodyIdleTimeout is ServerOptions.BodyIdleTimeout's default.
+// DefaultBodyIdleTimeout is Options.BodyIdleTimeout's default.
 const DefaultBodyIdleTimeout = 30 * time.Second
 
 // Server serves the socket API.
@@ -81,8 +83,8 @@ type Server struct {
 	bodyIdle time.Duration
 }
 
-// NewServer builds the server for b. Serve it with Serve.
-func NewServer(b Backends, opts ServerOptions) *Server {
+// New builds the server for b. Serve it with Serve.
+func New(b Backends, opts Options) *Server {
 	s := &Server{
 		b:         b,
 		version:   opts.Version,
@@ -94,7 +96,7 @@ func NewServer(b Backends, opts ServerOptions) *Server {
 		closing:   make(chan struct{}),
 	}
 	if s.version == "" {
-		s.version = BuildVersion()
+		s.version = ipc.BuildVersion()
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -178,10 +180,10 @@ func (s *Server) middleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.requests.Add(1)
 		defer s.requests.Add(-1)
-		w.Header().Set(HeaderVersion, s.version)
+		w.Header().Set(ipc.HeaderVersion, s.version)
 		if s.warning != nil {
 			if msg := s.warning(); msg != "" {
-				w.Header().Set(HeaderWarning, msg)
+				w.Header().Set(ipc.HeaderWarning, msg)
 			}
 		}
 		p, err := peerFrom(r.Context())

@@ -1,15 +1,12 @@
-package ipc
+package server
 
 import (
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/gorilla/mux"
 	"gopkg.in/yaml.v3"
-
-	"github.com/sandboxd/sandboxd/errdefs"
 )
 
 // TestOpenAPIListsEveryRoute walks the registered routes and checks that the
@@ -35,7 +32,7 @@ func TestOpenAPIListsEveryRoute(t *testing.T) {
 		}
 	}
 	registered := map[string]bool{}
-	s := NewServer(Backends{}, ServerOptions{})
+	s := New(Backends{}, Options{})
 	err := s.router.Walk(func(route *mux.Route, _ *mux.Router, _ []*mux.Route) error {
 		tpl, err := route.GetPathTemplate()
 		if err != nil {
@@ -77,20 +74,3 @@ func TestOpenAPIListsEveryRoute(t *testing.T) {
 		t.Errorf("openapi.yaml documents routes that are not registered: %v", extra)
 	}
 }
-
-func TestStatusKindRoundTrip(t *testing.T) {
-	for _, code := range []string{"invalid", "unauthorized", "not_found", "conflict", "gone", "too_large", "unavailable", "canceled", "timeout", "internal", "method_not_allowed"} {
-		if !KnownKind(code) {
-			t.Errorf("%s is not a known kind", code)
-		}
-		st := StatusOf(kindFor(code))
-		if got := KindOfStatus(st); string(got) != code {
-			t.Errorf("kind %s -> status %d -> kind %s", code, st, got)
-		}
-	}
-	if StatusOf(kindFor("bogus")) != http.StatusInternalServerError {
-		t.Error("an unknown kind must map to 500")
-	}
-}
-
-func kindFor(code string) (k errdefs.Kind) { return errdefs.Kind(code) }

@@ -1,4 +1,4 @@
-package ipc_test
+package server_test
 
 import (
 	"bufio"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/ipctest"
+	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
 const testBodyIdle = 300 * time.Millisecond
@@ -47,7 +48,7 @@ func sendSlowly(t *testing.T, sock, path string, declared int, pieces []string, 
 // timeout, the whole far longer) is served; a handler that works long after
 // reading its body is not cut.
 func TestSlowRequestBodiesTimeOut(t *testing.T) {
-	s := start(t, ipctest.Options{Server: ipc.ServerOptions{BodyIdleTimeout: testBodyIdle}})
+	s := start(t, ipctest.Options{Server: server.Options{BodyIdleTimeout: testBodyIdle}})
 	body := `{"cwd":"/work/repo"}`
 	// Stalls after 5 bytes of 20: answered, with a timeout.
 	code, msg, err := sendSlowly(t, s.Socket, "/v1/sessions/start", len(body), []string{body[:5]}, 0)
@@ -82,12 +83,12 @@ func TestSlowRequestBodiesTimeOut(t *testing.T) {
 // must come within the idle timeout; the stdin that follows may be quiet
 // far longer.
 func TestExecRequestLineTimesOutButStdinMayBeQuiet(t *testing.T) {
-	s := start(t, ipctest.Options{Server: ipc.ServerOptions{BodyIdleTimeout: testBodyIdle}})
+	s := start(t, ipctest.Options{Server: server.Options{BodyIdleTimeout: testBodyIdle}})
 	code, msg, err := sendSlowly(t, s.Socket, "/v1/exec", 100, []string{`{"cwd":"/work`}, 0)
 	if err != nil || code != http.StatusGatewayTimeout {
 		t.Fatalf("stalled exec request: %d %q %v", code, msg, err)
 	}
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		b, err := io.ReadAll(st.Stdin())
 		if err != nil {
 			return ipc.ExecResult{}, err

@@ -1,4 +1,4 @@
-package ipc
+package server
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
 )
 
 // Exec stream buffering: stdin frames are queued so that a signal frame
@@ -39,7 +40,7 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 	in := &frameLimitReader{r: r.Body, limit: s.maxBody}
 	dec := json.NewDecoder(in)
 	dec.DisallowUnknownFields()
-	var req ExecRequest
+	var req ipc.ExecRequest
 	// The request line must come promptly; what follows (stdin, signals)
 	// may rightly be quiet for as long as the command runs.
 	_ = rc.SetReadDeadline(time.Now().Add(s.bodyIdle))
@@ -132,7 +133,7 @@ type execStream struct {
 	stdin   io.Reader
 	stdinCh chan []byte // nil when the request has no stdin
 	signals chan string
-	resizes chan WindowSize // the latest size wins
+	resizes chan ipc.WindowSize // the latest size wins
 
 	mu         sync.Mutex
 	cmdStarted bool // the started frame was sent: the command may run
@@ -142,7 +143,7 @@ type execStream struct {
 }
 
 func newExecStream(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, withStdin bool, log *slog.Logger) *execStream {
-	st := &execStream{ctx: ctx, w: w, rc: rc, log: log, signals: make(chan string, signalQueueFrames), resizes: make(chan WindowSize, 1)}
+	st := &execStream{ctx: ctx, w: w, rc: rc, log: log, signals: make(chan string, signalQueueFrames), resizes: make(chan ipc.WindowSize, 1)}
 	if withStdin {
 		st.stdinCh = make(chan []byte, stdinQueueFrames)
 		st.stdin = &chanReader{ctx: ctx, ch: st.stdinCh}
@@ -153,21 +154,21 @@ func newExecStream(ctx context.Context, w http.ResponseWriter, rc *http.Response
 }
 
 func (st *execStream) Stdin() io.Reader       { return st.stdin }
-func (st *execStream) Stdout() io.Writer      { return frameWriter{st, ExecStdout} }
-func (st *execStream) Stderr() io.Writer      { return frameWriter{st, ExecStderr} }
+func (st *execStream) Stdout() io.Writer      { return frameWriter{st, ipc.ExecStdout} }
+func (st *execStream) Stderr() io.Writer      { return frameWriter{st, ipc.ExecStderr} }
 func (st *execStream) Signals() <-chan string { return st.signals }
 
 // Resizes yields the caller's terminal sizes (an exec with a TTY); a size
 // not taken yet is replaced by a newer one. It is closed with Signals.
-func (st *execStream) Resizes() <-chan WindowSize { return st.resizes }
+func (st *execStream) Resizes() <-chan ipc.WindowSize { return st.resizes }
 
-func (st *execStream) Send(f ExecOutput) error {
+func (st *execStream) Send(f ipc.ExecOutput) error {
 	switch f.Type {
-	case ExecQueued, ExecStarted, ExecWarning:
+	case ipc.ExecQueued, ipc.ExecStarted, ipc.ExecWarning:
 	default:
 		return fmt.Errorf("exec stream: Send takes queued, started or warning frames, not %q", f.Type)
 	}
-	if f.Type == ExecStarted {
+	if f.Type == ipc.ExecStarted {
 		st.mu.Lock()
 		st.cmdStarted = true
 		st.mu.Unlock()
@@ -185,7 +186,7 @@ var errStreamDone = errors.New("the exec stream is closed")
 
 // write sends one frame and flushes it. The first frame commits the 200
 // header. A failed write means the client is gone.
-func (st *execStream) write(f ExecOutput, final bool) error {
+func (st *execStream) write(f ipc.ExecOutput, final bool) error {
 	b, err := json.Marshal(f)
 	if err != nil {
 		return fmt.Errorf("encode exec frame: %w", err)
@@ -202,7 +203,7 @@ func (st *execStream) write(f ExecOutput, final bool) error {
 		st.done = true
 	}
 	if !st.started {
-		st.w.Header().Set("Content-Type", ContentTypeNDJSON)
+		st.w.Header().Set("Content-Type", ipc.ContentTypeNDJSON)
 		st.w.Header().Set("X-Content-Type-Options", "nosniff")
 		st.w.WriteHeader(http.StatusOK)
 		st.started = true
@@ -220,7 +221,7 @@ func (st *execStream) write(f ExecOutput, final bool) error {
 
 // finish writes the final frame unless the failure can still be answered
 // as a plain JSON error, and reports whether the stream had started.
-func (st *execStream) finish(res ExecResult, err error) (started bool) {
+func (st *execStream) finish(res ipc.ExecResult, err error) (started bool) {
 	st.mu.Lock()
 	started = st.started
 	if err != nil && !started {
@@ -231,14 +232,14 @@ func (st *execStream) finish(res ExecResult, err error) (started bool) {
 		return false
 	}
 	if err != nil {
-		d := ErrorDetailOf(err)
-		_ = st.write(ExecOutput{Type: ExecError, Error: &d}, true)
+		d := errorDetailOf(err)
+		_ = st.write(ipc.ExecOutput{Type: ipc.ExecError, Error: &d}, true)
 		return true
 	}
 	if res.PulledFiles == nil {
 		res.PulledFiles = []string{}
 	}
-	_ = st.write(ExecOutput{Type: ExecExit, Result: &res}, true)
+	_ = st.write(ipc.ExecOutput{Type: ipc.ExecExit, Result: &res}, true)
 	return true
 }
 
@@ -258,7 +259,7 @@ func (st *execStream) readInput(dec *json.Decoder, in *frameLimitReader, cancel 
 	defer closeStdin()
 	for frame := 1; ; frame++ {
 		in.reset()
-		var f ExecInput
+		var f ipc.ExecInput
 		err := dec.Decode(&f)
 		if errors.Is(err, io.EOF) {
 			return
@@ -276,7 +277,7 @@ func (st *execStream) readInput(dec *json.Decoder, in *frameLimitReader, cancel 
 			return
 		}
 		if f.Signal != "" {
-			if !ValidSignal(f.Signal) {
+			if !ipc.ValidSignal(f.Signal) {
 				cancel(errdefs.Invalidf("exec input frame %d: unknown signal %q: use a name such as INT, TERM, HUP, QUIT or KILL", frame, f.Signal))
 				return
 			}
@@ -320,7 +321,7 @@ func (fw frameWriter) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if err := fw.st.write(ExecOutput{Type: fw.typ, Data: p}, false); err != nil {
+	if err := fw.st.write(ipc.ExecOutput{Type: fw.typ, Data: p}, false); err != nil {
 		return 0, err
 	}
 	return len(p), nil

@@ -1,4 +1,4 @@
-package ipc_test
+package server_test
 
 import (
 	"bytes"
@@ -20,6 +20,7 @@ import (
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/ipctest"
+	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
 func TestMain(m *testing.M) {
@@ -168,7 +169,7 @@ func TestStrictJSON(t *testing.T) {
 }
 
 func TestBodyTooLarge(t *testing.T) {
-	s := start(t, ipctest.Options{Server: ipc.ServerOptions{MaxBodyBytes: 1024}})
+	s := start(t, ipctest.Options{Server: server.Options{MaxBodyBytes: 1024}})
 	big := `{"cwd":"/` + strings.Repeat("a", 2000) + `"}`
 	expectError(t, s, "POST", "/v1/sessions/start", nil, big, 413, "too_large", "limit of 1024 bytes")
 	// Without a Content-Length (chunked), the limit still holds while reading.
@@ -290,12 +291,12 @@ func TestPeerUIDRefused(t *testing.T) {
 // TestPeerUIDAllowedOnly serves only another UID: this process is refused.
 func TestPeerUIDAllowedOnly(t *testing.T) {
 	other := os.Getuid() + 1
-	s := start(t, ipctest.Options{Server: ipc.ServerOptions{AllowedUID: &other}})
+	s := start(t, ipctest.Options{Server: server.Options{AllowedUID: &other}})
 	expectError(t, s, "GET", "/v1/version", nil, "", 403, "unauthorized", fmt.Sprintf("uid %d", os.Getuid()))
 }
 
 func TestHandlerWithoutPeerCredentialsRefuses(t *testing.T) {
-	srv := ipc.NewServer(ipc.Backends{}, ipc.ServerOptions{Version: "test-1"})
+	srv := server.New(server.Backends{}, server.Options{Version: "test-1"})
 	rec := &recorder{header: http.Header{}}
 	req, _ := http.NewRequest("GET", "/v1/version", nil)
 	srv.Handler().ServeHTTP(rec, req)
@@ -334,7 +335,7 @@ func execFrames(t *testing.T, s *ipctest.Server, body string) []ipc.ExecOutput {
 // A single plain JSON object (curl -d) is an exec without stdin.
 func TestExecPlainJSONBody(t *testing.T) {
 	s := start(t, ipctest.Options{})
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		in, _ := io.ReadAll(st.Stdin())
 		io.WriteString(st.Stdout(), fmt.Sprintf("argv=%q stdin=%q", req.Argv, in))
 		return ipc.ExecResult{RunID: "run-1", ExitCode: 7}, nil
@@ -351,7 +352,7 @@ func TestExecPlainJSONBody(t *testing.T) {
 // A malformed input frame ends the exec with an invalid error frame.
 func TestExecMalformedInputFrame(t *testing.T) {
 	s := start(t, ipctest.Options{})
-	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st ipc.ExecStream) (ipc.ExecResult, error) {
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
 		st.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 		_, err := io.Copy(io.Discard, st.Stdin())
 		if err == nil {

@@ -1,4 +1,4 @@
-package ipc
+package server
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
 )
 
 // fuzzBodyLimit keeps fuzzed bodies near the limit cheap.
@@ -46,13 +47,13 @@ func FuzzRequestDecoding(f *testing.F) {
 		var err error
 		switch route % 4 {
 		case 0:
-			_, err = jsonBody[StartRequest](r)
+			_, err = jsonBody[ipc.StartRequest](r)
 		case 1:
-			_, err = jsonBody[StopRequest](r)
+			_, err = jsonBody[ipc.StopRequest](r)
 		case 2:
-			_, err = jsonBody[InitRequest](r)
+			_, err = jsonBody[ipc.InitRequest](r)
 		case 3:
-			var req ExecRequest
+			var req ipc.ExecRequest
 			if err = decodeBody(r, &req, false); err == nil {
 				err = req.Validate()
 				if err == nil && len(req.Argv) == 0 {
@@ -74,7 +75,7 @@ func checkRequestError(t *testing.T, body []byte, err error) {
 	default:
 		t.Fatalf("body %q: error of kind %q (want invalid or too_large): %v", body, errdefs.KindOf(err), err)
 	}
-	if d := ErrorDetailOf(err); d.Message == "" {
+	if d := errorDetailOf(err); d.Message == "" {
 		t.Fatalf("body %q: an error without a message", body)
 	}
 }
@@ -99,7 +100,7 @@ func FuzzExecInputFrames(f *testing.F) {
 		in := &frameLimitReader{r: bytes.NewReader(body), limit: fuzzBodyLimit}
 		dec := json.NewDecoder(in)
 		dec.DisallowUnknownFields()
-		var req ExecRequest
+		var req ipc.ExecRequest
 		if err := dec.Decode(&req); err != nil {
 			if !errors.Is(err, io.EOF) {
 				checkRequestError(t, body, jsonError(err))
@@ -126,7 +127,7 @@ func FuzzExecInputFrames(f *testing.F) {
 		}()
 		timeout := time.After(10 * time.Second)
 		for sig := range st.Signals() {
-			if !ValidSignal(sig) {
+			if !ipc.ValidSignal(sig) {
 				t.Fatalf("invalid signal %q reached the command", sig)
 			}
 		}
