@@ -62,13 +62,16 @@ const confinement = `grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|NSpid|Uid):'
 for ns in pid mnt net uts ipc user; do echo "ns $ns $(readlink /proc/self/ns/$ns)"; done
 echo "cwd $(readlink /proc/self/cwd)"
 echo "parent $(cat /proc/$PPID/comm 2>/dev/null || echo outside)"
+echo "limits $(tr -s ' ' < /proc/self/limits | tr '\n' ';')"
+echo "umask $(umask)"
 sed 's/^/cgroup /' /proc/self/cgroup
 env | grep -E '^(GREETING|SANDBOXD|GOMAXPROCS|GORACE)' | sed 's/^/env /'`
 
 // A command the spawner starts is confined as one entering the sandbox
 // is: no capabilities at all (effective, permitted, inheritable, bounding,
 // ambient), no_new_privs, the sandbox's namespaces (its PID namespace one
-// level below this one), its cgroups, the workspace as its directory, the
+// level below this one), its cgroups, its rlimits (not the open files Go
+// raised for the spawner) and umask, the workspace as its directory, the
 // sandbox's user, and the environment it was given, nothing of the
 // spawner's.
 func TestSpawnedCommandIsConfined(t *testing.T) {
