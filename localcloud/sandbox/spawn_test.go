@@ -286,7 +286,8 @@ func TestSpawnerStartFailureFallsBack(t *testing.T) {
 		tries++
 		return nil, errors.New("broken on purpose")
 	}
-	for range 3 {
+	refused := func() {
+		t.Helper()
 		in, _ := os.Open(os.DevNull)
 		_, err := sb.Spawn(context.Background(), spawner.Request{Argv: []string{"/bin/true"}}, [3]*os.File{in, in, in})
 		in.Close()
@@ -294,8 +295,19 @@ func TestSpawnerStartFailureFallsBack(t *testing.T) {
 			t.Fatalf("Spawn without a spawner: %v, want ErrUnavailable", err)
 		}
 	}
+	for range 3 {
+		refused()
+	}
 	if tries != 1 || strings.Count(logs.String(), "level=WARN") != 1 || !strings.Contains(logs.String(), "broken on purpose") {
 		t.Fatalf("%d starts tried, logged %q; want 1 and one warning saying why", tries, logs.String())
+	}
+	// The retry time passed: tried again, failing again, not logged again.
+	sb.spawner.mu.Lock()
+	sb.spawner.retryAt = time.Time{}
+	sb.spawner.mu.Unlock()
+	refused()
+	if tries != 2 || strings.Count(logs.String(), "level=WARN") != 1 {
+		t.Fatalf("after the retry time: %d starts tried, logged %q; want 2 and still one warning", tries, logs.String())
 	}
 	// Commands still run, the old way.
 	if out, err := sh(t, sb, "", "echo fallback"); err != nil || out != "fallback" {
