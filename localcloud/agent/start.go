@@ -13,8 +13,9 @@ import (
 )
 
 // spawnTimeout bounds a spawner's answer to a command (it answers once it
-// forked); a stuck one is replaced.
-const spawnTimeout = 30 * time.Second
+// forked; the first command also waits for the spawner to start); a stuck
+// one is replaced.
+const spawnTimeout = 10 * time.Second
 
 // spawningSandbox is a sandbox with a spawner inside (package
 // localcloud/sandbox): commands are forked there instead of entering the

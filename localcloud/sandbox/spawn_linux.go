@@ -55,6 +55,12 @@ func (s *Sandbox) Spawn(ctx context.Context, req spawner.Request, stdio [3]*os.F
 		}
 		var p *spawner.Process
 		p, err = c.Spawn(ctx, req, stdio)
+		if errors.Is(err, spawner.ErrNoAnswer) {
+			// Stuck: replaced for the next command. This one is not tried
+			// again: it may have started (and died with the spawner).
+			s.spawner.drop(c)
+			s.log().Warn("the sandbox's spawner did not answer: killed, the next command starts another", "err", err)
+		}
 		if !errors.Is(err, spawner.ErrUnavailable) {
 			return p, err
 		}

@@ -274,6 +274,41 @@ func TestSpawnerKilledIsRestarted(t *testing.T) {
 	}
 }
 
+// A spawner that takes a command and does not answer (stopped) is killed,
+// through the chain that started it (its parent-death signal), and the
+// next command gets a new one.
+func TestStuckSpawnerIsReplaced(t *testing.T) {
+	sb, _ := start(t, Options{})
+	if out, e, err := spawn(t, sb, "true"); err != nil || e != (spawner.Exit{}) {
+		t.Fatalf("%v %+v %s", err, e, out)
+	}
+	stuck := spawnerPIDs(t, sb)
+	if len(stuck) != 1 {
+		t.Fatalf("spawners %v, want 1", stuck)
+	}
+	if err := syscall.Kill(stuck[0], syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(stuck[0], syscall.SIGKILL) })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	in, _ := os.Open(os.DevNull)
+	defer in.Close()
+	if _, err := sb.Spawn(ctx, spawner.Request{Argv: []string{"/bin/true"}}, [3]*os.File{in, in, in}); !errors.Is(err, spawner.ErrNoAnswer) {
+		t.Fatalf("Spawn on a stopped spawner: %v, want ErrNoAnswer", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", stuck[0])); len(st) > 0 && !strings.Contains(string(st), ") Z"); st, _ = os.ReadFile(fmt.Sprintf("/proc/%d/stat", stuck[0])) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stuck spawner %d still runs: %s", stuck[0], st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if out, e, err := spawn(t, sb, "echo again"); err != nil || e != (spawner.Exit{}) || out != "again" {
+		t.Fatalf("the next command: %v %+v %q", err, e, out)
+	}
+}
+
 // A spawner that cannot start: the command is refused with ErrUnavailable
 // (the caller runs it through Command), which is logged once at Warn; no
 // new start is tried for a while, then one is.

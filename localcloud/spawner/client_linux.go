@@ -25,7 +25,7 @@ const (
 	readyTimeout = 10 * time.Second
 	// startTimeout bounds the spawner's answer to a request likewise: it
 	// answers as soon as it forked, so one that does not is stuck.
-	startTimeout = 30 * time.Second
+	startTimeout = 10 * time.Second
 )
 
 // Client is localcloud's side of one spawner process.
@@ -197,8 +197,10 @@ func (c *Client) Spawn(ctx context.Context, req Request, stdio [3]*os.File) (*Pr
 	err = readFrame(fc, maxAnswer, &a)
 	stopped := stop()
 	switch {
-	case err != nil && (!stopped || ctx.Err() != nil):
+	case err != nil && errors.Is(ctx.Err(), context.Canceled):
 		err = fmt.Errorf("start a command in the sandbox: %w", context.Cause(ctx))
+	case err != nil && (!stopped || ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded)):
+		err = fmt.Errorf("start a command in the sandbox: %w", ErrNoAnswer)
 	case err != nil:
 		err = fmt.Errorf("start a command in the sandbox: the spawner did not say whether it started it: %w", err)
 	case a.Error != "":

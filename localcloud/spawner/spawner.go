@@ -35,6 +35,12 @@ import (
 // command was not started and may be run another way.
 var ErrUnavailable = errors.New("the sandbox's spawner is not available")
 
+// ErrNoAnswer says the spawner took a command but did not answer in time:
+// it is stuck (stopped by a signal, say) and should be replaced. Whether
+// the command started is not known; killing the spawner kills it if it
+// did.
+var ErrNoAnswer = errors.New("the sandbox's spawner did not answer in time")
+
 // Request is one command to start.
 type Request struct {
 	// Argv is the program and its arguments; a program name without a
