@@ -357,3 +357,28 @@ func TestIsolatedFallbackWithoutSpawner(t *testing.T) {
 		t.Fatalf("an interactive shell: %v %q, want exit status 7", err, out)
 	}
 }
+
+// The sandbox's spawner is started with the agent: the first command does
+// not wait for it.
+func TestIsolatedSpawnerStartsWithTheAgent(t *testing.T) {
+	_, sb := isolated(t, nil)
+	ns, err := os.Readlink(strings.TrimSuffix(sb.DevRoot(), "root") + "ns/pid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			c, _ := os.ReadFile("/proc/" + e.Name() + "/comm")
+			pidns, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid")
+			if pidns == ns && strings.TrimSpace(string(c)) == "sandbox-spawner" {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no spawner in the sandbox before its first command")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -69,6 +69,14 @@ func (s *Sandbox) Spawn(ctx context.Context, req spawner.Request, stdio [3]*os.F
 	return nil, err
 }
 
+// Prewarm starts the sandbox's spawner ahead of its first command (which
+// would otherwise wait for it); a failure is logged as in Spawn.
+func (s *Sandbox) Prewarm(ctx context.Context) {
+	if s.holder != nil {
+		_, _ = s.spawner.get(ctx, s)
+	}
+}
+
 // get returns the running spawner, starting one if there is none (unless
 // the last start failed a moment ago).
 func (sl *spawnerSlot) get(ctx context.Context, s *Sandbox) (*spawner.Client, error) {
