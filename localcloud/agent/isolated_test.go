@@ -280,7 +280,7 @@ func waitOutput(t *testing.T, buf *syncBuffer, want string) {
 // (exit status 1, and why on stderr); the next command runs (a new
 // spawner).
 func TestIsolatedSpawnerKilledMidRun(t *testing.T) {
-	f, _ := isolated(t, nil)
+	f, sb := isolated(t, nil)
 	c := f.dial(t)
 	s, err := c.NewSession()
 	if err != nil {
@@ -293,7 +293,7 @@ func TestIsolatedSpawnerKilledMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	inner := waitPID(t, filepath.Join(f.dir, "spawner.pid"))
-	host := hostPIDOf(t, inner, "sandbox-spawner")
+	host := hostPIDOf(t, sb, inner, "sandbox-spawner")
 	if err := syscall.Kill(host, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -306,14 +306,16 @@ func TestIsolatedSpawnerKilledMidRun(t *testing.T) {
 	}
 }
 
-// hostPIDOf finds the host pid of the process named comm whose pid in its
-// own namespace is inner.
-func hostPIDOf(t *testing.T, inner int, comm string) int {
+// hostPIDOf finds the host pid of sb's process named comm whose pid in
+// the sandbox is inner (other sandboxes on the machine have the same).
+func hostPIDOf(t *testing.T, sb *sandbox.Sandbox, inner int, comm string) int {
 	t.Helper()
+	ns := pidNamespace(t, sb)
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		c, _ := os.ReadFile("/proc/" + e.Name() + "/comm")
-		if strings.TrimSpace(string(c)) != comm {
+		pidns, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid")
+		if strings.TrimSpace(string(c)) != comm || pidns != ns {
 			continue
 		}
 		st, _ := os.ReadFile("/proc/" + e.Name() + "/status")
@@ -362,10 +364,7 @@ func TestIsolatedFallbackWithoutSpawner(t *testing.T) {
 // not wait for it.
 func TestIsolatedSpawnerStartsWithTheAgent(t *testing.T) {
 	_, sb := isolated(t, nil)
-	ns, err := os.Readlink(strings.TrimSuffix(sb.DevRoot(), "root") + "ns/pid")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ns := pidNamespace(t, sb)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ents, _ := os.ReadDir("/proc")
@@ -381,4 +380,14 @@ func TestIsolatedSpawnerStartsWithTheAgent(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// pidNamespace names sb's PID namespace (as /proc/PID/ns/pid reads).
+func pidNamespace(t *testing.T, sb *sandbox.Sandbox) string {
+	t.Helper()
+	ns, err := os.Readlink(strings.TrimSuffix(sb.DevRoot(), "root") + "ns/pid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }
