@@ -98,6 +98,23 @@ func TestSandboxIsolation(t *testing.T) {
 	if out, err := sandboxRun(t, sc, "echo x > made && cat made"); err != nil || out != "x" {
 		t.Fatalf("the sandbox cannot write its workspace: %v %q", err, out)
 	}
+	// A command comes from the sandbox's spawner (no cgroup move, no
+	// nsenter per command), confined as one that entered the sandbox: no
+	// capabilities at all, no_new_privs, the workspace as its directory,
+	// the run's environment, the run's cgroups.
+	ws := filepath.Join(srv.Dir(), "runs", a, "workspace")
+	out, err := sandboxRun(t, sc, `cat /proc/$PPID/comm; grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs):' /proc/self/status; readlink /proc/self/cwd; echo "$RWX_SANDBOX $RWX_WORKSPACE"; cat /proc/self/cgroup`)
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	want := []string{"sandbox-spawner", "CapInh:\t0000000000000000", "CapPrm:\t0000000000000000", "CapEff:\t0000000000000000",
+		"CapBnd:\t0000000000000000", "CapAmb:\t0000000000000000", "NoNewPrivs:\t1", ws, "1 " + ws}
+	if lines := strings.Split(out, "\n"); len(lines) < len(want) || strings.Join(lines[:len(want)], "\n") != strings.Join(want, "\n") {
+		t.Errorf("a command's confinement:\n%s\nwant it to begin with:\n%s", out, strings.Join(want, "\n"))
+	}
+	if cg := srv.isolationReport().Limits["processes"]; strings.HasPrefix(cg, "cgroup") && !strings.Contains(out, "/sandboxd/sbx-") {
+		t.Errorf("a command is not in the run's cgroups: %s", out)
+	}
 	// A terminal is the sandbox's own, named in its /dev/pts.
 	ps, err := sc.NewSession()
 	if err != nil {
@@ -161,7 +178,7 @@ func TestSandboxIsolation(t *testing.T) {
 	if out, err := sandboxRun(t, sc, "kill -0 "+self+" || ls -d /proc/"+self); err == nil {
 		t.Errorf("the sandbox sees the server's pid %s: %q", self, out)
 	}
-	if out, err := sandboxRun(t, sc, "ps -e -o comm= | grep -v -x -e sh -e ps -e sleep -e bwrap -e setpriv -e grep"); err == nil {
+	if out, err := sandboxRun(t, sc, "ps -e -o comm= | grep -v -x -e sh -e ps -e sleep -e bwrap -e setpriv -e grep -e sandbox-spawner"); err == nil {
 		t.Errorf("the sandbox sees processes not its own: %q", out)
 	}
 	// The API listens on this machine's loopback.
@@ -314,6 +331,15 @@ func TestForwardWhenNotRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc := dialSandbox(t, c.connInfo(id))
+	// Not root either: commands come from the sandbox's spawner, without
+	// capabilities. (Not the bounding set: as a user other than root in
+	// the sandbox, setpriv has no capability left to drop it with, through
+	// the entering chain as well; with no capability and no_new_privs, no
+	// program can gain one.)
+	if out, err := sandboxRun(t, sc, "cat /proc/$PPID/comm; grep -E '^(CapInh|CapPrm|CapEff|CapAmb|NoNewPrivs):' /proc/self/status"); err != nil ||
+		out != "sandbox-spawner\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1" {
+		t.Errorf("a command of a localcloud that is not root: %v %q, want it spawned, without capabilities", err, out)
+	}
 	s, err := sc.NewSession()
 	if err != nil {
 		t.Fatal(err)

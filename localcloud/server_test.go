@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -750,6 +751,19 @@ func TestSIGKILLedServerLeavesNoCommandRunning(t *testing.T) {
 	}
 }
 
+// parentComm is the name of pid's parent.
+func parentComm(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	comm, _ := os.ReadFile("/proc/" + f[1] + "/comm")
+	return strings.TrimSpace(string(comm))
+}
+
 // alive reports whether pid runs (a zombie waiting for init is not).
 func alive(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -787,6 +801,14 @@ func TestSIGKILLedServerTakesItsSandboxesAlong(t *testing.T) {
 		t.Fatal(err)
 	}
 	fg := hostPID(t, "sleep 300.5")
+	// Started by the sandbox's spawner (what must die with the server
+	// too), one PID namespace down.
+	if comm := parentComm(t, fg); comm != "sandbox-spawner" {
+		t.Fatalf("the command's parent is %q, want the sandbox's spawner", comm)
+	}
+	if st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", fg)); !regexp.MustCompile(`(?m)^NSpid:\s+\d+\s+\d+$`).Match(st) {
+		t.Fatalf("the command is not one PID namespace down:\n%s", st)
+	}
 	s2, err := sc.NewSession()
 	if err != nil {
 		t.Fatal(err)

@@ -264,6 +264,14 @@ func Start(cfg Config) (*Agent, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	a := &Agent{cfg: cfg, ln: ln, server: server, log: cfg.Logger, ctx: ctx, cancel: cancel, conns: map[uint64]*ssh.ServerConn{}}
+	if w, ok := cfg.Sandbox.(interface{ Prewarm(context.Context) }); ok {
+		// The first command finds the sandbox's spawner running.
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			w.Prewarm(ctx)
+		}()
+	}
 	a.wg.Add(1)
 	go a.acceptLoop()
 	return a, nil

@@ -72,7 +72,7 @@ func FuzzSessionRequests(f *testing.F) {
 				t.Fatalf("environment entry %q accepted", kv)
 			}
 		}
-		if s.pid != 0 {
+		if s.proc != nil {
 			t.Fatal("a process was started")
 		}
 	})

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 )
@@ -26,7 +26,7 @@ type session struct {
 	master  *os.File // pty master once the command runs on a pty
 	started bool
 	exited  bool
-	pid     int              // process group of the running command; 0 when none
+	proc    process          // the running command; nil when none
 	pending []syscall.Signal // signals that came before the process started
 }
 
@@ -304,12 +304,6 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 		p = &cp
 	}
 	s.mu.Unlock()
-	var cmd *exec.Cmd
-	if p != nil {
-		cmd = a.terminalCommand(args...)
-	} else {
-		cmd = a.command(args...)
-	}
 	if p != nil {
 		term := p.Term
 		if term == "" {
@@ -317,87 +311,146 @@ func (s *session) runProcess(shell bool, command string) (status int, signal str
 		}
 		env = append(env, "TERM="+term)
 	}
-	cmd.Env = env
-	cmd.WaitDelay = a.cfg.OutputGrace
 
-	var master, tty *os.File
+	var stdio, ours [3]*os.File // the command's ends, and ours without a terminal
+	var master *os.File
 	if p != nil {
+		var tty *os.File
 		master, tty, err = openPTY(a.devRoot())
 		if err != nil {
 			return 1, "", fmt.Errorf("allocate a terminal: %w", err)
 		}
 		defer master.Close()
 		_ = setWinsize(tty, p.Columns, p.Rows)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-		cmd.SysProcAttr = dieWithServer(cmd.SysProcAttr) // a new session, the terminal its own
-	} else {
-		stdin, perr := cmd.StdinPipe()
-		if perr != nil {
-			return 1, "", fmt.Errorf("set up stdin: %w", perr)
-		}
-		go func() {
-			// Not waited for: a client that never closes stdin must not
-			// keep the exit status from being sent.
-			_, _ = io.Copy(stdin, s.ch)
-			stdin.Close()
-		}()
-		cmd.Stdout, cmd.Stderr = s.ch, s.ch.Stderr()
-		cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setpgid: true})
+		stdio = [3]*os.File{tty, tty, tty}
+	} else if stdio, ours, err = pipes(); err != nil {
+		return 1, "", fmt.Errorf("set up the command's stdin, stdout and stderr: %w", err)
 	}
-	if err := cmd.Start(); err != nil {
-		if tty != nil {
-			tty.Close()
-		}
+	proc, err := a.launch(args, env, p != nil, stdio, master)
+	closeFiles(stdio[:]) // the command has them: EOF and hangups depend on it
+	if err != nil {
+		closeFiles(ours[:])
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ENOENT) {
-			return 127, "", fmt.Errorf("start %s in %s: %w", args[0], a.cfg.Workspace, err)
+			return 127, "", err
 		}
-		return 126, "", fmt.Errorf("start %s in %s: %w", args[0], a.cfg.Workspace, err)
+		return 126, "", err
 	}
+	defer proc.release()
 	s.mu.Lock()
-	s.pid = cmd.Process.Pid
+	s.proc = proc
 	for _, sig := range s.pending {
-		_ = syscall.Kill(-s.pid, sig)
+		_ = proc.signal(sig)
 	}
 	s.pending = nil
-	s.mu.Unlock()
-	var copied sync.WaitGroup
 	if master != nil {
-		tty.Close()
-		s.mu.Lock()
 		s.master = master
 		_ = setWinsize(master, s.pty.Columns, s.pty.Rows) // a resize may have come during the start
-		s.mu.Unlock()
+	}
+	s.mu.Unlock()
+	var copied sync.WaitGroup // the command's output, to the client
+	if master != nil {
 		copied.Add(1)
 		go func() {
 			defer copied.Done()
 			_, _ = io.Copy(s.ch, master) // ends with EIO once the terminal hangs up
 		}()
 		go func() { _, _ = io.Copy(master, s.ch) }()
+	} else {
+		stdin, stdout, stderr := ours[0], ours[1], ours[2]
+		go func() {
+			// Not waited for: a client that never closes stdin must not
+			// keep the exit status from being sent.
+			_, _ = io.Copy(stdin, s.ch)
+			stdin.Close()
+		}()
+		copied.Add(2)
+		go func() {
+			defer copied.Done()
+			_, _ = io.Copy(s.ch, stdout)
+		}()
+		go func() {
+			defer copied.Done()
+			_, _ = io.Copy(s.ch.Stderr(), stderr)
+		}()
 	}
-	werr := cmd.Wait()
-	copied.Wait()
+	exit, werr := proc.wait()
+	if master != nil {
+		copied.Wait()
+	} else {
+		ours[0].Close()
+		// What the command left running may hold its stdout or stderr
+		// open: its output is waited for OutputGrace, not for ever.
+		if !waitFor(&copied, a.cfg.OutputGrace) {
+			closeFiles(ours[1:])
+			copied.Wait()
+		}
+		closeFiles(ours[1:])
+	}
 	s.mu.Lock()
-	s.pid, s.exited = 0, true
+	s.proc, s.exited = nil, true
 	s.master = nil
 	s.mu.Unlock()
-	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if !ok {
-		return 1, "", fmt.Errorf("wait for the command: %w", werr)
+	if werr != nil {
+		return 1, "", werr
 	}
-	if ws.Signaled() {
-		if name := signalName(ws.Signal()); name != "" {
+	if exit.Signal != 0 {
+		if name := signalName(exit.Signal); name != "" {
 			return 0, name, nil
 		}
-		return 128 + int(ws.Signal()), "", nil
+		return 128 + int(exit.Signal), "", nil
 	}
-	return ws.ExitStatus(), "", nil
+	return exit.Code, "", nil
+}
+
+// pipes makes a command's stdin, stdout and stderr: its ends and ours.
+func pipes() (theirs, ours [3]*os.File, err error) {
+	for i := range 3 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			closeFiles(theirs[:])
+			closeFiles(ours[:])
+			return theirs, ours, err
+		}
+		if i == 0 {
+			theirs[i], ours[i] = r, w
+		} else {
+			theirs[i], ours[i] = w, r
+		}
+	}
+	return theirs, ours, nil
+}
+
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// waitFor waits for wg at most d; false when d ran out.
+func waitFor(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // signal delivers sig to the running command's whole process group.
 func (s *session) signal(sig syscall.Signal) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.pid == 0 {
+	proc := s.proc
+	if proc == nil {
+		defer s.mu.Unlock()
 		if s.started && !s.exited {
 			// Exec accepted, process not started yet: deliver on start.
 			s.pending = append(s.pending, sig)
@@ -405,16 +458,8 @@ func (s *session) signal(sig syscall.Signal) error {
 		}
 		return errors.New("no command is running")
 	}
-	if s.master != nil {
-		// On a terminal the command leads a session of its own, made
-		// inside the sandbox (terminalCommand), apart from s.pid's group
-		// (what entered the namespaces). The signal goes to it alone:
-		// the process outside then ends as it does, after reaping it.
-		if sid, err := terminalSession(s.master); err == nil && sid > 0 && sid != s.pid {
-			return syscall.Kill(-sid, sig)
-		}
-	}
-	return syscall.Kill(-s.pid, sig)
+	s.mu.Unlock()
+	return proc.signal(sig)
 }
 
 // hangUp sends SIGHUP to a command whose client went away, as a terminal

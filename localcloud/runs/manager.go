@@ -940,7 +940,7 @@ func (m *Manager) sandboxLocked(ctx context.Context, e *entry) (*sandbox.Sandbox
 	if e.sbx != nil {
 		return e.sbx, nil
 	}
-	sb, err := m.cfg.Sandboxes.Start(ctx, sandbox.Spec{ID: e.ID, Workspace: filepath.Join(m.runDir(e.ID), "workspace"), Home: filepath.Join(m.runDir(e.ID), "home")})
+	sb, err := m.cfg.Sandboxes.Start(ctx, sandbox.Spec{ID: e.ID, Workspace: filepath.Join(m.runDir(e.ID), "workspace"), Home: filepath.Join(m.runDir(e.ID), "home"), Logger: m.log.With("run", e.ID)})
 	if err != nil {
 		return nil, fmt.Errorf("start the run's sandbox: %w", err)
 	}

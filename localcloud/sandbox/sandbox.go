@@ -13,6 +13,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 )
@@ -178,4 +179,7 @@ type Spec struct {
 	// same paths.
 	Workspace string
 	Home      string
+	// Logger receives what goes wrong in the sandbox's machinery (its
+	// spawner not starting); nil discards.
+	Logger *slog.Logger
 }

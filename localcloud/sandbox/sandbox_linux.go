@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -283,6 +284,7 @@ type Sandbox struct {
 	done      chan struct{}
 	closeOnce sync.Once
 	dialer    dialer
+	spawner   spawnerSlot
 	// ownerNS is the user namespace owning the sandbox's other namespaces
 	// when it is not the one its processes run in (bubblewrap nests one
 	// when not run as root); nil otherwise. nsPID is the holder's pid
@@ -630,6 +632,13 @@ func (s *Sandbox) DialTCP(ctx context.Context, addr string) (net.Conn, error) {
 	return r.c, r.err
 }
 
+func (s *Sandbox) log() *slog.Logger {
+	if s.spec.Logger != nil {
+		return s.spec.Logger
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
 // DevRoot is the sandbox's root as seen from here, for opening a terminal
 // in its own /dev/pts ("" without isolation).
 func (s *Sandbox) DevRoot() string {
@@ -685,6 +694,7 @@ func (s *Sandbox) Close() error {
 			<-s.done
 		}
 		s.dialer.close()
+		s.spawner.close()
 		if s.ownerNS != nil {
 			s.ownerNS.Close()
 		}
