@@ -217,7 +217,7 @@ func (c *Client) Spawn(ctx context.Context, req Request, stdio [3]*os.File) (*Pr
 		return nil, err
 	}
 	_ = fc.SetDeadline(time.Time{})
-	return newProcess(fc, a.PID, c.done), nil
+	return newProcess(fc, a.PID, c.done, c.errs.String), nil
 }
 
 // Close ends the spawner (its control socket closing ends it, and the

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -31,12 +32,14 @@ type Process struct {
 	done chan struct{}
 	exit Exit
 	err  error
+	// spawnerSaid is the start of what the spawner wrote to its stderr.
+	spawnerSaid func() string
 
 	closeOnce sync.Once
 }
 
-func newProcess(conn net.Conn, pid int, spawnerGone <-chan struct{}) *Process {
-	p := &Process{conn: conn, pid: pid, spawnerGone: spawnerGone, done: make(chan struct{})}
+func newProcess(conn net.Conn, pid int, spawnerGone <-chan struct{}, spawnerSaid func() string) *Process {
+	p := &Process{conn: conn, pid: pid, spawnerGone: spawnerGone, spawnerSaid: spawnerSaid, done: make(chan struct{})}
 	go p.readEnd()
 	return p
 }
@@ -59,6 +62,10 @@ func (p *Process) readEnd() {
 		// of reaching its control socket a moment before that closes.
 		select {
 		case <-p.spawnerGone:
+			// Why, when it said (a Go runtime's abort, say).
+			if why, _, _ := strings.Cut(strings.TrimSpace(p.spawnerSaid()), "\n"); why != "" {
+				p.err = fmt.Errorf("%w: it said %q", ErrSpawnerEnded, why)
+			}
 		case <-time.After(2 * time.Second):
 		}
 	case errors.Is(err, net.ErrClosed):

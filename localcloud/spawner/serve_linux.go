@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,6 +85,7 @@ func serve() int {
 		for range quiet {
 		}
 	}()
+	reserveThreads(spareThreads)
 	s := &server{children: map[int]chan syscall.WaitStatus{}}
 	chld := make(chan os.Signal, 1)
 	signal.Notify(chld, syscall.SIGCHLD)
@@ -106,6 +108,36 @@ func serve() int {
 		return 1
 	}
 	return s.loop(pair[0])
+}
+
+// spareThreads is how many idle threads the spawner makes at start (they
+// count against the sandbox's process limit, as its others do).
+const spareThreads = 6
+
+// reserveThreads makes n threads that the Go runtime then keeps idle for
+// the system calls that block (the control socket's read, a fork): a
+// command that fills the sandbox's process limit (a fork bomb) leaves
+// the runtime unable to make a thread, and it aborts when it must make
+// one, taking every command with it. Each goroutine holds a thread of
+// its own until all n do; unlocked, the threads stay in the runtime's
+// idle list.
+func reserveThreads(n int) {
+	var held, release, done sync.WaitGroup
+	held.Add(n)
+	release.Add(1)
+	done.Add(n)
+	for range n {
+		go func() {
+			defer done.Done()
+			runtime.LockOSThread()
+			held.Done()
+			release.Wait()
+			runtime.UnlockOSThread()
+		}()
+	}
+	held.Wait()
+	release.Done()
+	done.Wait()
 }
 
 // closeOnExec marks every inherited descriptor but stdio close-on-exec.

@@ -303,6 +303,20 @@ func TestSpawnerKilledMidRun(t *testing.T) {
 	}
 }
 
+// A spawner that aborts (as the Go runtime does when it cannot make a
+// thread): the caller's error says what it wrote.
+func TestSpawnerAbortIsExplained(t *testing.T) {
+	c := launch(t)
+	p, _ := spawn(t, c, "exec sleep 305")
+	if err := c.cmd.Process.Signal(syscall.SIGABRT); err != nil {
+		t.Fatal(err)
+	}
+	_, err := wait(t, p)
+	if !errors.Is(err, ErrSpawnerEnded) || !strings.Contains(err.Error(), "SIGABRT") {
+		t.Fatalf("Wait after the spawner aborted: %v, want ErrSpawnerEnded saying SIGABRT", err)
+	}
+}
+
 // Close ends the spawner and what it runs.
 func TestCloseEndsSpawnerAndCommands(t *testing.T) {
 	c := launch(t)
