@@ -155,19 +155,12 @@ func (c *leaseClock) add(d time.Duration) {
 func waitRetaken(t *testing.T, a *agent.Agent, before int64, n int64, m *Manager, runID string) {
 	t.Helper()
 	l := m.leaseFor(runID)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitUntilTrue(t, "the lock taken again after the yield", func() bool {
 		l.mu.Lock()
 		idle := l.acquiring == nil && l.releasing == nil && l.conn != nil
 		l.mu.Unlock()
-		if idle && a.Stats().ExecRequests-before >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the lock request after the yield never ended")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return idle && a.Stats().ExecRequests-before >= n
+	})
 }
 
 // When a burst has held the lock for LockIdle, the lease yields it at the
