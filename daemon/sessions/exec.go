@@ -399,7 +399,11 @@ func (m *Manager) recordExec(s *store.Session, res ipc.ExecResult) {
 	m.records.Lock()
 	defer m.records.Unlock()
 	t := m.tallies[s.ID]
-	t.last = now
+	// Concurrent execs take their times before the lock, so a later one
+	// may get here first: the latest time stays.
+	if now.After(t.last) {
+		t.last = now
+	}
 	t.count++
 	m.tallies[s.ID] = t
 	if !m.flushing {

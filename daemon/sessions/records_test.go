@@ -2,6 +2,7 @@ package sessions
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,5 +60,40 @@ func TestExecRecordsAreExactAfterABurst(t *testing.T) {
 	}
 	if took := time.Since(start); took >= recordDelay {
 		t.Logf("the flush took %v (the machine is slow, or it waited for the gathering)", took)
+	}
+}
+
+// Two execs of one session ending together: the later end stays the last
+// exec time, whichever of them is recorded first (each takes its time
+// before the records' lock, so the later one may get there first).
+func TestExecRecordKeepsTheLatestTime(t *testing.T) {
+	m, st := newTestManager(t, newFakeRemoteAPI(t), time.Second)
+	a := insertSession(t, st, "run-a", "ready")
+	base := time.Date(2026, 11, 25, 10, 0, 0, 0, time.UTC)
+	var tick atomic.Int64
+	called := make(chan struct{}, 2)
+	// Time runs backwards: the first exec to take its time (and the first
+	// to wait for the lock) has the later end.
+	m.now = func() time.Time {
+		defer func() { called <- struct{}{} }()
+		return base.Add(-time.Duration(tick.Add(1)) * time.Millisecond)
+	}
+	m.records.Lock()
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.recordExec(a, ipc.ExecResult{})
+		}()
+		<-called
+		time.Sleep(time.Millisecond) // it waits for the lock before the next one does
+	}
+	m.records.Unlock()
+	wg.Wait()
+	m.flushExecRecords()
+	latest := base.Add(-time.Millisecond)
+	if got, _ := st.Get(a.ID); !got.LastExecAt.Equal(latest) {
+		t.Fatalf("last exec time %v, want the later end %v", got.LastExecAt, latest)
 	}
 }
