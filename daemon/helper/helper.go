@@ -157,15 +157,14 @@ func (m *Manager) Close() {
 }
 
 // run installs the helper on c when it is missing and runs its server
-// until the connection ends.
+// until the connection ends or st.cancel is called (ctx is st's).
 func (m *Manager) run(ctx context.Context, c Conn, st *state) {
 	defer m.wg.Done()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	defer st.cancel()
 	go func() {
 		select {
 		case <-c.Done():
-			cancel()
+			st.cancel()
 		case <-ctx.Done():
 		}
 	}()

@@ -109,8 +109,9 @@ func TestLockedConnRelocksBeforeTheRetry(t *testing.T) {
 // leaseManager is a manager whose pool reaches the real agent of target,
 // with a clock the test moves and an idle release that never comes by
 // itself.
-func leaseManager(t *testing.T, target sshpool.Target, clock *leaseClock) (*Manager, *store.Session) {
+func leaseManager(t *testing.T, target sshpool.Target) (*Manager, *store.Session, *leaseClock) {
 	t.Helper()
+	clock := &leaseClock{t: time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)}
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "sandboxd.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -129,7 +130,7 @@ func leaseManager(t *testing.T, target sshpool.Target, clock *leaseClock) (*Mana
 		m.Close(ctx)
 	})
 	s := &store.Session{RunID: target.RunID, Address: target.Address, PublicHostKey: target.PublicHostKey, PrivateUserKey: target.PrivateUserKey}
-	return m, s
+	return m, s, clock
 }
 
 // leaseClock is a clock the test moves.
@@ -168,8 +169,7 @@ func waitRetaken(t *testing.T, a *agent.Agent, before int64, n int64, m *Manager
 // request of its own (nor waits for an unlock).
 func TestLeaseYieldsAndTakesTheLockBackBeforeTheNextExec(t *testing.T) {
 	a, target := startAgent(t)
-	clock := &leaseClock{t: time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)}
-	m, s := leaseManager(t, target, clock)
+	m, s, clock := leaseManager(t, target)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -199,8 +199,7 @@ func TestLeaseYieldsAndTakesTheLockBackBeforeTheNextExec(t *testing.T) {
 // up when the session stops: stopping does not wait for the other client.
 func TestLeaseStopDoesNotWaitForTheRetake(t *testing.T) {
 	_, target := startAgent(t)
-	clock := &leaseClock{t: time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)}
-	m, s := leaseManager(t, target, clock)
+	m, s, clock := leaseManager(t, target)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, done, err := m.lockSandbox(ctx, s)

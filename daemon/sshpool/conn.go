@@ -166,23 +166,37 @@ func (c *Conn) openAhead() *spareCall {
 	return sc
 }
 
-// giveBack puts back a spare that was not used (in slot, or among the exec
-// spares when slot is nil), or closes it when there is no room for it or
-// the connection is closing.
+// giveBack puts back in slot (Send's) a spare that was not used, or
+// discards it when the slot was filled meanwhile or the connection is
+// closing.
 func (c *Conn) giveBack(slot **spareCall, sc *spareCall) {
 	c.mu.Lock()
-	switch {
-	case c.closing:
-	case slot != nil && *slot == nil:
+	kept := !c.closing && *slot == nil
+	if kept {
 		*slot = sc
-		c.mu.Unlock()
-		return
-	case slot == nil && len(c.spares) < spareSessions:
-		c.spares = append([]*spareCall{sc}, c.spares...)
-		c.mu.Unlock()
-		return
 	}
 	c.mu.Unlock()
+	if !kept {
+		sc.discard()
+	}
+}
+
+// giveBackSpare puts an unused exec spare back first in line, or discards
+// it when there are enough or the connection is closing.
+func (c *Conn) giveBackSpare(sc *spareCall) {
+	c.mu.Lock()
+	kept := !c.closing && len(c.spares) < spareSessions
+	if kept {
+		c.spares = append([]*spareCall{sc}, c.spares...)
+	}
+	c.mu.Unlock()
+	if !kept {
+		sc.discard()
+	}
+}
+
+// discard closes the spare's channel once it is open.
+func (sc *spareCall) discard() {
 	go func() {
 		<-sc.done
 		if sc.s != nil {
@@ -191,21 +205,27 @@ func (c *Conn) giveBack(slot **spareCall, sc *spareCall) {
 	}()
 }
 
+func (sc *spareCall) opened() bool {
+	select {
+	case <-sc.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // takeSpare removes and returns the spare to use: the oldest one already
-// open, else the oldest; nil when there is none.
+// open, else the oldest; nil when there is none. The caller holds c.mu.
 func (c *Conn) takeSpare() *spareCall {
 	if len(c.spares) == 0 {
 		return nil
 	}
 	i := 0
 	for j, sc := range c.spares {
-		select {
-		case <-sc.done:
+		if sc.opened() {
 			i = j
-		default:
-			continue
+			break
 		}
-		break
 	}
 	sc := c.spares[i]
 	c.spares = append(c.spares[:i], c.spares[i+1:]...)
@@ -239,7 +259,7 @@ func (c *Conn) takeSession(ctx context.Context) (*session, error) {
 			sc = c.takeSpare()
 			c.mu.Unlock()
 		case <-ctx.Done():
-			c.giveBack(nil, sc)
+			c.giveBackSpare(sc)
 			return nil, fmt.Errorf("%w: %w", ErrNotSent, ctx.Err())
 		}
 	}

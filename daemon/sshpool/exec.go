@@ -105,7 +105,6 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 		ok, err := s.ch.SendRequest("pty-req", true, ssh.Marshal(req))
 		if err != nil || !ok {
 			s.ch.Close()
-			c.prepareSpares()
 			if err == nil {
 				err = errors.New("the agent refused it")
 			}
