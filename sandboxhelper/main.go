@@ -3,7 +3,9 @@ package sandboxhelper
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -16,6 +18,12 @@ import (
 const (
 	exitFailed = 1
 	exitUsage  = 2
+	// ExitDeclined: push or pull does not apply here (nothing was
+	// changed); the scripts take the plain way.
+	ExitDeclined = 75
+	// ExitDeclinedForGood: declined for a setting of the repository or
+	// attributes in head's tree, which hold until head changes.
+	ExitDeclinedForGood = 76
 )
 
 // Main is the program: `serve -state DIR`, `stage -state DIR -instance ID
@@ -33,12 +41,20 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	fs.StringVar(&o.Index, "index", "", "stage: the sync index, absolute")
 	fs.StringVar(&o.TreeHint, "tree-hint", "", "stage: the tree the index held before")
 	fs.BoolVar(&o.PrintTree, "print-tree", false, "stage: print the index's tree")
-	fs.StringVar(&o.Head, "head", "", "stage: reset the user's index to this commit")
 	fs.StringVar(&o.Real, "real", "", "stage: the user's index, absolute")
 	same := fs.Int("same-exit", 0, "stage: exit with this code when the index still holds -tree-hint (nothing was staged)")
+	var push pushRequest
+	fs.StringVar(&push.Head, "head", "", "stage: reset the user's index to this commit; push: the commit to push onto")
+	fs.StringVar(&push.SnapRef, "snap-ref", "", "push: the snapshot's ref")
+	fs.StringVar(&push.BaseRef, "base-ref", "", "push: the base's ref")
+	fs.Int64Var(&push.Time, "time", 0, "push: the snapshot's time (Unix seconds)")
+	var pull pullRequest
+	fs.StringVar(&pull.Tree, "tree", "", "pull, adopt: the tree the push left")
+	fs.StringVar(&pull.Out, "out", "", "pull: the patch file to write")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
+	o.Head = push.Head
 	root, err := os.Getwd()
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: %v\n", Name, err)
@@ -88,9 +104,59 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return *same
 		}
 		return 0
+	case "push", "pull", "adopt":
+		if *state == "" || o.Instance == "" {
+			fmt.Fprintf(stderr, "%s: -state and -instance are required\n", args[0])
+			return exitUsage
+		}
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+		defer cancel()
+		return native(ctx, args[0], *state, o.Instance, push, pull, fs.Args(), stdin, stdout, stderr)
 	}
 	fmt.Fprintf(stderr, "%s: unknown command %q\n", Name, args[0])
 	return exitUsage
+}
+
+// native asks the server for a native push (its entries, base64 of their
+// JSON, on stdin; prints "<snapshot> <tree>"), a pull (the patch to
+// pull.Out, git diff-tree's options as args) or an adopt (the working tree
+// holds -tree). A declined question exits ExitDeclined.
+func native(ctx context.Context, verb, state, instance string, push pushRequest, pull pullRequest, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	line := verb
+	var body any
+	switch verb {
+	case "push":
+		raw, err := io.ReadAll(base64.NewDecoder(base64.StdEncoding, io.LimitReader(stdin, maxRequest)))
+		if err == nil {
+			err = json.Unmarshal(raw, &push.Entries)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "%s push: read the entries: %v\n", Name, err)
+			return exitUsage
+		}
+		body = push
+	case "pull":
+		pull.DiffArgs = args
+		body = pull
+	case "adopt":
+		line += " " + pull.Tree
+	}
+	a, err := ask(ctx, state, instance, line, body)
+	switch {
+	case err != nil:
+		fmt.Fprintf(stderr, "%s %s: %v\n", Name, verb, err)
+		return exitFailed
+	case a.Declined != "":
+		fmt.Fprintf(stderr, "%s %s: %s\n", Name, verb, a.Declined)
+		if a.ForGood {
+			return ExitDeclinedForGood
+		}
+		return ExitDeclined
+	}
+	if verb == "push" {
+		fmt.Fprintf(stdout, "%s %s\n", a.Snap, a.Tree)
+	}
+	return 0
 }
 
 // selfHash is the SHA-256 of the running executable: the daemon checks an

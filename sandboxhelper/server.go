@@ -28,6 +28,15 @@ type answer struct {
 	Full     bool     `json:"full,omitempty"`
 	Paths    []string `json:"paths,omitempty"`
 	Gone     []string `json:"gone,omitempty"`
+	// The native sync's answers: the snapshot and its tree (push), an
+	// empty pull; Declined says it does not apply (nothing was changed),
+	// Error that it failed.
+	Snap     string `json:"snap,omitempty"`
+	Tree     string `json:"tree,omitempty"`
+	Empty    bool   `json:"empty,omitempty"`
+	Declined string `json:"declined,omitempty"`
+	ForGood  bool   `json:"for_good,omitempty"`
+	Error    string `json:"error,omitempty"`
 }
 
 // Serve tracks the working tree at root (absolute) and answers questions on
@@ -65,7 +74,12 @@ func Serve(ctx context.Context, root, state string, ready io.Writer, log *slog.L
 	if _, err := fmt.Fprintf(ready, "%s%s\n", Ready, instance); err != nil {
 		return err
 	}
-	var mu sync.Mutex // one question at a time: each answer starts the next one's "since"
+	// One question at a time: each answer starts the next one's "since",
+	// and the native sync's base goes with it.
+	var mu sync.Mutex
+	nat := &nativeState{root: root, gitDir: filepath.Dir(state), state: state,
+		changes: func(ctx context.Context) ([]string, []string, bool) { return trees.Changes(ctx, root, cookies) }}
+	defer nat.close()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -80,19 +94,73 @@ func Serve(ctx context.Context, root, state string, ready io.Writer, log *slog.L
 		go func() {
 			defer wg.Done()
 			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-			line, err := bufio.NewReader(io.LimitReader(c, 256)).ReadString('\n')
-			if err != nil || strings.TrimSpace(line) != "changes" {
-				fmt.Fprintf(c, "{\"error\":%q}\n", "unknown question")
-				return
-			}
-			mu.Lock()
-			a := answer{Instance: instance}
-			a.Paths, a.Gone, a.Full = trees.Changes(ctx, root, cookies)
-			mu.Unlock()
+			_ = c.SetDeadline(time.Now().Add(time.Minute))
+			a := serveOne(ctx, c, &mu, nat)
+			a.Instance = instance
 			_ = json.NewEncoder(c).Encode(a)
 		}()
 	}
+}
+
+// maxRequest bounds a question's body (a native push carries the files
+// it writes; the daemon sends at most the fused patch's limit of them).
+const maxRequest = 16 << 20
+
+// serveOne answers one question: a line naming it, then its JSON body.
+func serveOne(ctx context.Context, c net.Conn, mu *sync.Mutex, nat *nativeState) answer {
+	br := bufio.NewReader(io.LimitReader(c, maxRequest))
+	line, err := br.ReadString('\n')
+	if err != nil || len(line) > 256 {
+		return answer{Error: "unknown question"}
+	}
+	verb, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
+	// The body is read before the lock: a slow client holds up no one.
+	var push pushRequest
+	var pull pullRequest
+	switch verb {
+	case "push":
+		if err := json.NewDecoder(br).Decode(&push); err != nil {
+			return answer{Error: "read the push: " + err.Error()}
+		}
+	case "pull":
+		if err := json.NewDecoder(br).Decode(&pull); err != nil {
+			return answer{Error: "read the pull: " + err.Error()}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	switch verb {
+	case "changes":
+		// A plain stage moves the tracker's "since" past what the
+		// native sync knows.
+		nat.forget()
+		var a answer
+		a.Paths, a.Gone, a.Full = nat.changes(ctx)
+		return a
+	case "adopt":
+		if err := nat.adopt(arg); err != nil {
+			return answer{Error: err.Error()}
+		}
+		return answer{}
+	case "push":
+		snap, tree, err := nat.push(ctx, push)
+		return nativeAnswer(answer{Snap: snap, Tree: tree}, err)
+	case "pull":
+		empty, err := nat.pull(ctx, pull)
+		return nativeAnswer(answer{Empty: empty}, err)
+	}
+	return answer{Error: "unknown question"}
+}
+
+// nativeAnswer is the answer to a native push or pull that ended with err.
+func nativeAnswer(a answer, err error) answer {
+	switch {
+	case errors.Is(err, errDecline):
+		return answer{Declined: err.Error(), ForGood: errors.Is(err, errForGood)}
+	case err != nil:
+		return answer{Error: err.Error()}
+	}
+	return a
 }
 
 // removeStaleSockets removes the sockets of servers no longer running (a
@@ -117,8 +185,14 @@ func removeStaleSockets(dir string) {
 	}
 }
 
-// query asks the server instance in the helper directory of state.
+// query asks the server instance in the helper directory of state which
+// paths changed since its previous answer.
 func query(ctx context.Context, state, instance string) (answer, error) {
+	return ask(ctx, state, instance, "changes", nil)
+}
+
+// ask sends the question line and, when body is not nil, its JSON body.
+func ask(ctx context.Context, state, instance, line string, body any) (answer, error) {
 	var a answer
 	if instance == "" || strings.ContainsAny(instance, "/.") {
 		return a, errors.New("no helper instance")
@@ -137,7 +211,15 @@ func query(ctx context.Context, state, instance string) (answer, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		_ = c.SetDeadline(dl)
 	}
-	if _, err := io.WriteString(c, "changes\n"); err != nil {
+	req := []byte(line + "\n")
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return a, err
+		}
+		req = append(req, b...)
+	}
+	if _, err := c.Write(req); err != nil {
 		return a, err
 	}
 	if err := json.NewDecoder(io.LimitReader(c, 64<<20)).Decode(&a); err != nil {
@@ -145,6 +227,9 @@ func query(ctx context.Context, state, instance string) (answer, error) {
 	}
 	if a.Instance != instance {
 		return a, fmt.Errorf("the helper answered as %q, not %q", a.Instance, instance)
+	}
+	if a.Error != "" {
+		return a, errors.New(a.Error)
 	}
 	return a, nil
 }

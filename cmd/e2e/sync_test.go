@@ -253,7 +253,7 @@ func TestSyncEdgeCases(t *testing.T) {
 
 // TestSandboxHelperServesTheSync: on a real connection to an isolated
 // sandbox the daemon installs sandboxd-helper and runs its server; from
-// then on the sync stages through it (its marker is in the sandbox), and
+// then on the sync goes through its native sync (see sandboxhelper), and
 // what happens in the sandbox between execs is still healed or brought
 // back as without it.
 func TestSandboxHelperServesTheSync(t *testing.T) {
@@ -268,10 +268,6 @@ func TestSandboxHelperServesTheSync(t *testing.T) {
 	})
 	writeFile(t, filepath.Join(repo, "local.txt"), "local\n")
 	e.mustSbx(repo, "exec", "--", "sh", "-c", "echo made > made.txt")
-	// Only the helper writes the marker of a staged index.
-	if r := e.sbx(repo, "exec", "--no-sync", "--", "test", "-s", ".git/sandboxd/index.fast"); r.code != 0 {
-		t.Fatalf("the sync did not stage through the helper: %s", r)
-	}
 	// Between execs, something in the sandbox edits a tracked file and
 	// leaves a stray one: the next synced exec heals both.
 	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo sandbox > README.md; echo stray > stray.txt")
@@ -281,6 +277,13 @@ func TestSandboxHelperServesTheSync(t *testing.T) {
 		t.Fatalf("the sandbox was not healed: %q, want %q", r.stdout, want)
 	}
 	assertTree(t, repo, before)
+	// That exec's push was the helper's native one (native.err holds its
+	// stderr: empty when it did not decline), and the helper knew the
+	// working tree after it (f.out's third line), so the pull was native
+	// too.
+	if r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "sed -n 3p .git/sandboxd/f.out; cat .git/sandboxd/native.err"); r.code != 0 || r.stdout != "1\n" {
+		t.Fatalf("the sync did not go through the helper's native sync: %s", r)
+	}
 	// And the command's edits still come back.
 	e.mustSbx(repo, "exec", "--", "sh", "-c", "echo again >> made.txt")
 	if got := readFile(t, filepath.Join(repo, "made.txt")); got != "made\nagain\n" {

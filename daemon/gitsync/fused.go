@@ -63,6 +63,10 @@ type Fused struct {
 	// sandbox keeps the edits and the next exec brings them back).
 	Pull    PullResult
 	PullErr error
+	// Native says the sandbox helper knew the working tree after the push
+	// (it moved it, or adopted the tree the plain way made), so it looked
+	// for the command's edits itself (see sandboxhelper).
+	Native bool
 	// Again says the command did not run because the push found something
 	// to do first (edits of an earlier exec brought back, a commit pushed):
 	// prepare and exchange again.
@@ -96,7 +100,16 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 		return nil, false, err
 	}
 	x.commit = res.Commits
-	x.script = fusedScript(helperVars(r), nonce, p.HeadSHA, p.Data, s.now(), x.pend, s.acks(rp), s.maxBytes, p.LargeTree, command)
+	hv := helperVars(r)
+	bundle := ""
+	if hv != "" && p.Native != nil {
+		// The helper's entries travel beside the patch, so the one
+		// exchange takes the plain way when the helper declines.
+		if b, ok := nativeBundle(p.Native); ok && len(b)+len(p.Data) <= MaxFusedPatch {
+			bundle = b
+		}
+	}
+	x.script = fusedScript(hv, nonce, p.HeadSHA, p.Data, bundle, s.now(), x.pend, s.acks(rp), s.maxBytes, p.LargeTree, command)
 	return x, true, nil
 }
 
@@ -112,6 +125,10 @@ func fusable(patch []byte, nonce string) bool {
 }
 
 func heredocWord(nonce string) string { return "SBX_" + nonce }
+
+// nativeWord ends the here-document of the helper's push entries (base64:
+// it cannot hold the word).
+func nativeWord(nonce string) string { return "SBXN_" + nonce }
 
 // Command is the remote command of the exchange.
 func (x *Exchange) Command() string { return x.script }
@@ -184,6 +201,7 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	if len(f) > 2 {
 		snap = f[2]
 	}
+	res.Native = len(f) > 3 && f[3] == "1"
 	x.s.pushDone(x.p, x.pend, snap, &res.Push)
 	line, rest, _ = bytes.Cut(rest, []byte("\n"))
 	if f := strings.Fields(string(line)); len(f) == 2 && f[0] == "exit" {
@@ -264,7 +282,7 @@ func newNonce() string {
 }
 
 // fusedScript is the exchange's command; see Exchange.
-func fusedScript(hv, nonce, head string, patch []byte, now time.Time, pend string, acks []string, max int64, large bool, command string) string {
+func fusedScript(hv, nonce, head string, patch []byte, bundle string, now time.Time, pend string, acks []string, max int64, large bool, command string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "N=%s\n", nonce)
 	// A failure of the prelude is the push's failure.
@@ -272,25 +290,35 @@ func fusedScript(hv, nonce, head string, patch []byte, now time.Time, pend strin
 	b.WriteString(preludeChecks)
 	b.WriteString(hv)
 	b.WriteString("(\n")
-	b.WriteString(pushBody(head, patchKey(patch), now, pend, acks, max, large))
+	b.WriteString(pushBody(head, patchKey(patch), now, pend, acks, max, large, bundle != ""))
 	b.WriteString(`) >"$st/f.out" 2>"$st/f.err"`)
+	// The here-documents follow the line in the order of their operators:
+	// the helper's entries on descriptor 3, then the patch on stdin.
+	if bundle != "" {
+		fmt.Fprintf(&b, " 3<<'%s'", nativeWord(nonce))
+	}
 	if len(patch) > 0 {
 		fmt.Fprintf(&b, " <<'%s'\n", heredocWord(nonce))
-		b.Write(patch)
-		b.WriteString(heredocWord(nonce) + "\n")
 	} else {
 		b.WriteString(" </dev/null\n")
+	}
+	if bundle != "" {
+		b.WriteString(bundle + nativeWord(nonce) + "\n")
+	}
+	if len(patch) > 0 {
+		b.Write(patch)
+		b.WriteString(heredocWord(nonce) + "\n")
 	}
 	fmt.Fprintf(&b, `pc=$?
 if [ "$pc" -ne 0 ]; then
 	printf '\036sandboxd-%%s\npush %%s\n' "$N" "$pc"; cat "$st/f.out"
 	printf '\036sandboxd-%%s-end\n' "$N"; cat "$st/f.err"; exit 0
 fi
-snap=; ptree=; { read -r snap; read -r ptree; } <"$st/f.out" || true
+snap=; ptree=; nat=; { read -r snap; read -r ptree; read -r nat; } <"$st/f.out" || true
 trap : HUP INT QUIT TERM
 PATH=$P0 sh -c %s
 s=$?
-printf '\036sandboxd-%%s\npush 0 %%s\nexit %%s\n' "$N" "$snap" "$s"
+printf '\036sandboxd-%%s\npush 0 %%s %%s\nexit %%s\n' "$N" "$snap" "$nat" "$s"
 (
 %s) 2>"$st/f.err" </dev/null
 printf '\036sandboxd-%%s-end %%s\n' "$N" "$?"

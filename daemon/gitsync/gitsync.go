@@ -36,6 +36,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // Refs the sync keeps in the sandbox's repository.
@@ -151,6 +153,9 @@ type Patch struct {
 	// Warnings are for the user: LFS files not synced, unresolved conflicts
 	// from an earlier pull.
 	Warnings []string
+	// Native is the patch as the sandbox helper's native push takes it
+	// (nativeEntries); nil when it cannot.
+	Native []sandboxhelper.PushEntry
 	// LargeTree says the repository's index is large (largeIndexBytes): the
 	// sandbox then moves its working tree to the pushed tree by applying
 	// what differs, whose cost is what changed, rather than by a two-way

@@ -3,6 +3,8 @@
 package gitsync
 
 import (
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,7 +14,12 @@ import (
 // sandbox as the daemon runs it (daemon/helper): staging looks only at what
 // changed once the helper's first stage is done, and every scenario's
 // outcome is the same as with git add -A.
+//
+// Most of their execs are native (the helper moves the working tree and
+// finds the edits itself; see TestFusedWithTheHelperIsNative): the count
+// shows the scenarios run that way.
 func TestScenariosWithTheSandboxHelper(t *testing.T) {
+	nativeExecs.Store(0)
 	for name, test := range syncScenarios() {
 		t.Run(name, func(t *testing.T) {
 			useHelper = true
@@ -20,37 +27,165 @@ func TestScenariosWithTheSandboxHelper(t *testing.T) {
 			test(t)
 		})
 	}
+	if n := nativeExecs.Load(); n < 15 {
+		t.Fatalf("%d fused execs were native", n)
+	}
 }
 
-// With the helper serving, a synced exec whose command changed nothing
-// stages nothing: no git add, one git status of the paths that changed
-// (the pushed file, the file the push removed), and no git diff for the
-// empty pull; the user's index, as the helper left it, is not read again
-// either.
-func TestFusedWithTheHelperStagesOnlyWhatChanged(t *testing.T) {
+// With the helper serving, a synced exec after the first is native: the
+// helper moves the working tree and finds the command's edits itself, so
+// no git process that reads or writes an index runs in the sandbox (each
+// costs what the tree holds). An exec whose command edits nothing runs no
+// git at all, HEAD being where it was; an edit costs one git diff-tree.
+func TestFusedWithTheHelperIsNative(t *testing.T) {
 	useHelper = true
 	t.Cleanup(func() { useHelper = false })
-	f, calls := secondExec(t)
-	joined := " " + strings.Join(calls, " ") + " "
-	if strings.Contains(joined, " add ") || strings.Contains(joined, " reset ") || strings.Contains(joined, " clean ") {
-		t.Fatalf("a whole-tree git ran: %v", calls)
+	log := gitLog(t) // before the fixture: the helper's server inherits it
+	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n", "dir/c.txt": "c\n"})
+	writeFile(t, filepath.Join(f.local, "a.txt"), "one\n")
+	// The first exec finds the helper without a base: the plain way, after
+	// which the helper adopts the tree it made.
+	if _, fr, err := f.fused("echo left > left.txt"); err != nil || !fr.Native {
+		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
 	}
-	if n := strings.Count(joined, " --no-optional-locks "); n != 1 {
-		t.Fatalf("%d git status, want 1 (the pull's): %v", n, calls)
-	}
-	if n := strings.Count(joined, " read-tree "); n != 1 {
-		t.Fatalf("%d read-tree, want 1 (the checkout-like move): %v", n, calls)
-	}
-	// Nothing differed from the pushed tree: the pull's patch is empty
-	// without a diff.
-	if strings.Contains(joined, " diff ") {
-		t.Fatalf("the pull ran git diff although nothing changed: %v", calls)
-	}
-	// A command that edits still brings its edits back.
-	if _, _, err := f.exec("echo more >> b.txt"); err != nil {
+	if err := os.Remove(filepath.Join(f.local, "left.txt")); err != nil {
 		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(f.local, "a.txt"), "two\n")
+	writeFile(t, filepath.Join(f.local, "dir/new.txt"), "new\n")
+	if err := os.Remove(filepath.Join(f.local, "dir/c.txt")); err != nil {
+		t.Fatal(err)
+	}
+	mark := len(sandboxCalls(t, log, f.sandbox))
+	out, fr, err := f.fused("cat a.txt dir/new.txt; ls . dir")
+	if err != nil || !fr.Native {
+		t.Fatalf("second exec: native %v, err %v", fr.Native, err)
+	}
+	if want := "two\nnew\na.txt\nb.txt\ndir\n\ndir:\nnew.txt\n"; out != want && out != "two\nnew\n.:\na.txt\nb.txt\ndir\n\ndir:\nnew.txt\n" {
+		t.Fatalf("the command saw %q", out)
+	}
+	if calls := sandboxCalls(t, log, f.sandbox)[mark:]; len(calls) != 0 {
+		t.Fatalf("a native exec ran git in the sandbox: %v", calls)
+	}
+	// The sandbox's refs are as the plain way leaves them: HEAD and the
+	// base at head, the snapshot a commit of the synced tree on head.
+	head := strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+	snap := strings.TrimSpace(git(t, f.sandbox, "rev-parse", SnapshotRef))
+	if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD", BaseRef, snap+"^")); got != head+"\n"+head+"\n"+head {
+		t.Fatalf("HEAD, base and the snapshot's parent are %q, want %s", got, head)
+	}
+	if got, want := workingTree(t, f.sandbox), strings.TrimSpace(git(t, f.sandbox, "rev-parse", snap+"^{tree}")); got != want {
+		t.Fatalf("the working tree is %s, the snapshot's tree %s", got, want)
+	}
+	git(t, f.sandbox, "fsck", "--strict", "--no-dangling")
+
+	// A command that edits brings its edits back, by one git diff-tree.
+	mark = len(sandboxCalls(t, log, f.sandbox))
+	if _, fr, err := f.fused("echo more >> b.txt; echo x > dir/made.txt; rm a.txt"); err != nil || !fr.Native {
+		t.Fatalf("third exec: native %v, err %v", fr.Native, err)
+	}
+	if calls := sandboxCalls(t, log, f.sandbox)[mark:]; strings.Join(calls, " ") != "check-ignore diff-tree" {
+		t.Fatalf("the native pull ran %v, want check-ignore (dir/made.txt is new) and diff-tree", calls)
 	}
 	if got := string(fileBytes(t, filepath.Join(f.local, "b.txt"))); got != "b\nmore\n" {
 		t.Fatalf("b.txt is %q locally", got)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "dir/made.txt"))); got != "x\n" {
+		t.Fatalf("dir/made.txt is %q locally", got)
+	}
+	if _, err := os.Lstat(filepath.Join(f.local, "a.txt")); !os.IsNotExist(err) {
+		t.Fatalf("a.txt is still here: %v", err)
+	}
+}
+
+// Where the working tree is not its blobs (attributes that convert line
+// ends), the helper declines for good and the plain way syncs: the sandbox
+// holds what git's checkout makes, and later execs do not ask the helper
+// again until head changes.
+func TestNativeDeclinesForAttributes(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{".gitattributes": "*.txt eol=crlf\n", "a.txt": "a\n"})
+	for i, text := range []string{"one\n", "two\n"} {
+		writeFile(t, filepath.Join(f.local, "a.txt"), text)
+		if _, fr, err := f.fused("true"); err != nil || fr.Native {
+			t.Fatalf("exec %d: native %v, err %v", i, fr.Native, err)
+		}
+		want := strings.ReplaceAll(text, "\n", "\r\n")
+		if got := string(fileBytes(t, filepath.Join(f.sandbox, "a.txt"))); got != want {
+			t.Fatalf("exec %d: the sandbox's a.txt is %q, want %q", i, got, want)
+		}
+	}
+	off := string(fileBytes(t, filepath.Join(f.sandbox, ".git", "sandboxd", "native.off")))
+	if !strings.HasPrefix(off, f.r.helperInstance+" ") {
+		t.Fatalf("native.off is %q", off)
+	}
+}
+
+// workingTree is the tree of dir's working tree as git add -A sees it,
+// made in a scratch index.
+func workingTree(t *testing.T, dir string) string {
+	t.Helper()
+	index := filepath.Join(t.TempDir(), "index")
+	for _, args := range [][]string{{"add", "-A"}, {"write-tree"}} {
+		cmd := exec.Command("git", args...)
+		cmd.Dir, cmd.Env = dir, append(os.Environ(), "GIT_INDEX_FILE="+index)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("git %v: %v: %s", args, err, out)
+		}
+		if args[0] == "write-tree" {
+			return strings.TrimSpace(string(out))
+		}
+	}
+	return ""
+}
+
+// A directory the command made, filled and replaced by a symbolic link to
+// somewhere else is seen as git sees it: the link alone; nothing is read
+// through the link (the tracker named the file that was under the
+// directory).
+func TestNativePullDoesNotReadThroughASymlink(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	outside := t.TempDir()
+	writeFile(t, filepath.Join(outside, "c.txt"), "outside\n")
+	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
+	}
+	if _, fr, err := f.fused("mkdir dir && echo c > dir/c.txt && rm -r dir && ln -s " + outside + " dir"); err != nil || !fr.Native {
+		t.Fatalf("second exec: native %v, err %v", fr.Native, err)
+	}
+	if target, err := os.Readlink(filepath.Join(f.local, "dir")); err != nil || target != outside {
+		t.Fatalf("dir is not the link locally: %q, %v", target, err)
+	}
+	if got := string(fileBytes(t, filepath.Join(outside, "c.txt"))); got != "outside\n" {
+		t.Fatalf("the file behind the link is %q", got)
+	}
+}
+
+// A push never writes through a symbolic link in the sandbox's working
+// tree (something there replaced a directory with one after the last
+// exec): the helper declines and the plain way puts the directory back.
+func TestNativePushDoesNotWriteThroughASymlink(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n", "dir/c.txt": "c\n"})
+	outside := t.TempDir()
+	writeFile(t, filepath.Join(outside, "c.txt"), "outside\n")
+	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
+	}
+	f.inSandbox("rm -r dir && ln -s " + outside + " dir")
+	writeFile(t, filepath.Join(f.local, "dir/c.txt"), "changed\n")
+	if out, _, err := f.exec("cat dir/c.txt"); err != nil || out != "changed\n" {
+		t.Fatalf("the command saw %q (%v)", out, err)
+	}
+	if got := string(fileBytes(t, filepath.Join(outside, "c.txt"))); got != "outside\n" {
+		t.Fatalf("the push wrote through the link: %q", got)
+	}
+	if fi, err := os.Lstat(filepath.Join(f.sandbox, "dir")); err != nil || !fi.IsDir() {
+		t.Fatalf("the sandbox's dir is not a directory again: %v", err)
 	}
 }

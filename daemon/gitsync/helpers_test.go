@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/daemon/watch"
@@ -241,6 +242,9 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 		if fr.Again {
 			continue
 		}
+		if fr.Native {
+			nativeExecs.Add(1)
+		}
 		if fr.Ran && code != fr.ExitCode && !(fr.ExitCode > 128 && code == -1) {
 			f.t.Fatalf("the exchange ended %d, the command %d", code, fr.ExitCode)
 		}
@@ -411,6 +415,9 @@ func randomBytes(n int, seed byte) string {
 
 // useHelper makes newFixture start the helper (TestScenariosWithTheSandboxHelper).
 var useHelper bool
+
+// nativeExecs counts the fused execs the helper's native sync took part in.
+var nativeExecs atomic.Int64
 
 // largeTree makes newFixture's syncer treat every tree as large
 // (TestScenariosAsALargeTree).

@@ -74,6 +74,9 @@ type prepared struct {
 func (s *Syncer) finishPatch(r repo, baseSHA string, res *prepared, start time.Time, how string) *Patch {
 	p := &Patch{RepoRoot: r.root, BaseSHA: baseSHA, HeadSHA: res.head, Data: res.data,
 		Files: append([]string{}, res.files...), LFSFiles: append([]string(nil), res.lfs...)}
+	if native, ok := nativeEntries(r.root, res.recs, res.lfs, MaxFusedPatch); ok {
+		p.Native = native
+	}
 	if fi, err := os.Stat(r.index); err == nil && fi.Size() >= s.largeIndex {
 		p.LargeTree = true
 	}

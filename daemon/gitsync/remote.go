@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // Exit codes of the sandbox scripts. They sit above git's own codes (0, 1,
@@ -97,12 +98,15 @@ const prelude = dieExit + preludeChecks
 // from stdin when there is one, records the snapshot, marks the new exec pend
 // as pending (none when pend is empty) and prints the snapshot commit.
 func pushScript(hv, head, key string, now time.Time, pend string, acks []string, max int64, large bool) string {
-	return prelude + hv + pushBody(head, key, now, pend, acks, max, large)
+	return prelude + hv + pushBody(head, key, now, pend, acks, max, large, false)
 }
 
 // pushBody is pushScript after the prelude. The patch, when there is one,
-// is on its standard input, and key is patchKey of it ("" for none).
-func pushBody(head, key string, now time.Time, pend string, acks []string, max int64, large bool) string {
+// is on its standard input, and key is patchKey of it ("" for none). With
+// native, the helper's push entries are on descriptor 3 (nativeBundle):
+// the helper moves the working tree itself when it can (see
+// sandboxhelper), and the patch is applied only when it declines.
+func pushBody(head, key string, now time.Time, pend string, acks []string, max int64, large, native bool) string {
 	var b strings.Builder
 	big := ""
 	if large {
@@ -132,6 +136,21 @@ fi
 	exit 85
 fi
 `
+	// The native push. A decline for a setting or attributes, which hold
+	// for the server and head, is remembered: no helper call until they
+	// change. After the plain way, the helper adopts the tree it made.
+	if native {
+		fmt.Fprintf(&b, `nat=; off=; [ ! -f "$st/native.off" ] || read -r off <"$st/native.off" || true
+if [ -n "$HI" ] && [ "$off" != "$HI $head" ]; then
+	"$H" push -state "$st" -instance "$HI" -head "$head" -snap-ref "$SNAP" -base-ref "$BASE" -time %d <&3 >"$st/native" 2>"$st/native.err"
+	case $? in
+	0) read -r snap tree <"$st/native" && [ -n "$tree" ] && nat=1 ;;
+	%d) off="$HI $head"; echo "$off" >"$st/native.off" ;;
+	esac
+fi
+if [ -z "$nat" ]; then
+`, now.Unix(), sandboxhelper.ExitDeclinedForGood)
+	}
 	if key != "" {
 		// Every process counts here: the refs are written once, at the
 		// end, and the sync index starts as a copy of the fresh index.
@@ -198,9 +217,16 @@ fi
 		b.WriteString(`if ! revert "$head"; then
 ` + missing + "snap=$head\n")
 	}
-	// The snapshot, then the tree the sync index holds (the pull's hint).
+	if native {
+		b.WriteString(`[ -n "$tree" ] || tree=$(g rev-parse "$head^{tree}") || tree=
+if [ -n "$HI" ] && [ -n "$tree" ] && [ "$off" != "$HI $head" ] && "$H" adopt -state "$st" -instance "$HI" -tree "$tree" 2>"$st/adopt.err"; then nat=1; fi
+fi
+`)
+	}
+	// The snapshot, then the tree the sync index holds (the pull's hint),
+	// then whether the helper knows the working tree (the native pull).
 	b.WriteString(`if [ -n "$pend" ]; then echo "$pend" >"$st/pending" || exit 84; else rm -f "$st/pending"; fi
-echo "$snap"; echo "${tree:-}"
+echo "$snap"; echo "${tree:-}"; echo "${nat:-}"
 `)
 	return b.String()
 }
@@ -229,11 +255,14 @@ out="$st/pull.patch"
 echo >"$st/pull.id"
 # With the helper and the tree the push left (the snapshot's), a stage that
 # found nothing changed means an empty patch: no diff to run.
+# The helper that moved the working tree (nat) finds the edits itself.
 pc=1
-if [ -n "$HI" ] && syncidx; then "$H" stage -state "$st" -instance "$HI" -index "$st/index" ${ptree:+-tree-hint "$ptree" -same-exit 3} 2>/dev/null; pc=$?; fi
+if [ -n "${nat:-}" ] && [ -n "$ptree" ] && "$H" pull -state "$st" -instance "$HI" -tree "$ptree" -out "$out" -- %[1]s 2>"$st/npull.err"; then pc=4
+elif [ -n "$HI" ] && syncidx; then "$H" stage -state "$st" -instance "$HI" -index "$st/index" ${ptree:+-tree-hint "$ptree" -same-exit 3} 2>/dev/null; pc=$?; fi
 case $pc in
 0) GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out" || exit 87 ;;
 3) : >"$out" || exit 87 ;;
+4) ;;
 *) { syncidx && rm -f "$st/index.fast" && GIT_INDEX_FILE="$st/index" g add -A && GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out"; } || exit 87 ;;
 esac
 echo "$id" >"$st/pull.id"
