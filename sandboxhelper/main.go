@@ -3,14 +3,13 @@ package sandboxhelper
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"syscall"
 	"time"
 )
 
@@ -50,7 +49,12 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	fs.Int64Var(&push.Time, "time", 0, "push: the snapshot's time (Unix seconds)")
 	var pull pullRequest
 	fs.StringVar(&pull.Tree, "tree", "", "pull, adopt: the tree the push left")
-	fs.StringVar(&pull.Out, "out", "", "pull: the patch file to write")
+	fs.StringVar(&pull.Out, "out", "", "pull, run: the patch file to write")
+	path := fs.String("path", "", "run: the command's PATH")
+	command := fs.String("command", "", "run: the command line for /bin/sh -c")
+	result := fs.String("result", "", "run: the file of what happened")
+	pending := fs.String("pending", "", "run: the exec's id, marked pending before the command")
+	logFile := fs.String("log", "", "run: the file of its own messages")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
@@ -104,14 +108,34 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return *same
 		}
 		return 0
-	case "push", "pull", "adopt":
+	case "run":
+		if *state == "" || o.Instance == "" || *result == "" {
+			fmt.Fprintln(stderr, "run: -state, -instance and -result are required")
+			return exitUsage
+		}
+		// The entries come on descriptor 3; the command must not inherit it.
+		entries := os.NewFile(3, "entries")
+		defer entries.Close()
+		syscall.CloseOnExec(3)
+		pull.DiffArgs = fs.Args()
+		// Run's own messages go to -log: stderr is the command's.
+		logw := io.Discard
+		if *logFile != "" {
+			if f, err := os.Create(*logFile); err == nil {
+				defer f.Close()
+				logw = f
+			}
+		}
+		return Run(ctx, logw, RunOptions{State: *state, Instance: o.Instance, Push: push, Pending: *pending, Path: *path, Command: *command, Result: *result, Pull: pull},
+			entries, stdin, stdout, stderr)
+	case "pull", "adopt":
 		if *state == "" || o.Instance == "" {
 			fmt.Fprintf(stderr, "%s: -state and -instance are required\n", args[0])
 			return exitUsage
 		}
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 		defer cancel()
-		return native(ctx, args[0], *state, o.Instance, push, pull, fs.Args(), stdin, stdout, stderr)
+		return native(ctx, args[0], *state, o.Instance, pull, fs.Args(), stderr)
 	}
 	fmt.Fprintf(stderr, "%s: unknown command %q\n", Name, args[0])
 	return exitUsage
@@ -121,20 +145,10 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 // JSON, on stdin; prints "<snapshot> <tree>"), a pull (the patch to
 // pull.Out, git diff-tree's options as args) or an adopt (the working tree
 // holds -tree). A declined question exits ExitDeclined.
-func native(ctx context.Context, verb, state, instance string, push pushRequest, pull pullRequest, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+func native(ctx context.Context, verb, state, instance string, pull pullRequest, args []string, stderr io.Writer) int {
 	line := verb
 	var body any
 	switch verb {
-	case "push":
-		raw, err := io.ReadAll(base64.NewDecoder(base64.StdEncoding, io.LimitReader(stdin, maxRequest)))
-		if err == nil {
-			err = json.Unmarshal(raw, &push.Entries)
-		}
-		if err != nil {
-			fmt.Fprintf(stderr, "%s push: read the entries: %v\n", Name, err)
-			return exitUsage
-		}
-		body = push
 	case "pull":
 		pull.DiffArgs = args
 		body = pull
@@ -152,9 +166,6 @@ func native(ctx context.Context, verb, state, instance string, push pushRequest,
 			return ExitDeclinedForGood
 		}
 		return ExitDeclined
-	}
-	if verb == "push" {
-		fmt.Fprintf(stdout, "%s %s\n", a.Snap, a.Tree)
 	}
 	return 0
 }

@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -288,5 +290,32 @@ func TestSandboxHelperServesTheSync(t *testing.T) {
 	e.mustSbx(repo, "exec", "--", "sh", "-c", "echo again >> made.txt")
 	if got := readFile(t, filepath.Join(repo, "made.txt")); got != "made\nagain\n" {
 		t.Fatalf("made.txt is %q", got)
+	}
+	// Ctrl-C reaches the command the helper runs (push, command and pull
+	// in one process), and what the command changed still comes back.
+	marker := filepath.Join(e.root, "got-int")
+	cmd := e.sbxCmd(repo, "exec", "--", "sh", "-c", `echo interrupted > made.txt; trap 'echo got INT > `+marker+`; exit 42' INT; echo ready; while :; do sleep 0.05; done`)
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(stdout, buf); err != nil || string(buf) != "ready\n" {
+		t.Fatalf("command did not start: %q %v", buf, err)
+	}
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	var ee interface{ ExitCode() int }
+	if !errors.As(err, &ee) || (ee.ExitCode() != 42 && ee.ExitCode() != 130) {
+		t.Fatalf("sbx after Ctrl-C: %v (want the remote status 42 or 130)", err)
+	}
+	if got := readFile(t, marker); got != "got INT\n" {
+		t.Fatalf("the remote trap did not run: %q", got)
+	}
+	if got := readFile(t, filepath.Join(repo, "made.txt")); got != "interrupted\n" {
+		t.Fatalf("made.txt is %q after the interrupted exec", got)
+	}
+	if r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "sed -n 2p .git/sandboxd/run"); r.stdout != "exit 42\n" && r.stdout != "exit 130\n" {
+		t.Fatalf("the interrupted exec did not go through the helper's run: %s", r)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // MaxFusedPatch bounds the patch that travels inside a fused exchange's
@@ -281,7 +282,11 @@ func newNonce() string {
 	return hex.EncodeToString(b[:])
 }
 
-// fusedScript is the exchange's command; see Exchange.
+// fusedScript is the exchange's command; see Exchange. With a bundle (the
+// helper's push entries, see nativeBundle) the helper's run does the push,
+// the command and the pull in one process when it can; otherwise, or when
+// it declines before the command, the script pushes the patch and runs the
+// command itself.
 func fusedScript(hv, nonce, head string, patch []byte, bundle string, now time.Time, pend string, acks []string, max int64, large bool, command string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "N=%s\n", nonce)
@@ -289,43 +294,63 @@ func fusedScript(hv, nonce, head string, patch []byte, bundle string, now time.T
 	b.WriteString(`die() { printf '\036sandboxd-%s\npush %s\n\036sandboxd-%s-end\n' "$N" "$1" "$N"; [ -z "$2" ] || printf '%s\n' "$2"; exit 0; }` + "\n")
 	b.WriteString(preludeChecks)
 	b.WriteString(hv)
+	b.WriteString("ran=; pulled=; s=; snap=; ptree=; nat=\n")
+	if bundle != "" {
+		// Only when no earlier exec's edits wait to be brought back (the
+		// plain push does that first) and no decline holds for good.
+		fmt.Fprintf(&b, `off=; [ ! -f "$st/native.off" ] || read -r off <"$st/native.off" || true
+p=; [ ! -f "$st/pending" ] || read -r p <"$st/pending" || true
+case ' %s ' in *" $p "*) p= ;; esac
+if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ]; then
+	trap : HUP INT QUIT TERM
+	"$H" run -state "$st" -instance "$HI" -head %s -snap-ref "$SNAP" -base-ref "$BASE" -time %d -pending %s -path "$P0" -command %s -result "$st/run" -log "$st/native.err" -out "$st/pull.patch" -- %s 3<<'%s'
+%s%s
+	rc=$?
+	r1=; r2=; r3=; { read -r r1; read -r r2; read -r r3; } <"$st/run" || true
+	case "$r2" in
+	"exit "*) ran=1; nat=1; s=${r2#exit }; set -- $r1; snap=$2; ptree=$3; [ "$r3" != pull ] || pulled=1 ;;
+	*) trap - HUP INT QUIT TERM
+		# A signal before the command began ends the exchange as it would
+		# have ended the wrapper.
+		if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then kill -$((rc - 128)) $$; fi
+		if [ "$rc" -eq %d ]; then off="$HI %s"; echo "$off" >"$st/native.off"; fi ;;
+	esac
+fi
+`, strings.Join(acks, " "), head, head, now.Unix(), pend, shellWord(command), strings.Join(diffOptions, " "), nativeWord(nonce),
+			bundle, nativeWord(nonce), sandboxhelper.ExitDeclinedForGood, head)
+		b.WriteString("if [ -z \"$ran\" ]; then\n")
+	}
 	b.WriteString("(\n")
 	b.WriteString(pushBody(head, patchKey(patch), now, pend, acks, max, large, bundle != ""))
 	b.WriteString(`) >"$st/f.out" 2>"$st/f.err"`)
-	// The here-documents follow the line in the order of their operators:
-	// the helper's entries on descriptor 3, then the patch on stdin.
-	if bundle != "" {
-		fmt.Fprintf(&b, " 3<<'%s'", nativeWord(nonce))
-	}
 	if len(patch) > 0 {
 		fmt.Fprintf(&b, " <<'%s'\n", heredocWord(nonce))
-	} else {
-		b.WriteString(" </dev/null\n")
-	}
-	if bundle != "" {
-		b.WriteString(bundle + nativeWord(nonce) + "\n")
-	}
-	if len(patch) > 0 {
 		b.Write(patch)
 		b.WriteString(heredocWord(nonce) + "\n")
+	} else {
+		b.WriteString(" </dev/null\n")
 	}
 	fmt.Fprintf(&b, `pc=$?
 if [ "$pc" -ne 0 ]; then
 	printf '\036sandboxd-%%s\npush %%s\n' "$N" "$pc"; cat "$st/f.out"
 	printf '\036sandboxd-%%s-end\n' "$N"; cat "$st/f.err"; exit 0
 fi
-snap=; ptree=; nat=; { read -r snap; read -r ptree; read -r nat; } <"$st/f.out" || true
+{ read -r snap; read -r ptree; read -r nat; } <"$st/f.out" || true
 trap : HUP INT QUIT TERM
 PATH=$P0 sh -c %s
 s=$?
-printf '\036sandboxd-%%s\npush 0 %%s %%s\nexit %%s\n' "$N" "$snap" "$nat" "$s"
+`, shellWord(command))
+	if bundle != "" {
+		b.WriteString("fi\n")
+	}
+	fmt.Fprintf(&b, `printf '\036sandboxd-%%s\npush 0 %%s %%s\nexit %%s\n' "$N" "$snap" "$nat" "$s"
 (
 %s) 2>"$st/f.err" </dev/null
 printf '\036sandboxd-%%s-end %%s\n' "$N" "$?"
 [ ! -s "$st/f.err" ] || cat "$st/f.err"
 if [ "$s" -gt 128 ] && [ "$s" -lt 160 ]; then trap - HUP INT QUIT TERM; kill -$((s - 128)) $$; fi
 exit "$s"
-`, shellWord(command), pullBody(max))
+`, pullBody(max))
 	return b.String()
 }
 

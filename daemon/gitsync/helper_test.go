@@ -3,11 +3,17 @@
 package gitsync
 
 import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // The sync's scenarios again, with the sandbox helper serving on the
@@ -187,5 +193,70 @@ func TestNativePushDoesNotWriteThroughASymlink(t *testing.T) {
 	}
 	if fi, err := os.Lstat(filepath.Join(f.sandbox, "dir")); err != nil || !fi.IsDir() {
 		t.Fatalf("the sandbox's dir is not a directory again: %v", err)
+	}
+}
+
+// In the helper's run (push, command and pull in one process), Ctrl-C at
+// the command's process group ends the command, not the run: the command's
+// edits are still pulled, its status is reported, and the exchange ends by
+// the same signal, as the shell wrapper does.
+func TestNativeRunSurvivesTheGroupSignal(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
+	}
+	ctx := context.Background()
+	p, err := f.s.Prepare(ctx, f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Sandbox = "fixture"
+	x, ok, err := f.s.Fuse(ctx, f.r, p, "echo edited > a.txt; echo ready; while :; do sleep 0.05; done")
+	if err != nil || !ok {
+		t.Fatalf("fuse: %v %v", ok, err)
+	}
+	cmd := exec.Command("/bin/sh", "-c", x.Command())
+	cmd.Dir = f.sandbox
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	pr, pw := io.Pipe()
+	cmd.Stdout = x.Stdout(pw)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(pr).ReadString('\n')
+		ready <- line
+		_, _ = io.Copy(io.Discard, pr)
+	}()
+	select {
+	case line := <-ready:
+		if line != "ready\n" {
+			t.Fatalf("the command wrote %q", line)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the command did not start")
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	pw.Close()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGINT {
+		t.Fatalf("the exchange ended with %v, want SIGINT", err)
+	}
+	f.r.reset()
+	fr, err := x.Finish(ctx, f.r)
+	if err != nil || !fr.Ran || !fr.Native || fr.ExitCode != 130 {
+		t.Fatalf("finish: ran %v native %v exit %d, err %v", fr.Ran, fr.Native, fr.ExitCode, err)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "a.txt"))); got != "edited\n" {
+		t.Fatalf("a.txt is %q locally", got)
+	}
+	if calls := f.r.calls(); calls != 0 {
+		t.Fatalf("finishing made %d runner calls: the pull was not in the exchange", calls)
 	}
 }

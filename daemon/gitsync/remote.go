@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // Exit codes of the sandbox scripts. They sit above git's own codes (0, 1,
@@ -103,9 +102,7 @@ func pushScript(hv, head, key string, now time.Time, pend string, acks []string,
 
 // pushBody is pushScript after the prelude. The patch, when there is one,
 // is on its standard input, and key is patchKey of it ("" for none). With
-// native, the helper's push entries are on descriptor 3 (nativeBundle):
-// the helper moves the working tree itself when it can (see
-// sandboxhelper), and the patch is applied only when it declines.
+// native, the sandbox helper adopts the tree the push made.
 func pushBody(head, key string, now time.Time, pend string, acks []string, max int64, large, native bool) string {
 	var b strings.Builder
 	big := ""
@@ -136,21 +133,6 @@ fi
 	exit 85
 fi
 `
-	// The native push. A decline for a setting or attributes, which hold
-	// for the server and head, is remembered: no helper call until they
-	// change. After the plain way, the helper adopts the tree it made.
-	if native {
-		fmt.Fprintf(&b, `nat=; off=; [ ! -f "$st/native.off" ] || read -r off <"$st/native.off" || true
-if [ -n "$HI" ] && [ "$off" != "$HI $head" ]; then
-	"$H" push -state "$st" -instance "$HI" -head "$head" -snap-ref "$SNAP" -base-ref "$BASE" -time %d <&3 >"$st/native" 2>"$st/native.err"
-	case $? in
-	0) read -r snap tree <"$st/native" && [ -n "$tree" ] && nat=1 ;;
-	%d) off="$HI $head"; echo "$off" >"$st/native.off" ;;
-	esac
-fi
-if [ -z "$nat" ]; then
-`, now.Unix(), sandboxhelper.ExitDeclinedForGood)
-	}
 	if key != "" {
 		// Every process counts here: the refs are written once, at the
 		// end, and the sync index starts as a copy of the fresh index.
@@ -217,9 +199,13 @@ fi
 		b.WriteString(`if ! revert "$head"; then
 ` + missing + "snap=$head\n")
 	}
+	// After the plain push the helper adopts the tree it made (unless a
+	// decline for good holds), so the pull and the next push are native.
 	if native {
-		b.WriteString(`[ -n "$tree" ] || tree=$(g rev-parse "$head^{tree}") || tree=
-if [ -n "$HI" ] && [ -n "$tree" ] && [ "$off" != "$HI $head" ] && "$H" adopt -state "$st" -instance "$HI" -tree "$tree" 2>"$st/adopt.err"; then nat=1; fi
+		b.WriteString(`nat=
+if [ -n "$HI" ] && [ "${off:-}" != "$HI $head" ]; then
+	[ -n "$tree" ] || tree=$(g rev-parse "$head^{tree}") || tree=
+	[ -z "$tree" ] || ! "$H" adopt -state "$st" -instance "$HI" -tree "$tree" 2>"$st/adopt.err" || nat=1
 fi
 `)
 	}
@@ -255,9 +241,11 @@ out="$st/pull.patch"
 echo >"$st/pull.id"
 # With the helper and the tree the push left (the snapshot's), a stage that
 # found nothing changed means an empty patch: no diff to run.
-# The helper that moved the working tree (nat) finds the edits itself.
+# The helper that moved the working tree (nat) finds the edits itself, or
+# already did (pulled).
 pc=1
-if [ -n "${nat:-}" ] && [ -n "$ptree" ] && "$H" pull -state "$st" -instance "$HI" -tree "$ptree" -out "$out" -- %[1]s 2>"$st/npull.err"; then pc=4
+if [ -n "${pulled:-}" ]; then pc=4
+elif [ -n "${nat:-}" ] && [ -n "$ptree" ] && "$H" pull -state "$st" -instance "$HI" -tree "$ptree" -out "$out" -- %[1]s 2>"$st/npull.err"; then pc=4
 elif [ -n "$HI" ] && syncidx; then "$H" stage -state "$st" -instance "$HI" -index "$st/index" ${ptree:+-tree-hint "$ptree" -same-exit 3} 2>/dev/null; pc=$?; fi
 case $pc in
 0) GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out" || exit 87 ;;

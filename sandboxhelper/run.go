@@ -1,0 +1,146 @@
+package sandboxhelper
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// RunOptions say what run does: a native push, the user's command, a
+// native pull, in one process (each process started in the sandbox costs
+// about 2 ms).
+type RunOptions struct {
+	State, Instance string
+	Push            pushRequest
+	// Pending is the exec's id: once the push is done it is marked
+	// pending (<state>/pending), so that edits the command leaves are
+	// brought back first by the next push if this exec's pull never
+	// lands.
+	Pending string
+	// Path is the PATH the command runs with (the sandbox's own).
+	Path string
+	// Command is the shell command line, run by /bin/sh -c.
+	Command string
+	// Result is the file run writes what happened to, line by line:
+	// "push <snapshot> <tree>" once the push is done, "exit <status>" once
+	// the command ended (128+n for signal n), then "pull" once the pull's
+	// patch is in Pull.Out.
+	Result string
+	Pull   pullRequest
+}
+
+// The signals a command's process group gets from the exec's caller (the
+// agent relays them): run outlives them, as the command's wrapper does,
+// to report the command's end and pull its edits.
+var relayed = []os.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM}
+
+// Run carries out o, the entries of the push read (base64 of their JSON)
+// from entries. It returns ExitDeclined or ExitDeclinedForGood when the
+// push declined, and another exit code when the push failed: the command
+// did not run then. Once the command ran it returns 0, whatever became of
+// the pull (its line says it was done).
+// Its own messages go to log; stdin, stdout and stderr are the command's.
+func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, stdin io.Reader, stdout, stderr io.Writer) int {
+	// A signal before the command started stops run without starting it;
+	// after, the command gets it (its own disposition) and run goes on.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, relayed...)
+	defer signal.Stop(sigs)
+	// The caller's context ends on those signals: run decides itself.
+	ctx = context.WithoutCancel(ctx)
+
+	raw, err := io.ReadAll(base64.NewDecoder(base64.StdEncoding, io.LimitReader(entries, maxRequest)))
+	if err == nil {
+		err = json.Unmarshal(raw, &o.Push.Entries)
+	}
+	if err != nil {
+		fmt.Fprintf(log, "%s run: read the entries: %v\n", Name, err)
+		return exitUsage
+	}
+	res, err := os.OpenFile(o.Result, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		fmt.Fprintf(log, "%s run: %v\n", Name, err)
+		return exitFailed
+	}
+	defer res.Close()
+	a, err := ask(ctx, o.State, o.Instance, "push", o.Push)
+	switch {
+	case err != nil:
+		fmt.Fprintf(log, "%s run: %v\n", Name, err)
+		return exitFailed
+	case a.Declined != "":
+		fmt.Fprintf(log, "%s run: %s\n", Name, a.Declined)
+		if a.ForGood {
+			return ExitDeclinedForGood
+		}
+		return ExitDeclined
+	}
+	if o.Pending != "" {
+		if err := os.WriteFile(filepath.Join(o.State, "pending"), []byte(o.Pending+"\n"), 0o644); err != nil {
+			fmt.Fprintf(log, "%s run: mark the exec pending: %v\n", Name, err)
+			return exitFailed
+		}
+	}
+	if _, err := fmt.Fprintf(res, "push %s %s\n", a.Snap, a.Tree); err != nil {
+		fmt.Fprintf(log, "%s run: %v\n", Name, err)
+		return exitFailed
+	}
+	select {
+	case s := <-sigs:
+		return 128 + int(s.(syscall.Signal))
+	default:
+	}
+
+	status := runCommand(o, stdin, stdout, stderr)
+	if _, err := fmt.Fprintf(res, "exit %d\n", status); err != nil {
+		return 0 // the wrapper finds no exit line: the plain pull follows
+	}
+	o.Pull.Tree = a.Tree
+	if _, err := ask(ctx, o.State, o.Instance, "pull", o.Pull); err != nil {
+		fmt.Fprintf(log, "%s run: %v\n", Name, err)
+		return 0
+	}
+	_, _ = fmt.Fprintln(res, "pull")
+	return 0
+}
+
+// runCommand runs the user's command with run's streams and returns its
+// status as a shell reports it.
+func runCommand(o RunOptions, stdin io.Reader, stdout, stderr io.Writer) int {
+	cmd := exec.Command("/bin/sh", "-c", o.Command)
+	cmd.Env = withPath(os.Environ(), o.Path)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee):
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
+		return ee.ExitCode()
+	}
+	fmt.Fprintf(stderr, "sh: %v\n", err)
+	return 127
+}
+
+// withPath is env with PATH set to path.
+func withPath(env []string, path string) []string {
+	out := make([]string, 0, len(env)+1)
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "PATH=") {
+			out = append(out, kv)
+		}
+	}
+	return append(out, "PATH="+path)
+}
