@@ -3,8 +3,10 @@ package sandboxhelper
 import (
 	"bytes"
 	"context"
+	"crypto/sha1"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -13,7 +15,6 @@ import (
 	"sort"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/sandboxd/sandboxd/internal/gitobj"
 )
@@ -89,7 +90,6 @@ type nativeState struct {
 	// attrHead/attrErr: whether head's tree holds an attributes file.
 	attrHead string
 	attrErr  error
-	now      func() time.Time
 }
 
 func (n *nativeState) close() {
@@ -135,7 +135,7 @@ func (n *nativeState) checkSettings(ctx context.Context) error {
 	}
 	n.settingsChecked = true
 	n.settingsErr = func() error {
-		out, err := gitIn(ctx, n.root, nil, "config", "-z", "--list")
+		out, err := runGit(ctx, n.root, nil, nil, "config", "-z", "--list")
 		if err != nil {
 			return decline("read git's settings: %v", err)
 		}
@@ -257,9 +257,10 @@ type have struct {
 	dir   bool
 }
 
-// look reads what the working tree holds at p, hashing a file as git would
-// (the settings are checked: no conversion).
-func (n *nativeState) look(p string) (have, error) {
+// look reads what the working tree holds at p. With hash, a file's blob id
+// is computed as git would (the settings are checked: no conversion),
+// reading the file as a stream; without, only its mode is known.
+func (n *nativeState) look(p string, hash bool) (have, error) {
 	abs := filepath.Join(n.root, filepath.FromSlash(p))
 	fi, err := os.Lstat(abs)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
@@ -268,27 +269,52 @@ func (n *nativeState) look(p string) (have, error) {
 	if err != nil {
 		return have{}, err
 	}
+	var h have
 	switch {
 	case fi.IsDir():
 		return have{dir: true}, nil
 	case fi.Mode()&fs.ModeSymlink != 0:
-		target, err := os.Readlink(abs)
-		if err != nil {
-			return have{}, err
+		h.entry.Mode = gitobj.ModeSymlink
+		if hash {
+			target, err := os.Readlink(abs)
+			if err != nil {
+				return have{}, err
+			}
+			h.entry.OID = gitobj.HashObject("blob", []byte(target))
 		}
-		return have{entry: gitobj.Entry{Mode: gitobj.ModeSymlink, OID: gitobj.HashObject("blob", []byte(target))}}, nil
 	case fi.Mode().IsRegular():
-		data, err := os.ReadFile(abs)
-		if err != nil {
-			return have{}, err
-		}
-		mode := gitobj.ModeFile
+		h.entry.Mode = gitobj.ModeFile
 		if fi.Mode()&0o100 != 0 {
-			mode = gitobj.ModeExec
+			h.entry.Mode = gitobj.ModeExec
 		}
-		return have{entry: gitobj.Entry{Mode: mode, OID: gitobj.HashObject("blob", data)}}, nil
+		if hash {
+			if h.entry.OID, err = hashFile(abs, fi.Size()); err != nil {
+				return have{}, err
+			}
+		}
 	}
-	return have{}, nil
+	return h, nil
+}
+
+// hashFile is the blob id of the file at abs, of size bytes.
+func hashFile(abs string, size int64) (gitobj.OID, error) {
+	f, err := os.Open(abs)
+	if err != nil {
+		return gitobj.OID{}, err
+	}
+	defer f.Close()
+	h := sha1.New()
+	fmt.Fprintf(h, "blob %d\x00", size)
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return gitobj.OID{}, err
+	}
+	if n != size {
+		return gitobj.OID{}, fmt.Errorf("%s changed while it was read", abs)
+	}
+	var o gitobj.OID
+	h.Sum(o[:0])
+	return o, nil
 }
 
 // touched gathers the tracker's answer: the file paths it names, and under
@@ -372,7 +398,7 @@ func (n *nativeState) ignored(ctx context.Context, paths []string) (map[string]b
 		return out, nil
 	}
 	in := strings.Join(paths, "\x00") + "\x00"
-	res, err := gitIn(ctx, n.root, strings.NewReader(in), "check-ignore", "--no-index", "-z", "--stdin")
+	res, err := runGit(ctx, n.root, nil, strings.NewReader(in), "check-ignore", "--no-index", "-z", "--stdin")
 	if err != nil {
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 1 { // 1: none ignored
@@ -510,7 +536,8 @@ func (n *nativeState) plan(ctx context.Context, s *gitobj.Store, base, target gi
 		if n.beyondSymlink(p) {
 			return nil, decline("%s is beyond a symbolic link", p)
 		}
-		h, err := n.look(p)
+		// Only a file to compare with is hashed.
+		h, err := n.look(p, want.Mode != 0)
 		if err != nil {
 			return nil, decline("look at %s: %v", p, err)
 		}
@@ -555,6 +582,8 @@ func (n *nativeState) plan(ctx context.Context, s *gitobj.Store, base, target gi
 // rename, so a path never holds half a file; removals take the
 // directories they leave empty with them, as git does.
 func (n *nativeState) apply(ctx context.Context, s *gitobj.Store, plan []step, blobs map[gitobj.OID][]byte) error {
+	tmpDir := filepath.Join(n.state, "tmp")
+	_ = os.MkdirAll(tmpDir, 0o755)
 	for _, st := range plan {
 		abs := filepath.Join(n.root, filepath.FromSlash(st.path))
 		if st.want.Mode == 0 {
@@ -575,19 +604,30 @@ func (n *nativeState) apply(ctx context.Context, s *gitobj.Store, plan []step, b
 			}
 			data = d
 		}
-		if err := writeEntry(abs, st.want.Mode, data); err != nil {
+		if err := writeEntry(abs, tmpDir, st.want.Mode, data); err != nil {
 			return fmt.Errorf("write %s: %w", st.path, err)
 		}
 	}
 	return nil
 }
 
-func writeEntry(abs string, mode uint32, data []byte) error {
+func writeEntry(abs, tmpDir string, mode uint32, data []byte) error {
 	dir := filepath.Dir(abs)
 	if err := os.MkdirAll(dir, 0o777); err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, ".sbx-"+newInstance()+".tmp")
+	// The temporary file sits under .git (no tracker sees it, and a crash
+	// leaves nothing in the working tree), or beside the file when .git is
+	// on another file system.
+	err := writeVia(filepath.Join(tmpDir, "w-"+newInstance()), abs, mode, data)
+	if errors.Is(err, syscall.EXDEV) || errors.Is(err, fs.ErrNotExist) {
+		err = writeVia(filepath.Join(dir, ".sbx-"+newInstance()+".tmp"), abs, mode, data)
+	}
+	return err
+}
+
+// writeVia writes the entry to tmp, then renames it to abs.
+func writeVia(tmp, abs string, mode uint32, data []byte) error {
 	if mode == gitobj.ModeSymlink {
 		if err := os.Symlink(string(data), tmp); err != nil {
 			return err
@@ -646,7 +686,10 @@ func (n *nativeState) record(ctx context.Context, s *gitobj.Store, req pushReque
 		}
 	} else {
 		refs := fmt.Sprintf("update HEAD %s\nupdate %s %s\nupdate %s %s\n", req.Head, req.SnapRef, snap, req.BaseRef, req.Head)
-		if _, err := gitIn(ctx, n.root, strings.NewReader(refs), "update-ref", "--stdin"); err != nil {
+		// A reflog entry names a committer: without one git looks up the
+		// user and the host name (a DNS query).
+		ident := []string{"GIT_COMMITTER_NAME=sandboxd", "GIT_COMMITTER_EMAIL=sandboxd@localhost"}
+		if _, err := runGit(ctx, n.root, ident, strings.NewReader(refs), "update-ref", "--stdin"); err != nil {
 			return snap, fmt.Errorf("update the refs: %w", err)
 		}
 	}
@@ -684,7 +727,6 @@ func (n *nativeState) pull(ctx context.Context, req pullRequest) (empty bool, er
 	sort.Strings(paths)
 	var changes []gitobj.Change
 	var added []string
-	addedAt := map[string]gitobj.Change{}
 	for _, p := range paths {
 		was, wasDir, err := entryAt(ctx, s, base, p)
 		if err != nil {
@@ -692,26 +734,23 @@ func (n *nativeState) pull(ctx context.Context, req pullRequest) (empty bool, er
 		}
 		var h have
 		if !n.beyondSymlink(p) { // else git sees no file there
-			if h, err = n.look(p); err != nil {
+			// A new file is hashed only if git does not ignore it.
+			if h, err = n.look(p, was.Mode != 0); err != nil {
 				return false, decline("look at %s: %v", p, err)
 			}
 		}
-		if h.dir || (wasDir && h.entry.Mode == 0) {
+		switch {
+		case h.dir || (wasDir && h.entry.Mode == 0):
 			continue // the files under it are named on their own
-		}
-		if h.entry == was {
+		case h.entry == was:
 			continue
-		}
-		c := gitobj.Change{Path: p, Mode: h.entry.Mode, OID: h.entry.OID}
-		if h.entry.Mode != 0 {
-			if err := n.storeBlob(s, p, h.entry); err != nil {
-				return false, err
-			}
-		}
-		if was.Mode == 0 {
+		case was.Mode == 0:
 			added = append(added, p)
-			addedAt[p] = c
 			continue
+		}
+		c, err := n.change(s, p, h)
+		if err != nil {
+			return false, err
 		}
 		changes = append(changes, c)
 	}
@@ -720,9 +759,21 @@ func (n *nativeState) pull(ctx context.Context, req pullRequest) (empty bool, er
 		return false, err
 	}
 	for _, p := range added {
-		if !ign[p] {
-			changes = append(changes, addedAt[p])
+		if ign[p] {
+			continue
 		}
+		h, err := n.look(p, true)
+		if err != nil {
+			return false, decline("look at %s: %v", p, err)
+		}
+		if h.entry.Mode == 0 {
+			continue // gone since
+		}
+		c, err := n.change(s, p, h)
+		if err != nil {
+			return false, err
+		}
+		changes = append(changes, c)
 	}
 	next, err := s.EditTree(ctx, base, changes)
 	if err != nil {
@@ -731,7 +782,7 @@ func (n *nativeState) pull(ctx context.Context, req pullRequest) (empty bool, er
 	var patch []byte
 	if next != base {
 		args := append(append([]string{"diff-tree", "-p"}, req.DiffArgs...), base.String(), next.String(), "--")
-		if patch, err = gitIn(ctx, n.root, nil, args...); err != nil {
+		if patch, err = runGit(ctx, n.root, nil, nil, args...); err != nil {
 			return false, fmt.Errorf("diff the edits: %w", err)
 		}
 	}
@@ -740,6 +791,17 @@ func (n *nativeState) pull(ctx context.Context, req pullRequest) (empty bool, er
 	}
 	n.base, n.valid = next, true
 	return len(patch) == 0, nil
+}
+
+// change is the tree change making p what h says, its blob stored.
+func (n *nativeState) change(s *gitobj.Store, p string, h have) (gitobj.Change, error) {
+	c := gitobj.Change{Path: p, Mode: h.entry.Mode, OID: h.entry.OID}
+	if h.entry.Mode != 0 {
+		if err := n.storeBlob(s, p, h.entry); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
 }
 
 // storeBlob stores the blob of the file at p, read again: it must still be
@@ -777,23 +839,4 @@ func commitTree(ctx context.Context, s *gitobj.Store, c gitobj.OID) (gitobj.OID,
 		return gitobj.OID{}, decline("%s is not a commit", c)
 	}
 	return gitobj.ParseOID(string(data[5:45]))
-}
-
-// gitIn runs git in root as the scripts do, without an index of its own.
-func gitIn(ctx context.Context, root string, stdin *strings.Reader, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, "git", append([]string{"-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null"}, args...)...)
-	cmd.Dir = root
-	// A reflog entry names a committer: without one git looks up the user
-	// and the host name (a DNS query), on every ref update.
-	cmd.Env = append(os.Environ(), "GIT_COMMITTER_NAME=sandboxd", "GIT_COMMITTER_EMAIL=sandboxd@localhost")
-	if stdin != nil {
-		cmd.Stdin = stdin
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return out, fmt.Errorf("git %s: %w: %s", subcommand(args), err, strings.TrimSpace(stderr.String()))
-	}
-	return out, nil
 }

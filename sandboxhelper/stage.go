@@ -237,12 +237,18 @@ func writeAtomic(name string, b []byte) {
 	}
 }
 
-// git runs git in root on index, as the sync scripts do: any checkout owner
-// trusted, no repository hook, pathspecs literal.
+// git runs git in root on index, as the sync scripts do, pathspecs
+// literal.
 func git(ctx context.Context, root, index string, stdin io.Reader, args ...string) ([]byte, error) {
+	return runGit(ctx, root, []string{"GIT_INDEX_FILE=" + index, "GIT_LITERAL_PATHSPECS=1"}, stdin, args...)
+}
+
+// runGit runs git in root with env added to the helper's: any checkout
+// owner trusted, no repository hook.
+func runGit(ctx context.Context, root string, env []string, stdin io.Reader, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, "git", append([]string{"-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null"}, args...)...)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GIT_INDEX_FILE="+index, "GIT_LITERAL_PATHSPECS=1")
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = stdin
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
