@@ -240,10 +240,19 @@ func (b *inotifyTrees) walkLocked(tr *itree, rel string, record bool) error {
 		if record {
 			b.markLocked(tr, child)
 		}
-		if e.IsDir() && !nestedRepo(filepath.Join(abs, e.Name())) {
+		if !e.IsDir() {
+			continue
+		}
+		if !nestedRepo(filepath.Join(abs, e.Name())) {
 			if err := b.walkLocked(tr, child, record); err != nil {
 				return err
 			}
+		} else if record {
+			// A repository that came with a new directory (its .git made
+			// before the watch below was placed): git add -A stages it as
+			// a submodule, so scan, as when its .git appears later.
+			tr.overflow = true
+			tr.dirty, tr.gone = map[string]struct{}{}, map[string]struct{}{}
 		}
 	}
 	return nil

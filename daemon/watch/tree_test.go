@@ -107,6 +107,26 @@ func TestTreesFullWhenUnsure(t *testing.T) {
 	}
 }
 
+// A directory that arrives holding a repository (moved in whole, or made
+// with its .git before the watch below it was placed) makes the answer
+// full, as a .git appearing later does: git add -A stages it as a
+// submodule.
+func TestTreesFullForARepositoryThatArrivesWithItsDirectory(t *testing.T) {
+	tr, root, cookies := newTestTree(t, TreesOptions{})
+	ctx := context.Background()
+	tr.Changes(ctx, root, cookies)
+	outside := filepath.Join(t.TempDir(), "vendor")
+	if err := os.MkdirAll(filepath.Join(outside, "inner", ".git"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(outside, filepath.Join(root, "a", "vendor")); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, full := tr.Changes(ctx, root, cookies); !full {
+		t.Fatalf("a repository moved in with its directory: %v, not full", p)
+	}
+}
+
 // A tree idle past the limit is dropped (its watches released) and starts
 // again with a full answer.
 func TestTreesIdleDropped(t *testing.T) {
