@@ -260,3 +260,51 @@ func TestNativeRunSurvivesTheGroupSignal(t *testing.T) {
 		t.Fatalf("finishing made %d runner calls: the pull was not in the exchange", calls)
 	}
 }
+
+// Whatever changes the sandbox between two native execs (a --no-sync
+// command, a background process) is healed by the next native push, which
+// looks at the paths the tracker names: HEAD, index and files as the local
+// side has them.
+func TestNativePushHealsChangesBetweenExecs(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	for name, change := range map[string]string{
+		"tracked edit":   "echo changed > a.txt",
+		"deleted file":   "rm a.txt",
+		"untracked file": "mkdir -p d && echo u > d/u.txt",
+		"staged only":    "echo staged > a.txt && git add a.txt && git checkout -- a.txt",
+		"commit":         "echo c > c.txt && git add c.txt && git -c user.name=x -c user.email=x@x commit -q -m c",
+		"merge state":    "git rev-parse HEAD > .git/MERGE_HEAD && echo merge > .git/MERGE_MSG",
+		"packed refs":    "git pack-refs --all && echo changed > a.txt",
+		"mode":           "chmod +x a.txt",
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n"})
+			writeFile(t, f.local+"/b.txt", "local b\n")
+			for i := 0; i < 2; i++ { // the first adopts, the second is native
+				if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+					t.Fatalf("exec %d: native %v, err %v", i, fr.Native, err)
+				}
+			}
+			f.inSandbox(change)
+			out, fr, err := f.fused("cat a.txt b.txt; ls; git status --porcelain --untracked-files=all; test -x a.txt && echo exec")
+			if err != nil || !fr.Native {
+				t.Fatalf("healing exec: native %v, err %v", fr.Native, err)
+			}
+			if native := string(fileBytes(t, filepath.Join(f.sandbox, ".git", "sandboxd", "native.err"))); native != "" {
+				t.Fatalf("the healing push was not native: %s", native)
+			}
+			if want := "a\nlocal b\na.txt\nb.txt\n M b.txt\n"; out != want {
+				t.Fatalf("the command saw %q, want %q", out, want)
+			}
+			if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
+				t.Fatalf("sandbox HEAD %s, want base %s", got, f.base)
+			}
+			for _, state := range []string{"MERGE_HEAD", "MERGE_MSG"} {
+				if out := f.inSandbox("test -e .git/" + state + " && echo left || true"); out != "" {
+					t.Fatalf("%s left behind", state)
+				}
+			}
+		})
+	}
+}
