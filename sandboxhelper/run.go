@@ -31,29 +31,27 @@ type RunOptions struct {
 	// Command is the shell command line, run by /bin/sh -c.
 	Command string
 	// Result is the file run writes what happened to, line by line:
-	// "push <snapshot> <tree>" once the push is done, "exit <status>" once
-	// the command ended (128+n for signal n), then "pull" once the pull's
-	// patch is in Pull.Out.
+	// "push <snapshot> <tree>" once the push is done (from then on the
+	// command may run, and run's exit status is the command's), then
+	// "pull" once the pull's patch is in Pull.Out.
 	Result string
 	Pull   pullRequest
 }
 
-// The signals a command's process group gets from the exec's caller (the
-// agent relays them): run outlives them, as the command's wrapper does,
-// to report the command's end and pull its edits.
-var relayed = []os.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM}
-
 // Run carries out o, the entries of the push read (base64 of their JSON)
-// from entries. It returns ExitDeclined or ExitDeclinedForGood when the
-// push declined, and another exit code when the push failed: the command
-// did not run then. Once the command ran it returns 0, whatever became of
-// the pull (its line says it was done).
-// Its own messages go to log; stdin, stdout and stderr are the command's.
+// from entries. Before the push line is written it returns ExitDeclined or
+// ExitDeclinedForGood when the push declined, another code when it failed:
+// the command did not run. After, it returns the command's status as a
+// shell reports it (128+n for signal n), whatever became of the pull (its
+// line says it was done). Its own messages go to log; stdin, stdout and
+// stderr are the command's.
 func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, stdin io.Reader, stdout, stderr io.Writer) int {
-	// A signal before the command started stops run without starting it;
-	// after, the command gets it (its own disposition) and run goes on.
+	// The signals a command's process group gets from the exec's caller
+	// (the agent relays them): run outlives them, as the command's wrapper
+	// does, to report the command's end and pull its edits. One before the
+	// command started stops run without starting it.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, relayed...)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	// The caller's context ends on those signals: run decides itself.
 	ctx = context.WithoutCancel(ctx)
@@ -101,16 +99,14 @@ func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, st
 	}
 
 	status := runCommand(o, stdin, stdout, stderr)
-	if _, err := fmt.Fprintf(res, "exit %d\n", status); err != nil {
-		return 0 // the wrapper finds no exit line: the plain pull follows
-	}
 	o.Pull.Tree = a.Tree
 	if _, err := ask(ctx, o.State, o.Instance, "pull", o.Pull); err != nil {
+		// The wrapper finds no pull line: the plain pull follows.
 		fmt.Fprintf(log, "%s run: %v\n", Name, err)
-		return 0
+		return status
 	}
 	_, _ = fmt.Fprintln(res, "pull")
-	return 0
+	return status
 }
 
 // runCommand runs the user's command with run's streams and returns its

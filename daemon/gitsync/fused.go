@@ -306,11 +306,13 @@ if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ]; then
 	"$H" run -state "$st" -instance "$HI" -head %s -snap-ref "$SNAP" -base-ref "$BASE" -time %d -pending %s -path "$P0" -command %s -result "$st/run" -log "$st/native.err" -out "$st/pull.patch" -- %s 3<<'%s'
 %s%s
 	rc=$?
-	r1=; r2=; r3=; { read -r r1; read -r r2; read -r r3; } <"$st/run" || true
-	case "$r2" in
-	"exit "*) ran=1; nat=1; s=${r2#exit }; set -- $r1; snap=$2; ptree=$3; [ "$r3" != pull ] || pulled=1 ;;
+	# Once the push line is written the command may have run (never run
+	# it again): run's status is the command's.
+	r1=; r2=; { read -r r1; read -r r2; } <"$st/run" || true
+	case "$r1" in
+	"push "*) ran=1; nat=1; s=$rc; set -- $r1; snap=$2; ptree=$3; [ "$r2" != pull ] || pulled=1 ;;
 	*) trap - HUP INT QUIT TERM
-		# A signal before the command began ends the exchange as it would
+		# A signal before the push ended ends the exchange as it would
 		# have ended the wrapper.
 		if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then kill -$((rc - 128)) $$; fi
 		if [ "$rc" -eq %d ]; then off="$HI %s"; echo "$off" >"$st/native.off"; fi ;;

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // The sync's scenarios again, with the sandbox helper serving on the
@@ -306,5 +309,25 @@ func TestNativePushHealsChangesBetweenExecs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A native exec's command that exits with the helper's decline code is
+// reported with it and never run again by the plain way.
+func TestNativeRunReportsTheCommandsOwnStatus(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "count\n"})
+	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
+	}
+	for _, code := range []int{sandboxhelper.ExitDeclined, sandboxhelper.ExitDeclinedForGood, 1} {
+		_, fr, err := f.fused(fmt.Sprintf("echo run >> count; exit %d", code))
+		if err != nil || !fr.Native || fr.ExitCode != code {
+			t.Fatalf("exit %d: native %v, reported %d, err %v", code, fr.Native, fr.ExitCode, err)
+		}
+	}
+	if got := f.inSandbox("cat count"); got != "run\nrun\nrun\n" {
+		t.Fatalf("the commands ran %q", got)
 	}
 }
