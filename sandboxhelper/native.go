@@ -182,7 +182,19 @@ func (n *nativeState) checkAttributes(ctx context.Context, s *gitobj.Store, head
 		for _, e := range es {
 			switch {
 			case e.Name == ".gitattributes":
-				return declineForGood("%s holds attributes", path.Join(dir, e.Name))
+				if e.Mode != gitobj.ModeFile && e.Mode != gitobj.ModeExec {
+					return declineForGood("%s is not a file", path.Join(dir, e.Name))
+				}
+				kind, data, err := s.Read(ctx, e.OID)
+				if err != nil {
+					return err
+				}
+				if kind != "blob" {
+					return declineForGood("%s is a %s", path.Join(dir, e.Name), kind)
+				}
+				if a := convertingAttribute(data); a != "" {
+					return declineForGood("%s sets %s", path.Join(dir, e.Name), a)
+				}
 			case e.Mode == gitobj.ModeGitlink:
 				return declineForGood("a submodule at %s", path.Join(dir, e.Name))
 			case e.Mode == gitobj.ModeTree:
@@ -199,6 +211,50 @@ func (n *nativeState) checkAttributes(ctx context.Context, s *gitobj.Store, head
 	}
 	n.attrHead, n.attrErr = head, err
 	return err
+}
+
+// convertingAttribute is the first attribute an attributes file sets that
+// can make a file in the working tree differ from its blob (line ends,
+// filters, ident expansion, encodings), or that git's own conversions may
+// follow (a macro of the file's own); "" when there is none. Unsetting one
+// (-text, binary) converts nothing.
+func convertingAttribute(data []byte) string {
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimLeft(line, " \t")
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if strings.HasPrefix(line, "[attr]") {
+			return "a macro"
+		}
+		// The pattern, C-quoted when it holds spaces, then the attributes.
+		rest := ""
+		if line[0] == '"' {
+			i := 1
+			for i < len(line) && line[i] != '"' {
+				if line[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			if i < len(line) {
+				rest = line[i+1:]
+			}
+		} else if _, after, ok := strings.Cut(strings.ReplaceAll(line, "\t", " "), " "); ok {
+			rest = after
+		}
+		for _, a := range strings.Fields(rest) {
+			if strings.HasPrefix(a, "-") || strings.HasPrefix(a, "!") {
+				continue
+			}
+			name, _, _ := strings.Cut(a, "=")
+			switch name {
+			case "text", "eol", "crlf", "filter", "ident", "working-tree-encoding":
+				return a
+			}
+		}
+	}
+	return ""
 }
 
 // rulesFile says a path's name makes other paths' meaning: the plain way,

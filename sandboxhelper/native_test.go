@@ -186,3 +186,27 @@ func readFile(t *testing.T, p string) string {
 	}
 	return string(b)
 }
+
+// Attributes that convert nothing leave the native sync on; any that can
+// make a file differ from its blob, or a macro, turn it off.
+func TestConvertingAttribute(t *testing.T) {
+	for text, want := range map[string]string{
+		"":                                    "",
+		"# text\n*.png binary\n":              "",
+		"*.go diff=golang linguist-generated": "",
+		"*.sh -text\n*.bat -crlf !eol\n":      "",
+		"* text=auto\n":                       "text=auto",
+		"*.txt eol=crlf":                      "eol=crlf",
+		"*.bin filter=lfs diff=lfs -text":     "filter=lfs",
+		"*.c ident":                           "ident",
+		"*.txt working-tree-encoding=UTF-16":  "working-tree-encoding=UTF-16",
+		"*.txt crlf":                          "crlf",
+		"[attr]mine text\n*.x mine":           "a macro",
+		`"a text" diff`:                       "",
+		`"a \" text" eol=lf`:                  "eol=lf",
+	} {
+		if got := convertingAttribute([]byte(text)); got != want {
+			t.Errorf("%q: %q, want %q", text, got, want)
+		}
+	}
+}

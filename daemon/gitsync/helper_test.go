@@ -107,6 +107,26 @@ func TestFusedWithTheHelperIsNative(t *testing.T) {
 	}
 }
 
+// Attributes that convert nothing (binary files, diff drivers, linguist
+// hints) leave the native sync on.
+func TestNativeWithAttributesThatConvertNothing(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{".gitattributes": "*.png binary\n*.go diff=golang linguist-generated\n", "a.txt": "a\n"})
+	for i, text := range []string{"one\n", "two\n"} {
+		writeFile(t, filepath.Join(f.local, "a.txt"), text)
+		if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+			t.Fatalf("exec %d: native %v, err %v", i, fr.Native, err)
+		}
+		if got := string(fileBytes(t, filepath.Join(f.sandbox, "a.txt"))); got != text {
+			t.Fatalf("exec %d: the sandbox's a.txt is %q", i, got)
+		}
+	}
+	if b := fileBytes(t, filepath.Join(f.sandbox, ".git", "sandboxd", "native.err")); len(b) != 0 {
+		t.Fatalf("the second push declined: %s", b)
+	}
+}
+
 // Where the working tree is not its blobs (attributes that convert line
 // ends), the helper declines for good and the plain way syncs: the sandbox
 // holds what git's checkout makes, and later execs do not ask the helper
