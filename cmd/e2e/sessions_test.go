@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -179,21 +180,37 @@ func TestCtrlCReachesTheRemoteCommand(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("sigint", defaultConfig)
 	e.startSandbox(repo)
+	e.interruptExec(t, repo, "--no-sync", "")
+}
+
+// interruptExec runs sbx exec (with flag, if any) of a command that first
+// runs before (a shell line, or nothing), then traps SIGINT, and sends
+// sbx SIGINT once the command runs: the signal must reach the remote
+// command's process group, as Ctrl-C in a terminal does.
+func (e *env) interruptExec(t *testing.T, repo, flag, before string) {
+	t.Helper()
 	marker := filepath.Join(e.root, "got-int")
-	cmd := e.sbxCmd(repo, "exec", "--no-sync", "--", "sh", "-c", `trap 'echo got INT > `+marker+`; exit 42' INT; echo ready; while :; do sleep 0.05; done`)
+	_ = os.Remove(marker)
+	args := []string{"exec"}
+	if flag != "" {
+		args = append(args, flag)
+	}
+	if before != "" {
+		before += "; "
+	}
+	cmd := e.sbxCmd(repo, append(args, "--", "sh", "-c", before+`trap 'echo got INT > `+marker+`; exit 42' INT; echo ready; while :; do sleep 0.05; done`)...)
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 6)
-	if _, err := stdout.Read(buf); err != nil || string(buf) != "ready\n" {
+	if _, err := io.ReadFull(stdout, buf); err != nil || string(buf) != "ready\n" {
 		t.Fatalf("command did not start: %q %v", buf, err)
 	}
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	err := cmd.Wait()
-	// The signal goes to the remote command's process group, as Ctrl-C in a
-	// terminal does: the trapping shell exits 42, and the agent's wrapping
-	// /bin/sh, interrupted too, may report death by SIGINT (130) first.
+	// The trapping shell exits 42, and the wrapping /bin/sh, interrupted
+	// too, may report death by SIGINT (130) first.
 	var ee interface{ ExitCode() int }
 	if !errors.As(err, &ee) || (ee.ExitCode() != 42 && ee.ExitCode() != 130) {
 		t.Fatalf("sbx after Ctrl-C: %v (want the remote status 42 or 130)", err)

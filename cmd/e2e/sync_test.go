@@ -2,8 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"errors"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -293,25 +291,7 @@ func TestSandboxHelperServesTheSync(t *testing.T) {
 	}
 	// Ctrl-C reaches the command the helper runs (push, command and pull
 	// in one process), and what the command changed still comes back.
-	marker := filepath.Join(e.root, "got-int")
-	cmd := e.sbxCmd(repo, "exec", "--", "sh", "-c", `echo interrupted > made.txt; trap 'echo got INT > `+marker+`; exit 42' INT; echo ready; while :; do sleep 0.05; done`)
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	buf := make([]byte, 6)
-	if _, err := io.ReadFull(stdout, buf); err != nil || string(buf) != "ready\n" {
-		t.Fatalf("command did not start: %q %v", buf, err)
-	}
-	_ = cmd.Process.Signal(syscall.SIGINT)
-	err := cmd.Wait()
-	var ee interface{ ExitCode() int }
-	if !errors.As(err, &ee) || (ee.ExitCode() != 42 && ee.ExitCode() != 130) {
-		t.Fatalf("sbx after Ctrl-C: %v (want the remote status 42 or 130)", err)
-	}
-	if got := readFile(t, marker); got != "got INT\n" {
-		t.Fatalf("the remote trap did not run: %q", got)
-	}
+	e.interruptExec(t, repo, "", "echo interrupted > made.txt")
 	if got := readFile(t, filepath.Join(repo, "made.txt")); got != "interrupted\n" {
 		t.Fatalf("made.txt is %q after the interrupted exec", got)
 	}

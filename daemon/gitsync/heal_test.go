@@ -9,14 +9,7 @@ import (
 // command, an interrupted exec, a merge left half done) is healed by the
 // next push: HEAD, index and files are at the base again.
 func TestPushHealsChangesBetweenExecs(t *testing.T) {
-	for name, change := range map[string]string{
-		"tracked edit":   "echo changed > a.txt",
-		"untracked file": "mkdir -p d && echo u > d/u.txt",
-		"staged only":    "echo staged > a.txt && git add a.txt && git checkout -- a.txt 2>/dev/null || git restore --worktree a.txt",
-		"commit":         "echo c > c.txt && git add c.txt && git -c user.name=x -c user.email=x@x commit -q -m c",
-		"merge state":    "git rev-parse HEAD > .git/MERGE_HEAD && echo merge > .git/MERGE_MSG",
-		"packed refs":    "git pack-refs --all && echo changed > a.txt",
-	} {
+	for name, change := range changesBetweenExecs() {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n"})
 			writeFile(t, f.local+"/b.txt", "local b\n")
@@ -40,6 +33,21 @@ func TestPushHealsChangesBetweenExecs(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// changesBetweenExecs are what may happen in a sandbox (on a.txt, of a.txt
+// and b.txt) between two synced execs, each healed by the next push.
+func changesBetweenExecs() map[string]string {
+	return map[string]string{
+		"tracked edit":   "echo changed > a.txt",
+		"deleted file":   "rm a.txt",
+		"untracked file": "mkdir -p d && echo u > d/u.txt",
+		"staged only":    "echo staged > a.txt && git add a.txt && git checkout -- a.txt",
+		"commit":         "echo c > c.txt && git add c.txt && git -c user.name=x -c user.email=x@x commit -q -m c",
+		"merge state":    "git rev-parse HEAD > .git/MERGE_HEAD && echo merge > .git/MERGE_MSG",
+		"packed refs":    "git pack-refs --all && echo changed > a.txt",
+		"mode":           "chmod +x a.txt",
 	}
 }
 

@@ -291,16 +291,7 @@ func TestNativeRunSurvivesTheGroupSignal(t *testing.T) {
 func TestNativePushHealsChangesBetweenExecs(t *testing.T) {
 	useHelper = true
 	t.Cleanup(func() { useHelper = false })
-	for name, change := range map[string]string{
-		"tracked edit":   "echo changed > a.txt",
-		"deleted file":   "rm a.txt",
-		"untracked file": "mkdir -p d && echo u > d/u.txt",
-		"staged only":    "echo staged > a.txt && git add a.txt && git checkout -- a.txt",
-		"commit":         "echo c > c.txt && git add c.txt && git -c user.name=x -c user.email=x@x commit -q -m c",
-		"merge state":    "git rev-parse HEAD > .git/MERGE_HEAD && echo merge > .git/MERGE_MSG",
-		"packed refs":    "git pack-refs --all && echo changed > a.txt",
-		"mode":           "chmod +x a.txt",
-	} {
+	for name, change := range changesBetweenExecs() {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n"})
 			writeFile(t, f.local+"/b.txt", "local b\n")
