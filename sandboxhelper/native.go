@@ -483,8 +483,16 @@ func (n *nativeState) push(ctx context.Context, req pushRequest) (snap, tree str
 		if !validPath(e.Path) {
 			return "", "", decline("the path %q", e.Path)
 		}
-		if rulesFile(e.Path) {
+		// Rules files that differ from head are fine as long as they are
+		// the same as at the last sync (the comparison below) and convert
+		// nothing.
+		switch path.Base(e.Path) {
+		case ".gitmodules":
 			return "", "", decline("%s differs from head", e.Path)
+		case ".gitattributes":
+			if e.Mode != 0 && (e.Mode == gitobj.ModeSymlink || convertingAttribute(e.Data) != "") {
+				return "", "", decline("%s sets attributes that convert files", e.Path)
+			}
 		}
 		switch e.Mode {
 		case 0, gitobj.ModeFile, gitobj.ModeExec, gitobj.ModeSymlink:

@@ -342,3 +342,28 @@ func TestNativeRunReportsTheCommandsOwnStatus(t *testing.T) {
 		t.Fatalf("the commands ran %q", got)
 	}
 }
+
+// A local .gitignore that differs from head (an edit not committed yet)
+// costs one plain exec when it changes, not every exec.
+func TestNativeWithAnEditedGitignore(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{".gitignore": "*.o\n", "a.txt": "a\n"})
+	writeFile(t, filepath.Join(f.local, ".gitignore"), "*.o\n*.tmp\n")
+	for i, text := range []string{"one\n", "two\n", "three\n"} {
+		writeFile(t, filepath.Join(f.local, "a.txt"), text)
+		out, fr, err := f.fused("cat a.txt; echo x > made.tmp; echo y > made.txt")
+		if err != nil || !fr.Native || out != text {
+			t.Fatalf("exec %d: native %v, saw %q, err %v", i, fr.Native, out, err)
+		}
+	}
+	if b := fileBytes(t, filepath.Join(f.sandbox, ".git", "sandboxd", "native.err")); len(b) != 0 {
+		t.Fatalf("the third push declined: %s", b)
+	}
+	if _, err := os.Lstat(filepath.Join(f.local, "made.tmp")); !os.IsNotExist(err) {
+		t.Fatalf("an ignored file came back: %v", err)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "made.txt"))); got != "y\n" {
+		t.Fatalf("made.txt is %q", got)
+	}
+}
