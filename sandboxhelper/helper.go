@@ -9,8 +9,11 @@
 // `stage`, run by the sync scripts in place of `git add -A`, asks it and
 // stages only those paths into the sync index; when anything is uncertain
 // (no answer, a queue overflow, a new server, an ignore file changed) it
-// stages the whole tree as before. A sandbox without the helper runs the
-// plain scripts.
+// stages the whole tree as before. `run`, in a fused exchange, has the
+// server do the push and the pull itself (the native sync, native.go)
+// around the user's command; `adopt` tells it the tree a plain push made,
+// `pull` asks for a native pull after one. A sandbox without the helper
+// runs the plain scripts.
 package sandboxhelper
 
 import (
