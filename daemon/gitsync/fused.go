@@ -301,7 +301,9 @@ func fusedScript(hv, nonce, head string, patch []byte, bundle string, now time.T
 		fmt.Fprintf(&b, `off=; [ ! -f "$st/native.off" ] || read -r off <"$st/native.off" || true
 p=; [ ! -f "$st/pending" ] || read -r p <"$st/pending" || true
 case ' %s ' in *" $p "*) p= ;; esac
-if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ]; then
+# The result file is emptied first: a run that fails before writing it
+# must not be read as the last one's.
+if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ] && : >"$st/run"; then
 	trap : HUP INT QUIT TERM
 	"$H" run -state "$st" -instance "$HI" -head %s -snap-ref "$SNAP" -base-ref "$BASE" -time %d -pending %s -path "$P0" -command %s -result "$st/run" -log "$st/native.err" -out "$st/pull.patch" -- %s 3<<'%s'
 %s%s

@@ -367,3 +367,32 @@ func TestNativeWithAnEditedGitignore(t *testing.T) {
 		t.Fatalf("made.txt is %q", got)
 	}
 }
+
+// A helper whose run fails before it reports (an older binary, a crash at
+// its start) leaves the exchange to the plain way, which runs the command
+// once; the result of an earlier run is never read as this one's.
+func TestNativeRunThatFailsEarlyIsNotReadAsTheLastOne(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "count\n"})
+	for i := 0; i < 2; i++ {
+		if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+			t.Fatalf("exec %d: native %v, err %v", i, fr.Native, err)
+		}
+	}
+	bin := filepath.Join(f.sandbox, ".git", "sandboxd", "bin", f.r.helperName)
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, bin, "#!/bin/sh\nexit 2\n")
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, fr, err := f.fused("echo run >> count; echo ran")
+	if err != nil || fr.Native || out != "ran\n" {
+		t.Fatalf("native %v, output %q, err %v", fr.Native, out, err)
+	}
+	if got := f.inSandbox("cat count"); got != "run\n" {
+		t.Fatalf("the command ran %q", got)
+	}
+}
