@@ -87,8 +87,10 @@ type nativeState struct {
 	// settingsChecked/settingsErr: the repository's settings, read once.
 	settingsChecked bool
 	settingsErr     error
-	// attrHead/attrErr: whether head's tree holds an attributes file.
-	attrHead string
+	// head, headTree and attrErr: the last head pushed onto, its tree, and
+	// whether its attributes decline (checkHead).
+	head     gitobj.OID
+	headTree gitobj.OID
 	attrErr  error
 }
 
@@ -167,11 +169,16 @@ func (n *nativeState) checkSettings(ctx context.Context) error {
 	return n.settingsErr
 }
 
-// checkAttributes declines when head's tree holds a .gitattributes (its
-// rules may convert files); the answer is kept for head.
-func (n *nativeState) checkAttributes(ctx context.Context, s *gitobj.Store, head string, tree gitobj.OID) error {
-	if n.attrHead == head {
-		return n.attrErr
+// checkHead returns head's tree, and declines when it holds a submodule or
+// an attributes file whose rules may convert files; both are kept for head
+// (a push onto the same head reads nothing).
+func (n *nativeState) checkHead(ctx context.Context, s *gitobj.Store, head gitobj.OID) (gitobj.OID, error) {
+	if !n.head.IsZero() && n.head == head {
+		return n.headTree, n.attrErr
+	}
+	tree, err := commitTree(ctx, s, head)
+	if err != nil {
+		return tree, err
 	}
 	var walk func(t gitobj.OID, dir string) error
 	walk = func(t gitobj.OID, dir string) error {
@@ -205,12 +212,12 @@ func (n *nativeState) checkAttributes(ctx context.Context, s *gitobj.Store, head
 		}
 		return nil
 	}
-	err := walk(tree, "")
+	err = walk(tree, "")
 	if err != nil && !errors.Is(err, errDecline) {
-		err = decline("read head's tree: %v", err)
+		return tree, decline("read head's tree: %v", err) // not kept: it may read next time
 	}
-	n.attrHead, n.attrErr = head, err
-	return err
+	n.head, n.headTree, n.attrErr = head, tree, err
+	return tree, err
 }
 
 // convertingAttribute is the first attribute an attributes file sets that
@@ -504,11 +511,8 @@ func (n *nativeState) push(ctx context.Context, req pushRequest) (snap, tree str
 	if err != nil {
 		return "", "", err
 	}
-	headTree, err := commitTree(ctx, s, head)
+	headTree, err := n.checkHead(ctx, s, head)
 	if err != nil {
-		return "", "", err
-	}
-	if err := n.checkAttributes(ctx, s, req.Head, headTree); err != nil {
 		return "", "", err
 	}
 	// Declines that hold for good come first: they spare the adopt.
@@ -744,7 +748,7 @@ func (n *nativeState) record(ctx context.Context, s *gitobj.Store, req pushReque
 	if !strings.HasPrefix(req.SnapRef, "refs/") || !strings.HasPrefix(req.BaseRef, "refs/") || !validPath(req.SnapRef) || !validPath(req.BaseRef) {
 		return snap, fmt.Errorf("the refs %q and %q are not full ref names", req.SnapRef, req.BaseRef)
 	}
-	if resolveRef(n.gitDir, "HEAD") == req.Head && resolveRef(n.gitDir, req.BaseRef) == req.Head {
+	if readsAs(n.gitDir, "HEAD", req.Head) && readsAs(n.gitDir, req.BaseRef, req.Head) {
 		if err := writeLooseRef(n.gitDir, req.SnapRef, snap.String()); err != nil {
 			return snap, fmt.Errorf("update the snapshot's ref: %w", err)
 		}
@@ -767,22 +771,22 @@ func (n *nativeState) record(ctx context.Context, s *gitobj.Store, req pushReque
 }
 
 // pull finds the command's edits since the push of req.Tree and writes
-// them to req.Out as a patch; empty says nothing changed.
-func (n *nativeState) pull(ctx context.Context, req pullRequest) (empty bool, err error) {
+// them to req.Out as a patch (empty when nothing changed).
+func (n *nativeState) pull(ctx context.Context, req pullRequest) error {
 	if !n.valid || n.base.String() != req.Tree {
-		return false, decline("the base is not the pushed tree")
+		return decline("the base is not the pushed tree")
 	}
 	if err := n.checkSettings(ctx); err != nil {
-		return false, err
+		return err
 	}
 	s, err := n.openStore()
 	if err != nil {
-		return false, err
+		return err
 	}
 	base := n.base
 	set, err := n.touched(ctx, s)
 	if err != nil {
-		return false, err
+		return err
 	}
 	paths := make([]string, 0, len(set))
 	for p := range set {
@@ -794,13 +798,13 @@ func (n *nativeState) pull(ctx context.Context, req pullRequest) (empty bool, er
 	for _, p := range paths {
 		was, wasDir, err := entryAt(ctx, s, base, p)
 		if err != nil {
-			return false, err
+			return err
 		}
 		var h have
 		if !n.beyondSymlink(p) { // else git sees no file there
 			// A new file is hashed only if git does not ignore it.
 			if h, err = n.look(p, was.Mode != 0); err != nil {
-				return false, decline("look at %s: %v", p, err)
+				return decline("look at %s: %v", p, err)
 			}
 		}
 		switch {
@@ -814,13 +818,13 @@ func (n *nativeState) pull(ctx context.Context, req pullRequest) (empty bool, er
 		}
 		c, err := n.change(s, p, h)
 		if err != nil {
-			return false, err
+			return err
 		}
 		changes = append(changes, c)
 	}
 	ign, err := n.ignored(ctx, added)
 	if err != nil {
-		return false, err
+		return err
 	}
 	for _, p := range added {
 		if ign[p] {
@@ -828,33 +832,33 @@ func (n *nativeState) pull(ctx context.Context, req pullRequest) (empty bool, er
 		}
 		h, err := n.look(p, true)
 		if err != nil {
-			return false, decline("look at %s: %v", p, err)
+			return decline("look at %s: %v", p, err)
 		}
 		if h.entry.Mode == 0 {
 			continue // gone since
 		}
 		c, err := n.change(s, p, h)
 		if err != nil {
-			return false, err
+			return err
 		}
 		changes = append(changes, c)
 	}
 	next, err := s.EditTree(ctx, base, changes)
 	if err != nil {
-		return false, fmt.Errorf("build the edited tree: %w", err)
+		return fmt.Errorf("build the edited tree: %w", err)
 	}
 	var patch []byte
 	if next != base {
 		args := append(append([]string{"diff-tree", "-p"}, req.DiffArgs...), base.String(), next.String(), "--")
 		if patch, err = runGit(ctx, n.root, nil, nil, args...); err != nil {
-			return false, fmt.Errorf("diff the edits: %w", err)
+			return fmt.Errorf("diff the edits: %w", err)
 		}
 	}
 	if err := os.WriteFile(req.Out, patch, 0o644); err != nil {
-		return false, fmt.Errorf("write the patch: %w", err)
+		return fmt.Errorf("write the patch: %w", err)
 	}
 	n.base, n.valid = next, true
-	return len(patch) == 0, nil
+	return nil
 }
 
 // change is the tree change making p what h says, its blob stored.
@@ -891,6 +895,12 @@ func (n *nativeState) storeBlob(s *gitobj.Store, p string, e gitobj.Entry) error
 		return fmt.Errorf("store the blob of %s: %w", p, err)
 	}
 	return nil
+}
+
+// readsAs says ref holds id.
+func readsAs(gitDir, ref, id string) bool {
+	got, ok := gitobj.ReadRef(gitDir, ref)
+	return ok && got == id
 }
 
 // commitTree is the tree of commit c.

@@ -129,7 +129,7 @@ func TestNativePullDoesNotReadThroughASymlink(t *testing.T) {
 	}
 	f.told = []string{"dir", "dir/c.txt"}
 	out := filepath.Join(t.TempDir(), "pull.patch")
-	if _, err := f.n.pull(context.Background(), pullRequest{Tree: tree, Out: out, DiffArgs: []string{"--binary", "--full-index", "--no-renames"}}); err != nil {
+	if err := f.n.pull(context.Background(), pullRequest{Tree: tree, Out: out, DiffArgs: []string{"--binary", "--full-index", "--no-renames"}}); err != nil {
 		t.Fatal(err)
 	}
 	patch := readFile(t, out)

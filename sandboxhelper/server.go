@@ -28,12 +28,11 @@ type answer struct {
 	Full     bool     `json:"full,omitempty"`
 	Paths    []string `json:"paths,omitempty"`
 	Gone     []string `json:"gone,omitempty"`
-	// The native sync's answers: the snapshot and its tree (push), an
-	// empty pull; Declined says it does not apply (nothing was changed),
-	// Error that it failed.
+	// The native sync's answers: the snapshot and its tree (push);
+	// Declined says it does not apply (nothing was changed), Error that it
+	// failed.
 	Snap     string `json:"snap,omitempty"`
 	Tree     string `json:"tree,omitempty"`
-	Empty    bool   `json:"empty,omitempty"`
 	Declined string `json:"declined,omitempty"`
 	ForGood  bool   `json:"for_good,omitempty"`
 	Error    string `json:"error,omitempty"`
@@ -146,8 +145,7 @@ func serveOne(ctx context.Context, c net.Conn, mu *sync.Mutex, nat *nativeState)
 		snap, tree, err := nat.push(ctx, push)
 		return nativeAnswer(answer{Snap: snap, Tree: tree}, err)
 	case "pull":
-		empty, err := nat.pull(ctx, pull)
-		return nativeAnswer(answer{Empty: empty}, err)
+		return nativeAnswer(answer{}, nat.pull(ctx, pull))
 	}
 	return answer{Error: "unknown question"}
 }

@@ -103,11 +103,13 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	x.commit = res.Commits
 	hv := helperVars(r)
 	bundle := ""
-	if hv != "" && p.Native != nil {
+	if hv != "" {
 		// The helper's entries travel beside the patch, so the one
 		// exchange takes the plain way when the helper declines.
-		if b, ok := nativeBundle(p.Native); ok && len(b)+len(p.Data) <= MaxFusedPatch {
-			bundle = b
+		if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.lfs, MaxFusedPatch); ok {
+			if b, ok := nativeBundle(entries); ok && len(b)+len(p.Data) <= MaxFusedPatch {
+				bundle = b
+			}
 		}
 	}
 	x.script = fusedScript(hv, nonce, p.HeadSHA, p.Data, bundle, s.now(), x.pend, s.acks(rp), s.maxBytes, p.LargeTree, command)

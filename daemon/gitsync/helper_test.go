@@ -170,11 +170,13 @@ func workingTree(t *testing.T, dir string) string {
 	return ""
 }
 
-// A directory the command made, filled and replaced by a symbolic link to
-// somewhere else is seen as git sees it: the link alone; nothing is read
-// through the link (the tracker named the file that was under the
-// directory).
-func TestNativePullDoesNotReadThroughASymlink(t *testing.T) {
+// End to end, a directory the command made, filled and replaced by a
+// symbolic link to somewhere else comes back as git sees it: the link
+// alone, the files behind it untouched. (The tracker reports the directory
+// here, which the move's own checks catch; sandboxhelper's
+// TestNativePullDoesNotReadThroughASymlink names a file under the link to
+// prove the check of a path beyond a link.)
+func TestNativeExecBringsBackALinkThatReplacedADirectory(t *testing.T) {
 	useHelper = true
 	t.Cleanup(func() { useHelper = false })
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
@@ -194,10 +196,13 @@ func TestNativePullDoesNotReadThroughASymlink(t *testing.T) {
 	}
 }
 
-// A push never writes through a symbolic link in the sandbox's working
-// tree (something there replaced a directory with one after the last
-// exec): the helper declines and the plain way puts the directory back.
-func TestNativePushDoesNotWriteThroughASymlink(t *testing.T) {
+// End to end, a push never writes through a symbolic link that replaced a
+// directory of the sandbox after the last exec: the helper declines (the
+// directory in the tracker's answer is a link where head has a directory)
+// and the plain way puts the directory back. sandboxhelper's
+// TestNativePushDoesNotWriteThroughASymlink proves the check of a path
+// beyond a link.
+func TestNativePushDoesNotWriteThroughALinkThatReplacedADirectory(t *testing.T) {
 	useHelper = true
 	t.Cleanup(func() { useHelper = false })
 	f := newFixture(t, map[string]string{"a.txt": "a\n", "dir/c.txt": "c\n"})

@@ -73,10 +73,8 @@ type prepared struct {
 // untouched) with its warnings.
 func (s *Syncer) finishPatch(r repo, baseSHA string, res *prepared, start time.Time, how string) *Patch {
 	p := &Patch{RepoRoot: r.root, BaseSHA: baseSHA, HeadSHA: res.head, Data: res.data,
-		Files: append([]string{}, res.files...), LFSFiles: append([]string(nil), res.lfs...)}
-	if native, ok := nativeEntries(r.root, res.recs, res.lfs, MaxFusedPatch); ok {
-		p.Native = native
-	}
+		Files: append([]string{}, res.files...), LFSFiles: append([]string(nil), res.lfs...),
+		recs: res.recs, lfs: res.lfs}
 	if fi, err := os.Stat(r.index); err == nil && fi.Size() >= s.largeIndex {
 		p.LargeTree = true
 	}

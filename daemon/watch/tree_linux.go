@@ -233,7 +233,13 @@ func (b *inotifyTrees) walkLocked(tr *itree, rel string, record bool) error {
 		return fmt.Errorf("read %s: %w", abs, err)
 	}
 	for _, e := range entries {
-		if rel == "" && e.Name() == ".git" {
+		if e.Name() == ".git" {
+			if rel != "" {
+				// rel became a repository between the check of its
+				// parent and this read (its .git event came before the
+				// watch): git add -A stages it as a submodule, so scan.
+				tr.scanAll()
+			}
 			continue
 		}
 		child := joinRel(rel, e.Name())
@@ -251,8 +257,7 @@ func (b *inotifyTrees) walkLocked(tr *itree, rel string, record bool) error {
 			// A repository that came with a new directory (its .git made
 			// before the watch below was placed): git add -A stages it as
 			// a submodule, so scan, as when its .git appears later.
-			tr.overflow = true
-			tr.dirty, tr.gone = map[string]struct{}{}, map[string]struct{}{}
+			tr.scanAll()
 		}
 	}
 	return nil
@@ -301,9 +306,15 @@ func (b *inotifyTrees) markLocked(tr *itree, rel string) {
 
 func (b *inotifyTrees) checkSizeLocked(tr *itree) {
 	if len(tr.dirty)+len(tr.gone) > b.t.maxDirt {
-		tr.overflow = true
-		tr.dirty, tr.gone = map[string]struct{}{}, map[string]struct{}{}
+		tr.scanAll()
 	}
+}
+
+// scanAll makes the tree's next answer full: the paths since the last one
+// are not all known, and those that are no longer matter.
+func (tr *itree) scanAll() {
+	tr.overflow = true
+	tr.dirty, tr.gone = map[string]struct{}{}, map[string]struct{}{}
 }
 
 func (b *inotifyTrees) sweep(before time.Time, max int) {
@@ -374,8 +385,7 @@ func (b *inotifyTrees) eventLocked(wd int32, mask uint32, name string) {
 	if mask&unix.IN_Q_OVERFLOW != 0 {
 		b.t.log.Warn("working tree watch: the kernel's event queue overflowed; the next synced exec scans the whole tree")
 		for _, tr := range b.trees {
-			tr.overflow = true
-			tr.dirty, tr.gone = map[string]struct{}{}, map[string]struct{}{}
+			tr.scanAll()
 		}
 		return
 	}
@@ -419,8 +429,7 @@ func (b *inotifyTrees) eventLocked(wd int32, mask uint32, name string) {
 		if ref.rel != "" {
 			// A repository appeared or went inside the tree: what git
 			// sees below it changes; scan everything.
-			tr.overflow = true
-			tr.dirty, tr.gone = map[string]struct{}{}, map[string]struct{}{}
+			tr.scanAll()
 		}
 		return
 	}
@@ -437,8 +446,7 @@ func (b *inotifyTrees) eventLocked(wd int32, mask uint32, name string) {
 		b.markLocked(tr, rel)
 		if nestedRepo(filepath.Join(tr.root, filepath.FromSlash(rel))) {
 			// git add -A stages a repository as a submodule: scan.
-			tr.overflow = true
-			tr.dirty, tr.gone = map[string]struct{}{}, map[string]struct{}{}
+			tr.scanAll()
 		} else if err := b.walkLocked(tr, rel, true); err != nil {
 			b.breakLocked(tr, err)
 		}
