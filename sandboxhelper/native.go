@@ -199,7 +199,7 @@ func (n *nativeState) checkHead(ctx context.Context, s *gitobj.Store, head gitob
 				if kind != "blob" {
 					return declineForGood("%s is a %s", path.Join(dir, e.Name), kind)
 				}
-				if a := convertingAttribute(data); a != "" {
+				if a := ConvertingAttribute(data); a != "" {
 					return declineForGood("%s sets %s", path.Join(dir, e.Name), a)
 				}
 			case e.Mode == gitobj.ModeGitlink:
@@ -220,12 +220,12 @@ func (n *nativeState) checkHead(ctx context.Context, s *gitobj.Store, head gitob
 	return tree, err
 }
 
-// convertingAttribute is the first attribute an attributes file sets that
+// ConvertingAttribute is the first attribute an attributes file sets that
 // can make a file in the working tree differ from its blob (line ends,
 // filters, ident expansion, encodings), or that git's own conversions may
 // follow (a macro of the file's own); "" when there is none. Unsetting one
 // (-text, binary) converts nothing.
-func convertingAttribute(data []byte) string {
+func ConvertingAttribute(data []byte) string {
 	for _, line := range strings.Split(string(data), "\n") {
 		line = strings.TrimLeft(line, " \t")
 		if line == "" || line[0] == '#' {
@@ -274,9 +274,9 @@ func rulesFile(p string) bool {
 	return false
 }
 
-// validPath refuses what no tree entry may be: the caller checks the
+// ValidPath refuses what no tree entry may be: the caller checks the
 // daemon's paths before writing a file by them.
-func validPath(p string) bool {
+func ValidPath(p string) bool {
 	if p == "" || strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") || strings.ContainsRune(p, 0) {
 		return false
 	}
@@ -395,7 +395,7 @@ func (n *nativeState) touched(ctx context.Context, s *gitobj.Store) (map[string]
 	}
 	set := make(map[string]bool, len(paths))
 	for _, p := range paths {
-		if !validPath(p) {
+		if !ValidPath(p) {
 			return nil, decline("the tracker named %q", p)
 		}
 		if rulesFile(p) {
@@ -404,7 +404,7 @@ func (n *nativeState) touched(ctx context.Context, s *gitobj.Store) (map[string]
 		set[p] = true
 	}
 	for _, g := range gone {
-		if !validPath(g) {
+		if !ValidPath(g) {
 			return nil, decline("the tracker named %q", g)
 		}
 		set[g] = true
@@ -487,7 +487,7 @@ func (n *nativeState) push(ctx context.Context, req pushRequest) (snap, tree str
 		return "", "", decline("head %q: %v", req.Head, err)
 	}
 	for _, e := range req.Entries {
-		if !validPath(e.Path) {
+		if !ValidPath(e.Path) {
 			return "", "", decline("the path %q", e.Path)
 		}
 		// Rules files that differ from head are fine as long as they are
@@ -497,7 +497,7 @@ func (n *nativeState) push(ctx context.Context, req pushRequest) (snap, tree str
 		case ".gitmodules":
 			return "", "", decline("%s differs from head", e.Path)
 		case ".gitattributes":
-			if e.Mode != 0 && (e.Mode == gitobj.ModeSymlink || convertingAttribute(e.Data) != "") {
+			if e.Mode != 0 && (e.Mode == gitobj.ModeSymlink || ConvertingAttribute(e.Data) != "") {
 				return "", "", decline("%s sets attributes that convert files", e.Path)
 			}
 		}
@@ -745,7 +745,7 @@ func (n *nativeState) record(ctx context.Context, s *gitobj.Store, req pushReque
 	if err != nil {
 		return snap, fmt.Errorf("write the snapshot commit: %w", err)
 	}
-	if !strings.HasPrefix(req.SnapRef, "refs/") || !strings.HasPrefix(req.BaseRef, "refs/") || !validPath(req.SnapRef) || !validPath(req.BaseRef) {
+	if !strings.HasPrefix(req.SnapRef, "refs/") || !strings.HasPrefix(req.BaseRef, "refs/") || !ValidPath(req.SnapRef) || !ValidPath(req.BaseRef) {
 		return snap, fmt.Errorf("the refs %q and %q are not full ref names", req.SnapRef, req.BaseRef)
 	}
 	if readsAs(n.gitDir, "HEAD", req.Head) && readsAs(n.gitDir, req.BaseRef, req.Head) {

@@ -205,7 +205,7 @@ func TestConvertingAttribute(t *testing.T) {
 		`"a text" diff`:                       "",
 		`"a \" text" eol=lf`:                  "eol=lf",
 	} {
-		if got := convertingAttribute([]byte(text)); got != want {
+		if got := ConvertingAttribute([]byte(text)); got != want {
 			t.Errorf("%q: %q, want %q", text, got, want)
 		}
 	}

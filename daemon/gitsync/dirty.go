@@ -12,6 +12,9 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/sandboxd/sandboxd/internal/gitobj"
+	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // ChangeTracker tells which paths of a working tree changed since its
@@ -52,6 +55,10 @@ type prepState struct {
 	inSmall map[string]bool
 	changed map[string]bool // every path the diff named (both sides of renames)
 	res     *prepared
+	// mem mirrors the sync index when it is staged in-process (nil: git
+	// stages it); objects is where its blobs go.
+	mem     memIndex
+	objects *gitobj.Store
 }
 
 // stamp identifies a file's version without reading it.
@@ -91,8 +98,12 @@ func (s *Syncer) prepState(root string) *prepState {
 // configFiles are the files outside the working tree that change what git
 // add -A stages or how: configuration (filters, autocrlf, excludes file),
 // excludes, attributes, sparse checkout.
-func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok bool) {
-	ok = true
+//
+// asIs says no setting makes git add convert files (line ends, a custom
+// attributes file), the first condition of staging in-process (see
+// memIndex).
+func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok, asIs bool) {
+	ok, asIs = true, true
 	dirs := []string{r.gitDir}
 	if b, err := os.ReadFile(filepath.Join(r.gitDir, "commondir")); err == nil {
 		c := strings.TrimSpace(string(b))
@@ -127,10 +138,10 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok bo
 	// A custom excludes or attributes file, and settings under which git
 	// add keeps the index's mode or matches paths its own way (the sync
 	// index of the changed paths would not know): asked once per full scan.
-	out, err := s.run(ctx, gitCall{dir: r.root}, "config", "-z", "--get-regexp", `^core\.(excludesfile|attributesfile|filemode|symlinks|ignorecase)$`)
+	out, err := s.run(ctx, gitCall{dir: r.root}, "config", "-z", "--get-regexp", `^core\.(excludesfile|attributesfile|filemode|symlinks|ignorecase|autocrlf|eol|precomposeunicode)$`)
 	var ge *gitError
 	if err != nil && !(errors.As(err, &ge) && ge.code == 1) { // 1: none set
-		return nil, false
+		return nil, false, false
 	}
 	for _, kv := range splitZ(out) {
 		k, v, _ := strings.Cut(kv, "\n")
@@ -145,6 +156,15 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok bo
 				ok = false
 			}
 			continue
+		case "core.autocrlf", "core.eol", "core.precomposeunicode":
+			switch strings.ToLower(strings.TrimSpace(v)) {
+			case "false", "no", "off", "0", "lf", "native":
+			default:
+				asIs = false
+			}
+			continue
+		case "core.attributesfile":
+			asIs = false
 		}
 		if v == "" {
 			continue
@@ -157,7 +177,7 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok bo
 		}
 		files = append(files, v)
 	}
-	return files, ok
+	return files, ok, asIs
 }
 
 // gitTrue reads a git boolean ("true" when set without a value).
@@ -221,7 +241,7 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 	// The versions the scan starts from: a change after this is seen next
 	// time (by a stamp, or by the tracker, whose answer came before).
 	indexSt := stampOf(r.index)
-	stamps, supported := s.configFiles(ctx, r)
+	stamps, supported, asIs := s.configFiles(ctx, r)
 	ix, ixErr := readIndexPaths(r.index, len(head)/2)
 	if ixErr == nil && !supported {
 		ixErr = errors.New("core.fileMode or core.symlinks is false, or core.ignoreCase true")
@@ -236,7 +256,8 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 		s.log.Debug("every sync of this repository scans the whole tree", "repo", r.root, "why", ixErr)
 		return res, "full:" + why, nil
 	}
-	if err := s.resetSmall(ctx, r, st, res); err != nil {
+	asIs = asIs && stagesAsIs(r, stamps, ix, res.recs, len(head)/2)
+	if err := s.resetSmall(ctx, r, st, res, asIs); err != nil {
 		s.log.Debug("sync index of changed paths not written; the next sync scans again", "repo", r.root, "err", err)
 		return res, "full:" + why, nil
 	}
@@ -255,13 +276,16 @@ type fallback struct{ why string }
 func (f *fallback) Error() string { return "full scan needed: " + f.why }
 
 // resetSmall rebuilds the sync index from a full scan's records: the
-// changed paths that exist, with the content the scan staged.
-func (s *Syncer) resetSmall(ctx context.Context, r repo, st *prepState, res *prepared) error {
+// changed paths that exist, with the content the scan staged. With asIs
+// (stagesAsIs) the sync index is kept in memory too and staged in-process
+// from now on.
+func (s *Syncer) resetSmall(ctx context.Context, r repo, st *prepState, res *prepared, asIs bool) error {
 	if st.small == "" {
 		st.small = filepath.Join(r.stateDir(), fmt.Sprintf("sync-index-%d-%s", os.Getpid(), newID()[:8]))
 		removeStaleSmall(r)
 	}
 	_ = os.Remove(st.small)
+	st.mem = nil
 	st.inSmall = map[string]bool{}
 	st.changed = map[string]bool{}
 	var in bytes.Buffer
@@ -273,6 +297,17 @@ func (s *Syncer) resetSmall(ctx context.Context, r repo, st *prepState, res *pre
 			st.inSmall[rec.dst] = true
 		}
 	}
+	if asIs {
+		m, ok := memFromRecs(res.recs)
+		objects, err := gitobj.OpenStore(r.gitDir)
+		if ok && err == nil {
+			if err := m.write(st.small); err != nil {
+				return err
+			}
+			st.mem, st.objects = m, objects
+			return nil
+		}
+	}
 	if in.Len() == 0 {
 		return nil
 	}
@@ -280,6 +315,47 @@ func (s *Syncer) resetSmall(ctx context.Context, r repo, st *prepState, res *pre
 		return fmt.Errorf("write the sync index: %w", err)
 	}
 	return nil
+}
+
+// stagesAsIs says git add stores every file of r as it is in the working
+// tree, so its changed paths may be staged in-process (memIndex): SHA-1
+// objects in r's own directory, and no attributes file (files, the
+// tracked ones of ix, the new ones of recs) sets an attribute that
+// converts. A change to any of them makes the next Prepare a full scan,
+// which asks again.
+func stagesAsIs(r repo, files []string, ix *indexPaths, recs []rawRec, hashLen int) bool {
+	if hashLen != 20 {
+		return false
+	}
+	if _, err := os.Lstat(filepath.Join(r.gitDir, "commondir")); err == nil {
+		return false
+	}
+	converts := func(file string, mustExist bool) bool {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return mustExist || !errors.Is(err, fs.ErrNotExist)
+		}
+		return sandboxhelper.ConvertingAttribute(b) != ""
+	}
+	for _, f := range files {
+		if filepath.Base(f) == "attributes" && converts(f, false) {
+			return false
+		}
+	}
+	inTree := func(p string) bool {
+		return path.Base(p) == ".gitattributes" && converts(filepath.Join(r.root, filepath.FromSlash(p)), true)
+	}
+	for _, p := range ix.paths {
+		if inTree(p) {
+			return false
+		}
+	}
+	for _, rec := range recs {
+		if rec.status != 'D' && inTree(rec.dst) {
+			return false
+		}
+	}
+	return true
 }
 
 // removeStaleSmall removes the sync indexes of daemons no longer running.
@@ -428,14 +504,31 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		}
 	}
 
-	if len(feed) > 0 {
+	staged := false
+	if st.mem != nil && (len(feed) > 0 || len(forceRemove) > 0) {
+		switch err := st.mem.stage(r.root, st.objects, feed, forceRemove); {
+		case err == nil:
+			if err := st.mem.write(st.small); err != nil {
+				st.valid = false
+				return nil, err
+			}
+			staged = true
+		case errors.Is(err, errToGit):
+			// git stages from now on (until a full scan), so the copy
+			// in memory never misses what it did.
+			st.mem = nil
+		default:
+			return nil, err
+		}
+	}
+	if len(feed) > 0 && !staged {
 		in := strings.Join(feed, "\x00") + "\x00"
 		if _, err := s.run(ctx, gitCall{dir: r.root, index: st.small, stdin: strings.NewReader(in)},
 			"update-index", "-z", "--add", "--remove", "--replace", "--stdin"); err != nil {
 			return nil, fmt.Errorf("update the sync index: %w", err)
 		}
 	}
-	if len(forceRemove) > 0 {
+	if len(forceRemove) > 0 && !staged {
 		in := strings.Join(forceRemove, "\x00") + "\x00"
 		if _, err := s.run(ctx, gitCall{dir: r.root, index: st.small, stdin: strings.NewReader(in)},
 			"update-index", "-z", "--force-remove", "--stdin"); err != nil {

@@ -349,14 +349,16 @@ s=$?
 	if bundle != "" {
 		b.WriteString("fi\n")
 	}
+	// The pull is a function, not a subshell: one process fewer.
 	fmt.Fprintf(&b, `printf '\036sandboxd-%%s\npush 0 %%s %%s\nexit %%s\n' "$N" "$snap" "$nat" "$s"
-(
-%s) 2>"$st/f.err" </dev/null
+pull() {
+%s}
+pull 2>"$st/f.err" </dev/null
 printf '\036sandboxd-%%s-end %%s\n' "$N" "$?"
 [ ! -s "$st/f.err" ] || cat "$st/f.err"
 if [ "$s" -gt 128 ] && [ "$s" -lt 160 ]; then trap - HUP INT QUIT TERM; kill -$((s - 128)) $$; fi
 exit "$s"
-`, pullBody(max))
+`, pullBody(max, "return"))
 	return b.String()
 }
 

@@ -226,16 +226,17 @@ const pullHeader = "sandboxd-pull "
 // $st/pull.id, so a broken transfer can be fetched again) and prints the
 // header and the patch. The sandbox keeps its files.
 func pullScript(hv string, max int64) string {
-	return prelude + hv + "snap=; ptree=\n" + pullBody(max)
+	return prelude + hv + "snap=; ptree=\n" + pullBody(max, "exit")
 }
 
-// pullBody is pullScript after the prelude.
-func pullBody(max int64) string {
+// pullBody is pullScript after the prelude; end is how it ends early with
+// a code ("exit", or "return" in a function).
+func pullBody(max int64, end string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "max=%d\n", max)
 	// snap (and ptree, the tree the push left in the sync index) are
 	// already known when a fused exchange pushed just before.
-	fmt.Fprintf(&b, `[ -n "${snap:-}" ] || snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
+	fmt.Fprintf(&b, `[ -n "${snap:-}" ] || snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; %[3]s 86; }
 id=none; [ ! -f "$st/pending" ] || read -r id <"$st/pending" || true
 out="$st/pull.patch"
 echo >"$st/pull.id"
@@ -248,17 +249,17 @@ if [ -n "${pulled:-}" ]; then pc=4
 elif [ -n "${nat:-}" ] && [ -n "$ptree" ] && "$H" pull -state "$st" -instance "$HI" -tree "$ptree" -out "$out" -- %[1]s 2>"$st/npull.err"; then pc=4
 elif [ -n "$HI" ] && syncidx; then "$H" stage -state "$st" -instance "$HI" -index "$st/index" ${ptree:+-tree-hint "$ptree" -same-exit 3} 2>/dev/null; pc=$?; fi
 case $pc in
-0) GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out" || exit 87 ;;
-3) : >"$out" || exit 87 ;;
+0) GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out" || %[3]s 87 ;;
+3) : >"$out" || %[3]s 87 ;;
 4) ;;
-*) { syncidx && rm -f "$st/index.fast" && GIT_INDEX_FILE="$st/index" g add -A && GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out"; } || exit 87 ;;
+*) { syncidx && rm -f "$st/index.fast" && GIT_INDEX_FILE="$st/index" g add -A && GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out"; } || %[3]s 87 ;;
 esac
 echo "$id" >"$st/pull.id"
 size=0; [ ! -s "$out" ] || size=$(($(wc -c <"$out")))
 printf '%[2]s%%s %%d\n' "$id" "$size"
-if [ "$size" -gt "$max" ]; then exit 89; fi
-[ "$size" -eq 0 ] || cat "$out" || exit 87
-`, strings.Join(diffOptions, " "), pullHeader)
+if [ "$size" -gt "$max" ]; then %[3]s 89; fi
+[ "$size" -eq 0 ] || cat "$out" || %[3]s 87
+`, strings.Join(diffOptions, " "), pullHeader, end)
 	return b.String()
 }
 
