@@ -1,6 +1,8 @@
 package client
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -107,6 +109,9 @@ func execRequest(req ipc.ExecRequest, opts ExecOptions) ([]byte, error) {
 	if err := req.CheckText(); err != nil {
 		return nil, err
 	}
+	if first, ok := appendExecRequest(nil, req); ok {
+		return first, nil
+	}
 	first, err := json.Marshal(req)
 	if err != nil {
 		return nil, errdefs.Invalidf("encode the exec request: %v", err)
@@ -116,11 +121,11 @@ func execRequest(req ipc.ExecRequest, opts ExecOptions) ([]byte, error) {
 
 // readExec relays output frames until the final one.
 func (c *Client) readExec(ctx context.Context, body io.Reader, status int, opts ExecOptions, up *uplink) (ipc.ExecResult, error) {
-	dec := json.NewDecoder(body)
+	frames := frameReader{br: bufio.NewReaderSize(body, 32<<10)}
 	started := false
 	for {
-		var f ipc.ExecOutput
-		if err := dec.Decode(&f); err != nil {
+		f, err := frames.next()
+		if err != nil {
 			if up != nil && up.failed() != nil {
 				return ipc.ExecResult{}, up.failed()
 			}
@@ -217,13 +222,16 @@ func (u *uplink) run(ctx context.Context, first []byte, stdin io.Reader, signals
 	// However the uplink ends, the request stream ends with it: with the
 	// last chunk, unless it was abandoned (the daemon then sees it broken).
 	defer u.pw.CloseWithError(errUplinkDone)
-	enc := func(v any) bool {
-		b, err := json.Marshal(v)
-		if err != nil {
-			u.fail(errdefs.Invalidf("encode an exec frame: %v", err))
-			return false
+	enc := func(v ipc.ExecInput) bool {
+		b, ok := appendExecInput(nil, v)
+		if !ok {
+			var err error
+			if b, err = json.Marshal(v); err != nil {
+				u.fail(errdefs.Invalidf("encode an exec frame: %v", err))
+				return false
+			}
 		}
-		_, err = u.pw.Write(append(b, '\n'))
+		_, err := u.pw.Write(append(b, '\n'))
 		return err == nil
 	}
 	if _, err := u.pw.Write(append(first, '\n')); err != nil {
@@ -356,4 +364,45 @@ func (c *chunkedConn) CloseWithError(err error) error {
 	}
 	_, werr := io.WriteString(c.w, "0\r\n\r\n")
 	return werr
+}
+
+// frameReader reads the exec's answer, a stream of JSON frames: one a line
+// from this daemon, which the hand decoder takes; from the first frame it
+// does not take, encoding/json reads the rest, as it once read the whole
+// stream.
+type frameReader struct {
+	br   *bufio.Reader
+	long []byte
+	dec  *json.Decoder
+}
+
+func (r *frameReader) next() (f ipc.ExecOutput, err error) {
+	if r.dec != nil {
+		err = r.dec.Decode(&f)
+		return f, err
+	}
+	for {
+		line, err := r.br.ReadSlice('\n')
+		if err == bufio.ErrBufferFull {
+			// A frame longer than the buffer (a large chunk of output).
+			r.long = append(r.long[:0], line...)
+			for err == bufio.ErrBufferFull {
+				line, err = r.br.ReadSlice('\n')
+				r.long = append(r.long, line...)
+			}
+			line = r.long
+		}
+		if len(bytes.TrimSpace(line)) == 0 {
+			if err != nil {
+				return f, err
+			}
+			continue
+		}
+		if f, ok := decodeExecOutput(line); ok {
+			return f, nil
+		}
+		r.dec = json.NewDecoder(io.MultiReader(bytes.NewReader(append([]byte(nil), line...)), r.br))
+		err = r.dec.Decode(&f)
+		return f, err
+	}
 }
