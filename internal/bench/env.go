@@ -299,15 +299,15 @@ func (e *env) makeRepo(dir string, n int) error {
 	if err := e.git(dir, "add", "-A"); err != nil {
 		return err
 	}
-	if err := e.git(dir, "commit", "-q", "-m", "init"); err != nil {
-		return err
-	}
 	// Packed, as a user's repository is, and now: git's automatic gc,
-	// which the commit of 50,000 loose objects starts in the background,
+	// which a commit of 50,000 loose objects starts in the background,
 	// would otherwise pack them under the first sandbox's clone (a clone by
 	// path then fails and is made again through git's transport, ten times
 	// slower: the start --wait rows swung from 1.5 to 16 s).
-	if err := e.git(dir, "-c", "gc.autoDetach=false", "gc", "-q"); err != nil {
+	if err := e.git(dir, "-c", "gc.auto=0", "commit", "-q", "-m", "init"); err != nil {
+		return err
+	}
+	if err := e.git(dir, "gc", "-q"); err != nil {
 		return err
 	}
 	// An origin that has the commit, as the RWX CLI needs to start a

@@ -49,7 +49,7 @@ func (r *runner) startWait(ctx context.Context) error {
 		rwxFailed := rwx == nil
 		for range n {
 			if !rwxFailed {
-				if err := r.e.sbx(ctx, repo, "stop"); err != nil {
+				if err := r.stopAndClean(ctx, repo); err != nil {
 					return err
 				}
 				start := time.Now()
@@ -67,7 +67,7 @@ func (r *runner) startWait(ctx context.Context) error {
 					rwxT, rwxOwn = append(rwxT, took), append(rwxOwn, o)
 				}
 			}
-			if err := r.e.sbx(ctx, repo, "stop"); err != nil {
+			if err := r.stopAndClean(ctx, repo); err != nil {
 				return err
 			}
 			start := time.Now()
@@ -99,6 +99,50 @@ func (r *runner) startWait(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// stopAndClean stops repo's sandbox and waits until localcloud has removed
+// the checkouts of repo's ended runs, which it does in the background: a
+// start timed meanwhile would share the machine with the removal of up to
+// 50,000 files (the 50,000-file starts took 1.7 s alone, 6.5 s beside one).
+func (r *runner) stopAndClean(ctx context.Context, repo string) error {
+	if err := r.e.sbx(ctx, repo, "stop"); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		b, err := os.ReadFile(filepath.Join(r.e.localcloudDir(), runs.StateFile))
+		if err != nil {
+			return err
+		}
+		var state struct {
+			Runs []runs.Run `json:"runs"`
+		}
+		if err := json.Unmarshal(b, &state); err != nil {
+			return fmt.Errorf("read localcloud's runs: %w", err)
+		}
+		left := false
+		for _, run := range state.Runs {
+			if run.Git.OriginURL != repo || run.CompletedAt.IsZero() {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(r.e.localcloudDir(), "runs", run.ID, "workspace")); err == nil {
+				left = true
+			}
+		}
+		if !left {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			r.note("localcloud had not removed the ended sandboxes of %s after 2 minutes", repo)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // provisioning is how long localcloud took to make the sandbox of repo
