@@ -81,9 +81,6 @@ func (m memIndex) stage(root string, objects *gitobj.Store, feed, remove []strin
 		ok   bool // false: removed
 	}
 	var out []staged
-	for _, p := range remove {
-		out = append(out, staged{path: p})
-	}
 	for _, p := range feed {
 		if !sandboxhelper.ValidPath(p) {
 			return errToGit
@@ -127,6 +124,10 @@ func (m memIndex) stage(root string, objects *gitobj.Store, feed, remove []strin
 			return fmt.Errorf("store %s: %w", p, err)
 		}
 		out = append(out, staged{path: p, e: memEntry{mode: mode, oid: oid, st: statOf(fi)}, ok: true})
+	}
+	// After the feed, as git runs the two.
+	for _, p := range remove {
+		out = append(out, staged{path: p})
 	}
 	for _, s := range out {
 		if !s.ok {

@@ -42,7 +42,8 @@ func TestMemIndexAgreesWithUpdateIndex(t *testing.T) {
 	}
 	writeFile(t, filepath.Join(dir, "empty"), "")
 	writeFile(t, filepath.Join(dir, "forced.txt"), "removed by force\n")
-	feed := []string{"d", "e/y", "plain.txt", "with space é.txt", "tool.sh", "link", "empty", "gone.txt"}
+	// forced.txt is fed and then force-removed, in git's order.
+	feed := []string{"d", "e/y", "plain.txt", "with space é.txt", "tool.sh", "link", "empty", "gone.txt", "forced.txt"}
 	remove := []string{"forced.txt"}
 
 	byGit := filepath.Join(t.TempDir(), "git-index")
