@@ -55,6 +55,9 @@ type prepState struct {
 	inSmall map[string]bool
 	changed map[string]bool // every path the diff named (both sides of renames)
 	res     *prepared
+	// ignoreKnown is what git said of untracked paths since the last full
+	// scan: ignored or not.
+	ignoreKnown map[string]bool
 	// mem mirrors the sync index when it is staged in-process (nil: git
 	// stages it); objects is where its blobs go.
 	mem     memIndex
@@ -287,6 +290,7 @@ func (s *Syncer) resetSmall(ctx context.Context, r repo, st *prepState, res *pre
 	_ = os.Remove(st.small)
 	st.mem = nil
 	st.inSmall = map[string]bool{}
+	st.ignoreKnown = map[string]bool{}
 	st.changed = map[string]bool{}
 	var in bytes.Buffer
 	for _, rec := range res.recs {
@@ -485,12 +489,29 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		}
 	}
 	if len(candidates) > 0 {
-		ignored, err := s.ignored(ctx, r, candidates)
-		if err != nil {
-			return nil, err
+		// Whether git ignores a path changes only with the ignore rules,
+		// and any change to those makes a full scan, which forgets: a new
+		// file edited again asks git nothing.
+		if st.ignoreKnown == nil {
+			st.ignoreKnown = map[string]bool{}
+		}
+		var ask []string
+		for _, c := range candidates {
+			if _, ok := st.ignoreKnown[c]; !ok {
+				ask = append(ask, c)
+			}
+		}
+		if len(ask) > 0 {
+			ignored, err := s.ignored(ctx, r, ask)
+			if err != nil {
+				return nil, err
+			}
+			for _, c := range ask {
+				st.ignoreKnown[c] = ignored[c]
+			}
 		}
 		for _, c := range candidates {
-			if ignored[c] {
+			if st.ignoreKnown[c] {
 				// Not staged: absent from the sync index, so a deletion
 				// when HEAD has it (untracked since the last Prepare).
 				pathspec[c] = true

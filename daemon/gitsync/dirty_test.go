@@ -407,6 +407,16 @@ func TestPrepareProcessCount(t *testing.T) {
 	if c := calls(); strings.Join(c, ",") != "check-ignore,diff" || strings.Join(p.Files, ",") != "a.txt,d3/f3.txt,new.txt" {
 		t.Fatalf("one new file: git ran %v, files %v", c, p.Files)
 	}
+	// The same new file edited again: git was asked already whether it
+	// ignores it.
+	writeFile(t, filepath.Join(f.local, "new.txt"), "new, edited\n")
+	p, err = f.s.Prepare(ctx, f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := calls(); strings.Join(c, ",") != "diff" || strings.Join(p.Files, ",") != "a.txt,d3/f3.txt,new.txt" {
+		t.Fatalf("the new file edited again: git ran %v, files %v", c, p.Files)
+	}
 }
 
 // Prepares of one repository from many sandboxes at once agree.
@@ -484,5 +494,34 @@ func TestFullScanSeesRacilyCleanFile(t *testing.T) {
 	}
 	if strings.Join(p.Files, ",") != "a.txt" {
 		t.Fatalf("files %v: the rewritten file was missed", p.Files)
+	}
+}
+
+// What git said of an untracked file is kept only while the ignore rules
+// stay: a .gitignore that comes to ignore it makes the next edit of the
+// file stay out of the patch.
+func TestIgnoreAnswersForgottenWhenTheRulesChange(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "*.tmp\n"})
+	ctx := context.Background()
+	files := func() string {
+		t.Helper()
+		p, err := f.s.Prepare(ctx, f.local, f.base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(p.Files, ",")
+	}
+	files() // the first, full scan
+	writeFile(t, filepath.Join(f.local, "x.log"), "1\n")
+	if got := files(); got != "x.log" {
+		t.Fatalf("a new file: %q", got)
+	}
+	writeFile(t, filepath.Join(f.local, ".gitignore"), "*.log\n")
+	if got := files(); got != ".gitignore" {
+		t.Fatalf("the new rule: %q", got)
+	}
+	writeFile(t, filepath.Join(f.local, "x.log"), "2\n")
+	if got := files(); got != ".gitignore" {
+		t.Fatalf("the ignored file edited: %q, want it left out", got)
 	}
 }
