@@ -3,10 +3,8 @@ package sandboxhelper
 import (
 	"bytes"
 	"context"
-	"crypto/sha1"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -332,52 +330,24 @@ func (n *nativeState) look(p string, hash bool) (have, error) {
 	if err != nil {
 		return have{}, err
 	}
-	var h have
-	switch {
-	case fi.IsDir():
+	if fi.IsDir() {
 		return have{dir: true}, nil
-	case fi.Mode()&fs.ModeSymlink != 0:
-		h.entry.Mode = gitobj.ModeSymlink
-		if hash {
-			target, err := os.Readlink(abs)
-			if err != nil {
-				return have{}, err
-			}
-			h.entry.OID = gitobj.HashObject("blob", []byte(target))
+	}
+	var h have
+	var ok bool
+	if h.entry.Mode, ok = gitobj.ModeOf(fi); !ok || !hash {
+		return h, nil
+	}
+	if h.entry.Mode == gitobj.ModeSymlink {
+		target, err := os.Readlink(abs)
+		if err != nil {
+			return have{}, err
 		}
-	case fi.Mode().IsRegular():
-		h.entry.Mode = gitobj.ModeFile
-		if fi.Mode()&0o100 != 0 {
-			h.entry.Mode = gitobj.ModeExec
-		}
-		if hash {
-			if h.entry.OID, err = hashFile(abs, fi.Size()); err != nil {
-				return have{}, err
-			}
-		}
+		h.entry.OID = gitobj.HashObject("blob", []byte(target))
+	} else if h.entry.OID, err = gitobj.HashFile(abs, fi.Size()); err != nil {
+		return have{}, err
 	}
 	return h, nil
-}
-
-// hashFile is the blob id of the file at abs, of size bytes.
-func hashFile(abs string, size int64) (gitobj.OID, error) {
-	f, err := os.Open(abs)
-	if err != nil {
-		return gitobj.OID{}, err
-	}
-	defer f.Close()
-	h := sha1.New()
-	fmt.Fprintf(h, "blob %d\x00", size)
-	n, err := io.Copy(h, f)
-	if err != nil {
-		return gitobj.OID{}, err
-	}
-	if n != size {
-		return gitobj.OID{}, fmt.Errorf("%s changed while it was read", abs)
-	}
-	var o gitobj.OID
-	h.Sum(o[:0])
-	return o, nil
 }
 
 // touched gathers the tracker's answer: the file paths it names, and under

@@ -381,42 +381,29 @@ func TestPrepareProcessCount(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("first (full) prepare: %v", calls())
-	for i := 0; i < 3; i++ {
+	// expect prepares and checks which git commands ran and the files.
+	expect := func(what, gitRan, files string) {
+		t.Helper()
 		p, err := f.s.Prepare(ctx, f.local, f.base)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if c := calls(); len(c) != 0 || strings.Join(p.Files, ",") != "a.txt" {
-			t.Fatalf("nothing changed: git ran %v, files %v", c, p.Files)
+		if c := strings.Join(calls(), ","); c != gitRan || strings.Join(p.Files, ",") != files {
+			t.Fatalf("%s: git ran %q, files %v; want %q, %s", what, c, p.Files, gitRan, files)
 		}
 	}
+	for i := 0; i < 3; i++ {
+		expect("nothing changed", "", "a.txt")
+	}
 	writeFile(t, filepath.Join(f.local, "d3/f3.txt"), "edited\n")
-	p, err := f.s.Prepare(ctx, f.local, f.base)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Staged in-process: the diff is the only process.
-	if c := calls(); strings.Join(c, ",") != "diff" || strings.Join(p.Files, ",") != "a.txt,d3/f3.txt" {
-		t.Fatalf("one tracked file edited: git ran %v, files %v", c, p.Files)
-	}
+	expect("one tracked file edited", "diff", "a.txt,d3/f3.txt")
 	writeFile(t, filepath.Join(f.local, "new.txt"), "new\n")
-	p, err = f.s.Prepare(ctx, f.local, f.base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c := calls(); strings.Join(c, ",") != "check-ignore,diff" || strings.Join(p.Files, ",") != "a.txt,d3/f3.txt,new.txt" {
-		t.Fatalf("one new file: git ran %v, files %v", c, p.Files)
-	}
+	expect("one new file", "check-ignore,diff", "a.txt,d3/f3.txt,new.txt")
 	// The same new file edited again: git was asked already whether it
 	// ignores it.
 	writeFile(t, filepath.Join(f.local, "new.txt"), "new, edited\n")
-	p, err = f.s.Prepare(ctx, f.local, f.base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c := calls(); strings.Join(c, ",") != "diff" || strings.Join(p.Files, ",") != "a.txt,d3/f3.txt,new.txt" {
-		t.Fatalf("the new file edited again: git ran %v, files %v", c, p.Files)
-	}
+	expect("the new file edited again", "diff", "a.txt,d3/f3.txt,new.txt")
 }
 
 // Prepares of one repository from many sandboxes at once agree.

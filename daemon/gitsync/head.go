@@ -12,7 +12,7 @@ import (
 // detached HEAD, a loose ref, a packed ref) are read without a git process;
 // anything else asks git.
 func (s *Syncer) localHead(ctx context.Context, r repo) (string, error) {
-	if sha, ok := readHead(r.gitDir); ok {
+	if sha, ok := gitobj.ReadRef(r.gitDir, "HEAD"); ok {
 		return sha, nil
 	}
 	out, err := s.run(ctx, gitCall{dir: r.root}, "rev-parse", "-q", "--verify", "HEAD^{commit}")
@@ -24,10 +24,4 @@ func (s *Syncer) localHead(ctx context.Context, r repo) (string, error) {
 			"the repository %s has no commits yet, so a sandbox has nothing to start from: make a first commit (for example `git commit --allow-empty -m 'initial commit'`) and run the command again", r.root))
 	}
 	return strings.TrimSpace(string(out)), nil
-}
-
-// readHead resolves HEAD from the files of a plain git directory; ok is
-// false when git should be asked instead.
-func readHead(gitDir string) (string, bool) {
-	return gitobj.ReadRef(gitDir, "HEAD")
 }

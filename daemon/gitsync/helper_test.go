@@ -401,3 +401,25 @@ func TestNativeRunThatFailsEarlyIsNotReadAsTheLastOne(t *testing.T) {
 		t.Fatalf("the command ran %q", got)
 	}
 }
+
+// Modes travel both ways through the native sync: a file made executable
+// locally is executable in the sandbox after a native push, and one the
+// command makes executable (or not) comes back so.
+func TestNativeSyncCarriesModes(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.sh": "#!/bin/sh\n", "b.sh": "#!/bin/sh\n"})
+	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
+	}
+	if err := os.Chmod(filepath.Join(f.local, "a.sh"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, fr, err := f.fused("test -x a.sh && echo exec; chmod +x b.sh")
+	if err != nil || !fr.Native || out != "exec\n" {
+		t.Fatalf("native %v, err %v, the command saw %q (want a.sh executable)", fr.Native, err, out)
+	}
+	if fi, err := os.Stat(filepath.Join(f.local, "b.sh")); err != nil || fi.Mode()&0o100 == 0 {
+		t.Fatalf("b.sh, made executable in the sandbox, is %v locally (%v)", fi.Mode(), err)
+	}
+}

@@ -26,22 +26,11 @@ import (
 // memIndex mirrors the sync index: path to its entry.
 type memIndex map[string]memEntry
 
+// memEntry is a path's entry: no stat data, which git diff --cached does
+// not read (git update-index --index-info writes none either).
 type memEntry struct {
 	mode uint32
 	oid  gitobj.OID
-	st   statData
-}
-
-// statData is the part of lstat an index entry records that is the same
-// on every system. git diff --cached reads none of it.
-type statData struct {
-	mtime [2]uint32
-	size  uint32
-}
-
-func statOf(fi fs.FileInfo) statData {
-	t := fi.ModTime()
-	return statData{mtime: [2]uint32{uint32(t.Unix()), uint32(t.Nanosecond())}, size: uint32(fi.Size())}
 }
 
 // maxInProcessFile bounds a file hashed in-process: a larger one is left to
@@ -95,24 +84,18 @@ func (m memIndex) stage(root string, objects *gitobj.Store, feed, remove []strin
 			return fmt.Errorf("look at %s: %w", p, err)
 		}
 		var data []byte
-		var mode uint32
+		mode, ok := gitobj.ModeOf(fi)
 		switch {
-		case fi.Mode().IsRegular():
-			if fi.Size() > maxInProcessFile {
-				return errToGit
-			}
-			mode = gitobj.ModeFile
-			if fi.Mode()&0o100 != 0 {
-				mode = gitobj.ModeExec
-			}
-			data, err = os.ReadFile(abs)
-		case fi.Mode()&fs.ModeSymlink != 0:
-			mode = gitobj.ModeSymlink
+		case !ok:
+			return errToGit
+		case mode == gitobj.ModeSymlink:
 			var t string
 			t, err = os.Readlink(abs)
 			data = []byte(t)
-		default:
+		case fi.Size() > maxInProcessFile:
 			return errToGit
+		default:
+			data, err = os.ReadFile(abs)
 		}
 		if err != nil {
 			// Changed under us (removed, replaced by a directory): git
@@ -123,7 +106,7 @@ func (m memIndex) stage(root string, objects *gitobj.Store, feed, remove []strin
 		if err != nil {
 			return fmt.Errorf("store %s: %w", p, err)
 		}
-		out = append(out, staged{path: p, e: memEntry{mode: mode, oid: oid, st: statOf(fi)}, ok: true})
+		out = append(out, staged{path: p, e: memEntry{mode: mode, oid: oid}, ok: true})
 	}
 	// After the feed, as git runs the two.
 	for _, p := range remove {
@@ -159,7 +142,8 @@ func (m memIndex) write(path string) error {
 	for _, p := range names {
 		e := m[p]
 		start := b.Len()
-		_ = binary.Write(&b, binary.BigEndian, [10]uint32{6: e.mode, 2: e.st.mtime[0], 3: e.st.mtime[1], 9: e.st.size})
+		// ctime, mtime, dev, ino, mode, uid, gid, size: only the mode.
+		_ = binary.Write(&b, binary.BigEndian, [10]uint32{6: e.mode})
 		b.Write(e.oid[:])
 		_ = binary.Write(&b, binary.BigEndian, uint16(min(len(p), 0xfff)))
 		b.WriteString(p)

@@ -89,18 +89,18 @@ func appendExecInput(b []byte, in ipc.ExecInput) (_ []byte, ok bool) {
 	return append(w.b, '}'), !w.bad
 }
 
-// jsonObject writes an object's members; ok is true once one is written
+// jsonObject writes an object's members; more is true once one is written
 // (the next needs a comma), bad once a string could not be written.
 type jsonObject struct {
-	b       []byte
-	ok, bad bool
+	b         []byte
+	more, bad bool
 }
 
 func (w *jsonObject) key(k string) {
-	if w.ok {
+	if w.more {
 		w.b = append(w.b, ',')
 	}
-	w.ok = true
+	w.more = true
 	w.b = append(w.b, '"')
 	w.b = append(w.b, k...)
 	w.b = append(w.b, '"', ':')
@@ -116,10 +116,10 @@ func (w *jsonObject) str(k, v string, omitEmpty bool) {
 	if omitEmpty && v == "" {
 		return
 	}
-	if w.ok {
+	if w.more {
 		w.b = append(w.b, ',')
 	}
-	w.ok = true
+	w.more = true
 	var good bool
 	if w.b, good = appendString(w.b, k, true); !good {
 		w.bad = true
@@ -168,17 +168,14 @@ func appendString(b []byte, s string, good bool) ([]byte, bool) {
 // spaces); ok is false when encoding/json must.
 func decodeExecOutput(b []byte) (f ipc.ExecOutput, ok bool) {
 	d := jsonReader{b: b}
-	ok = d.object(func(k string) bool {
+	ok = d.object(func(k string) (ok bool) {
 		switch k {
 		case "type":
 			f.Type, ok = d.string()
 		case "message":
 			f.Message, ok = d.string()
 		case "position":
-			var n int64
-			n, ok = d.int()
-			f.Position = int(n)
-			ok = ok && int64(f.Position) == n
+			f.Position, ok = d.smallInt()
 		case "data":
 			var s string
 			if s, ok = d.string(); ok {
@@ -186,8 +183,8 @@ func decodeExecOutput(b []byte) (f ipc.ExecOutput, ok bool) {
 				n, err := base64.StdEncoding.Decode(f.Data, []byte(s))
 				f.Data, ok = f.Data[:n], err == nil
 			}
+		// A repeated key fills the same value, as encoding/json does.
 		case "result":
-			// A repeated key fills the same value, as encoding/json does.
 			if f.Result == nil {
 				f.Result = &ipc.ExecResult{}
 			}
@@ -196,19 +193,7 @@ func decodeExecOutput(b []byte) (f ipc.ExecOutput, ok bool) {
 			if f.Error == nil {
 				f.Error = &ipc.ErrorDetail{}
 			}
-			ok = d.object(func(k string) bool {
-				switch k {
-				case "code":
-					f.Error.Code, ok = d.string()
-				case "message":
-					f.Error.Message, ok = d.string()
-				default:
-					return false
-				}
-				return ok
-			})
-		default:
-			return false
+			ok = d.errorDetail(f.Error)
 		}
 		return ok
 	})
@@ -226,18 +211,25 @@ func (d *jsonReader) execResult(r *ipc.ExecResult) bool {
 		case "signal":
 			r.Signal, ok = d.string()
 		case "exitCode":
-			var n int64
-			n, ok = d.int()
-			r.ExitCode = int(n)
-			ok = ok && int64(r.ExitCode) == n
+			r.ExitCode, ok = d.smallInt()
 		case "durationMs":
 			r.DurationMs, ok = d.int()
 		case "pulledFiles":
 			r.PulledFiles, ok = d.strings()
 		case "warnings":
 			r.Warnings, ok = d.strings()
-		default:
-			return false
+		}
+		return ok
+	})
+}
+
+func (d *jsonReader) errorDetail(e *ipc.ErrorDetail) bool {
+	return d.object(func(k string) (ok bool) {
+		switch k {
+		case "code":
+			e.Code, ok = d.string()
+		case "message":
+			e.Message, ok = d.string()
 		}
 		return ok
 	})
@@ -333,6 +325,13 @@ func (d *jsonReader) int() (int64, bool) {
 	n, err := strconv.ParseInt(string(d.b[d.i:j]), 10, 64)
 	d.i = j
 	return n, err == nil
+}
+
+// smallInt is int for a Go int field: one it does not fit is left to
+// encoding/json.
+func (d *jsonReader) smallInt() (int, bool) {
+	n, ok := d.int()
+	return int(n), ok && int64(int(n)) == n
 }
 
 func (d *jsonReader) string() (string, bool) {
