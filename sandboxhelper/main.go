@@ -141,10 +141,9 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	return exitUsage
 }
 
-// native asks the server for a native push (its entries, base64 of their
-// JSON, on stdin; prints "<snapshot> <tree>"), a pull (the patch to
-// pull.Out, git diff-tree's options as args) or an adopt (the working tree
-// holds -tree). A declined question exits ExitDeclined.
+// native asks the server for a pull (the patch to pull.Out, git
+// diff-tree's options as args) or an adopt (the working tree holds -tree);
+// the push is run's. A declined question exits ExitDeclined.
 func native(ctx context.Context, verb, state, instance string, pull pullRequest, args []string, stderr io.Writer) int {
 	line := verb
 	var body any

@@ -106,7 +106,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	if hv != "" {
 		// The helper's entries travel beside the patch, so the one
 		// exchange takes the plain way when the helper declines.
-		if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.lfs, MaxFusedPatch); ok {
+		if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.LFSFiles, MaxFusedPatch); ok {
 			if b, ok := nativeBundle(entries); ok && len(b)+len(p.Data) <= MaxFusedPatch {
 				bundle = b
 			}

@@ -151,11 +151,10 @@ type Patch struct {
 	// Warnings are for the user: LFS files not synced, unresolved conflicts
 	// from an earlier pull.
 	Warnings []string
-	// recs and lfs are the diff's records and the LFS files left out: the
-	// native push's entries are made from them, only when a sandbox helper
-	// will take them (nativeEntries reads the changed files).
+	// recs are the diff's records: the native push's entries are made
+	// from them (and LFSFiles), only when a sandbox helper will take them
+	// (nativeEntries reads the changed files).
 	recs []rawRec
-	lfs  []string
 	// LargeTree says the repository's index is large (largeIndexBytes): the
 	// sandbox then moves its working tree to the pushed tree by applying
 	// what differs, whose cost is what changed, rather than by a two-way

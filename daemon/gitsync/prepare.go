@@ -74,7 +74,7 @@ type prepared struct {
 func (s *Syncer) finishPatch(r repo, baseSHA string, res *prepared, start time.Time, how string) *Patch {
 	p := &Patch{RepoRoot: r.root, BaseSHA: baseSHA, HeadSHA: res.head, Data: res.data,
 		Files: append([]string{}, res.files...), LFSFiles: append([]string(nil), res.lfs...),
-		recs: res.recs, lfs: res.lfs}
+		recs: res.recs}
 	if fi, err := os.Stat(r.index); err == nil && fi.Size() >= s.largeIndex {
 		p.LargeTree = true
 	}

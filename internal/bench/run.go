@@ -311,28 +311,50 @@ func (r *runner) startTiny(ctx context.Context, n int) error {
 // that would otherwise weigh on the first scenarios' times (the 200-file
 // rows were slower than the 50,000-file ones).
 func (r *runner) waitHelpers(ctx context.Context) error {
-	deadline := time.Now().Add(2 * time.Minute)
+	late := false // after one helper did not start, the others are not waited for
 	for repo, id := range r.runOf {
 		if _, err := r.libExec(ctx, repo, false, "true"); err != nil {
 			return fmt.Errorf("connect to the sandbox of %s: %w", repo, err)
 		}
+		if late {
+			continue
+		}
 		pattern := filepath.Join(r.e.localcloudDir(), "runs", id, "workspace", ".git", "sandboxd", "helper", "*.sock")
-		for {
-			if m, _ := filepath.Glob(pattern); len(m) > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				r.note("the sandbox helper of %s did not start within 2 minutes: its rows measure the plain sync", repo)
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(20 * time.Millisecond):
-			}
+		served, err := r.waitFor(ctx, func() (bool, error) {
+			m, _ := filepath.Glob(pattern)
+			return len(m) > 0, nil
+		})
+		if err != nil {
+			return err
+		}
+		if !served {
+			late = true
+			r.note("the sandbox helper of %s did not start within %s: its rows measure the plain sync", repo, waitLimit)
 		}
 	}
 	return nil
+}
+
+// waitLimit bounds what waitFor waits.
+const waitLimit = 2 * time.Minute
+
+// waitFor polls done until it says so (true), or for waitLimit (false).
+func (r *runner) waitFor(ctx context.Context, done func() (bool, error)) (bool, error) {
+	deadline := time.Now().Add(waitLimit)
+	for {
+		ok, err := done()
+		if ok || err != nil {
+			return ok, err
+		}
+		if time.Now().After(deadline) {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 func (r *runner) libExec(ctx context.Context, repo string, noSync bool, argv ...string) (ipc.ExecResult, error) {

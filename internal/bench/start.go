@@ -111,64 +111,37 @@ func (r *runner) stopAndClean(ctx context.Context, repo string) error {
 	if err := r.e.sbx(ctx, repo, "stop"); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		b, err := os.ReadFile(filepath.Join(r.e.localcloudDir(), runs.StateFile))
+	removed, err := r.waitFor(ctx, func() (bool, error) {
+		all, err := r.localcloudRuns()
 		if err != nil {
-			return err
+			return false, err
 		}
-		var state struct {
-			Runs []runs.Run `json:"runs"`
-		}
-		if err := json.Unmarshal(b, &state); err != nil {
-			return fmt.Errorf("read localcloud's runs: %w", err)
-		}
-		left := false
-		for _, run := range state.Runs {
+		for _, run := range all {
 			if run.Git.OriginURL != repo || run.CompletedAt.IsZero() {
 				continue
 			}
 			if _, err := os.Stat(filepath.Join(r.e.localcloudDir(), "runs", run.ID, "workspace")); err == nil {
-				left = true
+				return false, nil
 			}
 		}
-		if !left {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			r.note("localcloud had not removed the ended sandboxes of %s after 2 minutes", repo)
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
+		return true, nil
+	})
+	if err == nil && !removed {
+		r.note("localcloud had not removed the ended sandboxes of %s after %s", repo, waitLimit)
 	}
+	return err
 }
 
 // provisioning is how long localcloud took to make the sandbox of repo
 // that was created last, after began (from its runs file).
 func (r *runner) provisioning(repo string, began time.Time) (time.Duration, error) {
-	b, err := os.ReadFile(filepath.Join(r.e.localcloudDir(), runs.StateFile))
+	all, err := r.localcloudRuns()
 	if err != nil {
 		return 0, err
 	}
-	var state struct {
-		Runs []struct {
-			Git struct {
-				OriginURL string `json:"origin_url"`
-			} `json:"git"`
-			CreatedAt     time.Time `json:"created_at"`
-			SandboxableAt time.Time `json:"sandboxable_at"`
-		} `json:"runs"`
-	}
-	if err := json.Unmarshal(b, &state); err != nil {
-		return 0, fmt.Errorf("read localcloud's runs: %w", err)
-	}
 	var last time.Time
 	var prov time.Duration
-	for _, run := range state.Runs {
+	for _, run := range all {
 		if run.Git.OriginURL == repo && run.CreatedAt.After(began) && run.CreatedAt.After(last) && !run.SandboxableAt.IsZero() {
 			last, prov = run.CreatedAt, run.SandboxableAt.Sub(run.CreatedAt)
 		}
@@ -177,6 +150,21 @@ func (r *runner) provisioning(repo string, began time.Time) (time.Duration, erro
 		return 0, fmt.Errorf("localcloud has no sandboxable run of %s created after %s", repo, began.Format(time.RFC3339Nano))
 	}
 	return prov, nil
+}
+
+// localcloudRuns reads localcloud's runs file.
+func (r *runner) localcloudRuns() ([]runs.Run, error) {
+	b, err := os.ReadFile(filepath.Join(r.e.localcloudDir(), runs.StateFile))
+	if err != nil {
+		return nil, err
+	}
+	var state struct {
+		Runs []runs.Run `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &state); err != nil {
+		return nil, fmt.Errorf("read localcloud's runs: %w", err)
+	}
+	return state.Runs, nil
 }
 
 func startRow(files int, how string) string {
