@@ -94,6 +94,7 @@ func TestThirtyRunOneAtATimeInArrivalOrder(t *testing.T) {
 
 func TestCancelledWaiterLeavesAndOthersMoveUp(t *testing.T) {
 	q := New()
+	q.every = time.Millisecond // waiters look at their place often
 	hold, _ := q.Acquire(context.Background(), "k", nil)
 
 	type waiter struct {
@@ -234,6 +235,41 @@ func TestGrantedWhileCancelledPassesTheKeyOn(t *testing.T) {
 		<-held
 		if n := q.Len("k"); n != 0 {
 			t.Fatalf("Len = %d after both left, want 0 (key leaked)", n)
+		}
+	}
+}
+
+// A burst of releases costs the waiters nothing: they are not woken to be
+// told they moved up (that was n wake-ups and n progress frames per exec
+// with n waiting); each looks at its place only every PositionEvery.
+func TestReleasesDoNotReportToEveryWaiter(t *testing.T) {
+	q := New()
+	q.every = time.Hour // no look during the test: only the first report
+	hold, err := q.Acquire(context.Background(), "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	var reports [n]atomic.Int32
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			release, err := q.Acquire(context.Background(), "k", func(int) { reports[i].Add(1) })
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			release()
+		}()
+		waitLen(t, q, "k", i+2)
+	}
+	hold()
+	wg.Wait()
+	for i := range n {
+		if got := reports[i].Load(); got != 1 {
+			t.Errorf("waiter %d: %d position reports through %d releases, want 1 (on arrival)", i, got, i)
 		}
 	}
 }

@@ -89,10 +89,6 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 	if err != nil {
 		return ExitStatus{}, err
 	}
-	// Open the next spare now, while this command runs, so that the next
-	// exec (a burst, a push then a command) never waits for a channel
-	// open.
-	c.prepareSpares()
 	before := c.tcp.writes.Load()
 	if stdio.PTY != nil {
 		term := stdio.PTY.Term
@@ -126,6 +122,11 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 		c.close(fmt.Errorf("exec request without answer: %w", err))
 		return ExitStatus{}, fmt.Errorf("%w (sandbox %s; the command may or may not have started, so it was not sent again): %w", ErrConnectionLost, c.target.RunID, err)
 	}
+	// Open the next spare now, while this command runs, so that the next
+	// exec (a burst, a push then a command) never waits for a channel
+	// open; not before the exec request, which the agent would then serve
+	// second.
+	c.prepareSpares()
 	if !ok {
 		s.ch.Close()
 		return ExitStatus{}, fmt.Errorf("%w (sandbox %s)", ErrRefused, c.target.RunID)
@@ -143,11 +144,11 @@ func (c *Conn) stream(ctx context.Context, s *session, stdio Stdio) (ExitStatus,
 
 	var copies sync.WaitGroup
 	copies.Add(2)
-	go func() { defer copies.Done(); _, _ = io.Copy(stdout, s.ch) }()
-	go func() { defer copies.Done(); _, _ = io.Copy(stderr, s.ch.Stderr()) }()
+	go func() { defer copies.Done(); c.pool.relay(stdout, s.ch) }()
+	go func() { defer copies.Done(); c.pool.relay(stderr, s.ch.Stderr()) }()
 	if stdio.Stdin != nil {
 		go func() {
-			_, _ = io.Copy(s.ch, stdio.Stdin)
+			c.pool.relay(s.ch, stdio.Stdin)
 			_ = s.ch.CloseWrite()
 		}()
 	} else {
@@ -185,6 +186,17 @@ func (c *Conn) stream(ctx context.Context, s *session, stdio Stdio) (ExitStatus,
 			return c.cancel(ctx, s, finished)
 		}
 	}
+}
+
+// relay copies src to w until either ends, with a buffer from the pool's.
+func (p *Pool) relay(w io.Writer, src io.Reader) {
+	b, _ := p.copyBufs.Get().(*[]byte)
+	if b == nil {
+		buf := make([]byte, copyBufSize)
+		b = &buf
+	}
+	_, _ = io.CopyBuffer(w, src, *b)
+	p.copyBufs.Put(b)
 }
 
 // cancel stops a running command whose caller went away: TERM, then KILL

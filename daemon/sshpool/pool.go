@@ -91,7 +91,17 @@ type Pool struct {
 	wg      sync.WaitGroup
 
 	handshakes atomic.Uint64
+
+	// copyBufs are the buffers that relay a command's streams: two or
+	// three per exec, which io.Copy would allocate afresh (64 KiB or more
+	// per exec, most of what a burst of execs allocated, and so most of
+	// its GC work).
+	copyBufs sync.Pool
 }
+
+// copyBufSize is the size of a relay buffer: the most an SSH channel
+// hands over in one read.
+const copyBufSize = 32 << 10
 
 // entry is the pool's state for one sandbox.
 type entry struct {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -176,6 +178,26 @@ func TestSpareSessionIsUsed(t *testing.T) {
 		last := log[len(log)-1]
 		if last.channel > openedBefore {
 			t.Fatalf("exec %d ran on channel %d, opened after the exec began (%d were open before)", i, last.channel, openedBefore)
+		}
+	}
+}
+
+// The agent gets an exec's request before the channel opened to replace
+// the spare it used: the open, sent first, would be served first, on the
+// exec's path.
+func TestExecGoesBeforeTheNextSpare(t *testing.T) {
+	srv := newTestServer(t)
+	p := newPool(t, testOptions())
+	c, err := p.Get(context.Background(), srv.target("run-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		waitFor(t, "the spare sessions", func() bool { return srv.opens.Load() == int64(i+spareSessions) })
+		execOK(t, c, "true", Stdio{})
+		log := srv.execLog()
+		if last := log[len(log)-1]; last.opened != int64(i+spareSessions) {
+			t.Fatalf("exec %d reached the server after %d channel opens, want %d: the next spare's open went first", i, last.opened, i+spareSessions)
 		}
 	}
 }
@@ -762,5 +784,30 @@ func TestSendWithoutWaiting(t *testing.T) {
 				t.Fatalf("send %d waited for a channel open (channel %d, %d open before)", i, r.channel, openedBefore)
 			}
 		}
+	}
+}
+
+// The buffers that relay a command's streams are reused: an exec does not
+// allocate 32 KiB per stream (io.Copy's own buffer), which was most of
+// what a burst of execs allocated. (Race builds drop some pooled buffers on
+// purpose, hence a bound of half a buffer per relay, not zero.)
+func TestRelayReusesItsBuffer(t *testing.T) {
+	p := newPool(t, testOptions())
+	out := newGate(io.Discard)
+	relay := func() {
+		// Only a Reader, as an SSH channel is: io.CopyBuffer then uses
+		// the buffer it is given.
+		p.relay(out, struct{ io.Reader }{strings.NewReader("some output\n")})
+	}
+	relay()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	const n = 100
+	for range n {
+		relay()
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / n; per >= copyBufSize/2 {
+		t.Errorf("a relay allocates %d bytes, want less than half a %d-byte buffer", per, copyBufSize)
 	}
 }

@@ -48,6 +48,7 @@ type testServer struct {
 type execRecord struct {
 	command string
 	channel int64
+	opened  int64 // session channels opened on the server when it came
 }
 
 // dropCommand makes the server count the exec and then cut the TCP
@@ -213,7 +214,7 @@ func (s *testServer) serveSession(nc net.Conn, ch ssh.Channel, reqs <-chan *ssh.
 			}
 			s.mu.Lock()
 			s.runs[m.Command]++
-			s.execs = append(s.execs, execRecord{m.Command, ordinal})
+			s.execs = append(s.execs, execRecord{m.Command, ordinal, s.opens.Load()})
 			s.mu.Unlock()
 			if m.Command == dropCommand {
 				nc.Close()
