@@ -55,6 +55,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	result := fs.String("result", "", "run: the file of what happened")
 	pending := fs.String("pending", "", "run: the exec's id, marked pending before the command")
 	logFile := fs.String("log", "", "run: the file of its own messages")
+	reportNonce := fs.String("report", "", "run: print the exchange's report after the pull, with this nonce")
+	reportMax := fs.Int64("max", 0, "run: the largest patch the report sends")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
@@ -126,8 +128,11 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 				logw = f
 			}
 		}
-		return Run(ctx, logw, RunOptions{State: *state, Instance: o.Instance, Push: push, Pending: *pending, Path: *path, Command: *command, Result: *result, Pull: pull},
-			entries, stdin, stdout, stderr)
+		ro := RunOptions{State: *state, Instance: o.Instance, Push: push, Pending: *pending, Path: *path, Command: *command, Result: *result, Pull: pull}
+		if *reportNonce != "" {
+			ro.Report = &Report{Nonce: *reportNonce, Max: *reportMax}
+		}
+		return Run(ctx, logw, ro, entries, stdin, stdout, stderr)
 	case "pull", "adopt":
 		if *state == "" || o.Instance == "" {
 			fmt.Fprintf(stderr, "%s: -state and -instance are required\n", args[0])

@@ -33,9 +33,13 @@ type RunOptions struct {
 	// Result is the file run writes what happened to, line by line:
 	// "push <snapshot> <tree>" once the push is done (from then on the
 	// command may run, and run's exit status is the command's), then
-	// "pull" once the pull's patch is in Pull.Out.
+	// "pull" once the pull's patch is in Pull.Out, or "reported" once run
+	// printed the exchange's report itself (Report).
 	Result string
 	Pull   pullRequest
+	// Report, when set, has run print the exchange's report after its
+	// pull; without it the wrapper does.
+	Report *Report
 }
 
 // Run carries out o, the entries of the push read (base64 of their JSON)
@@ -104,6 +108,17 @@ func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, st
 		// The wrapper finds no pull line: the plain pull follows.
 		fmt.Fprintf(log, "%s run: %v\n", Name, err)
 		return status
+	}
+	if o.Report != nil {
+		if err := report(o, a.Snap, status, stdout); err != nil {
+			// The wrapper prints it the plain way (after a part of it,
+			// the daemon finds the report damaged and fetches the patch
+			// again).
+			fmt.Fprintf(log, "%s run: %v\n", Name, err)
+		} else {
+			_, _ = fmt.Fprintln(res, "reported")
+			return status
+		}
 	}
 	_, _ = fmt.Fprintln(res, "pull")
 	return status

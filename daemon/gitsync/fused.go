@@ -276,7 +276,7 @@ func clip(b []byte) string {
 	return string(b)
 }
 
-func boundary(nonce string) string { return "\x1esandboxd-" + nonce }
+func boundary(nonce string) string { return sandboxhelper.Boundary(nonce) }
 
 func newNonce() string {
 	var b [16]byte
@@ -286,9 +286,9 @@ func newNonce() string {
 
 // fusedScript is the exchange's command; see Exchange. With a bundle (the
 // helper's push entries, see nativeBundle) the helper's run does the push,
-// the command and the pull in one process when it can; otherwise, or when
-// it declines before the command, the script pushes the patch and runs the
-// command itself.
+// the command and the pull in one process when it can, and prints the
+// report (sandboxhelper.Report); otherwise, or when it declines before the
+// command, the script pushes the patch and runs the command itself.
 func fusedScript(hv, nonce, head string, patch []byte, bundle string, now time.Time, pend string, acks []string, max int64, large bool, command string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "N=%s\n", nonce)
@@ -307,14 +307,19 @@ case ' %s ' in *" $p "*) p= ;; esac
 # must not be read as the last one's.
 if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ] && : >"$st/run"; then
 	trap : HUP INT QUIT TERM
-	"$H" run -state "$st" -instance "$HI" -head %s -snap-ref "$SNAP" -base-ref "$BASE" -time %d -pending %s -path "$P0" -command %s -result "$st/run" -log "$st/native.err" -out "$st/pull.patch" -- %s 3<<'%s'
+	"$H" run -state "$st" -instance "$HI" -head %s -snap-ref "$SNAP" -base-ref "$BASE" -time %d -pending %s -path "$P0" -command %s -result "$st/run" -log "$st/native.err" -out "$st/pull.patch" -report "$N" -max %d -- %s 3<<'%s'
 %s%s
 	rc=$?
 	# Once the push line is written the command may have run (never run
-	# it again): run's status is the command's.
+	# it again): run's status is the command's. "reported": run printed
+	# the report too.
 	r1=; r2=; { read -r r1; read -r r2; } <"$st/run" || true
 	case "$r1" in
-	"push "*) ran=1; nat=1; s=$rc; set -- $r1; snap=$2; ptree=$3; [ "$r2" != pull ] || pulled=1 ;;
+	"push "*) ran=1; nat=1; s=$rc; set -- $r1; snap=$2; ptree=$3; [ "$r2" != pull ] || pulled=1
+		if [ "$r2" = reported ]; then
+			if [ "$rc" -gt 128 ] && [ "$rc" -lt 160 ]; then trap - HUP INT QUIT TERM; kill -$((rc - 128)) $$; fi
+			exit "$rc"
+		fi ;;
 	*) trap - HUP INT QUIT TERM
 		# A signal before the push ended ends the exchange as it would
 		# have ended the wrapper.
@@ -322,7 +327,7 @@ if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ] && : >"$st/run"; then
 		if [ "$rc" -eq %d ]; then off="$HI %s"; echo "$off" >"$st/native.off"; fi ;;
 	esac
 fi
-`, strings.Join(acks, " "), head, head, now.Unix(), pend, shellWord(command), strings.Join(diffOptions, " "), nativeWord(nonce),
+`, strings.Join(acks, " "), head, head, now.Unix(), pend, shellWord(command), max, strings.Join(diffOptions, " "), nativeWord(nonce),
 			bundle, nativeWord(nonce), sandboxhelper.ExitDeclinedForGood, head)
 		b.WriteString("if [ -z \"$ran\" ]; then\n")
 	}

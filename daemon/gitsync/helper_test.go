@@ -423,3 +423,53 @@ func TestNativeSyncCarriesModes(t *testing.T) {
 		t.Fatalf("b.sh, made executable in the sandbox, is %v locally (%v)", fi.Mode(), err)
 	}
 }
+
+// After a native pull the helper's run prints the exchange's report
+// itself: the wrapper shell starts no process once the command ended (its
+// own way took wc and cat, and a subshell, for every edit brought back),
+// and the edits, the exit status and a signal's death still come back.
+func TestNativeRunReportsItself(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	// wc and cat, first on the PATH the scripts see, log their use.
+	stubs := t.TempDir()
+	used := filepath.Join(t.TempDir(), "used")
+	for _, tool := range []string{"wc", "cat"} {
+		real, err := exec.LookPath(tool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(stubs, tool), fmt.Sprintf("#!/bin/sh\necho %s >>%s\nexec %s \"$@\"\n", tool, used, real))
+		if err := os.Chmod(filepath.Join(stubs, tool), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", stubs+string(os.PathListSeparator)+os.Getenv("PATH"))
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
+	}
+	writeFile(t, filepath.Join(f.local, "a.txt"), "local\n")
+	_ = os.Remove(used)
+	out, fr, err := f.fused("echo made >new.txt; echo out; exit 3")
+	if err != nil || !fr.Native || !fr.Ran || fr.ExitCode != 3 {
+		t.Fatalf("native %v, ran %v, exit %d, err %v", fr.Native, fr.Ran, fr.ExitCode, err)
+	}
+	if out != "out\n" {
+		t.Fatalf("the command's output is %q", out)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "new.txt"))); got != "made\n" {
+		t.Fatalf("new.txt is %q locally", got)
+	}
+	if b, err := os.ReadFile(used); err == nil {
+		t.Fatalf("the wrapper ran %q after the command", b)
+	}
+	// A command that a signal ends: its status is still the signal's.
+	_, fr, err = f.fused("echo again >>new.txt; kill -TERM $$")
+	if err != nil || !fr.Native || fr.ExitCode != 128+15 {
+		t.Fatalf("signalled: native %v, exit %d, err %v", fr.Native, fr.ExitCode, err)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "new.txt"))); got != "made\nagain\n" {
+		t.Fatalf("new.txt is %q locally after the signalled command", got)
+	}
+}

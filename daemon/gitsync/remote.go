@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // Exit codes of the sandbox scripts. They sit above git's own codes (0, 1,
@@ -31,7 +32,7 @@ const (
 	exitNoSnapshot  = 86
 	exitDiff        = 87
 	exitRevert      = 88 // only the revert failed
-	exitTooLarge    = 89
+	exitTooLarge    = sandboxhelper.ExitPullTooLarge
 	exitNoPullPatch = 90
 	exitNoGit       = 127
 )
@@ -219,7 +220,7 @@ echo "$snap"; echo "${tree:-}"; echo "${nat:-}"
 
 // pullHeader starts the pull output: the exec's id and the patch's size
 // follow, so a truncated transfer is noticed.
-const pullHeader = "sandboxd-pull "
+const pullHeader = sandboxhelper.PullHeader
 
 // pullScript writes the sandbox's changes since the snapshot to
 // $st/pull.patch (kept until the next pull, tagged with the exec's id in

@@ -33,7 +33,7 @@ type sizes struct {
 
 var fullSizes = sizes{
 	repoFiles: []int{200, 5000, 50000}, n: 30,
-	nSynced: map[int]int{200: 15, 5000: 9, 50000: 5}, nStart: map[int]int{200: 5, 5000: 3, 50000: 2},
+	nSynced: map[int]int{200: 15, 5000: 15, 50000: 15}, nStart: map[int]int{200: 5, 5000: 3, 50000: 2},
 	bursts: 3, concurrent: 4, multi: 16, liveRSS: 100, listSessions: 200, nList: 7, readySess: 1000, nReady: 5,
 }
 
