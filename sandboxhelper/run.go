@@ -60,9 +60,12 @@ func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, st
 	// The caller's context ends on those signals: run decides itself.
 	ctx = context.WithoutCancel(ctx)
 
+	// The entries go to the server as they came: the server decodes them,
+	// run only checks that they are JSON (decoding and encoding them here
+	// too was reflection in a fresh process on every exec).
 	raw, err := io.ReadAll(base64.NewDecoder(base64.StdEncoding, io.LimitReader(entries, maxRequest)))
-	if err == nil {
-		err = json.Unmarshal(raw, &o.Push.Entries)
+	if err == nil && !json.Valid(raw) {
+		err = errors.New("not JSON")
 	}
 	if err != nil {
 		fmt.Fprintf(log, "%s run: read the entries: %v\n", Name, err)
@@ -74,7 +77,7 @@ func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, st
 		return exitFailed
 	}
 	defer res.Close()
-	a, err := ask(ctx, o.State, o.Instance, "push", o.Push)
+	a, err := ask(ctx, o.State, o.Instance, "push", forwardedPush{Head: o.Push.Head, Entries: raw, Time: o.Push.Time, SnapRef: o.Push.SnapRef, BaseRef: o.Push.BaseRef})
 	switch {
 	case err != nil:
 		fmt.Fprintf(log, "%s run: %v\n", Name, err)
@@ -122,6 +125,15 @@ func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, st
 	}
 	_, _ = fmt.Fprintln(res, "pull")
 	return status
+}
+
+// forwardedPush is a pushRequest whose entries run passes on undecoded.
+type forwardedPush struct {
+	Head    string          `json:"head"`
+	Entries json.RawMessage `json:"entries"`
+	Time    int64           `json:"time"`
+	SnapRef string          `json:"snap_ref"`
+	BaseRef string          `json:"base_ref"`
 }
 
 // runCommand runs the user's command with run's streams and returns its
