@@ -4,6 +4,7 @@ package gitsync
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -471,5 +472,49 @@ func TestNativeRunReportsItself(t *testing.T) {
 	}
 	if got := string(fileBytes(t, filepath.Join(f.local, "new.txt"))); got != "made\nagain\n" {
 		t.Fatalf("new.txt is %q locally after the signalled command", got)
+	}
+}
+
+// A pull over the limit, reported by the helper's run: the header alone
+// travels, and the daemon copies the kept patch (named by the pull.id run
+// wrote) to a local file, as it does after the wrapper's own report.
+func TestNativeRunReportsAPullOverTheLimit(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
+	}
+	f.s.maxBytes = 4 << 10
+	// The exchange by hand: its Finish makes one more call, the copy.
+	ctx := context.Background()
+	p, err := f.s.Prepare(ctx, f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Sandbox = "fixture"
+	x, ok, err := f.s.Fuse(ctx, f.r, p, "i=0; while [ $i -lt 400 ]; do echo line $i of a file over the limit; i=$((i+1)); done >big.txt")
+	if err != nil || !ok {
+		t.Fatalf("fuse: %v, %v", ok, err)
+	}
+	var stdout, stderr bytes.Buffer
+	if _, err := f.r.Run(ctx, x.Command(), nil, x.Stdout(&stdout), &stderr); err != nil {
+		t.Fatal(err)
+	}
+	fr, err := x.Finish(ctx, f.r)
+	if err != nil || !fr.Native || !fr.Ran {
+		t.Fatalf("native %v, ran %v, err %v (stderr %s)", fr.Native, fr.Ran, err, stderr.String())
+	}
+	if !errors.Is(fr.PullErr, ErrPatchTooLarge) {
+		t.Fatalf("the pull: %v, want ErrPatchTooLarge", fr.PullErr)
+	}
+	if fr.Pull.SavedPatch == "" || !strings.Contains(fr.PullErr.Error(), fr.Pull.SavedPatch) {
+		t.Fatalf("the pull's patch was not copied here: %q, %v", fr.Pull.SavedPatch, fr.PullErr)
+	}
+	if b := fileBytes(t, fr.Pull.SavedPatch); !strings.Contains(string(b), "line 399 of a file over the limit") {
+		t.Fatalf("the saved patch lacks the file's end: %d bytes", len(b))
+	}
+	if r := f.inSandbox("sed -n 2p .git/sandboxd/run"); r != "reported\n" {
+		t.Fatalf("run's result says %q: the helper did not report", r)
 	}
 }
