@@ -33,6 +33,18 @@ type Options struct {
 	// own one-process-per-command steps).
 	RWXCLI string
 	Log    io.Writer // progress
+	// Only names the scenario groups to run (Groups); empty runs them all.
+	Only []string
+	// Repeat runs the round-trip scenarios this many times (default 1),
+	// each time adding its rows: a group measured again and again in one
+	// setup, say to compare builds run after run.
+	Repeat int
+}
+
+// Groups are the scenario groups, as -only names them: the round-trip
+// ones, then those run once at the end.
+func Groups() []string {
+	return []string{"no-sync", "synced", "burst", "agent", "baseline-a", "baseline-b", "callers", "start", "rss", "list", "ready"}
 }
 
 // Row is one line of the table.
@@ -80,10 +92,26 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	jsonOut := fs.String("json", "bench.json", "write the results as JSON to this file (\"\" for none)")
 	quick := fs.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "quick mode: few samples, small sizes (default from BENCH_QUICK=1)")
 	rtts := fs.String("rtt", "0,20ms", "round-trip times to run at, comma-separated")
+	only := fs.String("only", "", "run only these scenario groups, comma-separated: "+strings.Join(Groups(), ", "))
+	repeat := fs.Int("repeat", 1, "run the round-trip scenarios this many times")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	opts := Options{Bin: *bin, JSON: *jsonOut, Quick: *quick, RWXCLI: os.Getenv("RWX_CLI"), Log: stderr}
+	opts := Options{Bin: *bin, JSON: *jsonOut, Quick: *quick, RWXCLI: os.Getenv("RWX_CLI"), Log: stderr, Repeat: *repeat}
+	if *only != "" {
+		for _, g := range strings.Split(*only, ",") {
+			g = strings.TrimSpace(g)
+			if !slices.Contains(Groups(), g) {
+				fmt.Fprintf(stderr, "sandboxd-bench: -only %q: no such scenario group; the groups are %s\n", g, strings.Join(Groups(), ", "))
+				return 2
+			}
+			opts.Only = append(opts.Only, g)
+		}
+	}
+	if *repeat < 1 {
+		fmt.Fprintf(stderr, "sandboxd-bench: -repeat %d: want 1 or more\n", *repeat)
+		return 2
+	}
 	for _, s := range strings.Split(*rtts, ",") {
 		s = strings.TrimSpace(s)
 		if s == "0" {

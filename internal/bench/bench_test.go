@@ -2,7 +2,9 @@ package bench_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,6 +61,20 @@ func TestQuickSmoke(t *testing.T) {
 	for _, r := range res.Rows {
 		if v, ok := r.Extra["overlaps"]; ok && v != 0 {
 			t.Errorf("%s: %v commands overlapped on one sandbox", r.Scenario, v)
+		}
+	}
+}
+
+// -only takes the scenario groups by name and refuses another, naming
+// them; -repeat wants a count.
+func TestFlagsNameTheGroups(t *testing.T) {
+	for _, args := range [][]string{{"-only", "callers,nope"}, {"-repeat", "0"}} {
+		var stderr bytes.Buffer
+		if code := bench.Main(context.Background(), args, io.Discard, &stderr); code != 2 {
+			t.Errorf("%v: exit %d, want 2", args, code)
+		}
+		if args[0] == "-only" && !strings.Contains(stderr.String(), `no such scenario group; the groups are no-sync, synced, burst`) {
+			t.Errorf("%v: %s", args, stderr.String())
 		}
 	}
 }

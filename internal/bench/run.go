@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -98,11 +99,18 @@ func (r *runner) run(ctx context.Context) error {
 	if err := e.startDaemon(ctx); err != nil {
 		return err
 	}
-	rss0, err := e.daemonRSS()
-	if err != nil {
-		return err
+	if r.wants("rss") {
+		rss0, err := e.daemonRSS()
+		if err != nil {
+			return err
+		}
+		r.add(Row{Scenario: "daemon RSS, 0 sandboxes", N: 1, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1, Extra: map[string]float64{"rss_mib": rss0}})
 	}
-	r.add(Row{Scenario: "daemon RSS, 0 sandboxes", N: 1, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1, Extra: map[string]float64{"rss_mib": rss0}})
+	if !r.wants("synced") && !r.wants("start") {
+		// Only the small repository is used: the large ones take a
+		// minute to make.
+		r.sz.repoFiles = r.sz.repoFiles[:1]
+	}
 
 	r.logf("making repositories %v and %d small ones", r.sz.repoFiles, r.sz.listSessions)
 	for _, n := range r.sz.repoFiles {
@@ -133,9 +141,11 @@ func (r *runner) run(ctx context.Context) error {
 		if err := e.setDelay(ctx, rtt/2); err != nil {
 			return err
 		}
-		r.logf("scenarios at %s RTT", rtt)
-		if err := r.perRTT(ctx); err != nil {
-			return fmt.Errorf("at %s RTT: %w", rtt, err)
+		for i := range max(r.opts.Repeat, 1) {
+			r.logf("scenarios at %s RTT (%d of %d)", rtt, i+1, max(r.opts.Repeat, 1))
+			if err := r.perRTT(ctx); err != nil {
+				return fmt.Errorf("at %s RTT: %w", rtt, err)
+			}
 		}
 	}
 	r.rtt = 0
@@ -144,34 +154,40 @@ func (r *runner) run(ctx context.Context) error {
 	}
 
 	// Live sandboxes: the RSS row, then the list rows.
-	r.logf("starting sandboxes up to %d live", r.sz.liveRSS)
-	if err := r.startTiny(ctx, r.sz.liveRSS-len(r.sz.repoFiles)); err != nil {
-		return err
-	}
-	rss, err := e.daemonRSS()
-	if err != nil {
-		return err
-	}
-	r.add(Row{Scenario: fmt.Sprintf("daemon RSS, %d live sandboxes", r.live+len(r.sz.repoFiles)), N: 1, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1, Extra: map[string]float64{"rss_mib": rss}})
-	r.logf("starting sandboxes up to %d sessions", r.sz.listSessions)
-	if err := r.startTiny(ctx, r.sz.listSessions-len(r.sz.repoFiles)); err != nil {
-		return err
-	}
-	for _, rtt := range r.opts.RTTs {
-		r.rtt = rtt
-		if err := e.setDelay(ctx, rtt/2); err != nil {
+	if r.wants("rss") {
+		r.logf("starting sandboxes up to %d live", r.sz.liveRSS)
+		if err := r.startTiny(ctx, r.sz.liveRSS-len(r.sz.repoFiles)); err != nil {
 			return err
 		}
-		if err := r.list(ctx); err != nil {
+		rss, err := e.daemonRSS()
+		if err != nil {
+			return err
+		}
+		r.add(Row{Scenario: fmt.Sprintf("daemon RSS, %d live sandboxes", r.live+len(r.sz.repoFiles)), N: 1, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1, Extra: map[string]float64{"rss_mib": rss}})
+	}
+	if r.wants("list") {
+		r.logf("starting sandboxes up to %d sessions", r.sz.listSessions)
+		if err := r.startTiny(ctx, r.sz.listSessions-len(r.sz.repoFiles)); err != nil {
+			return err
+		}
+		for _, rtt := range r.opts.RTTs {
+			r.rtt = rtt
+			if err := e.setDelay(ctx, rtt/2); err != nil {
+				return err
+			}
+			if err := r.list(ctx); err != nil {
+				return err
+			}
+		}
+		r.rtt = 0
+		if err := e.setDelay(ctx, 0); err != nil {
 			return err
 		}
 	}
-	r.rtt = 0
-	if err := e.setDelay(ctx, 0); err != nil {
-		return err
-	}
-	if err := r.ready(ctx); err != nil {
-		return err
+	if r.wants("ready") {
+		if err := r.ready(ctx); err != nil {
+			return err
+		}
 	}
 	r.ratios()
 	return nil
@@ -180,22 +196,33 @@ func (r *runner) run(ctx context.Context) error {
 // perRTT runs the scenarios that depend on the round-trip time.
 func (r *runner) perRTT(ctx context.Context) error {
 	small := r.sized[r.sz.repoFiles[0]]
-	steps := []func(context.Context) error{
-		func(ctx context.Context) error { return r.execNoSync(ctx, small) },
-		func(ctx context.Context) error { return r.execSynced(ctx) },
-		func(ctx context.Context) error { return r.burst(ctx, small) },
-		func(ctx context.Context) error { return r.agentDirect(ctx, small) },
-		func(ctx context.Context) error { return r.baselineA(ctx, small) },
-		func(ctx context.Context) error { return r.baselineB(ctx, small) },
-		func(ctx context.Context) error { return r.concurrent(ctx) },
-		func(ctx context.Context) error { return r.startWait(ctx) },
+	steps := []struct {
+		group string
+		run   func(context.Context) error
+	}{
+		{"no-sync", func(ctx context.Context) error { return r.execNoSync(ctx, small) }},
+		{"synced", func(ctx context.Context) error { return r.execSynced(ctx) }},
+		{"burst", func(ctx context.Context) error { return r.burst(ctx, small) }},
+		{"agent", func(ctx context.Context) error { return r.agentDirect(ctx, small) }},
+		{"baseline-a", func(ctx context.Context) error { return r.baselineA(ctx, small) }},
+		{"baseline-b", func(ctx context.Context) error { return r.baselineB(ctx, small) }},
+		{"callers", func(ctx context.Context) error { return r.concurrent(ctx) }},
+		{"start", func(ctx context.Context) error { return r.startWait(ctx) }},
 	}
 	for _, step := range steps {
-		if err := step(ctx); err != nil {
+		if !r.wants(step.group) {
+			continue
+		}
+		if err := step.run(ctx); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// wants says the scenario group is to run (Options.Only).
+func (r *runner) wants(group string) bool {
+	return len(r.opts.Only) == 0 || slices.Contains(r.opts.Only, group)
 }
 
 func (r *runner) add(row Row) {
