@@ -97,7 +97,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	opts := Options{Bin: *bin, JSON: *jsonOut, Quick: *quick, RWXCLI: os.Getenv("RWX_CLI"), Log: stderr, Repeat: *repeat}
+	// Absolute: the binaries are run from the repositories' directories.
+	binDir, err := filepath.Abs(*bin)
+	if err != nil {
+		fmt.Fprintf(stderr, "sandboxd-bench: -bin %q: %v\n", *bin, err)
+		return 2
+	}
+	opts := Options{Bin: binDir, JSON: *jsonOut, Quick: *quick, RWXCLI: os.Getenv("RWX_CLI"), Log: stderr, Repeat: *repeat}
 	if *only != "" {
 		for _, g := range strings.Split(*only, ",") {
 			g = strings.TrimSpace(g)

@@ -78,3 +78,16 @@ func TestFlagsNameTheGroups(t *testing.T) {
 		}
 	}
 }
+
+// A relative -bin is taken from the current directory, not from the
+// repositories' directories the binaries run in.
+func TestBinIsMadeAbsolute(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	if code := bench.Main(context.Background(), []string{"-bin", "no-such-dir"}, io.Discard, &stderr); code != 2 || !strings.Contains(stderr.String(), filepath.Join(wd, "no-such-dir")) {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+}
