@@ -517,4 +517,14 @@ func TestNativeRunReportsAPullOverTheLimit(t *testing.T) {
 	if r := f.inSandbox("sed -n 2p .git/sandboxd/run"); r != "reported\n" {
 		t.Fatalf("run's result says %q: the helper did not report", r)
 	}
+
+	// Asked for another exec's patch than the one it keeps, the sandbox
+	// refuses, and the error says why.
+	rp, err := f.s.openRepo(ctx, f.local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.s.fetchToFile(ctx, f.r, rp, "another-exec"); err == nil || !strings.Contains(err.Error(), "no longer keeps exec another-exec's patch") {
+		t.Fatalf("fetching another exec's patch: %v", err)
+	}
 }

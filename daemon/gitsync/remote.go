@@ -539,8 +539,14 @@ func (s *Syncer) fetchToFile(ctx context.Context, r Runner, rp repo, id string) 
 	var stderr bytes.Buffer
 	code, err := r.Run(ctx, fetchScript(id), nil, hw, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	cerr := f.Close()
-	if err == nil && code != 0 {
-		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(stderr.String()))
+	switch msg := strings.TrimSpace(stderr.String()); {
+	case err != nil:
+	case code == exitNoPullPatch:
+		err = fmt.Errorf("the sandbox no longer keeps exec %s's patch: another exec's replaced it", id)
+	case code != 0 && msg == "":
+		err = fmt.Errorf("the fetch script exited %d", code)
+	case code != 0:
+		err = fmt.Errorf("the fetch script exited %d: %s", code, msg)
 	}
 	if err == nil {
 		err = cerr
