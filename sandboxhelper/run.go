@@ -20,7 +20,9 @@ import (
 // about 2 ms).
 type RunOptions struct {
 	State, Instance string
-	Push            pushRequest
+	// Push is the push's head, time and refs; its entries come apart,
+	// undecoded (Run's entries).
+	Push pushRequest
 	// Pending is the exec's id: once the push is done it is marked
 	// pending (<state>/pending), so that edits the command leaves are
 	// brought back first by the next push if this exec's pull never

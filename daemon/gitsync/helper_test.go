@@ -4,7 +4,6 @@ package gitsync
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -486,24 +485,10 @@ func TestNativeRunReportsAPullOverTheLimit(t *testing.T) {
 		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
 	}
 	f.s.maxBytes = 4 << 10
-	// The exchange by hand: its Finish makes one more call, the copy.
-	ctx := context.Background()
-	p, err := f.s.Prepare(ctx, f.local, f.base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Sandbox = "fixture"
-	x, ok, err := f.s.Fuse(ctx, f.r, p, "i=0; while [ $i -lt 400 ]; do echo line $i of a file over the limit; i=$((i+1)); done >big.txt")
-	if err != nil || !ok {
-		t.Fatalf("fuse: %v, %v", ok, err)
-	}
-	var stdout, stderr bytes.Buffer
-	if _, err := f.r.Run(ctx, x.Command(), nil, x.Stdout(&stdout), &stderr); err != nil {
-		t.Fatal(err)
-	}
-	fr, err := x.Finish(ctx, f.r)
+	f.finishCalls = 1 // the copy of the kept patch
+	_, fr, err := f.fused("i=0; while [ $i -lt 400 ]; do echo line $i of a file over the limit; i=$((i+1)); done >big.txt")
 	if err != nil || !fr.Native || !fr.Ran {
-		t.Fatalf("native %v, ran %v, err %v (stderr %s)", fr.Native, fr.Ran, err, stderr.String())
+		t.Fatalf("native %v, ran %v, err %v", fr.Native, fr.Ran, err)
 	}
 	if !errors.Is(fr.PullErr, ErrPatchTooLarge) {
 		t.Fatalf("the pull: %v, want ErrPatchTooLarge", fr.PullErr)
@@ -520,6 +505,7 @@ func TestNativeRunReportsAPullOverTheLimit(t *testing.T) {
 
 	// Asked for another exec's patch than the one it keeps, the sandbox
 	// refuses, and the error says why.
+	ctx := context.Background()
 	rp, err := f.s.openRepo(ctx, f.local)
 	if err != nil {
 		t.Fatal(err)
