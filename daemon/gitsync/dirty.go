@@ -62,6 +62,13 @@ type prepState struct {
 	// stages it); objects is where its blobs go.
 	mem     memIndex
 	objects *gitobj.Store
+	// headKnown is HEAD's entry at the paths the sync learnt it for
+	// (learnHead), valid for the commit headFor.
+	headFor   string
+	headKnown map[string]headEntry
+	// nativeInst is the sandbox helper instance that served the last
+	// exchange natively: PrepareExchange leaves the patch out for it.
+	nativeInst string
 }
 
 // stamp identifies a file's version without reading it.
@@ -204,7 +211,7 @@ func stampsChanged(old []stamp) bool {
 // prepareTracked is Prepare with a change tracker: a full scan the first
 // time and whenever anything is uncertain, else only the changed paths are
 // looked at; nothing changed costs no process at all.
-func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *prepState) (*prepared, string, error) {
+func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *prepState, lazy bool) (*prepared, string, error) {
 	cookieDir := filepath.Join(r.stateDir(), "watch")
 	paths, gone, full := s.changes.Changes(ctx, r.root, cookieDir)
 	if ctx.Err() != nil {
@@ -221,7 +228,7 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 		why = "config"
 	}
 	if why == "" {
-		res, err := s.prepareIncremental(ctx, r, st, head, paths, gone)
+		res, err := s.prepareIncremental(ctx, r, st, head, paths, gone, lazy)
 		if err == nil {
 			if s.verify {
 				err = s.verifyFull(ctx, r, head, res)
@@ -265,6 +272,7 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 		return res, "full:" + why, nil
 	}
 	st.head, st.index, st.indexSt, st.res = head, ix, indexSt, res
+	st.learnHead(head, nil, true, res.recs, nil)
 	st.stamps = st.stamps[:0]
 	for _, f := range stamps {
 		st.stamps = append(st.stamps, stampOf(f))
@@ -379,7 +387,11 @@ func removeStaleSmall(r repo) {
 
 // prepareIncremental updates the sync index for the changed paths and
 // diffs only the paths that can differ from HEAD.
-func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, head string, paths, gone []string) (*prepared, error) {
+//
+// lazy allows a result without the patch (prepared.lazy) when the records
+// can be made in-process; a lazy result kept from before is completed
+// when lazy is false.
+func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, head string, paths, gone []string, lazy bool) (*prepared, error) {
 	dirty := map[string]bool{}
 	for _, p := range paths {
 		dirty[p] = true
@@ -412,6 +424,14 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		st.index, st.indexSt = ix, now
 	}
 	if len(dirty) == 0 && len(gone) == 0 && head == st.head {
+		if st.res.lazy && !lazy {
+			// The same paths as the records name, now with the patch.
+			res, err := s.diffPaths(ctx, r, st, head, sortedKeys(st.changed))
+			if err != nil {
+				return nil, err
+			}
+			st.res = res
+		}
 		return st.res, nil
 	}
 	if len(dirty)+len(gone) > maxIncremental {
@@ -581,12 +601,10 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 	res := &prepared{head: head, files: []string{}}
 	if len(spec) > 0 {
 		var err error
-		res, err = s.diffIndex(ctx, r, st.small, head, spec)
-		if errors.Is(err, errOverflow) {
-			return nil, &fallback{"too large"}
-		}
-		if err != nil {
-			return nil, err
+		if res = lazyResult(r, st, head, spec, lazy); res == nil {
+			if res, err = s.diffPaths(ctx, r, st, head, spec); err != nil {
+				return nil, err
+			}
 		}
 	}
 	st.changed = map[string]bool{}
@@ -597,6 +615,52 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 	st.res, st.head = res, head
 	st.valid = true
 	return res, nil
+}
+
+// diffPaths is git's diff of the sync index against head limited to spec,
+// and what it tells of HEAD's entries.
+func (s *Syncer) diffPaths(ctx context.Context, r repo, st *prepState, head string, spec []string) (*prepared, error) {
+	if len(spec) == 0 {
+		return &prepared{head: head, files: []string{}}, nil
+	}
+	res, err := s.diffIndex(ctx, r, st.small, head, spec)
+	if errors.Is(err, errOverflow) {
+		return nil, &fallback{"too large"}
+	}
+	if err != nil {
+		return nil, err
+	}
+	st.learnHead(head, spec, false, res.recs, st.mem)
+	return res, nil
+}
+
+// lazyResult is the in-process result of spec (memDiff) when lazy allows
+// one and the native push can take it: no LFS file, every changed file
+// within the fused exchange's bound. nil: ask git.
+func lazyResult(r repo, st *prepState, head string, spec []string, lazy bool) *prepared {
+	if !lazy {
+		return nil
+	}
+	recs, ok := st.memDiff(head, spec)
+	if !ok {
+		return nil
+	}
+	files, added := recFiles(recs)
+	if len(recs) == 0 {
+		return &prepared{head: head, files: files}
+	}
+	if mayUseLFS(r, files) {
+		return nil
+	}
+	entries, ok := nativeEntries(r.root, recs, nil, MaxFusedPatch)
+	if !ok {
+		return nil
+	}
+	bundle, ok := nativeBundle(entries)
+	if !ok || len(bundle) > MaxFusedPatch {
+		return nil
+	}
+	return &prepared{head: head, files: files, added: added, recs: recs, lazy: true, bundle: bundle}
 }
 
 // ignored tells which of paths (untracked files) git ignores.
@@ -619,6 +683,12 @@ func (s *Syncer) verifyFull(ctx context.Context, r repo, head string, inc *prepa
 	full, err := s.prepareFull(ctx, r, head)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
+	}
+	if inc.lazy {
+		if !sameTargets(full.recs, inc.recs) {
+			return fmt.Errorf("verify: the in-process diff differs from a full scan:\nincremental %+v\nfull %+v", inc.recs, full.recs)
+		}
+		return nil
 	}
 	if !bytes.Equal(full.data, inc.data) || strings.Join(full.files, "\x00") != strings.Join(inc.files, "\x00") ||
 		strings.Join(full.lfs, "\x00") != strings.Join(inc.lfs, "\x00") {

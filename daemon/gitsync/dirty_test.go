@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -510,5 +511,74 @@ func TestIgnoreAnswersForgottenWhenTheRulesChange(t *testing.T) {
 	writeFile(t, filepath.Join(f.local, "x.log"), "2\n")
 	if got := files(); got != ".gitignore" {
 		t.Fatalf("the ignored file edited: %q, want it left out", got)
+	}
+}
+
+// The in-process diff (memDiff, what PrepareExchange uses when it leaves
+// the patch out) names the same changes as a full scan with git, through
+// random edits, additions, removals, mode and type changes, files that
+// become directories and back, and contents back to HEAD's. The Syncer
+// checks each result against a full scan (verify); then the patch is made
+// and pushed, and the sandbox must equal the local tree.
+func TestInProcessDiffAgreesWithGit(t *testing.T) {
+	files := map[string]string{"a.txt": "a\n", "b.txt": "b\n", "d/x.txt": "x\n", "d/y.txt": "y\n", "e/f/g.txt": "g\n"}
+	f := newFixture(t, files)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	paths := []string{"a.txt", "b.txt", "d/x.txt", "d/y.txt", "e/f/g.txt", "n.txt", "d/n.txt", "a.txt", "b.txt", "e", "d"}
+	contents := []string{"a\n", "b\n", "x\n", "one\n", "two\n"}
+	// clear makes room for abs: nothing there, its parents directories.
+	clear := func(abs string) {
+		_ = os.RemoveAll(abs)
+		for d := filepath.Dir(abs); d != f.local; d = filepath.Dir(d) {
+			if fi, err := os.Lstat(d); err == nil && !fi.IsDir() {
+				_ = os.Remove(d)
+			}
+		}
+		if err := os.MkdirAll(filepath.Dir(abs), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lazy := 0
+	for step := 0; step < 200; step++ {
+		for n := 1 + rng.IntN(2); n > 0; n-- {
+			p := paths[rng.IntN(len(paths))]
+			abs := filepath.Join(f.local, p)
+			switch op := rng.IntN(20); {
+			case op < 9:
+				clear(abs)
+				writeFile(t, abs, contents[rng.IntN(len(contents))])
+			case op < 12:
+				_ = os.RemoveAll(abs)
+			case op < 17:
+				if fi, err := os.Lstat(abs); err == nil && fi.Mode().IsRegular() {
+					mode := os.FileMode(0o755)
+					if fi.Mode()&0o100 != 0 {
+						mode = 0o644
+					}
+					_ = os.Chmod(abs, mode)
+				}
+			case op < 19:
+				clear(abs)
+				_ = os.Symlink(contents[rng.IntN(len(contents))][:1], abs)
+			default:
+				// A directory where there may have been a file.
+				clear(abs)
+				writeFile(t, filepath.Join(abs, "in.txt"), "in\n")
+			}
+		}
+		f.s.nativeServed(f.local, "t")
+		p, err := f.s.prepare(ctx, f.local, f.base, "t")
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if p.lazy {
+			lazy++
+		}
+		f.syncCompare()
+	}
+	t.Logf("%d of 200 prepares without the patch", lazy)
+	if lazy < 30 {
+		t.Fatalf("only %d of 200 prepares were made in-process", lazy)
 	}
 }

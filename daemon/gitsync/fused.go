@@ -52,6 +52,10 @@ type Exchange struct {
 	start  time.Time
 	commit bool // the head was pushed with git's protocol first
 	out    *trailerWriter
+	// inst is the sandbox helper instance the exchange is for; lazy says
+	// it carries no patch (Patch.lazy).
+	inst string
+	lazy bool
 }
 
 // Fused is what a fused exchange did.
@@ -95,7 +99,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	if err != nil {
 		return nil, false, repoError(err)
 	}
-	x := &Exchange{s: s, rp: rp, p: p, pend: newID(), nonce: nonce, start: time.Now()}
+	x := &Exchange{s: s, rp: rp, p: p, pend: newID(), nonce: nonce, start: time.Now(), inst: helperOf(r), lazy: p.lazy}
 	var res PushResult
 	if err := s.pushCommitsIfNeeded(ctx, r, rp, p, &res); err != nil {
 		return nil, false, err
@@ -103,7 +107,14 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	x.commit = res.Commits
 	hv := helperVars(r)
 	bundle := ""
-	if hv != "" {
+	switch {
+	case p.lazy && hv != "":
+		bundle = p.bundle
+	case p.lazy:
+		// The runner's helper went away since the Prepare: the separate
+		// steps, which prepare the patch.
+		return nil, false, nil
+	case hv != "":
 		// The helper's entries travel beside the patch, so the one
 		// exchange takes the plain way when the helper declines.
 		if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.LFSFiles, MaxFusedPatch); ok {
@@ -112,7 +123,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 			}
 		}
 	}
-	x.script = fusedScript(hv, nonce, p.HeadSHA, p.Data, bundle, s.now(), x.pend, s.acks(rp), s.maxBytes, p.LargeTree, command)
+	x.script = fusedScript(hv, nonce, p.HeadSHA, p.Data, bundle, p.lazy, s.now(), x.pend, s.acks(rp), s.maxBytes, p.LargeTree, command)
 	return x, true, nil
 }
 
@@ -185,6 +196,12 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	if err != nil {
 		return res, errdefs.Unavailable(fmt.Errorf("%w: it began with %q", errNoReport, clip(line)))
 	}
+	if code == exitNeedPatch && x.lazy {
+		// The helper did not push: the next Prepare makes the patch.
+		x.s.nativeServed(x.rp.root, "")
+		res.Again = true
+		return res, nil
+	}
 	if code != 0 {
 		// Nothing ran, so nothing in the output can be forged: the end line
 		// is found by searching.
@@ -205,6 +222,11 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		snap = f[2]
 	}
 	res.Native = len(f) > 3 && f[3] == "1"
+	if res.Native {
+		x.s.nativeServed(x.rp.root, x.inst)
+	} else {
+		x.s.nativeServed(x.rp.root, "")
+	}
 	x.s.pushDone(x.p, x.pend, snap, &res.Push)
 	line, rest, _ = bytes.Cut(rest, []byte("\n"))
 	if f := strings.Fields(string(line)); len(f) == 2 && f[0] == "exit" {
@@ -289,7 +311,7 @@ func newNonce() string {
 // the command and the pull in one process when it can, and prints the
 // report (sandboxhelper.Report); otherwise, or when it declines before the
 // command, the script pushes the patch and runs the command itself.
-func fusedScript(hv, nonce, head string, patch []byte, bundle string, now time.Time, pend string, acks []string, max int64, large bool, command string) string {
+func fusedScript(hv, nonce, head string, patch []byte, bundle string, lazy bool, now time.Time, pend string, acks []string, max int64, large bool, command string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "N=%s\n", nonce)
 	// A failure of the prelude is the push's failure.
@@ -331,28 +353,11 @@ fi
 			bundle, nativeWord(nonce), sandboxhelper.ExitDeclinedForGood, head)
 		b.WriteString("if [ -z \"$ran\" ]; then\n")
 	}
-	b.WriteString("(\n")
-	b.WriteString(pushBody(head, patchKey(patch), now, pend, acks, max, large, bundle != ""))
-	b.WriteString(`) >"$st/f.out" 2>"$st/f.err"`)
-	if len(patch) > 0 {
-		fmt.Fprintf(&b, " <<'%s'\n", heredocWord(nonce))
-		b.Write(patch)
-		b.WriteString(heredocWord(nonce) + "\n")
+	if lazy {
+		// No patch for the plain way: the daemon makes one and asks again.
+		fmt.Fprintf(&b, "die %d\nfi\n", exitNeedPatch)
 	} else {
-		b.WriteString(" </dev/null\n")
-	}
-	fmt.Fprintf(&b, `pc=$?
-if [ "$pc" -ne 0 ]; then
-	printf '\036sandboxd-%%s\npush %%s\n' "$N" "$pc"; cat "$st/f.out"
-	printf '\036sandboxd-%%s-end\n' "$N"; cat "$st/f.err"; exit 0
-fi
-{ read -r snap; read -r ptree; read -r nat; } <"$st/f.out" || true
-trap : HUP INT QUIT TERM
-PATH=$P0 sh -c %s
-s=$?
-`, shellWord(command))
-	if bundle != "" {
-		b.WriteString("fi\n")
+		plainPush(&b, nonce, head, patch, bundle != "", now, pend, acks, max, large, command)
 	}
 	// The pull is a function, not a subshell: one process fewer.
 	fmt.Fprintf(&b, `printf '\036sandboxd-%%s\npush 0 %%s %%s\nexit %%s\n' "$N" "$snap" "$nat" "$s"
@@ -365,6 +370,34 @@ if [ "$s" -gt 128 ] && [ "$s" -lt 160 ]; then trap - HUP INT QUIT TERM; kill -$(
 exit "$s"
 `, pullBody(max, "return"))
 	return b.String()
+}
+
+// plainPush writes the fused script's plain way: push the patch, run the
+// command. helper says it runs only when the helper did not.
+func plainPush(b *strings.Builder, nonce, head string, patch []byte, helper bool, now time.Time, pend string, acks []string, max int64, large bool, command string) {
+	b.WriteString("(\n")
+	b.WriteString(pushBody(head, patchKey(patch), now, pend, acks, max, large, helper))
+	b.WriteString(`) >"$st/f.out" 2>"$st/f.err"`)
+	if len(patch) > 0 {
+		fmt.Fprintf(b, " <<'%s'\n", heredocWord(nonce))
+		b.Write(patch)
+		b.WriteString(heredocWord(nonce) + "\n")
+	} else {
+		b.WriteString(" </dev/null\n")
+	}
+	fmt.Fprintf(b, `pc=$?
+if [ "$pc" -ne 0 ]; then
+	printf '\036sandboxd-%%s\npush %%s\n' "$N" "$pc"; cat "$st/f.out"
+	printf '\036sandboxd-%%s-end\n' "$N"; cat "$st/f.err"; exit 0
+fi
+{ read -r snap; read -r ptree; read -r nat; } <"$st/f.out" || true
+trap : HUP INT QUIT TERM
+PATH=$P0 sh -c %s
+s=$?
+`, shellWord(command))
+	if helper {
+		b.WriteString("fi\n")
+	}
 }
 
 // trailerWriter passes a fused exchange's stdout to w up to the boundary

@@ -108,7 +108,7 @@ func TestFusedCommandKilledBySignalIsStillPulled(t *testing.T) {
 	}
 	g := newFixture(t, map[string]string{"a.txt": "a\n"})
 	var out bytes.Buffer
-	code, err := g.r.Run(context.Background(), fusedScript("", newNonce(), g.base, nil, "", f.s.now(), "", nil, 1<<20, false, "kill -INT $$"), nil, &out, &out)
+	code, err := g.r.Run(context.Background(), fusedScript("", newNonce(), g.base, nil, "", false, f.s.now(), "", nil, 1<<20, false, "kill -INT $$"), nil, &out, &out)
 	if err != nil || code != -1 {
 		t.Fatalf("the exchange ended with %d (%v), want a signal; output %q", code, err, out.String())
 	}

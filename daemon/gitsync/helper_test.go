@@ -29,6 +29,7 @@ import (
 // shows the scenarios run that way.
 func TestScenariosWithTheSandboxHelper(t *testing.T) {
 	nativeExecs.Store(0)
+	lazyExecs.Store(0)
 	for name, test := range syncScenarios() {
 		t.Run(name, func(t *testing.T) {
 			useHelper = true
@@ -39,6 +40,7 @@ func TestScenariosWithTheSandboxHelper(t *testing.T) {
 	if n := nativeExecs.Load(); n < 15 {
 		t.Fatalf("%d fused execs were native", n)
 	}
+	t.Logf("%d fused execs were native, %d without a patch", nativeExecs.Load(), lazyExecs.Load())
 }
 
 // With the helper serving, a synced exec after the first is native: the
@@ -512,5 +514,93 @@ func TestNativeRunReportsAPullOverTheLimit(t *testing.T) {
 	}
 	if _, err := f.s.fetchToFile(ctx, f.r, rp, "another-exec"); err == nil || !strings.Contains(err.Error(), "no longer keeps exec another-exec's patch") {
 		t.Fatalf("fetching another exec's patch: %v", err)
+	}
+}
+
+// Once the helper served an exchange natively, the next exchanges on the
+// paths the sync knows carry no patch: no local git process runs (the
+// diff is made in-process), the sandbox ends up as the local tree all the
+// same, and the command's edits come back. A helper that then does not
+// push (here its run fails at the start) costs one more exchange, with the
+// patch, and the command still runs once.
+func TestExchangeWithoutThePatch(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	log := gitLog(t)
+	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n", "dir/c.txt": "c\n", ".gitignore": "count\n"})
+	f.s.verify = false // a full scan runs git; the sandbox's tree is checked instead
+	lazyExecs.Store(0)
+	steps := []struct {
+		change  func()
+		command string
+		lazy    bool
+	}{
+		// The first exec is the plain way; then a.txt's and n.txt's
+		// entries at HEAD are learnt from git's diff.
+		{func() { writeFile(t, filepath.Join(f.local, "a.txt"), "one\n") }, "true", false},
+		{func() { writeFile(t, filepath.Join(f.local, "n.txt"), "n\n") }, "true", false},
+		{func() { writeFile(t, filepath.Join(f.local, "a.txt"), "two\n") }, "cat a.txt", true},
+		{func() {
+			writeFile(t, filepath.Join(f.local, "a.txt"), "three\n")
+			writeFile(t, filepath.Join(f.local, "n.txt"), "n2\n")
+		}, "echo from-sandbox >> b.txt", true},
+		// b.txt came back from the sandbox: the first sync of it asks git.
+		{func() { writeFile(t, filepath.Join(f.local, "b.txt"), "b local\n") }, "true", false},
+		{func() {
+			if err := os.Chmod(filepath.Join(f.local, "a.txt"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}, "test -x a.txt", true},
+		// Back to HEAD's content: the records say so, the sandbox too.
+		{func() { writeFile(t, filepath.Join(f.local, "b.txt"), "b\n") }, "cat b.txt", true},
+		{func() { rm(f, "n.txt") }, "test ! -e n.txt", true},
+	}
+	for i, st := range steps {
+		st.change()
+		mark := len(sandboxCalls(t, log, f.local))
+		before := lazyExecs.Load()
+		out, fr, err := f.fused(st.command)
+		if err != nil || !fr.Ran || fr.ExitCode != 0 {
+			t.Fatalf("step %d: %q ran %v, exit %d, err %v, output %q", i, st.command, fr.Ran, fr.ExitCode, err, out)
+		}
+		lazy := lazyExecs.Load() > before
+		var calls []string // the sync's own (a pull applies the command's edits with git)
+		for _, c := range sandboxCalls(t, log, f.local)[mark:] {
+			if c != "apply" {
+				calls = append(calls, c)
+			}
+		}
+		if lazy != st.lazy || (lazy && len(calls) != 0) {
+			t.Fatalf("step %d: without a patch %v (want %v), local git %v", i, lazy, st.lazy, calls)
+		}
+		if st.command == "cat a.txt" && out != "two\n" {
+			t.Fatalf("step %d: the command saw %q", i, out)
+		}
+		assertTree(t, f.sandbox, syncedTree(t, f.local))
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "b.txt"))); got != "b\n" {
+		t.Fatalf("b.txt is %q locally", got)
+	}
+
+	// The helper fails before it pushes: the exchange asks for the patch.
+	bin := filepath.Join(f.sandbox, ".git", "sandboxd", "bin", f.r.helperName)
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, bin, "#!/bin/sh\nexit 2\n")
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(f.local, "a.txt"), "four\n")
+	before := lazyExecs.Load()
+	out, fr, err := f.fused("echo run >> count; cat a.txt")
+	if err != nil || fr.Native || out != "four\n" {
+		t.Fatalf("native %v, output %q, err %v", fr.Native, out, err)
+	}
+	if lazyExecs.Load() != before {
+		t.Fatal("the exchange that ran the command carried no patch")
+	}
+	if got := f.inSandbox("cat count"); got != "run\n" {
+		t.Fatalf("the command ran %q", got)
 	}
 }

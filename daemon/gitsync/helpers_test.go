@@ -215,7 +215,7 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 	f.t.Helper()
 	ctx := context.Background()
 	for attempt := 0; attempt < 3; attempt++ {
-		p, err := f.s.Prepare(ctx, f.local, f.base)
+		p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
 		if err != nil {
 			f.t.Fatalf("prepare: %v", err)
 		}
@@ -247,6 +247,9 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 		}
 		if fr.Native {
 			nativeExecs.Add(1)
+		}
+		if p.lazy {
+			lazyExecs.Add(1)
 		}
 		if fr.Ran && code != fr.ExitCode && !(fr.ExitCode > 128 && code == -1) {
 			f.t.Fatalf("the exchange ended %d, the command %d", code, fr.ExitCode)
@@ -421,6 +424,9 @@ var useHelper bool
 
 // nativeExecs counts the fused execs the helper's native sync took part in.
 var nativeExecs atomic.Int64
+
+// lazyExecs counts the fused execs that carried no patch (PrepareExchange).
+var lazyExecs atomic.Int64
 
 // largeTree makes newFixture's syncer treat every tree as large
 // (TestScenariosAsALargeTree).

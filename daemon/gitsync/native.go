@@ -91,3 +91,11 @@ func nativeBundle(entries []sandboxhelper.PushEntry) (string, bool) {
 	b.WriteByte('\n')
 	return b.String(), true
 }
+
+// nativeServed records which helper instance served the last exchange of
+// the repository at root natively ("" for none).
+func (s *Syncer) nativeServed(root, inst string) {
+	st := s.prepState(root)
+	st.nativeInst = inst
+	st.mu.Unlock()
+}

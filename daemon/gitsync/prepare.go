@@ -26,6 +26,22 @@ var shaPattern = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
 // the changes are staged into a copy of the index (GIT_INDEX_FILE). Changed
 // Git LFS files are left out and named in a warning.
 func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch, error) {
+	return s.prepare(ctx, repoRoot, baseSHA, "")
+}
+
+// PrepareExchange is Prepare for a fused exchange with r (Fuse): when r's
+// sandbox helper served the repository's last exchange natively, and the
+// changed paths allow, the patch is left out (git is not asked for it) and
+// the exchange carries the helper's entries alone. Should the helper
+// decline after all, the exchange asks for the patch (Fused.Again), which
+// the next PrepareExchange then makes.
+func (s *Syncer) PrepareExchange(ctx context.Context, r Runner, repoRoot, baseSHA string) (*Patch, error) {
+	return s.prepare(ctx, repoRoot, baseSHA, helperOf(r))
+}
+
+// prepare is Prepare; native names the helper instance of the exchange
+// the patch is for ("" for none).
+func (s *Syncer) prepare(ctx context.Context, repoRoot, baseSHA, native string) (*Patch, error) {
 	start := time.Now()
 	r, err := s.openRepo(ctx, repoRoot)
 	if err != nil {
@@ -51,7 +67,7 @@ func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch,
 	}
 	st := s.prepState(r.root)
 	defer st.mu.Unlock()
-	res, how, err := s.prepareTracked(ctx, r, head, st)
+	res, how, err := s.prepareTracked(ctx, r, head, st, native != "" && st.nativeInst == native)
 	if err != nil {
 		return nil, err
 	}
@@ -67,6 +83,10 @@ type prepared struct {
 	lfs   []string
 	// recs are the diff's records, LFS files included.
 	recs []rawRec
+	// lazy says data was not made: recs are memDiff's and bundle holds
+	// the native push's entries (lazyResult).
+	lazy   bool
+	bundle string
 }
 
 // finishPatch makes the Patch the caller owns (the cached result stays
@@ -74,7 +94,7 @@ type prepared struct {
 func (s *Syncer) finishPatch(r repo, baseSHA string, res *prepared, start time.Time, how string) *Patch {
 	p := &Patch{RepoRoot: r.root, BaseSHA: baseSHA, HeadSHA: res.head, Data: res.data,
 		Files: append([]string{}, res.files...), LFSFiles: append([]string(nil), res.lfs...),
-		recs: res.recs}
+		recs: res.recs, lazy: res.lazy, bundle: res.bundle}
 	if fi, err := os.Stat(r.index); err == nil && fi.Size() >= s.largeIndex {
 		p.LargeTree = true
 	}
@@ -88,7 +108,7 @@ func (s *Syncer) finishPatch(r repo, baseSHA string, res *prepared, start time.T
 	if s.observe != nil {
 		s.observe(how)
 	}
-	s.log.Debug("sync patch prepared", "repo", r.root, "how", how, "files", len(p.Files), "bytes", len(p.Data), "lfs", len(p.LFSFiles), "took", time.Since(start))
+	s.log.Debug("sync patch prepared", "repo", r.root, "how", how, "files", len(p.Files), "bytes", len(p.Data), "patch", !p.lazy, "lfs", len(p.LFSFiles), "took", time.Since(start))
 	return p
 }
 
@@ -176,6 +196,8 @@ const rawAllowance = 1 << 20
 
 // rawRec is one record of `git diff --raw -z --no-abbrev`.
 type rawRec struct {
+	srcMode string
+	srcSHA  string
 	dstMode string
 	dstSHA  string
 	status  byte
@@ -194,7 +216,7 @@ func parseRaw(b []byte) (recs []rawRec, patch []byte) {
 		}
 		var rec rawRec
 		if f := strings.Fields(string(header[1:])); len(f) == 5 {
-			rec.dstMode, rec.dstSHA = f[1], f[3]
+			rec.srcMode, rec.dstMode, rec.srcSHA, rec.dstSHA = f[0], f[1], f[2], f[3]
 			if f[4] != "" {
 				rec.status = f[4][0]
 			}

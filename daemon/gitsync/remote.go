@@ -34,7 +34,10 @@ const (
 	exitRevert      = 88 // only the revert failed
 	exitTooLarge    = sandboxhelper.ExitPullTooLarge
 	exitNoPullPatch = 90
-	exitNoGit       = 127
+	// exitNeedPatch: the fused exchange left the patch out for the
+	// helper, which did not push; nothing changed in the sandbox.
+	exitNeedPatch = 93
+	exitNoGit     = 127
 )
 
 // dieExit is how the plain scripts fail: the message on stderr, the code
@@ -659,6 +662,15 @@ func helperVars(r Runner) string {
 		return ""
 	}
 	return fmt.Sprintf("H=\"$st/bin/%s\"; HI=%s\n", name, inst)
+}
+
+// helperOf is the instance of r's sandbox helper, "" for none.
+func helperOf(r Runner) string {
+	if helperVars(r) == "" {
+		return ""
+	}
+	_, inst := r.(HelperRunner).SyncHelper()
+	return inst
 }
 
 var (

@@ -25,7 +25,7 @@ const fusedAttempts = 2
 func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Session, req ipc.ExecRequest, stream server.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
 	runner := m.runner(lc)
 	for attempt := 0; attempt < fusedAttempts; attempt++ {
-		patch, err := m.prepare(ctx, runner, s, attempt == 0, warn)
+		patch, err := m.prepare(ctx, runner, s, attempt == 0, true, warn)
 		if err != nil {
 			return true, err
 		}
@@ -83,8 +83,9 @@ func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Sessio
 }
 
 // prepare makes the sync patch of s's working tree, telling the caller its
-// warnings when tell.
-func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Session, tell bool, warn func(string)) (*gitsync.Patch, error) {
+// warnings when tell; exchange says it is for a fused exchange with r,
+// which may do without the patch (Syncer.PrepareExchange).
+func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Session, tell, exchange bool, warn func(string)) (*gitsync.Patch, error) {
 	base := s.BaseSHA
 	if base == "" {
 		// A run sandboxd did not create: learn where it started.
@@ -93,7 +94,13 @@ func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Sessio
 			return nil, err
 		}
 	}
-	patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
+	prepare := m.opts.Sync.Prepare
+	if exchange {
+		prepare = func(ctx context.Context, root, base string) (*gitsync.Patch, error) {
+			return m.opts.Sync.PrepareExchange(ctx, r, root, base)
+		}
+	}
+	patch, err := prepare(ctx, s.RepoRoot, base)
 	if err != nil {
 		return nil, fmt.Errorf("prepare the sync patch: %w", err)
 	}

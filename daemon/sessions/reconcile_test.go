@@ -87,6 +87,9 @@ func (nopPool) Forget(string)                                              {}
 type nopSync struct{}
 
 func (nopSync) Prepare(context.Context, string, string) (*gitsync.Patch, error) { return nil, nil }
+func (nopSync) PrepareExchange(context.Context, gitsync.Runner, string, string) (*gitsync.Patch, error) {
+	return nil, nil
+}
 func (nopSync) Push(context.Context, gitsync.Runner, *gitsync.Patch) (gitsync.PushResult, error) {
 	return gitsync.PushResult{}, nil
 }
