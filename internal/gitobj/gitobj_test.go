@@ -2,9 +2,11 @@ package gitobj
 
 import (
 	"bytes"
+	"compress/zlib"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -513,4 +515,38 @@ func TestReadIgnoresReplaceRefs(t *testing.T) {
 	if _, data, err := s.Read(ctxT(t), a); err != nil || string(data) != "original" {
 		t.Fatalf("Read = %q, %v; want the original", data, err)
 	}
+}
+
+// Objects of every size around the stored bound (written in stored zlib
+// blocks up to storedMax, compressed above) read back the same through
+// git, and a stored object is what zlib itself reads.
+func TestWriteSizesAroundTheStoredBound(t *testing.T) {
+	r := newTestRepo(t)
+	s := r.open()
+	for _, n := range []int{0, 1, storedMax - 1, storedMax, storedMax + 1, 200 << 10} {
+		data := bytes.Repeat([]byte("abcdefghij\n"), n/11+1)[:n]
+		oid, err := s.Write("blob", data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := r.git(nil, "", "cat-file", "-p", oid.String()); got != string(data) {
+			t.Fatalf("%d bytes: git reads %d bytes back", n, len(got))
+		}
+		raw, err := os.ReadFile(filepath.Join(r.gitDir, "objects", oid.String()[:2], oid.String()[2:]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		zr, err := zlib.NewReader(bytes.NewReader(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(zr)
+		if err != nil || !bytes.Equal(got, append(objectHeader("blob", n), data...)) {
+			t.Fatalf("%d bytes: zlib reads %d bytes (%v)", n, len(got), err)
+		}
+		if stored := len(raw) > n; stored != (n <= storedMax) {
+			t.Fatalf("%d bytes: %d on disk", n, len(raw))
+		}
+	}
+	r.git(nil, "", "fsck", "--strict")
 }

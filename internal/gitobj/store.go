@@ -6,9 +6,13 @@ import (
 	"compress/zlib"
 	"container/list"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/adler32"
 	"io"
+	"io/fs"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -275,50 +280,109 @@ func (s *Store) write(kind string, data []byte) (OID, error) {
 	if _, err := os.Lstat(final); err == nil {
 		return oid, nil
 	}
-	if err := os.MkdirAll(dir, 0o777); err != nil {
-		return OID{}, fmt.Errorf("gitobj: write %s %s: %w", kind, oid, err)
-	}
-	// "tmp_obj_" is the prefix git uses, so `git gc` cleans up leftovers of
-	// a crash.
-	f, err := os.CreateTemp(s.objDir, "tmp_obj_")
-	if err != nil {
-		return OID{}, fmt.Errorf("gitobj: write %s %s: %w", kind, oid, err)
-	}
-	tmp := f.Name()
 	fail := func(err error) (OID, error) {
-		f.Close()
-		os.Remove(tmp)
 		return OID{}, fmt.Errorf("gitobj: write %s %s: %w", kind, oid, err)
 	}
-	// Level 1 is git's default for loose objects (core.looseCompression).
-	zw, _ := s.zw.Get().(*zlib.Writer)
-	if zw != nil {
-		zw.Reset(f)
-	} else if zw, err = zlib.NewWriterLevel(f, zlib.BestSpeed); err != nil {
+	z, err := s.deflate(kind, data)
+	if err != nil {
 		return fail(err)
 	}
-	defer s.zw.Put(zw)
-	if _, err := zw.Write(objectHeader(kind, len(data))); err != nil {
+	tmp, err := writeTemp(s.objDir, z)
+	if err != nil {
 		return fail(err)
 	}
-	if _, err := zw.Write(data); err != nil {
-		return fail(err)
+	err = os.Rename(tmp, final)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The fan-out directory is made only when missing: one system
+		// call fewer for every other object.
+		if err = os.MkdirAll(dir, 0o777); err == nil {
+			err = os.Rename(tmp, final)
+		}
 	}
-	if err := zw.Close(); err != nil {
-		return fail(err)
-	}
-	if err := f.Chmod(0o444); err != nil {
-		return fail(err)
-	}
-	if err := f.Close(); err != nil {
+	if err != nil {
 		os.Remove(tmp)
-		return OID{}, fmt.Errorf("gitobj: write %s %s: %w", kind, oid, err)
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		os.Remove(tmp)
-		return OID{}, fmt.Errorf("gitobj: write %s %s: %w", kind, oid, err)
+		return fail(err)
 	}
 	return oid, nil
+}
+
+// storedMax bounds the objects written as stored (uncompressed) zlib
+// blocks: for a source file's few kilobytes, building Huffman codes costs
+// more than the bytes it saves (git reads either).
+const storedMax = 16 << 10
+
+// deflate is kind's header and data as a zlib stream: stored blocks for a
+// small object, else compressed at level 1, git's default for loose
+// objects (core.looseCompression).
+func (s *Store) deflate(kind string, data []byte) ([]byte, error) {
+	hdr := objectHeader(kind, len(data))
+	if len(data) <= storedMax {
+		return zlibStored(hdr, data), nil
+	}
+	var b bytes.Buffer
+	b.Grow(len(data)/2 + 64)
+	zw, _ := s.zw.Get().(*zlib.Writer)
+	var err error
+	if zw != nil {
+		zw.Reset(&b)
+	} else if zw, err = zlib.NewWriterLevel(&b, zlib.BestSpeed); err != nil {
+		return nil, err
+	}
+	defer s.zw.Put(zw)
+	if _, err := zw.Write(hdr); err != nil {
+		return nil, err
+	}
+	if _, err := zw.Write(data); err != nil {
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// zlibStored is the zlib stream (RFC 1950) of hdr and data, at most
+// storedMax and a header, in one stored deflate block (RFC 1951, 3.2.4).
+func zlibStored(hdr, data []byte) []byte {
+	n := len(hdr) + len(data)
+	out := make([]byte, 0, n+11)
+	out = append(out, 0x78, 0x01) // deflate, 32 KiB window, no dictionary, fastest
+	out = append(out, 1, byte(n), byte(n>>8), ^byte(n), ^byte(n>>8))
+	out = append(append(out, hdr...), data...)
+	return binary.BigEndian.AppendUint32(out, adler32.Checksum(out[7:]))
+}
+
+// writeTemp writes b to a new read-only file in dir whose name starts as
+// git's temporary objects do ("tmp_obj_", so `git gc` cleans up what a
+// crash leaves) and returns its path. Plain system calls: an *os.File
+// would try the poller first, five calls more.
+func writeTemp(dir string, b []byte) (string, error) {
+	for attempt := 0; ; attempt++ {
+		name := filepath.Join(dir, "tmp_obj_"+strconv.FormatUint(rand.Uint64(), 36))
+		fd, err := syscall.Open(name, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_CLOEXEC, 0o444)
+		if err == syscall.EEXIST && attempt < 10 {
+			continue
+		}
+		if err != nil {
+			return "", &os.PathError{Op: "create", Path: name, Err: err}
+		}
+		for rest := b; len(rest) > 0 && err == nil; {
+			var n int
+			n, err = syscall.Write(fd, rest)
+			if err == syscall.EINTR {
+				err = nil
+			}
+			rest = rest[max(n, 0):]
+		}
+		if cerr := syscall.Close(fd); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			os.Remove(name)
+			return "", &os.PathError{Op: "write", Path: name, Err: err}
+		}
+		return name, nil
+	}
 }
 
 // errTooLarge marks an object over maxObjectSize.
