@@ -387,14 +387,7 @@ func TestNativeRunThatFailsEarlyIsNotReadAsTheLastOne(t *testing.T) {
 			t.Fatalf("exec %d: native %v, err %v", i, fr.Native, err)
 		}
 	}
-	bin := filepath.Join(f.sandbox, ".git", "sandboxd", "bin", f.r.helperName)
-	if err := os.Remove(bin); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, bin, "#!/bin/sh\nexit 2\n")
-	if err := os.Chmod(bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	f.breakHelperRun()
 	out, fr, err := f.fused("echo run >> count; echo ran")
 	if err != nil || fr.Native || out != "ran\n" {
 		t.Fatalf("native %v, output %q, err %v", fr.Native, out, err)
@@ -583,14 +576,7 @@ func TestExchangeWithoutThePatch(t *testing.T) {
 	}
 
 	// The helper fails before it pushes: the exchange asks for the patch.
-	bin := filepath.Join(f.sandbox, ".git", "sandboxd", "bin", f.r.helperName)
-	if err := os.Remove(bin); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, bin, "#!/bin/sh\nexit 2\n")
-	if err := os.Chmod(bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	f.breakHelperRun()
 	writeFile(t, filepath.Join(f.local, "a.txt"), "four\n")
 	before := lazyExecs.Load()
 	out, fr, err := f.fused("echo run >> count; cat a.txt")
@@ -602,5 +588,20 @@ func TestExchangeWithoutThePatch(t *testing.T) {
 	}
 	if got := f.inSandbox("cat count"); got != "run\n" {
 		t.Fatalf("the command ran %q", got)
+	}
+}
+
+// breakHelperRun replaces the sandbox's helper binary by one that fails at
+// once, as an older binary or a crash at its start would (the server keeps
+// running).
+func (f *fixture) breakHelperRun() {
+	f.t.Helper()
+	bin := filepath.Join(f.sandbox, ".git", "sandboxd", "bin", f.r.helperName)
+	if err := os.Remove(bin); err != nil {
+		f.t.Fatal(err)
+	}
+	writeFile(f.t, bin, "#!/bin/sh\nexit 2\n")
+	if err := os.Chmod(bin, 0o755); err != nil {
+		f.t.Fatal(err)
 	}
 }
