@@ -69,6 +69,49 @@ type prepState struct {
 	// nativeInst is the sandbox helper instance that served the last
 	// exchange natively: PrepareExchange leaves the patch out for it.
 	nativeInst string
+	// pending are the blobs the copy in memory staged that are not
+	// written yet, by path (the latest content only); when there are any,
+	// or the copy changed, the sync index file lags it (flushSmall). Only
+	// git reads either, and a patchless exchange asks git nothing.
+	pending      map[string]blob
+	pendingBytes int
+	smallStale   bool
+}
+
+// maxPending bounds the content stageLater keeps in memory.
+const maxPending = 4 << 20
+
+// stageLater records what the copy in memory just staged, to be written
+// when git next reads the sync index.
+func (st *prepState) stageLater(blobs map[string]blob) error {
+	if st.pending == nil {
+		st.pending = map[string]blob{}
+	}
+	for p, b := range blobs {
+		st.pendingBytes += len(b.data) - len(st.pending[p].data)
+		st.pending[p] = b
+	}
+	st.smallStale = true
+	if st.pendingBytes > maxPending {
+		return st.flushSmall()
+	}
+	return nil
+}
+
+// flushSmall writes the pending blobs and the sync index as the copy in
+// memory has them.
+func (st *prepState) flushSmall() error {
+	if !st.smallStale || st.mem == nil {
+		return nil
+	}
+	if err := writeBlobs(st.objects, st.pending); err != nil {
+		return err
+	}
+	if err := st.mem.write(st.small); err != nil {
+		return err
+	}
+	st.pending, st.pendingBytes, st.smallStale = nil, 0, false
+	return nil
 }
 
 // stamp identifies a file's version without reading it.
@@ -296,7 +339,7 @@ func (s *Syncer) resetSmall(ctx context.Context, r repo, st *prepState, res *pre
 		removeStaleSmall(r)
 	}
 	_ = os.Remove(st.small)
-	st.mem = nil
+	st.mem, st.pending, st.pendingBytes = nil, nil, 0
 	st.inSmall = map[string]bool{}
 	st.ignoreKnown = map[string]bool{}
 	st.changed = map[string]bool{}
@@ -547,16 +590,22 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 
 	staged := false
 	if st.mem != nil && (len(feed) > 0 || len(forceRemove) > 0) {
-		switch err := st.mem.stage(r.root, st.objects, feed, forceRemove); {
+		blobs, err := st.mem.stage(r.root, feed, forceRemove)
+		switch {
 		case err == nil:
-			if err := st.mem.write(st.small); err != nil {
+			if err := st.stageLater(blobs); err != nil {
 				st.valid = false
 				return nil, err
 			}
 			staged = true
 		case errors.Is(err, errToGit):
 			// git stages from now on (until a full scan), so the copy
-			// in memory never misses what it did.
+			// in memory never misses what it did; it starts from the
+			// sync index as the copy has it.
+			if err := st.flushSmall(); err != nil {
+				st.valid = false
+				return nil, err
+			}
 			st.mem = nil
 		default:
 			return nil, err
@@ -622,6 +671,10 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 func (s *Syncer) diffPaths(ctx context.Context, r repo, st *prepState, head string, spec []string) (*prepared, error) {
 	if len(spec) == 0 {
 		return &prepared{head: head, files: []string{}}, nil
+	}
+	if err := st.flushSmall(); err != nil {
+		st.valid = false
+		return nil, err
 	}
 	res, err := s.diffIndex(ctx, r, st.small, head, spec)
 	if errors.Is(err, errOverflow) {

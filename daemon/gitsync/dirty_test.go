@@ -582,3 +582,32 @@ func TestInProcessDiffAgreesWithGit(t *testing.T) {
 		t.Fatalf("only %d of 200 prepares were made in-process", lazy)
 	}
 }
+
+// A patchless Prepare leaves the sync index file behind the copy in
+// memory; when git has to stage the next change itself (a file too large
+// to hash in-process), it starts from the copy's state, not the file's.
+func TestGitStagesFromTheStagingKeptInMemory(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	ctx := context.Background()
+	f.syncCompare()
+	f.s.nativeServed(f.local, "t")
+	for i, content := range []string{"one\n", "two\n"} {
+		writeFile(t, filepath.Join(f.local, "a.txt"), content)
+		p, err := f.s.prepare(ctx, f.local, f.base, "t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.lazy != (i == 1) {
+			t.Fatalf("prepare %d: without the patch %v", i, p.lazy)
+		}
+	}
+	big := bytes.Repeat([]byte("0123456789abcdef"), maxInProcessFile/16+1)
+	if err := os.WriteFile(filepath.Join(f.local, "big.bin"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The Syncer checks the patch against a full scan; the sandbox must
+	// get a.txt's latest content.
+	if p := f.syncCompare(); strings.Join(p.Files, ",") != "a.txt,big.bin" {
+		t.Fatalf("files %v", p.Files)
+	}
+}

@@ -60,19 +60,27 @@ func memFromRecs(recs []rawRec) (memIndex, bool) {
 	return m, true
 }
 
+// blob is a staged file's content, whose object is yet to be written.
+type blob struct {
+	oid  gitobj.OID
+	data []byte
+}
+
 // stage does what `git update-index --add --remove --replace` does with
-// feed (paths relative to root) and `--force-remove` with remove, writing
-// new blobs to objects. It changes m only when it returns nil.
-func (m memIndex) stage(root string, objects *gitobj.Store, feed, remove []string) error {
+// feed (paths relative to root) and `--force-remove` with remove, and
+// returns the new content of the paths fed (writeBlobs stores it). It
+// changes m only when it returns nil.
+func (m memIndex) stage(root string, feed, remove []string) (map[string]blob, error) {
 	type staged struct {
 		path string
 		e    memEntry
 		ok   bool // false: removed
 	}
 	var out []staged
+	blobs := map[string]blob{}
 	for _, p := range feed {
 		if !sandboxhelper.ValidPath(p) {
-			return errToGit
+			return nil, errToGit
 		}
 		abs := filepath.Join(root, filepath.FromSlash(p))
 		fi, err := os.Lstat(abs)
@@ -81,31 +89,32 @@ func (m memIndex) stage(root string, objects *gitobj.Store, feed, remove []strin
 			out = append(out, staged{path: p})
 			continue
 		case err != nil:
-			return fmt.Errorf("look at %s: %w", p, err)
+			return nil, fmt.Errorf("look at %s: %w", p, err)
 		}
 		var data []byte
 		mode, ok := gitobj.ModeOf(fi)
 		switch {
 		case !ok:
-			return errToGit
+			return nil, errToGit
 		case mode == gitobj.ModeSymlink:
 			var t string
 			t, err = os.Readlink(abs)
 			data = []byte(t)
 		case fi.Size() > maxInProcessFile:
-			return errToGit
+			return nil, errToGit
 		default:
 			data, err = os.ReadFile(abs)
 		}
 		if err != nil {
 			// Changed under us (removed, replaced by a directory): git
 			// decides.
-			return errToGit
+			return nil, errToGit
 		}
-		oid, err := objects.Write("blob", data)
-		if err != nil {
-			return fmt.Errorf("store %s: %w", p, err)
+		if data == nil {
+			data = []byte{}
 		}
+		oid := gitobj.HashObject("blob", data)
+		blobs[p] = blob{oid: oid, data: data}
 		out = append(out, staged{path: p, e: memEntry{mode: mode, oid: oid}, ok: true})
 	}
 	// After the feed, as git runs the two.
@@ -125,6 +134,16 @@ func (m memIndex) stage(root string, objects *gitobj.Store, feed, remove []strin
 			}
 		}
 		m[s.path] = s.e
+	}
+	return blobs, nil
+}
+
+// writeBlobs stores blobs in objects.
+func writeBlobs(objects *gitobj.Store, blobs map[string]blob) error {
+	for p, b := range blobs {
+		if _, err := objects.Write("blob", b.data); err != nil {
+			return fmt.Errorf("store %s: %w", p, err)
+		}
 	}
 	return nil
 }

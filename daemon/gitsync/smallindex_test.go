@@ -67,7 +67,11 @@ func TestMemIndexAgreesWithUpdateIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.stage(dir, objects, feed, remove); err != nil {
+	blobs, err := m.stage(dir, feed, remove)
+	if err == nil {
+		err = writeBlobs(objects, blobs)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	byUs := filepath.Join(t.TempDir(), "our-index")
@@ -103,13 +107,6 @@ func TestMemIndexAgreesWithUpdateIndex(t *testing.T) {
 // index in memory as it was.
 func TestMemIndexLeavesToGit(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(dir, ".git", "objects"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	objects, err := gitobj.OpenStore(filepath.Join(dir, ".git"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	big := filepath.Join(dir, "big")
 	if err := os.WriteFile(big, make([]byte, maxInProcessFile+1), 0o644); err != nil {
 		t.Fatal(err)
@@ -117,7 +114,7 @@ func TestMemIndexLeavesToGit(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "ok.txt"), "ok\n")
 	for _, feed := range [][]string{{"ok.txt", "big"}, {"ok.txt", "a/../x"}, {".git/config"}} {
 		m := memIndex{}
-		if err := m.stage(dir, objects, feed, nil); err != errToGit {
+		if _, err := m.stage(dir, feed, nil); err != errToGit {
 			t.Fatalf("stage %q: %v, want errToGit", feed, err)
 		}
 		if len(m) != 0 {
