@@ -9,7 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"syscall"
+	"strings"
 	"time"
 )
 
@@ -56,6 +56,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	pending := fs.String("pending", "", "run: the exec's id, marked pending before the command")
 	logFile := fs.String("log", "", "run: the file of its own messages")
 	reportNonce := fs.String("report", "", "run: print the exchange's report after the pull, with this nonce")
+	entries := fs.String("entries", "", "run: the push's entries, base64 of their JSON")
 	reportMax := fs.Int64("max", 0, "run: the largest patch the report sends")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
@@ -115,10 +116,6 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			fmt.Fprintln(stderr, "run: -state, -instance and -result are required")
 			return exitUsage
 		}
-		// The entries come on descriptor 3; the command must not inherit it.
-		entries := os.NewFile(3, "entries")
-		defer entries.Close()
-		syscall.CloseOnExec(3)
 		pull.DiffArgs = fs.Args()
 		// Run's own messages go to -log: stderr is the command's.
 		logw := io.Discard
@@ -132,7 +129,9 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		if *reportNonce != "" {
 			ro.Report = &Report{Nonce: *reportNonce, Max: *reportMax}
 		}
-		return Run(ctx, logw, ro, entries, stdin, stdout, stderr)
+		// The entries are an argument, not a here-document: the sandbox's
+		// sh forks a writer for a here-document over 4 KiB (dash).
+		return Run(ctx, logw, ro, strings.NewReader(*entries), stdin, stdout, stderr)
 	case "pull", "adopt":
 		if *state == "" || o.Instance == "" {
 			fmt.Fprintf(stderr, "%s: -state and -instance are required\n", args[0])

@@ -140,10 +140,6 @@ func fusable(patch []byte, nonce string) bool {
 
 func heredocWord(nonce string) string { return "SBX_" + nonce }
 
-// nativeWord ends the here-document of the helper's push entries (base64:
-// it cannot hold the word).
-func nativeWord(nonce string) string { return "SBXN_" + nonce }
-
 // Command is the remote command of the exchange.
 func (x *Exchange) Command() string { return x.script }
 
@@ -329,8 +325,7 @@ case ' %s ' in *" $p "*) p= ;; esac
 # must not be read as the last one's.
 if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ] && : >"$st/run"; then
 	trap : HUP INT QUIT TERM
-	"$H" run -state "$st" -instance "$HI" -head %s -snap-ref "$SNAP" -base-ref "$BASE" -time %d -pending %s -path "$P0" -command %s -result "$st/run" -log "$st/native.err" -out "$st/pull.patch" -report "$N" -max %d -- %s 3<<'%s'
-%s%s
+	"$H" run -state "$st" -instance "$HI" -head %s -snap-ref "$SNAP" -base-ref "$BASE" -time %d -pending %s -path "$P0" -command %s -result "$st/run" -log "$st/native.err" -out "$st/pull.patch" -report "$N" -max %d -entries '%s' -- %s
 	rc=$?
 	# Once the push line is written the command may have run (never run
 	# it again): run's status is the command's. "reported": run printed
@@ -349,8 +344,8 @@ if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ] && : >"$st/run"; then
 		if [ "$rc" -eq %d ]; then off="$HI %s"; echo "$off" >"$st/native.off"; fi ;;
 	esac
 fi
-`, strings.Join(acks, " "), head, head, now.Unix(), pend, shellWord(command), max, strings.Join(diffOptions, " "), nativeWord(nonce),
-			bundle, nativeWord(nonce), sandboxhelper.ExitDeclinedForGood, head)
+`, strings.Join(acks, " "), head, head, now.Unix(), pend, shellWord(command), max, bundle, strings.Join(diffOptions, " "),
+			sandboxhelper.ExitDeclinedForGood, head)
 		b.WriteString("if [ -z \"$ran\" ]; then\n")
 	}
 	if lazy {

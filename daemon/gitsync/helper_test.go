@@ -547,6 +547,10 @@ func TestExchangeWithoutThePatch(t *testing.T) {
 		// Back to HEAD's content: the records say so, the sandbox too.
 		{func() { writeFile(t, filepath.Join(f.local, "b.txt"), "b\n") }, "cat b.txt", true},
 		{func() { rm(f, "n.txt") }, "test ! -e n.txt", true},
+		// Entries of 18 KB (an argument of the helper's run, where a
+		// here-document over 4 KiB cost the sandbox's sh a fork).
+		{func() { writeFile(t, filepath.Join(f.local, "big.txt"), strings.Repeat("0123456789\n", 900)) }, "true", false},
+		{func() { writeFile(t, filepath.Join(f.local, "big.txt"), strings.Repeat("abcdefghij\n", 900)) }, "test \"$(grep -c abcdefghij big.txt)\" -eq 900", true},
 	}
 	for i, st := range steps {
 		st.change()

@@ -1,7 +1,6 @@
 package gitsync
 
 import (
-	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"os"
@@ -74,22 +73,14 @@ func nativeEntries(root string, recs []rawRec, lfs []string, max int) (entries [
 }
 
 // nativeBundle is entries as the fused script carries them to the
-// helper's push: base64 of their JSON, in lines a here-document takes.
+// helper's run: base64 of their JSON, one argument (quoted, it holds no
+// character the shell reads).
 func nativeBundle(entries []sandboxhelper.PushEntry) (string, bool) {
 	raw, err := json.Marshal(entries)
 	if err != nil {
 		return "", false
 	}
-	enc := base64.StdEncoding.EncodeToString(raw)
-	var b bytes.Buffer
-	for len(enc) > 76 {
-		b.WriteString(enc[:76])
-		b.WriteByte('\n')
-		enc = enc[76:]
-	}
-	b.WriteString(enc)
-	b.WriteByte('\n')
-	return b.String(), true
+	return base64.StdEncoding.EncodeToString(raw), true
 }
 
 // nativeServed records which helper instance served the last exchange of
