@@ -56,7 +56,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	pending := fs.String("pending", "", "run: the exec's id, marked pending before the command")
 	logFile := fs.String("log", "", "run: the file of its own messages")
 	reportNonce := fs.String("report", "", "run: print the exchange's report after the pull, with this nonce")
-	entries := fs.String("entries", "", "run: the push's entries, base64 of their JSON")
+	entries := fs.String("entries", "", "run: the push's entries, their JSON")
 	reportMax := fs.Int64("max", 0, "run: the largest patch the report sends")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage

@@ -2,7 +2,6 @@ package sandboxhelper
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -44,8 +43,8 @@ type RunOptions struct {
 	Report *Report
 }
 
-// Run carries out o, the entries of the push read (base64 of their JSON)
-// from entries. Before the push line is written it returns ExitDeclined or
+// Run carries out o, the entries of the push read (their JSON) from
+// entries. Before the push line is written it returns ExitDeclined or
 // ExitDeclinedForGood when the push declined, another code when it failed:
 // the command did not run. After, it returns the command's status as a
 // shell reports it (128+n for signal n), whatever became of the pull (its
@@ -65,7 +64,7 @@ func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, st
 	// The entries go to the server as they came: the server decodes them,
 	// run only checks that they are JSON (decoding and encoding them here
 	// too was reflection in a fresh process on every exec).
-	raw, err := io.ReadAll(base64.NewDecoder(base64.StdEncoding, io.LimitReader(entries, maxRequest)))
+	raw, err := io.ReadAll(io.LimitReader(entries, maxRequest))
 	if err == nil && !json.Valid(raw) {
 		err = errors.New("not JSON")
 	}

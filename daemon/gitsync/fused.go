@@ -325,7 +325,7 @@ case ' %s ' in *" $p "*) p= ;; esac
 # must not be read as the last one's.
 if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ] && : >"$st/run"; then
 	trap : HUP INT QUIT TERM
-	"$H" run -state "$st" -instance "$HI" -head %s -snap-ref "$SNAP" -base-ref "$BASE" -time %d -pending %s -path "$P0" -command %s -result "$st/run" -log "$st/native.err" -out "$st/pull.patch" -report "$N" -max %d -entries '%s' -- %s
+	"$H" run -state "$st" -instance "$HI" -head %s -snap-ref "$SNAP" -base-ref "$BASE" -time %d -pending %s -path "$P0" -command %s -result "$st/run" -log "$st/native.err" -out "$st/pull.patch" -report "$N" -max %d -entries %s -- %s
 	rc=$?
 	# Once the push line is written the command may have run (never run
 	# it again): run's status is the command's. "reported": run printed
@@ -344,7 +344,7 @@ if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ] && : >"$st/run"; then
 		if [ "$rc" -eq %d ]; then off="$HI %s"; echo "$off" >"$st/native.off"; fi ;;
 	esac
 fi
-`, strings.Join(acks, " "), head, head, now.Unix(), pend, shellWord(command), max, bundle, strings.Join(diffOptions, " "),
+`, strings.Join(acks, " "), head, head, now.Unix(), pend, shellWord(command), max, shellWord(bundle), strings.Join(diffOptions, " "),
 			sandboxhelper.ExitDeclinedForGood, head)
 		b.WriteString("if [ -z \"$ran\" ]; then\n")
 	}

@@ -551,6 +551,9 @@ func TestExchangeWithoutThePatch(t *testing.T) {
 		// here-document over 4 KiB cost the sandbox's sh a fork).
 		{func() { writeFile(t, filepath.Join(f.local, "big.txt"), strings.Repeat("0123456789\n", 900)) }, "true", false},
 		{func() { writeFile(t, filepath.Join(f.local, "big.txt"), strings.Repeat("abcdefghij\n", 900)) }, "test \"$(grep -c abcdefghij big.txt)\" -eq 900", true},
+		// A quote in a path (the entries are a quoted argument).
+		{func() { writeFile(t, filepath.Join(f.local, "it's é.txt"), "q\n") }, "true", false},
+		{func() { writeFile(t, filepath.Join(f.local, "it's é.txt"), "q'2\n") }, "grep -q \"q'2\" \"it's é.txt\"", true},
 	}
 	for i, st := range steps {
 		st.change()

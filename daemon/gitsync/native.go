@@ -1,7 +1,6 @@
 package gitsync
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -73,14 +72,13 @@ func nativeEntries(root string, recs []rawRec, lfs []string, max int) (entries [
 }
 
 // nativeBundle is entries as the fused script carries them to the
-// helper's run: base64 of their JSON, one argument (quoted, it holds no
-// character the shell reads).
+// helper's run: their JSON, one argument (file contents are base64 in it).
 func nativeBundle(entries []sandboxhelper.PushEntry) (string, bool) {
 	raw, err := json.Marshal(entries)
 	if err != nil {
 		return "", false
 	}
-	return base64.StdEncoding.EncodeToString(raw), true
+	return string(raw), true
 }
 
 // nativeServed records which helper instance served the last exchange of
