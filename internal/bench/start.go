@@ -38,53 +38,49 @@ func (r *runner) startWait(ctx context.Context) error {
 		repo := r.sized[files]
 		n := r.sz.nStart[files]
 		var sbxT, rwxT, sbxOwn, rwxOwn []time.Duration
-		// own is a start's time but for localcloud's provisioning (the
-		// clone and checkout, the same for both tools and most of a large
-		// start): the tool's own share, steady where the clone's time is
-		// not on a loaded machine.
-		own := func(began time.Time, took time.Duration) (time.Duration, error) {
+		// timed runs one start (from a stopped sandbox) and adds its time
+		// and its own share to all and own; start's false says it did
+		// not start and is not counted. The own share is all but
+		// localcloud's provisioning (the clone and checkout, the same for
+		// both tools and most of a large start), steady where the clone's
+		// time is not on a loaded machine.
+		timed := func(start func() (bool, error), all, own *[]time.Duration) error {
+			if err := r.stopAndClean(ctx, repo); err != nil {
+				return err
+			}
+			began := time.Now()
+			ok, err := start()
+			if err != nil || !ok {
+				return err
+			}
+			took := time.Since(began)
 			prov, err := r.provisioning(repo, began)
-			return took - prov, err
+			if err != nil {
+				return err
+			}
+			*all, *own = append(*all, took), append(*own, took-prov)
+			return nil
 		}
 		rwxFailed := rwx == nil
 		startRWX := func() error {
 			if rwxFailed {
 				return nil
 			}
-			if err := r.stopAndClean(ctx, repo); err != nil {
-				return err
-			}
-			start := time.Now()
-			cmd := exec.CommandContext(ctx, r.opts.RWXCLI, "sandbox", "start", "--wait")
-			cmd.Dir, cmd.Env = repo, rwx
-			if out, err := cmd.CombinedOutput(); err != nil {
-				r.note("RWX CLI `rwx sandbox start --wait` failed in the %d-file repository: %v: %s", files, err, out)
-				rwxFailed = true
-				return nil
-			}
-			took := time.Since(start)
-			o, err := own(start, took)
-			if err != nil {
-				return err
-			}
-			rwxT, rwxOwn = append(rwxT, took), append(rwxOwn, o)
-			return nil
+			return timed(func() (bool, error) {
+				cmd := exec.CommandContext(ctx, r.opts.RWXCLI, "sandbox", "start", "--wait")
+				cmd.Dir, cmd.Env = repo, rwx
+				if out, err := cmd.CombinedOutput(); err != nil {
+					r.note("RWX CLI `rwx sandbox start --wait` failed in the %d-file repository: %v: %s", files, err, out)
+					rwxFailed = true
+					return false, nil
+				}
+				return true, nil
+			}, &rwxT, &rwxOwn)
 		}
 		startSbx := func() error {
-			if err := r.stopAndClean(ctx, repo); err != nil {
-				return err
-			}
-			start := time.Now()
-			if err := r.e.sbx(ctx, repo, "start", "--wait"); err != nil {
-				return err
-			}
-			took := time.Since(start)
-			o, err := own(start, took)
-			if err != nil {
-				return err
-			}
-			sbxT, sbxOwn = append(sbxT, took), append(sbxOwn, o)
-			return nil
+			return timed(func() (bool, error) {
+				return true, r.e.sbx(ctx, repo, "start", "--wait")
+			}, &sbxT, &sbxOwn)
 		}
 		for i := range n {
 			// Each tool goes first in turn: the start after another's
