@@ -66,9 +66,6 @@ type prepState struct {
 	// (learnHead), valid for the commit headFor.
 	headFor   string
 	headKnown map[string]headEntry
-	// nativeInst is the sandbox helper instance that served the last
-	// exchange natively: PrepareExchange leaves the patch out for it.
-	nativeInst string
 	// pending are the blobs the copy in memory staged that are not
 	// written yet, by path (the latest content only); when there are any,
 	// or the copy changed, the sync index file lags it (flushSmall). Only

@@ -611,3 +611,25 @@ func TestGitStagesFromTheStagingKeptInMemory(t *testing.T) {
 		t.Fatalf("files %v", p.Files)
 	}
 }
+
+// Recording which helper served an exchange does not wait for the
+// repository's Prepare (a full scan for another sandbox can hold it for
+// seconds): the exec that finished is not held up.
+func TestNativeServedDoesNotWaitForAPrepare(t *testing.T) {
+	s := New(Options{})
+	st := s.prepState("/repo") // held, as by a Prepare under way
+	defer st.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		s.nativeServed("/repo", "inst")
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("nativeServed waited for the Prepare lock")
+	}
+	if !s.servedNatively("/repo", "inst") || s.servedNatively("/repo", "other") {
+		t.Fatal("the instance was not recorded")
+	}
+}

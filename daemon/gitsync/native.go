@@ -82,9 +82,22 @@ func nativeBundle(entries []sandboxhelper.PushEntry) (string, bool) {
 }
 
 // nativeServed records which helper instance served the last exchange of
-// the repository at root natively ("" for none).
+// the repository at root natively ("" for none): PrepareExchange leaves the
+// patch out for it. Not under the repository's Prepare lock, which a
+// long scan for another sandbox may hold.
 func (s *Syncer) nativeServed(root, inst string) {
-	st := s.prepState(root)
-	st.nativeInst = inst
-	st.mu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if inst == "" {
+		delete(s.native, root)
+		return
+	}
+	s.native[root] = inst
+}
+
+// servedNatively says inst served the last exchange of root natively.
+func (s *Syncer) servedNatively(root, inst string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return inst != "" && s.native[root] == inst
 }

@@ -67,7 +67,7 @@ func (s *Syncer) prepare(ctx context.Context, repoRoot, baseSHA, native string) 
 	}
 	st := s.prepState(r.root)
 	defer st.mu.Unlock()
-	res, how, err := s.prepareTracked(ctx, r, head, st, native != "" && st.nativeInst == native)
+	res, how, err := s.prepareTracked(ctx, r, head, st, s.servedNatively(r.root, native))
 	if err != nil {
 		return nil, err
 	}
