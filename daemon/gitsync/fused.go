@@ -306,7 +306,9 @@ func newNonce() string {
 // helper's push entries, see nativeBundle) the helper's run does the push,
 // the command and the pull in one process when it can, and prints the
 // report (sandboxhelper.Report); otherwise, or when it declines before the
-// command, the script pushes the patch and runs the command itself.
+// command, the script pushes the patch and runs the command itself. lazy
+// says there is no patch: the script then ends with exitNeedPatch instead,
+// before anything changed.
 func fusedScript(hv, nonce, head string, patch []byte, bundle string, lazy bool, now time.Time, pend string, acks []string, max int64, large bool, command string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "N=%s\n", nonce)
