@@ -46,3 +46,13 @@ func TestSbxDoesNotLinkHTTPMachinery(t *testing.T) {
 		}
 	}
 }
+
+// sbx dials the daemon's socket itself (ipc/client's dialUnix): package
+// net, its initialisation and its size are not paid by every command.
+func TestSbxDoesNotLinkNet(t *testing.T) {
+	for _, pkg := range sbxDeps(t) {
+		if pkg == "net" {
+			t.Errorf("sbx links net: ipc/client dials the Unix socket with system calls so that sbx starts without it")
+		}
+	}
+}

@@ -18,7 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -98,12 +98,11 @@ func (c *Client) Close() {}
 
 // dial connects to the socket and checks that this user's daemon serves it
 // before anything is sent.
-func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+func (c *Client) dial(ctx context.Context) (*os.File, error) {
 	if len(c.socket) > maxSocketPath {
 		return nil, errdefs.Invalidf("socket path %s is %d bytes, longer than the %d a Unix socket allows: set SANDBOXD_SOCKET or XDG_RUNTIME_DIR to a shorter path", c.socket, len(c.socket), maxSocketPath)
 	}
-	d := net.Dialer{Timeout: c.dialTimeout}
-	conn, err := d.DialContext(ctx, "unix", c.socket)
+	conn, err := dialUnix(ctx, c.socket, c.dialTimeout)
 	if err != nil {
 		if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
 			return nil, &NotRunningError{Socket: c.socket, Err: err}
@@ -119,7 +118,7 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 
 // callConn is the connection of one call.
 type callConn struct {
-	net.Conn
+	*os.File
 	br   *bufio.Reader
 	stop func() bool // unties the connection from the call's context
 }
@@ -131,7 +130,7 @@ func (c *Client) connect(ctx context.Context, method, path string) (*callConn, e
 	if err != nil {
 		return nil, transportError(ctx, method, path, err)
 	}
-	cc := &callConn{Conn: conn, br: bufio.NewReader(conn)}
+	cc := &callConn{File: conn, br: bufio.NewReader(conn)}
 	cc.stop = context.AfterFunc(ctx, func() { conn.Close() })
 	return cc, nil
 }
@@ -139,7 +138,7 @@ func (c *Client) connect(ctx context.Context, method, path string) (*callConn, e
 // close ends the call's connection.
 func (cc *callConn) close() {
 	cc.stop()
-	cc.Conn.Close()
+	cc.File.Close()
 }
 
 // roundTrip sends r on a connection of its own and returns its answer, and

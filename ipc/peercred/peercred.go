@@ -5,18 +5,19 @@ package peercred
 
 import (
 	"fmt"
-	"net"
+	"syscall"
 )
 
 // Read reads the credentials of the process on the other end of a Unix
-// socket connection: SO_PEERCRED on Linux (for a client, the server's when
-// it called listen), LOCAL_PEERCRED on macOS (readPeerCred).
-func Read(c net.Conn) (uid, gid, pid int, err error) {
-	uc, ok := c.(*net.UnixConn)
+// socket connection (a *net.UnixConn, or an *os.File of a socket):
+// SO_PEERCRED on Linux (for a client, the server's when it called listen),
+// LOCAL_PEERCRED on macOS (readPeerCred).
+func Read(c any) (uid, gid, pid int, err error) {
+	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return 0, 0, 0, fmt.Errorf("connection is not a Unix socket (%T), so its user cannot be checked", c)
 	}
-	raw, err := uc.SyscallConn()
+	raw, err := sc.SyscallConn()
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("read peer credentials: %w", err)
 	}
