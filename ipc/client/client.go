@@ -116,9 +116,16 @@ func (c *Client) dial(ctx context.Context) (*os.File, error) {
 	return conn, nil
 }
 
+// conn is a call's connection as a plain stream. Not the *os.File itself:
+// its WriteTo and ReadFrom would let io.Copy read past the bytes br holds.
+type conn interface {
+	io.ReadWriteCloser
+	SetDeadline(time.Time) error
+}
+
 // callConn is the connection of one call.
 type callConn struct {
-	*os.File
+	conn
 	br   *bufio.Reader
 	stop func() bool // unties the connection from the call's context
 }
@@ -130,7 +137,7 @@ func (c *Client) connect(ctx context.Context, method, path string) (*callConn, e
 	if err != nil {
 		return nil, transportError(ctx, method, path, err)
 	}
-	cc := &callConn{File: conn, br: bufio.NewReader(conn)}
+	cc := &callConn{conn: conn, br: bufio.NewReader(conn)}
 	cc.stop = context.AfterFunc(ctx, func() { conn.Close() })
 	return cc, nil
 }
@@ -138,7 +145,7 @@ func (c *Client) connect(ctx context.Context, method, path string) (*callConn, e
 // close ends the call's connection.
 func (cc *callConn) close() {
 	cc.stop()
-	cc.File.Close()
+	cc.conn.Close()
 }
 
 // roundTrip sends r on a connection of its own and returns its answer, and

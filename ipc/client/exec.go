@@ -74,7 +74,7 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 	if streaming {
 		// Each frame the uplink writes goes out as one chunk, written by
 		// the uplink itself: no pipe, no copying goroutine.
-		up = &uplink{pw: &chunkedConn{w: cc.File}, done: make(chan struct{})}
+		up = &uplink{pw: &chunkedConn{w: cc.conn}, done: make(chan struct{})}
 		go up.run(ctx, first, opts.Stdin, opts.Signals, opts.Resizes)
 		defer up.stop()
 	}

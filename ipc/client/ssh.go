@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
@@ -36,14 +35,14 @@ func (c *Client) SSHProxy(ctx context.Context, req ipc.SSHProxyRequest) (io.Read
 		return nil, errdefs.Internal(fmt.Errorf("sandboxd answered %d to a proxy request instead of switching protocols: is it an older version? (sbx version)", resp.status))
 	}
 	cc.stop()
-	return &upgraded{File: cc.File, br: cc.br}, nil
+	return &upgraded{conn: cc.conn, br: cc.br}, nil
 }
 
 // upgraded is a connection after a 101: the bytes that came behind the
 // answer's head are in br, so reads go through it; writes go straight to
 // the connection.
 type upgraded struct {
-	*os.File
+	conn
 	br *bufio.Reader
 }
 

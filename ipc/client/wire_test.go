@@ -226,7 +226,14 @@ func TestSSHProxyCarriesTheStream(t *testing.T) {
 	if c.DaemonVersion() != "ssh-1" {
 		t.Fatalf("daemon version %q", c.DaemonVersion())
 	}
-	br := bufio.NewReader(stream)
+	// Read as a proxy does, with io.Copy: the bytes that came behind the
+	// answer's head (the greeting) must not be skipped.
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := io.Copy(pw, stream)
+		pw.CloseWithError(err)
+	}()
+	br := bufio.NewReader(pr)
 	if line, err := br.ReadString('\n'); err != nil || line != "SSH-2.0-sandbox\r\n" {
 		t.Fatalf("greeting %q %v", line, err)
 	}
