@@ -52,10 +52,8 @@ type Exchange struct {
 	start  time.Time
 	commit bool // the head was pushed with git's protocol first
 	out    *trailerWriter
-	// inst is the sandbox helper instance the exchange is for; lazy says
-	// it carries no patch (Patch.lazy).
+	// inst is the sandbox helper instance the exchange is for.
 	inst string
-	lazy bool
 }
 
 // Fused is what a fused exchange did.
@@ -99,7 +97,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	if err != nil {
 		return nil, false, repoError(err)
 	}
-	x := &Exchange{s: s, rp: rp, p: p, pend: newID(), nonce: nonce, start: time.Now(), inst: helperOf(r), lazy: p.lazy}
+	x := &Exchange{s: s, rp: rp, p: p, pend: newID(), nonce: nonce, start: time.Now(), inst: helperOf(r)}
 	var res PushResult
 	if err := s.pushCommitsIfNeeded(ctx, r, rp, p, &res); err != nil {
 		return nil, false, err
@@ -192,7 +190,7 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	if err != nil {
 		return res, errdefs.Unavailable(fmt.Errorf("%w: it began with %q", errNoReport, clip(line)))
 	}
-	if code == exitNeedPatch && x.lazy {
+	if code == exitNeedPatch && x.p.lazy {
 		// The helper did not push: the next Prepare makes the patch.
 		x.s.nativeServed(x.rp.root, "")
 		res.Again = true

@@ -653,12 +653,8 @@ type HelperRunner interface {
 // helperVars is the script line that hands the helper of r, if any, to the
 // scripts (stageall); without one they stage the whole tree.
 func helperVars(r Runner) string {
-	h, ok := r.(HelperRunner)
-	if !ok {
-		return ""
-	}
-	name, inst := h.SyncHelper()
-	if !helperName.MatchString(name) || !helperInstance.MatchString(inst) {
+	name, inst := syncHelper(r)
+	if inst == "" {
 		return ""
 	}
 	return fmt.Sprintf("H=\"$st/bin/%s\"; HI=%s\n", name, inst)
@@ -666,11 +662,21 @@ func helperVars(r Runner) string {
 
 // helperOf is the instance of r's sandbox helper, "" for none.
 func helperOf(r Runner) string {
-	if helperVars(r) == "" {
-		return ""
-	}
-	_, inst := r.(HelperRunner).SyncHelper()
+	_, inst := syncHelper(r)
 	return inst
+}
+
+// syncHelper is r's sandbox helper when it names a valid one, else "".
+func syncHelper(r Runner) (name, inst string) {
+	h, ok := r.(HelperRunner)
+	if !ok {
+		return "", ""
+	}
+	name, inst = h.SyncHelper()
+	if !helperName.MatchString(name) || !helperInstance.MatchString(inst) {
+		return "", ""
+	}
+	return name, inst
 }
 
 var (

@@ -94,13 +94,13 @@ func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Sessio
 			return nil, err
 		}
 	}
-	prepare := m.opts.Sync.Prepare
+	var patch *gitsync.Patch
+	var err error
 	if exchange {
-		prepare = func(ctx context.Context, root, base string) (*gitsync.Patch, error) {
-			return m.opts.Sync.PrepareExchange(ctx, r, root, base)
-		}
+		patch, err = m.opts.Sync.PrepareExchange(ctx, r, s.RepoRoot, base)
+	} else {
+		patch, err = m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
 	}
-	patch, err := prepare(ctx, s.RepoRoot, base)
 	if err != nil {
 		return nil, fmt.Errorf("prepare the sync patch: %w", err)
 	}
