@@ -155,7 +155,6 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	m.Rehydrate(runCtx)
-	m.RestoreForwards()
 	s.loop = reconcile.New(passer{m}, reconcile.Options{Interval: deps.Config.ReconcileInterval, Logger: log})
 	s.wg.Add(1)
 	go func() {

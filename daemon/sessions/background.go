@@ -503,23 +503,15 @@ func (m *Manager) closeRunForwards(s *store.Session) {
 	}
 }
 
-// RestoreForwards reopens the forwards of the stored live sessions (after a
+// restoreForwards reopens the forwards of the live sessions (after a
 // daemon restart) on their local ports. A port that is taken now is
 // reported in `sbx list` and events, and retried on the next start or
 // restart of the process.
-func (m *Manager) RestoreForwards() {
+func (m *Manager) restoreForwards(live []*store.Session) {
 	if m.opts.Forwards == nil {
 		return
 	}
-	all, err := m.st.List()
-	if err != nil {
-		m.log.Error("restore port forwards: list sessions", "err", err)
-		return
-	}
-	for _, s := range all {
-		if s.State.Terminal() || s.RunID == "" {
-			continue
-		}
+	for _, s := range live {
 		for _, bg := range s.Background {
 			if !bg.Forwarding || bg.TargetPort == 0 {
 				continue

@@ -6,12 +6,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/execq"
+	"github.com/sandboxd/sandboxd/daemon/forward"
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
@@ -197,6 +200,50 @@ func TestReconcileTransientCheckKeepsSession(t *testing.T) {
 	}
 	if got, _ := st.Get(s.ID); got.State != store.StateExpired {
 		t.Fatalf("after a 404 the session is %s, want expired", got.State)
+	}
+}
+
+// recordingForwards records the forwards opened.
+type recordingForwards struct {
+	mu     sync.Mutex
+	opened []forward.Spec
+}
+
+func (f *recordingForwards) Open(spec forward.Spec) (forward.Info, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.opened = append(f.opened, spec)
+	return forward.Info{Spec: spec}, nil
+}
+func (f *recordingForwards) Close(string, string) bool               { return false }
+func (f *recordingForwards) CloseRun(string) []forward.Info          { return nil }
+func (f *recordingForwards) Get(string, string) (forward.Info, bool) { return forward.Info{}, false }
+
+// TestRehydrateReopensForwardsFirst: Rehydrate reopens the port forwards of
+// the live sessions before it returns, while the remote has answered none
+// of their checks (the daemon reports READY right after it: the checks of a
+// thousand sessions must not compete with that start); an ended session's
+// forward stays closed.
+func TestRehydrateReopensForwardsFirst(t *testing.T) {
+	api := newFakeRemoteAPI(t)
+	api.connStatus.Store(0) // hang until released
+	defer close(api.release)
+	fw := &recordingForwards{}
+	m, st := newTestManager(t, api, time.Minute)
+	m.opts.Forwards = fw
+	web := store.Background{Name: "web", TargetPort: 8080, LocalPort: 18080, Forwarding: true}
+	for _, s := range []*store.Session{insertSession(t, st, "run-live", store.StateReady), insertSession(t, st, "run-ended", store.StateStopped)} {
+		if _, err := st.Update(s.ID, func(s *store.Session) error { s.Background = []store.Background{web}; return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	m.Rehydrate(context.Background())
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	want := []forward.Spec{{RunID: "run-live", Name: "web", TargetPort: 8080, LocalPort: 18080}}
+	if !reflect.DeepEqual(fw.opened, want) {
+		t.Fatalf("forwards opened by Rehydrate: %+v, want %+v", fw.opened, want)
 	}
 }
 
