@@ -154,8 +154,11 @@ func (c *connState) track(reqs <-chan *ssh.Request) (*reqQueue, func()) {
 
 // settleWait bounds how long an exec request waits for requests queued
 // before it on other channels (a client that pipelines more than markers
-// must not stall the agent).
-const settleWait = 100 * time.Millisecond
+// must not stall the agent). Those are handled without blocking (a command
+// is started after its reply; commands do not wait for each other), so only
+// a starved goroutine takes long: under make test's load, 100 ms let a
+// command run before the marker sent ahead of it.
+const settleWait = 2 * time.Second
 
 // settle waits until the requests already queued on the connection's other
 // channels are handled. Each channel has its own goroutine, so without this
