@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -384,6 +385,32 @@ func (r *runner) waitFor(ctx context.Context, done func() (bool, error)) (bool, 
 	}
 }
 
+// cpuReferences are what sbx's CPU per exec compares with: the CPU of
+// `sbx --help` (the process alone: Go's start, parsing, exit) and of
+// sleep(1) waiting as long as an exec took (what this machine charges any
+// process for waiting: on a VM, waking up from a wait is not free).
+func (r *runner) cpuReferences(ctx context.Context, dir string, waitMs float64) (floor, waiting float64, err error) {
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		return 0, 0, fmt.Errorf("find sleep(1) for the CPU reference: %w", err)
+	}
+	var help, slept []time.Duration
+	for range r.sz.n {
+		if err := r.e.sbx(ctx, dir, "--help"); err != nil {
+			return 0, 0, err
+		}
+		help = append(help, r.e.lastCPU)
+		cmd := exec.CommandContext(ctx, sleep, strconv.FormatFloat(waitMs/1000, 'f', 4, 64))
+		if err := cmd.Run(); err != nil {
+			return 0, 0, fmt.Errorf("sleep for the CPU reference: %w", err)
+		}
+		slept = append(slept, cmd.ProcessState.UserTime()+cmd.ProcessState.SystemTime())
+	}
+	floor, _ = stats(help)
+	waiting, _ = stats(slept)
+	return floor, waiting, nil
+}
+
 func (r *runner) libExec(ctx context.Context, repo string, noSync bool, argv ...string) (ipc.ExecResult, error) {
 	res, err := r.e.client.Exec(ctx, ipc.ExecRequest{Target: ipc.Target{Cwd: repo}, Argv: argv, NoSync: noSync}, client.ExecOptions{})
 	if err == nil && res.ExitCode != 0 {
@@ -406,7 +433,11 @@ func (r *runner) execNoSync(ctx context.Context, repo string) error {
 		return err
 	}
 	med, _ := stats(cpu)
-	row.Extra = map[string]float64{"sbx_cpu_ms": med}
+	floor, waiting, err := r.cpuReferences(ctx, repo, row.MedianMs)
+	if err != nil {
+		return err
+	}
+	row.Extra = map[string]float64{"sbx_cpu_ms": med, "sbx_help_cpu_ms": floor, "sleep_cpu_ms": waiting}
 	r.add(row)
 	row, err = r.measure(ctx, "exec --no-sync -- true, client library", r.sz.n, 2, 1, ids, func(int) error {
 		_, err := r.libExec(ctx, repo, true, "true")
