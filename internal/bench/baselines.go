@@ -54,6 +54,18 @@ func runOn(c *ssh.Client, command string) error {
 	return s.Run(command)
 }
 
+// outputOn runs command on a new session channel of c and returns its
+// stdout.
+func outputOn(c *ssh.Client, command string) (string, error) {
+	s, err := c.NewSession()
+	if err != nil {
+		return "", err
+	}
+	defer s.Close()
+	out, err := s.Output(command)
+	return string(out), err
+}
+
 // agentDirect is the floor: one kept SSH connection, `true` per exec, no
 // lock, no daemon.
 func (r *runner) agentDirect(ctx context.Context, repo string) error {
@@ -286,12 +298,23 @@ func (r *runner) concurrent(ctx context.Context) error {
 	line := stampArgv[0] + " " + stampArgv[1] + " '" + stampArgv[2] + "'"
 	half := max(32*r.sz.concurrent/2, 10)
 	var serial time.Duration
+	var gaps []time.Duration
 	direct := func() error {
 		start := time.Now()
-		for range half {
-			if err := runOn(c, line); err != nil {
+		var prev interval
+		for i := range half {
+			out, err := outputOn(c, line)
+			if err != nil {
 				return err
 			}
+			iv, err := parseStamps(out)
+			if err != nil {
+				return err
+			}
+			if i > 0 {
+				gaps = append(gaps, time.Duration(iv.start-prev.end))
+			}
+			prev = iv
 		}
 		serial += time.Since(start)
 		return nil
@@ -307,8 +330,9 @@ func (r *runner) concurrent(ctx context.Context) error {
 		return err
 	}
 	capacity := float64(2*half) / serial.Seconds()
+	gap, _ := stats(gaps)
 	r.add(Row{Scenario: "agent direct: serial sh -c 'date;date' on one kept connection", N: 2 * half, MedianMs: 1000 / capacity, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1,
-		Extra: map[string]float64{"execs_per_s": capacity}, Note: "median is the mean, half before and half after the 32 callers"})
+		Extra: map[string]float64{"execs_per_s": capacity, "gap_ms": gap}, Note: "median is the mean, half before and half after the 32 callers"})
 	row.Extra["of_agent_capacity"] = row.Extra["execs_per_s"] / capacity
 	r.add(row)
 
@@ -377,14 +401,22 @@ func (r *runner) callers(ctx context.Context, name string, repos []string, per i
 	}
 	total := len(lat)
 	ov := 0
+	var gaps []time.Duration
 	for _, iv := range stamps {
-		ov += overlaps(iv)
+		ov += overlaps(iv) // sorts iv by start
+		for i := 1; i < len(iv); i++ {
+			gaps = append(gaps, time.Duration(iv[i].start-iv[i-1].end))
+		}
 	}
 	med, p95 := stats(lat)
+	gap, _ := stats(gaps)
 	tput := float64(total) / wall.Seconds()
+	// gap_ms: from one command's end to the next one's start on the same
+	// sandbox (median); the agent-direct row has the same for one client
+	// running them back to back, without the daemon.
 	row := Row{Scenario: name, N: total, MedianMs: med, P95Ms: p95,
 		ExecsPerCall: float64(after.execs-before.execs) / float64(total), ChansPerCall: float64(after.chans-before.chans) / float64(total), APIPerCall: float64(after.api-before.api) / float64(total),
-		Extra: map[string]float64{"execs_per_s": tput, "overlaps": float64(ov)}}
+		Extra: map[string]float64{"execs_per_s": tput, "overlaps": float64(ov), "gap_ms": gap}}
 	if ov > 0 {
 		r.note("%s: %d commands overlapped on one sandbox (they must run one at a time)", name, ov)
 	}
