@@ -264,6 +264,17 @@ func parseStamps(out string) (interval, error) {
 }
 
 // overlaps counts commands that started before an earlier one ended.
+// gapsBetween are the times from each command's end to the next one's
+// start; it sorts iv by start.
+func gapsBetween(iv []interval) []time.Duration {
+	slices.SortFunc(iv, func(a, b interval) int { return int(a.start - b.start) })
+	var gaps []time.Duration
+	for i := 1; i < len(iv); i++ {
+		gaps = append(gaps, time.Duration(iv[i].start-iv[i-1].end))
+	}
+	return gaps
+}
+
 func overlaps(iv []interval) int {
 	slices.SortFunc(iv, func(a, b interval) int { return int(a.start - b.start) })
 	n := 0
@@ -301,8 +312,8 @@ func (r *runner) concurrent(ctx context.Context) error {
 	var gaps []time.Duration
 	direct := func() error {
 		start := time.Now()
-		var prev interval
-		for i := range half {
+		var ivs []interval
+		for range half {
 			out, err := outputOn(c, line)
 			if err != nil {
 				return err
@@ -311,12 +322,10 @@ func (r *runner) concurrent(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
-			if i > 0 {
-				gaps = append(gaps, time.Duration(iv.start-prev.end))
-			}
-			prev = iv
+			ivs = append(ivs, iv)
 		}
 		serial += time.Since(start)
+		gaps = append(gaps, gapsBetween(ivs)...)
 		return nil
 	}
 	if err := direct(); err != nil {
@@ -403,10 +412,8 @@ func (r *runner) callers(ctx context.Context, name string, repos []string, per i
 	ov := 0
 	var gaps []time.Duration
 	for _, iv := range stamps {
-		ov += overlaps(iv) // sorts iv by start
-		for i := 1; i < len(iv); i++ {
-			gaps = append(gaps, time.Duration(iv[i].start-iv[i-1].end))
-		}
+		ov += overlaps(iv)
+		gaps = append(gaps, gapsBetween(iv)...)
 	}
 	med, p95 := stats(lat)
 	gap, _ := stats(gaps)
