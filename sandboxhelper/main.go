@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 )
 
@@ -131,7 +130,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		}
 		// The entries are an argument, not a here-document: the sandbox's
 		// sh forks a writer for a here-document over 4 KiB (dash).
-		return Run(ctx, logw, ro, strings.NewReader(*entries), stdin, stdout, stderr)
+		return Run(ctx, logw, ro, []byte(*entries), stdin, stdout, stderr)
 	case "pull", "adopt":
 		if *state == "" || o.Instance == "" {
 			fmt.Fprintf(stderr, "%s: -state and -instance are required\n", args[0])

@@ -43,14 +43,13 @@ type RunOptions struct {
 	Report *Report
 }
 
-// Run carries out o, the entries of the push read (their JSON) from
-// entries. Before the push line is written it returns ExitDeclined or
-// ExitDeclinedForGood when the push declined, another code when it failed:
-// the command did not run. After, it returns the command's status as a
-// shell reports it (128+n for signal n), whatever became of the pull (its
-// line says it was done). Its own messages go to log; stdin, stdout and
-// stderr are the command's.
-func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, stdin io.Reader, stdout, stderr io.Writer) int {
+// Run carries out o with the push's entries (their JSON). Before the push
+// line is written it returns ExitDeclined or ExitDeclinedForGood when the
+// push declined, another code when it failed: the command did not run.
+// After, it returns the command's status as a shell reports it (128+n for
+// signal n), whatever became of the pull (its line says it was done). Its
+// own messages go to log; stdin, stdout and stderr are the command's.
+func Run(ctx context.Context, log io.Writer, o RunOptions, entries []byte, stdin io.Reader, stdout, stderr io.Writer) int {
 	// The signals a command's process group gets from the exec's caller
 	// (the agent relays them): run outlives them, as the command's wrapper
 	// does, to report the command's end and pull its edits. One before the
@@ -64,8 +63,11 @@ func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, st
 	// The entries go to the server as they came: the server decodes them,
 	// run only checks that they are JSON (decoding and encoding them here
 	// too was reflection in a fresh process on every exec).
-	raw, err := io.ReadAll(io.LimitReader(entries, maxRequest))
-	if err == nil && !json.Valid(raw) {
+	var err error
+	switch {
+	case len(entries) > maxRequest:
+		err = fmt.Errorf("%d bytes, over the %d a request may carry", len(entries), maxRequest)
+	case !json.Valid(entries):
 		err = errors.New("not JSON")
 	}
 	if err != nil {
@@ -78,7 +80,7 @@ func Run(ctx context.Context, log io.Writer, o RunOptions, entries io.Reader, st
 		return exitFailed
 	}
 	defer res.Close()
-	a, err := ask(ctx, o.State, o.Instance, "push", forwardedPush{Head: o.Push.Head, Entries: raw, Time: o.Push.Time, SnapRef: o.Push.SnapRef, BaseRef: o.Push.BaseRef})
+	a, err := ask(ctx, o.State, o.Instance, "push", forwardedPush{Head: o.Push.Head, Entries: entries, Time: o.Push.Time, SnapRef: o.Push.SnapRef, BaseRef: o.Push.BaseRef})
 	switch {
 	case err != nil:
 		fmt.Fprintf(log, "%s run: %v\n", Name, err)

@@ -1,8 +1,16 @@
 package sandboxhelper
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -25,5 +33,27 @@ func TestForwardedPushIsThePushRequest(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("the server reads %+v, want %+v", got, want)
+	}
+}
+
+// Entries that are not JSON, or more than a request may carry, stop run
+// before it touches anything (no result file, no question to the server).
+func TestRunRefusesBadEntries(t *testing.T) {
+	for name, entries := range map[string][]byte{
+		"not JSON": []byte(`[{"path":`),
+		"too big":  append(append([]byte(`"`), bytes.Repeat([]byte("a"), maxRequest)...), '"'),
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			result := filepath.Join(dir, "run")
+			var log bytes.Buffer
+			code := Run(context.Background(), &log, RunOptions{State: dir, Result: result}, entries, nil, io.Discard, io.Discard)
+			if code != exitUsage || !strings.Contains(log.String(), "read the entries") {
+				t.Fatalf("run: exit %d, log %q", code, log.String())
+			}
+			if _, err := os.Stat(result); !errors.Is(err, fs.ErrNotExist) {
+				t.Fatalf("run wrote its result file: %v", err)
+			}
+		})
 	}
 }

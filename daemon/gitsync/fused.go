@@ -97,13 +97,16 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	if err != nil {
 		return nil, false, repoError(err)
 	}
-	x := &Exchange{s: s, rp: rp, p: p, pend: newID(), nonce: nonce, start: time.Now(), inst: helperOf(r)}
+	// One look at the helper: the instance the exchange is for is the one
+	// its script runs.
+	name, inst := syncHelper(r)
+	x := &Exchange{s: s, rp: rp, p: p, pend: newID(), nonce: nonce, start: time.Now(), inst: inst}
 	var res PushResult
 	if err := s.pushCommitsIfNeeded(ctx, r, rp, p, &res); err != nil {
 		return nil, false, err
 	}
 	x.commit = res.Commits
-	hv := helperVars(r)
+	hv := helperLine(name, inst)
 	bundle := ""
 	switch {
 	case p.lazy && hv != "":
@@ -216,11 +219,11 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		snap = f[2]
 	}
 	res.Native = len(f) > 3 && f[3] == "1"
+	served := ""
 	if res.Native {
-		x.s.nativeServed(x.rp.root, x.inst)
-	} else {
-		x.s.nativeServed(x.rp.root, "")
+		served = x.inst
 	}
+	x.s.nativeServed(x.rp.root, served)
 	x.s.pushDone(x.p, x.pend, snap, &res.Push)
 	line, rest, _ = bytes.Cut(rest, []byte("\n"))
 	if f := strings.Fields(string(line)); len(f) == 2 && f[0] == "exit" {

@@ -585,13 +585,16 @@ func TestExchangeWithoutThePatch(t *testing.T) {
 	// The helper fails before it pushes: the exchange asks for the patch.
 	f.breakHelperRun()
 	writeFile(t, filepath.Join(f.local, "a.txt"), "four\n")
-	before := lazyExecs.Load()
+	before, again := lazyExecs.Load(), againExchanges.Load()
 	out, fr, err := f.fused("echo run >> count; cat a.txt")
 	if err != nil || fr.Native || out != "four\n" {
 		t.Fatalf("native %v, output %q, err %v", fr.Native, out, err)
 	}
 	if lazyExecs.Load() != before {
 		t.Fatal("the exchange that ran the command carried no patch")
+	}
+	if n := againExchanges.Load() - again; n != 1 {
+		t.Fatalf("%d exchanges asked for the patch before the command ran, want 1 (the one without it)", n)
 	}
 	if got := f.inSandbox("cat count"); got != "run\n" {
 		t.Fatalf("the command ran %q", got)

@@ -243,6 +243,7 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 			return stdout.String() + stderr.String(), fr, err
 		}
 		if fr.Again {
+			againExchanges.Add(1)
 			continue
 		}
 		if fr.Native {
@@ -427,6 +428,10 @@ var nativeExecs atomic.Int64
 
 // lazyExecs counts the fused execs that carried no patch (PrepareExchange).
 var lazyExecs atomic.Int64
+
+// againExchanges counts the exchanges that ended asking for another
+// (Fused.Again) before one ran the command.
+var againExchanges atomic.Int64
 
 // largeTree makes newFixture's syncer treat every tree as large
 // (TestScenariosAsALargeTree).

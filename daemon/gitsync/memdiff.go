@@ -51,7 +51,7 @@ func (st *prepState) learnHead(head string, spec []string, full bool, recs []raw
 			dirs[d] = true
 		}
 	}
-	names := sortedKeys(mem)
+	var names []string // mem's paths, sorted once hasUnder needs them
 	learn := func(p string) {
 		if dirs[p] {
 			delete(st.headKnown, p)
@@ -73,26 +73,31 @@ func (st *prepState) learnHead(head string, spec []string, full bool, recs []raw
 			// Equal to HEAD, but a full scan's index is not the sync index.
 			return
 		}
-		if _, ok := mem[p]; !ok && hasUnder(names, p) {
-			// HEAD may have a directory here whose files the sync index
-			// holds unchanged.
-			return
+		if _, ok := mem[p]; !ok {
+			if names == nil {
+				names = sortedKeys(mem)
+			}
+			if hasUnder(names, p) {
+				// HEAD may have a directory here whose files the sync
+				// index holds unchanged.
+				return
+			}
 		}
 		// Covered and equal: HEAD holds what the sync index holds (a path
 		// neither holds would have been named if HEAD had it).
 		st.headKnown[p] = mem[p]
 	}
-	if full {
-		for p := range named {
-			learn(p)
-		}
-		return
-	}
-	for _, p := range spec {
-		learn(p)
-	}
+	// A full scan tells of the paths its records name; a diff limited to
+	// spec of those too, and of the rest of spec.
 	for p := range named {
 		learn(p)
+	}
+	if !full {
+		for _, p := range spec {
+			if !named[p] {
+				learn(p)
+			}
+		}
 	}
 }
 

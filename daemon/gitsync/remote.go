@@ -652,8 +652,10 @@ type HelperRunner interface {
 
 // helperVars is the script line that hands the helper of r, if any, to the
 // scripts (stageall); without one they stage the whole tree.
-func helperVars(r Runner) string {
-	name, inst := syncHelper(r)
+func helperVars(r Runner) string { return helperLine(syncHelper(r)) }
+
+// helperLine is helperVars for the helper syncHelper named.
+func helperLine(name, inst string) string {
 	if inst == "" {
 		return ""
 	}

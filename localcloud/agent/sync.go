@@ -156,8 +156,9 @@ func (c *connState) track(reqs <-chan *ssh.Request) (*reqQueue, func()) {
 // before it on other channels (a client that pipelines more than markers
 // must not stall the agent). Those are handled without blocking (a command
 // is started after its reply; commands do not wait for each other), so only
-// a starved goroutine takes long: under make test's load, 100 ms let a
-// command run before the marker sent ahead of it.
+// a starved goroutine takes long: under make test's load a command once ran
+// before the marker sent ahead of it, which only this bound (100 ms then)
+// allows.
 const settleWait = 2 * time.Second
 
 // settle waits until the requests already queued on the connection's other
