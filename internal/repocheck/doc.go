@@ -1,0 +1,4 @@
+// Package repocheck holds no code: its tests check the repository itself
+// (what git tracks and what it ignores), so that `make test` keeps build
+// outputs out of the history.
+package repocheck
