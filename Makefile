@@ -47,7 +47,7 @@ all: build
 help:
 	@echo "make build    build $(BINARIES) into $(BIN)/ (version $(VERSION))"
 	@echo "make run      build, then run sandboxd in the foreground"
-	@echo "make test     go vet, then go test -race ./... (end-to-end tests included; PKGS=./daemon/... narrows)"
+	@echo "make test     go vet, then go test -race ./... and packaging/'s (end-to-end tests included; PKGS=./daemon/... narrows)"
 	@echo "make test-long  the long forms of the load, fault and crash suites (SANDBOXD_TEST_LONG=1)"
 	@echo "make fuzz     every fuzz target for FUZZTIME each ($(FUZZTIME)); make test runs their seed corpora"
 	@echo "make bench    every exec scenario at 0 and 20 ms RTT: table on stdout, JSON in $(BIN)/bench.json (BENCH_QUICK=1: under a minute)"
@@ -89,18 +89,26 @@ completions: build
 	$(BIN)/sbx completion fish > $(SHARE)/fish/vendor_completions.d/sbx.fish
 
 # make package: the .deb, the .rpm and the tarball, from the one definition in
-# packaging/nfpm/nfpm.yaml (nfpm as a library, pinned in go.mod). The binaries
-# are built for Linux and $(PKG_ARCH) (GOARCH=arm64 make package for arm64);
-# the man pages and completions come from the host's build.
+# packaging/nfpm/nfpm.yaml (nfpm as a library, pinned in packaging/go.mod: the
+# packaging tool is a module of its own, so that nfpm's dependencies stay out
+# of the product's go.mod). The binaries are built for Linux and $(PKG_ARCH)
+# (GOARCH=arm64 make package for arm64); the man pages and completions come
+# from the host's build.
 PKG_ARCH ?= $(or $(GOARCH),$(shell $(GO) env GOARCH))
 package: man completions
 	@mkdir -p $(DIST)/bin-$(PKG_ARCH)
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(PKG_ARCH) $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(DIST)/bin-$(PKG_ARCH)/ $(call cmds,$(BINARIES))
-	GOOS= GOARCH= $(GO) run ./packaging/build -version '$(VERSION)' -arch $(PKG_ARCH) -bin $(DIST)/bin-$(PKG_ARCH) -share $(SHARE) -out $(DIST)
+	cd packaging && GOOS= GOARCH= $(GO) run ./build -definition nfpm/nfpm.yaml -version '$(VERSION)' -arch $(PKG_ARCH) \
+		-bin $(abspath $(DIST)/bin-$(PKG_ARCH)) -share $(abspath $(SHARE)) -out $(abspath $(DIST))
 
+# The packaging module's tests (packaging/go.mod) run with the whole suite,
+# not when PKGS narrows it.
 test: darwin
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) $(PKGS)
+ifeq ($(PKGS),./...)
+	cd packaging && $(GO) vet ./... && $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+endif
 
 # macOS is built and vetted here, never run: go vet and a build of the
 # three binaries for darwin/amd64 and darwin/arm64.
@@ -113,7 +121,7 @@ darwin:
 # test runs their short forms.
 test-long:
 	SANDBOXD_TEST_LONG=1 $(GO) test -race -count=1 -timeout 40m -run 'Load|Fault|Crash' ./cmd/e2e/
-	SANDBOXD_TEST_LONG=1 $(GO) test -count=1 -timeout 10m ./packaging/build/
+	cd packaging && SANDBOXD_TEST_LONG=1 $(GO) test -count=1 -timeout 10m ./build/
 
 fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
@@ -177,6 +185,7 @@ lint:
 	@unformatted="$$(gofmt -l .)"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed on:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+	cd packaging && $(GO) vet ./...
 
 clean:
 	rm -rf $(BIN) $(DIST)

@@ -60,8 +60,9 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	}
 	tmp := t.TempDir()
 	bin, share := filepath.Join(tmp, "bin"), filepath.Join(tmp, "share")
-	must(t, nil, "go", "build", "-trimpath", "-ldflags", "-X main.Version=v9.8.7", "-o", bin+"/",
-		"../../cmd/sbx", "../../cmd/sbx/sbx-mcp", "../../cmd/sandboxd", "../../cmd/sandboxd-localcloud", "../../cmd/sandboxd-helper")
+	// The commands are the root module's (packaging/ is a module of its own).
+	must(t, nil, "go", "-C", "../..", "build", "-trimpath", "-ldflags", "-X main.Version=v9.8.7", "-o", bin+"/",
+		"./cmd/sbx", "./cmd/sbx/sbx-mcp", "./cmd/sandboxd", "./cmd/sandboxd-localcloud", "./cmd/sandboxd-helper")
 	gen := func(rel string, name string, args ...string) {
 		path := filepath.Join(share, rel)
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {

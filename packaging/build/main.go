@@ -1,9 +1,11 @@
 // Command build makes sandboxd's packages — a .deb, an .rpm and a tarball —
 // from the one definition in packaging/nfpm/nfpm.yaml, with nfpm used as a
-// library (pinned in go.mod). `make package` runs it from the repository
-// root after building the binaries, the man pages and the completions:
+// library. packaging/ is a Go module of its own (packaging/go.mod), so that
+// nfpm and its dependencies stay out of the product's go.mod. `make package`
+// runs it from packaging/ after building the binaries, the man pages and
+// the completions:
 //
-//	go run ./packaging/build -version v1.2.3 -arch amd64 -out dist
+//	cd packaging && go run ./build -version v1.2.3 -arch amd64 -out ../dist
 package main
 
 import (
@@ -52,12 +54,12 @@ type Options struct {
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("build", flag.ContinueOnError)
 	o := Options{}
-	fs.StringVar(&o.Definition, "definition", "packaging/nfpm/nfpm.yaml", "the package definition")
+	fs.StringVar(&o.Definition, "definition", "nfpm/nfpm.yaml", "the package definition")
 	fs.StringVar(&o.Version, "version", "", "the version (git describe); required")
 	fs.StringVar(&o.Arch, "arch", runtime.GOARCH, "the GOARCH the binaries were built for")
-	fs.StringVar(&o.Bin, "bin", "bin", "the directory of the built binaries")
-	fs.StringVar(&o.Share, "share", "bin/share", "the generated man pages and completions")
-	fs.StringVar(&o.Out, "out", "dist", "the output directory")
+	fs.StringVar(&o.Bin, "bin", "../bin", "the directory of the built binaries")
+	fs.StringVar(&o.Share, "share", "../bin/share", "the generated man pages and completions")
+	fs.StringVar(&o.Out, "out", "../dist", "the output directory")
 	formats := fs.String("formats", "deb,rpm,tar", "the formats to build")
 	if err := fs.Parse(args); err != nil {
 		return err
