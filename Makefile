@@ -60,7 +60,7 @@ help:
 	@echo "make lint     gofmt and go vet"
 
 # Static (CGO_ENABLED=0), as packaged: no dynamic loader and libc to map at
-# every sbx start (0.7 ms of CPU per exec, measured).
+# every sbx start (docs/performance.md).
 build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(call cmds,$(BINARIES) $(TOOLS))

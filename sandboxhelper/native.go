@@ -22,8 +22,8 @@ import (
 // It knows the tree the working tree held when its tracker was last asked
 // (base); every path not among the tracker's answers since then still holds
 // what base says. Trees and commits are built in-process (internal/gitobj)
-// instead of through an index, which git reads and writes whole (about 10
-// and 15 ms each at 50,000 files). Whenever it cannot vouch for the result
+// instead of through an index, which git reads and writes whole (a cost
+// that grows with the tree). Whenever it cannot vouch for the result
 // (no base yet, the tracker unsure, rules files changed, attributes or
 // settings that make files differ from their blobs) it declines before
 // touching anything and the scripts take the plain way; a failure after it

@@ -15,8 +15,8 @@ import (
 )
 
 // RunOptions say what run does: a native push, the user's command, a
-// native pull, in one process (each process started in the sandbox costs
-// about 2 ms).
+// native pull, in one process (each process started in the sandbox is a
+// cost every exec pays).
 type RunOptions struct {
 	State, Instance string
 	// Push is the push's head, time and refs; its entries come apart,

@@ -17,7 +17,7 @@ var Version string
 func main() {
 	// sbx relays one request's streams: one P serves it, and the runtime
 	// then starts no spinning threads to look for work, CPU that each sbx
-	// start would pay (0.2 ms of about 3, measured).
+	// start would pay.
 	runtime.GOMAXPROCS(1)
 	os.Exit(cli.Main(context.Background(), os.Args[1:], cli.OS(Version)))
 }

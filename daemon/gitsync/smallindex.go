@@ -20,8 +20,8 @@ import (
 // The sync index of the changed paths, staged in-process: where git add
 // would store each file as it is in the working tree (no attribute or
 // setting converts files), hashing a changed file and writing the small
-// index here spares the `git update-index` process (about 2 ms) of every
-// incremental Prepare. Anything it is not sure of goes back to git.
+// index here spares the `git update-index` process of every incremental
+// Prepare. Anything it is not sure of goes back to git.
 
 // memIndex mirrors the sync index: path to its entry.
 type memIndex map[string]memEntry

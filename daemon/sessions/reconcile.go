@@ -262,8 +262,8 @@ func (m *Manager) markUnknown(s *store.Session, cause error) {
 // deadlines are asked of the remote. Requests for a session wait for its own
 // check only. It returns at once, once the sessions' port forwards are open
 // again: they are reopened before the background work starts, which with a
-// thousand sessions would compete with the daemon's start for the CPU (READY
-// then came after up to 2 s instead of 20 ms, make bench).
+// thousand sessions would compete with the daemon's start for the CPU and
+// delay READY (docs/performance.md).
 func (m *Manager) Rehydrate(ctx context.Context) {
 	all, err := m.st.List()
 	if err != nil {

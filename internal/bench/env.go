@@ -302,8 +302,8 @@ func (e *env) makeRepo(dir string, n int) error {
 	// Packed, as a user's repository is, and now: git's automatic gc,
 	// which a commit of 50,000 loose objects starts in the background,
 	// would otherwise pack them under the first sandbox's clone (a clone by
-	// path then fails and is made again through git's transport, ten times
-	// slower: the start --wait rows swung from 1.5 to 16 s).
+	// path then fails and is made again through git's transport, much
+	// slower, and the start --wait rows swing with it).
 	if err := e.git(dir, "-c", "gc.auto=0", "commit", "-q", "-m", "init"); err != nil {
 		return err
 	}

@@ -157,8 +157,7 @@ func (c *connState) track(reqs <-chan *ssh.Request) (*reqQueue, func()) {
 // must not stall the agent). Those are handled without blocking (a command
 // is started after its reply; commands do not wait for each other), so only
 // a starved goroutine takes long: under make test's load a command once ran
-// before the marker sent ahead of it, which only this bound (100 ms then)
-// allows.
+// before the marker sent ahead of it, which only a shorter bound allowed.
 const settleWait = 2 * time.Second
 
 // settle waits until the requests already queued on the connection's other

@@ -1,8 +1,8 @@
 // Package spawner runs an isolated sandbox's commands from a long-lived
 // process inside it. Entering a sandbox per command (a shell writing
-// cgroup.procs, nsenter, setpriv) costs a few milliseconds of process
-// chain and, on an idle machine, an RCU grace period per cgroup move (10
-// to 30 ms); a process forked by one already inside the namespaces and
+// cgroup.procs, nsenter, setpriv) costs a chain of processes and, on an
+// idle machine, an RCU grace period per cgroup move; a process forked by
+// one already inside the namespaces and
 // cgroups inherits them for nothing. The spawner is that process: started
 // once per sandbox through the entering chain (so it has every
 // restriction a command has: no capabilities, no_new_privs, the
