@@ -199,3 +199,33 @@ func TestGitIgnoresEveryBuildOutput(t *testing.T) {
 		t.Errorf(".gitignore matches tracked files:\n%s", hidden)
 	}
 }
+
+// TestReadmeIsAManual keeps the README a manual: at most 250 lines, the two
+// commands first, and the measurements and guarantees on pages of their
+// own that it links (they once made up most of it).
+func TestReadmeIsAManual(t *testing.T) {
+	root := repoRoot(t)
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme := string(b)
+	if n := strings.Count(readme, "\n"); n > 250 {
+		t.Errorf("the README has %d lines, over 250: move reference material to docs/", n)
+	}
+	first := readme[strings.Index(readme, "```"):]
+	first = first[:strings.Index(first[3:], "```")+3]
+	for _, cmd := range []string{"make run", "make test"} {
+		if !strings.Contains(first, "\n"+cmd+" ") {
+			t.Errorf("the README's first code block lacks %q:\n%s", cmd, first)
+		}
+	}
+	for _, page := range []string{"docs/guarantees.md", "docs/performance.md"} {
+		if !strings.Contains(readme, "]("+page+")") {
+			t.Errorf("the README does not link %s", page)
+		}
+		if _, err := os.Stat(filepath.Join(root, page)); err != nil {
+			t.Errorf("%s: %v", page, err)
+		}
+	}
+}
