@@ -34,9 +34,9 @@ func git(t *testing.T, root string, args ...string) []byte {
 	return out
 }
 
-// repoRoot is the root of the git checkout this package is in; without
-// git or a checkout (a source tarball) there is nothing to check, except
-// under CI, where .ci/run installs git and runs in a clone.
+// repoRoot is the repository's root, two levels up, in a git checkout;
+// without git or a checkout (a source tarball) there is nothing to check,
+// except under CI, where .ci/run installs git and runs in a clone.
 func repoRoot(t *testing.T) string {
 	t.Helper()
 	skip := func(format string, args ...any) {
@@ -49,11 +49,14 @@ func repoRoot(t *testing.T) string {
 	if _, err := exec.LookPath("git"); err != nil {
 		skip("git is not installed")
 	}
-	out, err := exec.Command("git", "rev-parse", "--show-toplevel").Output()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
-		skip("not in a git checkout: %v", err)
+		t.Fatal(err)
 	}
-	return strings.TrimSpace(string(out))
+	if err := exec.Command("git", "-C", root, "rev-parse", "--is-inside-work-tree").Run(); err != nil {
+		skip("%s is not in a git checkout: %v", root, err)
+	}
+	return root
 }
 
 // binaryMagic are the first bytes of the executables and objects Go
