@@ -229,10 +229,12 @@ func command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	return inGroup(exec.CommandContext(ctx, name, args...))
 }
 
-// inGroup makes cmd (built with a context) its own process group, killed
-// as a whole when the context ends.
+// inGroup makes cmd (built with a context) lead its own session (so its
+// own process group, killed as a whole when the context ends), without a
+// controlling terminal: a setup step never reaches the terminal localcloud
+// was started from.
 func inGroup(cmd *exec.Cmd) *exec.Cmd {
-	cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setpgid: true})
+	cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setsid: true})
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
 	return cmd

@@ -179,6 +179,10 @@ type Spec struct {
 	// same paths.
 	Workspace string
 	Home      string
+	// Logs is a directory of localcloud's (the managed processes' logs,
+	// outside the workspace) the sandbox sees read-only at the same path;
+	// none when empty.
+	Logs string
 	// Logger receives what goes wrong in the sandbox's machinery (its
 	// spawner not starting); nil discards.
 	Logger *slog.Logger

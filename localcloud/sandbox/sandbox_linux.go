@@ -177,6 +177,7 @@ func (p *Provider) newUserNS() (*os.File, error) {
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: p.opts.HostGID, Size: 1}, {ContainerID: 1, HostID: 0, Size: 1}},
 		GidMappingsEnableSetgroups: true,
 		Pdeathsig:                  syscall.SIGKILL,
+		Setsid:                     true,
 	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("create the sandbox's user namespace: %w", err)
@@ -259,20 +260,9 @@ func chownTree(dir string, uid, gid int) error {
 	return nil
 }
 
-// Own gives paths (made by localcloud in the workspace, as the managed
-// processes' logs) to the sandbox's host user, so that the sandbox can
-// read and write them; nothing when the sandbox runs as this user.
-func (s *Sandbox) Own(paths ...string) error {
-	if s.holder == nil || !s.p.remap {
-		return nil
-	}
-	for _, path := range paths {
-		if err := os.Lchown(path, s.p.opts.HostUID, s.p.opts.HostGID); err != nil {
-			return fmt.Errorf("give %s to the sandbox's user (uid %d): %w", path, s.p.opts.HostUID, err)
-		}
-	}
-	return nil
-}
+// LogDir is the directory of localcloud's the sandbox sees read-only at
+// the same path (Spec.Logs; "" when none).
+func (s *Sandbox) LogDir() string { return s.spec.Logs }
 
 // Sandbox is one run's isolated environment.
 type Sandbox struct {
@@ -347,8 +337,8 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if p.opts.Isolation == IsolationNone {
 		return s, nil
 	}
-	if !validPath(spec.Workspace) || (spec.Home != "" && !validPath(spec.Home)) {
-		return nil, fmt.Errorf("sandbox paths must be absolute and clean: %q, %q", spec.Workspace, spec.Home)
+	if !validPath(spec.Workspace) || (spec.Home != "" && !validPath(spec.Home)) || (spec.Logs != "" && !validPath(spec.Logs)) {
+		return nil, fmt.Errorf("sandbox paths must be absolute and clean: %q, %q, %q", spec.Workspace, spec.Home, spec.Logs)
 	}
 	if p.cg != nil {
 		dirs, err := p.cg.create(spec.ID, p.opts)
@@ -379,7 +369,9 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if userns != nil {
 		args = []string{"--userns", "4"} // see ExtraFiles
 	}
-	args = append(args, "--unshare-pid", "--unshare-uts", "--unshare-ipc",
+	// --new-session: nothing in the sandbox has localcloud's controlling
+	// terminal (TIOCSTI would type into it).
+	args = append(args, "--unshare-pid", "--unshare-uts", "--unshare-ipc", "--new-session",
 		"--hostname", hostname(spec.ID), "--die-with-parent", "--cap-drop", "ALL")
 	if p.opts.Network == NetworkLoopback {
 		args = append(args, "--unshare-net")
@@ -418,6 +410,13 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		}
 		args = append(args, "--bind", d, d)
 	}
+	if spec.Logs != "" {
+		// localcloud's: the sandbox reads them, never changes them.
+		if userns != nil {
+			args = append(args, p.pathTo(spec.Logs, made)...)
+		}
+		args = append(args, "--ro-bind", spec.Logs, spec.Logs)
+	}
 	// Nothing else is writable: not the directories made to hold the
 	// mount points.
 
@@ -432,7 +431,7 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	argv := p.enterCgroups(s.cgDirs, append([]string{p.bwrap}, args...))
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	info, infoW, err := os.Pipe()
 	if err != nil {
 		s.removeCgroups()
@@ -521,8 +520,16 @@ func (p *Provider) enterCgroups(dirs []string, argv []string) []string {
 
 // Command returns argv to run in the sandbox, in dir (the workspace or
 // below, or the run's home). The process runs as root of the sandbox's
-// user namespace with every capability dropped.
+// user namespace with every capability dropped. It leads a new session,
+// without a controlling terminal (SysProcAttr is set; a caller that
+// replaces it keeps Setsid).
 func (s *Sandbox) Command(ctx context.Context, dir string, argv ...string) *exec.Cmd {
+	cmd := s.command(ctx, dir, argv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return cmd
+}
+
+func (s *Sandbox) command(ctx context.Context, dir string, argv ...string) *exec.Cmd {
 	if s.holder == nil {
 		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 		cmd.Dir = dir
