@@ -419,7 +419,7 @@ func TestIsolatedProcessLogsCannotBeRedirected(t *testing.T) {
 	rec := directive(t, c, DirectiveProcessStart, map[string]any{"key": "web", "command": "echo served; exec sleep 60"})
 	waitFileContent(t, rec.StdoutPath, "served")
 	if out, errOut, code := run(t, c, "cat "+rec.StdoutPath, ""); code != 0 || !strings.Contains(out, "served") {
-		t.Fatalf("reading the log in the sandbox: exit %d, %q %q", code, out, errOut)
+		t.Errorf("reading the log in the sandbox: exit %d, %q %q", code, out, errOut)
 	}
 	for _, cmd := range []string{"ln -sf " + victim + " " + rec.StdoutPath, "rm -f " + rec.StdoutPath, "echo forged > " + rec.StdoutPath, "chmod 666 " + rec.StdoutPath} {
 		if _, _, code := run(t, c, cmd, ""); code == 0 {
