@@ -52,6 +52,12 @@ func TestUntrustedPlantedLogLinkLeavesHostFilesAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := fileSnapshot(t, victim)
+	// Checked however the test ends.
+	defer func() {
+		if after := fileSnapshot(t, victim); after != before {
+			t.Errorf("the user's file named by the planted link changed: %s, was %s", after, before)
+		}
+	}()
 
 	plant := "mkdir -p .git/sandbox-processes && for s in stdout stderr; do ln -sf " + victim + " .git/sandbox-processes/web.$s.log; done"
 	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", plant)
@@ -82,9 +88,6 @@ func TestUntrustedPlantedLogLinkLeavesHostFilesAlone(t *testing.T) {
 		return strings.Contains(e.sbx(repo, "bg", "logs", "web").stdout, "pwned")
 	})
 	e.mustSbx(repo, "bg", "stop", "web")
-	if after := fileSnapshot(t, victim); after != before {
-		t.Fatalf("the user's file named by the planted link changed: %s, was %s", after, before)
-	}
 }
 
 // openPTY opens a new pseudo-terminal: its master and the path of its
