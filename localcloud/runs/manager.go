@@ -963,33 +963,42 @@ func (m *Manager) sandboxLocked(ctx context.Context, e *entry) (*sandbox.Sandbox
 	return sb, nil
 }
 
-// watchSandbox ends the run when its sandbox goes over its memory limit
-// or dies under it.
+// watchSandbox ends the run when its sandbox goes over its memory or disk
+// limit, or dies under it.
 func (m *Manager) watchSandbox(id string, sb *sandbox.Sandbox) {
 	defer m.wg.Done()
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
+	// The disk is measured less often: it walks the run's files (and
+	// never takes more than a tenth of the time).
+	disk := time.NewTimer(sb.DiskCheckEvery())
+	defer disk.Stop()
+	fail := func(detail string) {
+		m.mu.Lock()
+		if e := m.runs[id]; e != nil && e.sbx == sb && e.State != Completed {
+			m.completeLocked(e, ReasonFailed, detail)
+			m.saveQuietLocked()
+		}
+		m.mu.Unlock()
+	}
 	for {
 		select {
 		case <-sb.Done():
-			m.mu.Lock()
-			if e := m.runs[id]; e != nil && e.sbx == sb && e.State != Completed {
-				m.completeLocked(e, ReasonFailed, "the run's sandbox ended unexpectedly")
-				m.saveQuietLocked()
-			}
-			m.mu.Unlock()
+			fail("the run's sandbox ended unexpectedly")
 			return
 		case <-t.C:
-			if !sb.OOMKilled() {
-				continue
+			if sb.OOMKilled() {
+				fail("memory limit: a process of the run was killed for going over the run's memory limit")
+				return
 			}
-			m.mu.Lock()
-			if e := m.runs[id]; e != nil && e.sbx == sb && e.State != Completed {
-				m.completeLocked(e, ReasonFailed, "memory limit: a process of the run was killed for going over the run's memory limit")
-				m.saveQuietLocked()
+		case <-disk.C:
+			start := time.Now()
+			used, limit, over := sb.OverDiskLimit()
+			if over {
+				fail(fmt.Sprintf("disk limit: the run's files take %d bytes, over the run's limit of %d (sandboxd-localcloud serve --disk-limit)", used, limit))
+				return
 			}
-			m.mu.Unlock()
-			return
+			disk.Reset(max(sb.DiskCheckEvery(), 10*time.Since(start)))
 		}
 	}
 }

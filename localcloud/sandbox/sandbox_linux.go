@@ -45,6 +45,9 @@ type Provider struct {
 	// (set once setns was refused: this process is not root).
 	viaDialer atomic.Bool
 	setsid    string
+	// inotifyErr says why a sandbox's inotify limits could not be set
+	// (the probe's tells the report).
+	inotifyErr atomic.Pointer[error]
 }
 
 // New checks what the machine provides, by starting and entering a probe
@@ -105,7 +108,24 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if perr != nil {
 		return nil, perr
 	}
+	p.report = p.storageReport(p.report)
 	return p, nil
+}
+
+// storageReport adds to r the limits every isolated run has whatever
+// the cgroups: its files on disk, one file's size, inotify.
+func (p *Provider) storageReport(r Report) Report {
+	r.Limits["disk"] = "watchdog"
+	r.Limits["file-size"] = "rlimit"
+	r.Protections = append(r.Protections, "disk-limit", "file-size-limit")
+	if e := p.inotifyErr.Load(); e != nil {
+		r.Limits["inotify"] = "none"
+		r.Degraded = append(r.Degraded, fmt.Sprintf("inotify: the run's limits could not be set (%v); a sandbox can use up the host user's", *e))
+	} else {
+		r.Limits["inotify"] = "userns"
+		r.Protections = append(r.Protections, "inotify-limit")
+	}
+	return r
 }
 
 // limitsReport adds to base how the limits are enforced: by p.cg, or by
@@ -392,8 +412,11 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	}
 	// Made by bubblewrap's user, writable by everyone (the sandbox's
 	// user is another one when remapped).
-	args = append(args, "--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--tmpfs", "/dev/shm",
-		"--perms", "01777", "--tmpfs", "/tmp", "--perms", "01777", "--tmpfs", "/var/tmp")
+	// Their files are memory: each is bounded by the run's memory limit
+	// (which cgroups also charge them to).
+	size := strconv.FormatInt(p.opts.MemoryBytes, 10)
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--size", size, "--tmpfs", "/dev/shm",
+		"--perms", "01777", "--size", size, "--tmpfs", "/tmp", "--perms", "01777", "--size", size, "--tmpfs", "/var/tmp")
 	made := map[string]bool{"/": true, "/tmp": true, "/var/tmp": true}
 	for _, d := range p.opts.Share { // before the workspace, which may lie below
 		if userns != nil {
@@ -500,16 +523,51 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		s.Close()
 		return nil, err
 	}
+	if err := s.limitInotify(ctx); err != nil {
+		// Reported by status (the probe's sandbox sets it first).
+		p.inotifyErr.Store(&err)
+		s.log().Warn("the run's inotify limits could not be set", "err", err)
+	}
 	return s, nil
+}
+
+// limitInotify gives the sandbox's user namespace its own inotify limits.
+// They are per user namespace, and what a namespace's processes use is
+// charged to it and to every namespace above it, up to the host user's:
+// the run's own limits keep a sandbox from taking all of the host user's.
+// Set from inside the namespace, as its root before any capability is
+// dropped (only CAP_SYS_RESOURCE there may write them; the sandbox's
+// commands have none).
+func (s *Sandbox) limitInotify(ctx context.Context) error {
+	script := fmt.Sprintf("echo %d > /proc/sys/user/max_inotify_instances && echo %d > /proc/sys/user/max_inotify_watches",
+		s.p.opts.InotifyInstances, s.p.opts.InotifyWatches)
+	user := "--user"
+	if s.ownerNS != nil {
+		// The outermost of the run: limits there bound those below.
+		user = "--user=" + s.ownerNSPath
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, s.p.nsent, "--target", strconv.Itoa(s.pid), user, "--", "/bin/sh", "-c", script)
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("set the inotify limits in the run's user namespace: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // enterCgroups prefixes argv with a shell that moves itself into dirs
 // (so that everything argv starts is counted from its first instruction)
 // or, without cgroups, with prlimit setting the rlimits.
 func (p *Provider) enterCgroups(dirs []string, argv []string) []string {
+	fsize := "--fsize=" + strconv.FormatInt(p.opts.FileBytes, 10)
 	if p.cg == nil {
-		return append([]string{p.prlim, "--as=" + strconv.FormatInt(p.opts.MemoryBytes, 10), "--nproc=" + strconv.Itoa(p.opts.MaxProcs), "--"}, argv...)
+		return append([]string{p.prlim, "--as=" + strconv.FormatInt(p.opts.MemoryBytes, 10), "--nproc=" + strconv.Itoa(p.opts.MaxProcs), fsize, "--"}, argv...)
 	}
+	// One file a command writes is bounded (RLIMIT_FSIZE: the write
+	// fails with EFBIG, SIGXFSZ ends a writer that does not handle it).
+	argv = append([]string{p.prlim, fsize, "--"}, argv...)
 	var b strings.Builder
 	for _, d := range dirs {
 		fmt.Fprintf(&b, "echo $$ > '%s/cgroup.procs' || exit 125; ", d)
@@ -678,6 +736,77 @@ func (s *Sandbox) OOMKilled() bool {
 		}
 	}
 	return false
+}
+
+// DiskCheckEvery is how often the run's files are to be measured.
+func (s *Sandbox) DiskCheckEvery() time.Duration { return s.p.opts.DiskCheckEvery }
+
+// OverDiskLimit measures what the run's files (workspace, home, process
+// logs) take on disk and reports it, and whether that is over the run's
+// disk limit (false without isolation: no limit then).
+func (s *Sandbox) OverDiskLimit() (used, limit int64, over bool) {
+	if s.holder == nil {
+		return 0, 0, false
+	}
+	seen := map[[2]uint64]bool{}
+	for _, d := range []string{s.spec.Workspace, s.spec.Home, s.spec.Logs} {
+		if d != "" {
+			used += diskUsage(d, seen)
+		}
+	}
+	return used, s.p.opts.DiskBytes, used > s.p.opts.DiskBytes
+}
+
+// diskUsage is what the tree at dir takes on disk (allocated blocks, each
+// inode once). It walks by descriptors, never following a link, and stays
+// on dir's filesystem: the sandbox changes the tree meanwhile and must
+// not make this process measure, or open, anything else.
+func diskUsage(dir string, seen map[[2]uint64]bool) int64 {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0
+	}
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		unix.Close(fd)
+		return 0
+	}
+	return st.Blocks*512 + usageBelow(fd, st.Dev, seen, 0)
+}
+
+// maxDiskDepth bounds the directories the measure descends (one open
+// descriptor each); deeper ones are not counted.
+const maxDiskDepth = 512
+
+// usageBelow measures the entries of the directory fd (which it closes).
+func usageBelow(fd int, dev uint64, seen map[[2]uint64]bool, depth int) int64 {
+	f := os.NewFile(uintptr(fd), "dir")
+	defer f.Close()
+	var total int64
+	for {
+		names, err := f.Readdirnames(1024)
+		for _, name := range names {
+			var st unix.Stat_t
+			if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Dev != dev {
+				continue
+			}
+			key := [2]uint64{st.Dev, st.Ino}
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			total += st.Blocks * 512
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR && depth < maxDiskDepth {
+				sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				if err == nil {
+					total += usageBelow(sub, dev, seen, depth+1)
+				}
+			}
+		}
+		if err != nil {
+			return total
+		}
+	}
 }
 
 // Close kills everything in the sandbox: the end of the PID namespace's
