@@ -118,7 +118,7 @@ const ttyProbe = `name=$1 dir=$2
 nr=$(sed 's/^.*) //' /proc/self/stat | cut -d' ' -f5)
 if (: </dev/tty) 2>/dev/null; then tty=open; else tty=none; fi
 if command -v perl >/dev/null; then
-  perl -e 'my @fh; for my $fd (0, 1, 2) { open(my $h, "+<&=", $fd) and push @fh, $h } open(my $t, "+<", "/dev/tty") and push @fh, $t; for my $h (@fh) { ioctl($h, 0x5412, $_) for split //, join("", "TY", "PED", "-", "$ARGV[0]", "\n") }' "$name" 2>/dev/null
+  perl -e 'my @fh = (\*STDIN, \*STDOUT, \*STDERR); if (open(my $t, "+<", "/dev/tty")) { push @fh, $t } for my $h (@fh) { ioctl($h, 0x5412, $_) for split //, join("", "TY", "PED", "-", $ARGV[0], "\n") }' "$name" 2>/dev/null
 fi
 echo "$nr $tty" > "$dir/$name.tmp" && mv "$dir/$name.tmp" "$dir/$name"
 `
