@@ -337,3 +337,23 @@ func TestProcessLogDirectoryInsideTheWorkspaceIsRefused(t *testing.T) {
 		t.Fatalf("Start with the logs in the workspace: %v, want a refusal", err)
 	}
 }
+
+// leadsSession is a command that prints "yes" when its shell leads its
+// own session (so it has no controlling terminal it did not open).
+const leadsSession = `set -- $(sed 's/^.*) //' /proc/$$/stat); if [ "$4" = "$$" ] && [ "$5" = 0 ]; then echo yes; else echo "no: pid $$ session $4 tty $5"; fi`
+
+// TestCommandsLeadTheirOwnSession: an exec'd command and a background
+// process each lead a new session without a controlling terminal, never
+// the agent's.
+func TestCommandsLeadTheirOwnSession(t *testing.T) {
+	f := start(t)
+	c := f.dial(t)
+	if out, errOut, code := run(t, c, "exec sh -c '"+strings.ReplaceAll(leadsSession, "'", `'\''`)+"'", ""); code != 0 || strings.TrimSpace(out) != "yes" {
+		t.Errorf("exec: %q %q (exit %d)", out, errOut, code)
+	}
+	rec := directive(t, c, DirectiveProcessStart, map[string]any{"key": "sid", "command": "exec sh -c '" + strings.ReplaceAll(leadsSession, "'", `'\''`) + "'"})
+	waitFileContent(t, rec.StdoutPath, "\n")
+	if b, _ := os.ReadFile(rec.StdoutPath); strings.TrimSpace(string(b)) != "yes" {
+		t.Errorf("background process: %q", b)
+	}
+}
