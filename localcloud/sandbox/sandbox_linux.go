@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -263,21 +262,71 @@ func underTmpfs(a string, made map[string]bool) bool {
 	return false
 }
 
-// chownTree gives dir and everything below to uid:gid.
+// chownTree gives dir and everything below to uid:gid. It walks by
+// descriptors and changes links themselves, never what they name, and
+// stays on dir's filesystem: the tree may hold what a sandbox made.
 func chownTree(dir string, uid, gid int) error {
 	if dir == "" {
 		return nil
 	}
-	err := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, uid, gid)
-	})
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("give the sandbox's user (uid %d) the run's directory: %w", uid, err)
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("give the sandbox's user (uid %d) the run's directory: %w", uid, err)
+	}
+	if err := unix.Fchown(fd, uid, gid); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("give the sandbox's user (uid %d) %s: %w", uid, dir, err)
+	}
+	if err := chownBelow(fd, st.Dev, uid, gid, 0); err != nil {
+		return fmt.Errorf("give the sandbox's user (uid %d) the run's directory %s: %w", uid, dir, err)
+	}
 	return nil
+}
+
+// chownBelow gives the entries of the directory fd (which it closes) to
+// uid:gid.
+func chownBelow(fd int, dev uint64, uid, gid, depth int) error {
+	f := os.NewFile(uintptr(fd), "dir")
+	defer f.Close()
+	for {
+		names, rerr := f.Readdirnames(1024)
+		for _, name := range names {
+			var st unix.Stat_t
+			if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if st.Dev != dev {
+				continue
+			}
+			if err := unix.Fchownat(fd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				continue
+			}
+			if depth >= maxDiskDepth {
+				return fmt.Errorf("%s: directories nested deeper than %d", name, maxDiskDepth)
+			}
+			sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if err := chownBelow(sub, dev, uid, gid, depth+1); err != nil {
+				return fmt.Errorf("%s/%w", name, err)
+			}
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				return nil
+			}
+			return rerr
+		}
+	}
 }
 
 // LogDir is the directory of localcloud's the sandbox sees read-only at

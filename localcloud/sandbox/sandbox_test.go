@@ -545,3 +545,48 @@ func TestDiskUsageFollowsNoLink(t *testing.T) {
 		t.Fatalf("%d bytes measured of %d, over %v: want over", used, limit, over)
 	}
 }
+
+// nobody is the sandbox's host user of a root localcloud.
+const nobody = DefaultHostUID
+
+// Giving a run's tree to the sandbox's user changes what is in it, links
+// included, and never what a link names.
+func TestChownTreeFollowsNoLink(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give files away")
+	}
+	outside := filepath.Join(t.TempDir(), "authorized_keys")
+	if err := os.WriteFile(outside, []byte("key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "a", "b", "f"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{filepath.Join(dir, "link"), filepath.Join(dir, "a", "b", "link")} {
+		if err := os.Symlink(outside, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Dir(outside), filepath.Join(dir, "dirlink")); err != nil {
+		t.Fatal(err)
+	}
+	if err := chownTree(dir, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, filepath.Join(dir, "a", "b", "f"), filepath.Join(dir, "link"), filepath.Join(dir, "dirlink")} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil || st.Uid != nobody {
+			t.Errorf("%s: owner %d (%v), want %d", p, st.Uid, err, nobody)
+		}
+	}
+	for _, p := range []string{outside, filepath.Dir(outside)} {
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil || st.Uid != 0 {
+			t.Errorf("%s, named by a link in the tree, is owned by %d (%v)", p, st.Uid, err)
+		}
+	}
+}
