@@ -590,14 +590,16 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 func (s *Sandbox) limitInotify(ctx context.Context) error {
 	script := fmt.Sprintf("echo %d > /proc/sys/user/max_inotify_instances && echo %d > /proc/sys/user/max_inotify_watches",
 		s.p.opts.InotifyInstances, s.p.opts.InotifyWatches)
-	user := "--user"
+	argv := []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--user", "--", "/bin/sh", "-c", script}
 	if s.ownerNS != nil {
-		// The outermost of the run: limits there bound those below.
-		user = "--user=" + s.ownerNSPath
+		// The namespace owning the sandbox's, made by bubblewrap, whose
+		// root this user is (joined as it is: setgroups is denied
+		// there). Its limits bound the namespaces below it.
+		argv = []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--user=" + s.ownerNSPath, "--preserve-credentials", "--", "/bin/sh", "-c", script}
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, s.p.nsent, "--target", strconv.Itoa(s.pid), user, "--", "/bin/sh", "-c", script)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	if out, err := cmd.CombinedOutput(); err != nil {
