@@ -970,7 +970,7 @@ func (m *Manager) watchSandbox(id string, sb *sandbox.Sandbox) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	// The disk is measured less often: it walks the run's files (and
-	// never takes more than a tenth of the time).
+	// never takes more than a twentieth of the time).
 	disk := time.NewTimer(sb.DiskCheckEvery())
 	defer disk.Stop()
 	fail := func(detail string) {
@@ -998,7 +998,7 @@ func (m *Manager) watchSandbox(id string, sb *sandbox.Sandbox) {
 				fail(fmt.Sprintf("disk limit: the run's files take %d bytes, over the run's limit of %d (sandboxd-localcloud serve --disk-limit)", used, limit))
 				return
 			}
-			disk.Reset(max(sb.DiskCheckEvery(), 10*time.Since(start)))
+			disk.Reset(max(sb.DiskCheckEvery(), 20*time.Since(start)))
 		}
 	}
 }

@@ -841,11 +841,14 @@ func usageBelow(fd int, dev uint64, seen map[[2]uint64]bool, depth int) int64 {
 			if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Dev != dev {
 				continue
 			}
-			key := [2]uint64{st.Dev, st.Ino}
-			if seen[key] {
-				continue
+			if st.Nlink > 1 && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				// A file with other links is counted once.
+				key := [2]uint64{st.Dev, st.Ino}
+				if seen[key] {
+					continue
+				}
+				seen[key] = true
 			}
-			seen[key] = true
 			total += st.Blocks * 512
 			if st.Mode&unix.S_IFMT == unix.S_IFDIR && depth < maxDiskDepth {
 				sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
