@@ -108,6 +108,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	network := fs.String("network", envOr(NetworkEnv, sandbox.NetworkLoopback), "network of each sandbox: loopback (its own, loopback only) or host (this machine's); default from $"+NetworkEnv)
 	memLimit := fs.Int64("memory-limit", sandbox.DefaultMemoryBytes, "memory limit of each run in bytes (a run over it is ended)")
 	maxProcs := fs.Int("max-procs", sandbox.DefaultMaxProcs, "process limit of each run")
+	diskLimit := fs.Int64("disk-limit", sandbox.DefaultDiskBytes, "what each run's files (workspace, home, background logs) may take on disk, in bytes (a run over it is ended)")
+	fileLimit := fs.Int64("max-file-size", sandbox.DefaultFileBytes, "largest file a sandbox command may write, in bytes (RLIMIT_FSIZE)")
+	inotifyInstances := fs.Int("max-inotify-instances", 0, fmt.Sprintf("inotify instances of each run (its own user namespace's limit); 0: %d, at most a quarter of the host's", sandbox.DefaultInotifyInstances))
+	inotifyWatches := fs.Int("max-inotify-watches", 0, fmt.Sprintf("inotify watches of each run; 0: %d, at most a quarter of the host's", sandbox.DefaultInotifyWatches))
 	share := fs.String("share", os.Getenv(ShareEnv), "comma-separated directories every sandbox also sees, writable, at the same paths (none by default; tests share their scratch directory); default from $"+ShareEnv)
 	verbose := fs.Bool("verbose", false, "debug logging")
 	asJSON := fs.Bool("json", false, "log as JSON lines")
@@ -134,7 +138,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Logger:      log,
 		Version:     Version,
 		OneWayDelay: *delay,
-		Sandbox:     sandbox.Options{Isolation: *isolation, Network: *network, MemoryBytes: *memLimit, MaxProcs: *maxProcs, Share: splitList(*share)},
+		Sandbox: sandbox.Options{Isolation: *isolation, Network: *network, MemoryBytes: *memLimit, MaxProcs: *maxProcs,
+			DiskBytes: *diskLimit, FileBytes: *fileLimit, InotifyInstances: *inotifyInstances, InotifyWatches: *inotifyWatches, Share: splitList(*share)},
 
 		EnableFaultInjection: *enableFaults,
 		AllowRemote:          *allowRemote,

@@ -11,7 +11,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -69,7 +72,10 @@ type Config struct {
 	// WrapListener, when set, wraps the listener (latency injection).
 	WrapListener func(net.Listener) net.Listener
 	// ProcessDir holds the logs of managed background processes (see
-	// process.go); the checkout's .git/sandbox-processes when empty.
+	// process.go): a directory of localcloud's outside the workspace,
+	// which the sandbox sees read-only (sandbox.Spec.Logs). When empty,
+	// the sandbox's log directory if it has one (LogDir), else a private
+	// temporary directory removed at Close.
 	ProcessDir string
 	// ProcessGrace is how long a stopped background process gets between
 	// TERM and KILL; 3s when zero.
@@ -97,6 +103,7 @@ func (a *Agent) command(argv ...string) *exec.Cmd {
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Dir = a.cfg.Workspace
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	return cmd
 }
 
@@ -113,15 +120,6 @@ func (a *Agent) terminalCommand(argv ...string) *exec.Cmd {
 	cmd := a.command(argv...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
 	return cmd
-}
-
-// own gives paths the agent made in the workspace to the sandbox's user
-// (another host user than this process's when localcloud runs as root).
-func (a *Agent) own(paths ...string) error {
-	if o, ok := a.cfg.Sandbox.(interface{ Own(...string) error }); ok {
-		return o.Own(paths...)
-	}
-	return nil
 }
 
 // devRoot is where the sandbox's /dev is seen from here ("" without a
@@ -165,6 +163,9 @@ type Agent struct {
 	total   counters
 	logMu   sync.Mutex
 	procs   processTable
+	// tempProcessDir is the logs' directory when neither the
+	// configuration nor the sandbox names one.
+	tempProcessDir string
 }
 
 // maxStatsHistory bounds the connections Stats remembers.
@@ -241,6 +242,22 @@ func Start(cfg Config) (*Agent, error) {
 	if cfg.OutputGrace == 0 {
 		cfg.OutputGrace = 2 * time.Second
 	}
+	if cfg.ProcessDir == "" {
+		if l, ok := cfg.Sandbox.(interface{ LogDir() string }); ok {
+			cfg.ProcessDir = l.LogDir()
+		}
+	}
+	if cfg.ProcessDir != "" && within(cfg.ProcessDir, cfg.Workspace) {
+		return nil, fmt.Errorf("start sandbox agent: the process log directory %s is inside the workspace %s, where the sandbox could plant links: put it outside", cfg.ProcessDir, cfg.Workspace)
+	}
+	var tempDir string
+	if cfg.ProcessDir == "" {
+		d, err := os.MkdirTemp("", "sandboxd-processes-")
+		if err != nil {
+			return nil, fmt.Errorf("start sandbox agent: create the process log directory: %w", err)
+		}
+		tempDir = d
+	}
 	want := cfg.AuthorizedKey.Marshal()
 	server := &ssh.ServerConfig{
 		PublicKeyCallback: func(md ssh.ConnMetadata, key ssh.PublicKey) (*ssh.Permissions, error) {
@@ -257,13 +274,16 @@ func Start(cfg Config) (*Agent, error) {
 	server.AddHostKey(cfg.HostKey)
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
+		if tempDir != "" {
+			os.RemoveAll(tempDir)
+		}
 		return nil, fmt.Errorf("start sandbox agent: listen on %s: %w", cfg.Addr, err)
 	}
 	if cfg.WrapListener != nil {
 		ln = cfg.WrapListener(ln)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	a := &Agent{cfg: cfg, ln: ln, server: server, log: cfg.Logger, ctx: ctx, cancel: cancel, conns: map[uint64]*ssh.ServerConn{}}
+	a := &Agent{cfg: cfg, ln: ln, server: server, log: cfg.Logger, ctx: ctx, cancel: cancel, conns: map[uint64]*ssh.ServerConn{}, tempProcessDir: tempDir}
 	if w, ok := cfg.Sandbox.(interface{ Prewarm(context.Context) }); ok {
 		// The first command finds the sandbox's spawner running.
 		a.wg.Add(1)
@@ -307,10 +327,19 @@ func (a *Agent) Close() error {
 	a.DropConnections()
 	a.stopAllProcesses() // the run is over: nothing it started survives
 	a.wg.Wait()
+	if a.tempProcessDir != "" {
+		os.RemoveAll(a.tempProcessDir)
+	}
 	if errors.Is(err, net.ErrClosed) {
 		err = nil
 	}
 	return err
+}
+
+// within reports whether path is dir or below it.
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(filepath.Clean(dir), filepath.Clean(path))
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 func (a *Agent) acceptLoop() {

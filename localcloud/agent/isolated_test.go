@@ -35,8 +35,12 @@ func isolated(t *testing.T, wrap func(*sandbox.Sandbox) Sandbox) (*fixture, *san
 		t.Fatal(err)
 	}
 	var sb *sandbox.Sandbox
+	logs := t.TempDir()
+	if err := os.Chmod(logs, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	f := startWith(t, func(cfg *Config) {
-		sb, err = p.Start(ctx, sandbox.Spec{ID: "agent-" + strconv.Itoa(os.Getpid()), Workspace: cfg.Workspace})
+		sb, err = p.Start(ctx, sandbox.Spec{ID: "agent-" + strconv.Itoa(os.Getpid()), Workspace: cfg.Workspace, Logs: logs})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -393,4 +397,39 @@ func pidNamespace(t *testing.T, sb *sandbox.Sandbox) string {
 		t.Fatal(err)
 	}
 	return ns
+}
+
+// TestIsolatedProcessLogsCannotBeRedirected: a sandbox command can read
+// its background process's logs (the RWX CLI tails them there) but not
+// replace them, neither where they are nor where they used to be (the
+// workspace's .git): a start and a restart leave a file outside the
+// sandbox that a planted link names as it was.
+func TestIsolatedProcessLogsCannotBeRedirected(t *testing.T) {
+	f, _ := isolated(t, nil)
+	victim := filepath.Join(t.TempDir(), "authorized_keys")
+	if err := os.WriteFile(victim, []byte("keep me\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, victim)
+	c := f.dial(t)
+	plant := "mkdir -p .git/sandbox-processes && for s in stdout stderr; do ln -sf " + victim + " .git/sandbox-processes/web.$s.log; done"
+	if _, errOut, code := run(t, c, plant, ""); code != 0 {
+		t.Fatalf("planting the links: exit %d: %s", code, errOut)
+	}
+	rec := directive(t, c, DirectiveProcessStart, map[string]any{"key": "web", "command": "echo served; exec sleep 60"})
+	waitFileContent(t, rec.StdoutPath, "served")
+	if out, errOut, code := run(t, c, "cat "+rec.StdoutPath, ""); code != 0 || !strings.Contains(out, "served") {
+		t.Errorf("reading the log in the sandbox: exit %d, %q %q", code, out, errOut)
+	}
+	for _, cmd := range []string{"ln -sf " + victim + " " + rec.StdoutPath, "rm -f " + rec.StdoutPath, "echo forged > " + rec.StdoutPath, "chmod 666 " + rec.StdoutPath} {
+		if _, _, code := run(t, c, cmd, ""); code == 0 {
+			t.Errorf("%q succeeded in the sandbox: the logs' directory must be read-only there", cmd)
+		}
+	}
+	directive(t, c, DirectiveProcessRestart, keyReq{"web"})
+	waitFileContent(t, rec.StdoutPath, "served")
+	directive(t, c, DirectiveProcessStop, keyReq{"web"})
+	if after := snapshot(t, victim); after != before {
+		t.Fatalf("the file the planted link names changed: %s, was %s", after, before)
+	}
 }

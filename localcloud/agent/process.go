@@ -186,15 +186,33 @@ func (a *Agent) processRecord(p *managedProcess) ProcessRecord {
 	return p.rec
 }
 
-// processDir is where the logs of managed processes go: in the checkout's
-// .git directory, so that they are never synced back as changes, yet inside
-// the workspace, the part of the machine an isolated sandbox sees (the RWX
-// CLI's `background logs` runs tail on them in the sandbox).
+// processDir is where the logs of managed processes go: a directory of
+// localcloud's outside the workspace (the run's processes/, which the
+// sandbox sees read-only at the same path, so that the RWX CLI's
+// `background logs` can tail them there). Never in the workspace: the
+// sandbox could have planted a symlink there, and this process, outside
+// the sandbox, would follow it.
 func (a *Agent) processDir() string {
 	if a.cfg.ProcessDir != "" {
 		return a.cfg.ProcessDir
 	}
-	return filepath.Join(filepath.Clean(a.cfg.Workspace), ".git", "sandbox-processes")
+	return a.tempProcessDir
+}
+
+// openProcessLog creates the log at path afresh: a previous log of the
+// same key is removed first (a reader following it by name sees the new
+// one), and nothing that is not a new regular file is opened.
+func openProcessLog(path string) (*os.File, error) {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove the previous process log %s: %w", path, err)
+	}
+	// Readable by the sandbox's user, which is another host user when
+	// localcloud runs as root; the directory is localcloud's.
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open the process log: %w", err)
+	}
+	return f, nil
 }
 
 // startProcess starts command under key, replacing (stopping) a process of
@@ -204,31 +222,28 @@ func (a *Agent) startProcess(key, command string, port int) (ProcessRecord, erro
 		a.stopProcess(prev)
 	}
 	dir := a.processDir()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return ProcessRecord{}, fmt.Errorf("create the process log directory %s: %w", dir, err)
 	}
 	stdoutPath := filepath.Join(dir, key+".stdout.log")
 	stderrPath := filepath.Join(dir, key+".stderr.log")
-	stdout, err := os.OpenFile(stdoutPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	stdout, err := openProcessLog(stdoutPath)
 	if err != nil {
-		return ProcessRecord{}, fmt.Errorf("open the process log: %w", err)
-	}
-	defer stdout.Close()
-	stderr, err := os.OpenFile(stderrPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return ProcessRecord{}, fmt.Errorf("open the process log: %w", err)
-	}
-	defer stderr.Close()
-	// The sandbox's `background logs` tails them: they are its user's.
-	if err := a.own(dir, stdoutPath, stderrPath); err != nil {
 		return ProcessRecord{}, err
 	}
+	defer stdout.Close()
+	stderr, err := openProcessLog(stderrPath)
+	if err != nil {
+		return ProcessRecord{}, err
+	}
+	defer stderr.Close()
 
 	cmd := a.command("/bin/sh", "-c", command)
 	cmd.Env = a.cfg.Env
 	cmd.Stdout, cmd.Stderr = stdout, stderr // files: the child writes them directly
-	// Its own process group, so that stop reaches everything it started.
-	cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setpgid: true})
+	// Its own session (so its own process group, which stop reaches as a
+	// whole), without a controlling terminal: not localcloud's.
+	cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setsid: true})
 
 	a.procs.mu.Lock()
 	defer a.procs.mu.Unlock()

@@ -105,10 +105,10 @@ func TestProcessStartStatusLogsStopRestart(t *testing.T) {
 	if logs.StdoutPath != rec.StdoutPath || logs.StderrPath != rec.StderrPath || logs.Status != ProcessRunning {
 		t.Fatalf("logs record %+v, start record %+v", logs, rec)
 	}
-	// In the workspace (an isolated sandbox sees only that), but under
-	// .git, so never in the working tree that is synced back.
-	if gitDir := filepath.Join(f.dir, ".git") + string(filepath.Separator); !strings.HasPrefix(logs.StdoutPath, gitDir) {
-		t.Fatalf("logs %s are not under %s: a sandbox cannot read them, or they would be synced back", logs.StdoutPath, gitDir)
+	// Outside the workspace: never synced back, and nothing the sandbox
+	// planted there is followed.
+	if within(logs.StdoutPath, f.dir) || within(logs.StderrPath, f.dir) {
+		t.Fatalf("logs %s, %s are inside the workspace %s", logs.StdoutPath, logs.StderrPath, f.dir)
 	}
 	waitFileContent(t, rec.StdoutPath, "out-1\n"+f.dir+"\n")
 	waitFileContent(t, rec.StderrPath, "err\n")
@@ -286,4 +286,74 @@ func asOpenChannelError(err error, target **ssh.OpenChannelError) bool {
 		*target = oc
 	}
 	return ok
+}
+
+// snapshot is a file's content and mode, or that it does not exist.
+func snapshot(t *testing.T, path string) string {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err.Error()
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	return fmt.Sprintf("%v %q", fi.Mode(), b)
+}
+
+// TestProcessLogsNeverFollowALinkPlantedInTheWorkspace: a command links
+// the place where the logs of a background process used to be (the
+// workspace's .git/sandbox-processes) to a file outside the sandbox; the
+// next start and restart of that process leave the file as it was.
+func TestProcessLogsNeverFollowALinkPlantedInTheWorkspace(t *testing.T) {
+	victim := filepath.Join(t.TempDir(), "bashrc")
+	if err := os.WriteFile(victim, []byte("keep me\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before := snapshot(t, victim)
+	f := start(t)
+	c := f.dial(t)
+	plant := "mkdir -p .git/sandbox-processes && for s in stdout stderr; do ln -sf " + victim + " .git/sandbox-processes/web.$s.log; done"
+	if _, errOut, code := run(t, c, plant, ""); code != 0 {
+		t.Fatalf("planting the links: exit %d: %s", code, errOut)
+	}
+	rec := directive(t, c, DirectiveProcessStart, map[string]any{"key": "web", "command": "echo pwned; echo pwned >&2; exec sleep 60"})
+	waitFileContent(t, rec.StdoutPath, "pwned")
+	directive(t, c, DirectiveProcessRestart, keyReq{"web"})
+	waitFileContent(t, rec.StdoutPath, "pwned")
+	directive(t, c, DirectiveProcessStop, keyReq{"web"})
+	if after := snapshot(t, victim); after != before {
+		t.Fatalf("the file the planted link names changed: %s, was %s", after, before)
+	}
+}
+
+// TestProcessLogDirectoryInsideTheWorkspaceIsRefused: an agent is never
+// configured to open the logs where the sandbox writes.
+func TestProcessLogDirectoryInsideTheWorkspaceIsRefused(t *testing.T) {
+	ws := t.TempDir()
+	_, err := Start(Config{HostKey: newSigner(t), AuthorizedKey: newSigner(t).PublicKey(), Workspace: ws, ProcessDir: filepath.Join(ws, ".git", "sandbox-processes")})
+	if err == nil || !strings.Contains(err.Error(), "inside the workspace") {
+		t.Fatalf("Start with the logs in the workspace: %v, want a refusal", err)
+	}
+}
+
+// leadsSession is a command that prints "yes" when its shell leads its
+// own session (so it has no controlling terminal it did not open).
+const leadsSession = `set -- $(sed 's/^.*) //' /proc/$$/stat); if [ "$4" = "$$" ] && [ "$5" = 0 ]; then echo yes; else echo "no: pid $$ session $4 tty $5"; fi`
+
+// TestCommandsLeadTheirOwnSession: an exec'd command and a background
+// process each lead a new session without a controlling terminal, never
+// the agent's.
+func TestCommandsLeadTheirOwnSession(t *testing.T) {
+	f := start(t)
+	c := f.dial(t)
+	if out, errOut, code := run(t, c, "exec sh -c '"+strings.ReplaceAll(leadsSession, "'", `'\''`)+"'", ""); code != 0 || strings.TrimSpace(out) != "yes" {
+		t.Errorf("exec: %q %q (exit %d)", out, errOut, code)
+	}
+	rec := directive(t, c, DirectiveProcessStart, map[string]any{"key": "sid", "command": "exec sh -c '" + strings.ReplaceAll(leadsSession, "'", `'\''`) + "'"})
+	waitFileContent(t, rec.StdoutPath, "\n")
+	if b, _ := os.ReadFile(rec.StdoutPath); strings.TrimSpace(string(b)) != "yes" {
+		t.Errorf("background process: %q", b)
+	}
 }

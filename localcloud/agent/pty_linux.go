@@ -12,7 +12,7 @@ import (
 // ("" for this machine's; a sandbox's root, so that the terminal belongs
 // to the sandbox's own /dev/pts and is named there).
 func openPTY(root string) (master, tty *os.File, err error) {
-	m, err := os.OpenFile(root+"/dev/ptmx", os.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	m, err := openInRoot(root, "dev/ptmx", os.O_RDWR|unix.O_NOCTTY)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open /dev/ptmx: %w", err)
 	}
@@ -26,12 +26,40 @@ func openPTY(root string) (master, tty *os.File, err error) {
 		m.Close()
 		return nil, nil, fmt.Errorf("get pty number: %w", err)
 	}
-	t, err := os.OpenFile(root+"/dev/pts/"+strconv.Itoa(n), os.O_RDWR|unix.O_NOCTTY, 0)
-	if err != nil {
+	// The master's own peer, by descriptor: no name in a /dev the
+	// sandbox may have changed.
+	tfd, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.TIOCGPTPEER, uintptr(unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC))
+	if errno != 0 {
 		m.Close()
-		return nil, nil, fmt.Errorf("open pty /dev/pts/%d: %w", n, err)
+		return nil, nil, fmt.Errorf("open pty /dev/pts/%d: %w", n, errno)
 	}
-	return m, t, nil
+	return m, os.NewFile(uintptr(tfd), "/dev/pts/"+strconv.Itoa(n)), nil
+}
+
+// openInRoot opens name (relative) inside root as a process whose root
+// that is would (absolute links and .. stay inside it): the sandbox's /dev
+// is the sandbox's to change, and a link there must not make this process
+// open one of this machine's files.
+func openInRoot(root, name string, flags int) (*os.File, error) {
+	if root == "" {
+		return os.OpenFile("/"+name, flags|unix.O_CLOEXEC, 0)
+	}
+	dir, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(dir)
+	fd, err := unix.Openat2(dir, name, &unix.OpenHow{Flags: uint64(flags | unix.O_CLOEXEC), Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), root+"/"+name)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		f.Close()
+		return nil, fmt.Errorf("%s is not a device", "/"+name)
+	}
+	return f, nil
 }
 
 // setWinsize resizes the terminal behind f.

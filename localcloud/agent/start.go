@@ -59,8 +59,10 @@ func (a *Agent) launch(argv, env []string, terminal bool, stdio [3]*os.File, mas
 	if terminal {
 		cmd = a.terminalCommand(argv...)
 	} else {
+		// Its own session (and so group), without a controlling
+		// terminal: never localcloud's.
 		cmd = a.command(argv...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	}
 	cmd.SysProcAttr = dieWithServer(cmd.SysProcAttr)
 	cmd.Env = env

@@ -207,7 +207,10 @@ func RunStepsIn(ctx context.Context, newCmd Commander, steps []Step, dir string,
 			cmd = inGroup(newCmd(ctx, dir, "/bin/sh", "-c", s.Run))
 		}
 		cmd.Env = env
-		w := io.MultiWriter(log, &out) // one writer: exec shares one pipe
+		// One writer: exec shares one pipe. The run log (localcloud's
+		// disk, outside the run's disk limit) gets at most
+		// MaxStepLogBytes of a step's output.
+		w := io.MultiWriter(&cappedWriter{w: log, n: MaxStepLogBytes}, &out)
 		cmd.Stdout, cmd.Stderr = w, w
 		start := time.Now()
 		err := cmd.Run()
@@ -229,10 +232,12 @@ func command(ctx context.Context, name string, args ...string) *exec.Cmd {
 	return inGroup(exec.CommandContext(ctx, name, args...))
 }
 
-// inGroup makes cmd (built with a context) its own process group, killed
-// as a whole when the context ends.
+// inGroup makes cmd (built with a context) lead its own session (so its
+// own process group, killed as a whole when the context ends), without a
+// controlling terminal: a setup step never reaches the terminal localcloud
+// was started from.
 func inGroup(cmd *exec.Cmd) *exec.Cmd {
-	cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setpgid: true})
+	cmd.SysProcAttr = dieWithServer(&syscall.SysProcAttr{Setsid: true})
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 2 * time.Second
 	return cmd
@@ -259,6 +264,35 @@ func tail(out []byte, err error) string {
 		return err.Error()
 	}
 	return s
+}
+
+// MaxStepLogBytes bounds what the run log keeps of one setup step's
+// output; the rest is dropped, said once.
+const MaxStepLogBytes = 16 << 20
+
+// cappedWriter passes the first n bytes to w, then says the rest is
+// dropped; it never fails the writer.
+type cappedWriter struct {
+	w    io.Writer
+	n    int64
+	said bool
+}
+
+func (c *cappedWriter) Write(p []byte) (int, error) {
+	if c.n <= 0 {
+		if !c.said {
+			c.said = true
+			fmt.Fprintf(c.w, "\n==> (the rest of this step's output is not logged: over %d bytes)\n", MaxStepLogBytes)
+		}
+		return len(p), nil
+	}
+	q := p
+	if int64(len(q)) > c.n {
+		q = q[:c.n]
+	}
+	c.n -= int64(len(q))
+	_, _ = c.w.Write(q)
+	return len(p), nil
 }
 
 // tailBuffer keeps the last 4 KiB written to it.

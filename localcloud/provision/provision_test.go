@@ -255,3 +255,34 @@ func TestCloneDuringConcurrentGC(t *testing.T) {
 		}
 	}
 }
+
+// TestRunStepsBoundWhatTheRunLogKeeps: a step printing without end does
+// not fill localcloud's disk through the run log.
+func TestRunStepsBoundWhatTheRunLogKeeps(t *testing.T) {
+	var log bytes.Buffer
+	err := RunSteps(context.Background(), []Step{{Key: "flood", Run: "head -c " + strconv.Itoa(MaxStepLogBytes+(4<<20)) + " /dev/zero; echo; echo last"}}, t.TempDir(), []string{"PATH=/usr/bin:/bin"}, &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if log.Len() > MaxStepLogBytes+4096 {
+		t.Fatalf("the run log took %d bytes of one step's output, want at most %d", log.Len(), MaxStepLogBytes)
+	}
+	if !strings.Contains(log.String(), "is not logged") {
+		t.Fatalf("the log does not say output was dropped: %q", log.String()[log.Len()-200:])
+	}
+}
+
+// TestRunStepsLeadTheirOwnSession: a setup step leads its own
+// session, so it never has the terminal localcloud was started from.
+func TestRunStepsLeadTheirOwnSession(t *testing.T) {
+	dir := t.TempDir()
+	err := RunSteps(context.Background(), []Step{{Key: "sid", Run: `set -- $(sed 's/^.*) //' /proc/$$/stat); echo "$$ $4" > sid`}}, dir, []string{"PATH=/usr/bin:/bin"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "sid"))
+	f := strings.Fields(string(b))
+	if len(f) != 2 || f[0] != f[1] {
+		t.Fatalf("pid and session of the step: %q, want the step to lead its session", b)
+	}
+}

@@ -490,6 +490,7 @@ func (m *Manager) startAgentLocked(e *entry) error {
 		Env:           sandboxEnv(id, ws, home),
 		RunLog:        runLog,
 		Logger:        m.log.With("run", id),
+		ProcessDir:    m.processDir(id),
 		OnEnd:         func() { m.end(id) },
 		OnActivity:    func() { m.touch(id) },
 		Refuse:        m.cfg.RefuseSSH,
@@ -550,7 +551,7 @@ func (m *Manager) completeLocked(e *entry, reason Reason, detail string) {
 		fmt.Fprintf(logf, "==> run completed (%s)\n", e.Ended())
 	}
 	m.log.Info("run completed", "run", e.ID, "reason", reason, "detail", detail)
-	ws := filepath.Join(m.runDir(e.ID), "workspace")
+	ws, logs := filepath.Join(m.runDir(e.ID), "workspace"), m.processDir(e.ID)
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -563,8 +564,10 @@ func (m *Manager) completeLocked(e *entry, reason Reason, detail string) {
 		if logf != nil {
 			logf.Close()
 		}
-		// The checkout goes with the run (the log stays).
+		// The checkout and the processes' logs go with the run (the run
+		// log stays).
 		_ = os.RemoveAll(ws)
+		_ = os.RemoveAll(logs)
 	}()
 }
 
@@ -931,6 +934,12 @@ func sandboxEnv(runID, workspace, home string) []string {
 	}
 }
 
+// processDir holds the logs of run id's managed background processes: the
+// run's, outside its workspace (the sandbox sees it read-only).
+func (m *Manager) processDir(id string) string {
+	return filepath.Join(m.runDir(id), "processes")
+}
+
 // sandboxLocked returns run e's sandbox, starting it (and its watch) if
 // needed; nil without isolation.
 func (m *Manager) sandboxLocked(ctx context.Context, e *entry) (*sandbox.Sandbox, error) {
@@ -940,7 +949,11 @@ func (m *Manager) sandboxLocked(ctx context.Context, e *entry) (*sandbox.Sandbox
 	if e.sbx != nil {
 		return e.sbx, nil
 	}
-	sb, err := m.cfg.Sandboxes.Start(ctx, sandbox.Spec{ID: e.ID, Workspace: filepath.Join(m.runDir(e.ID), "workspace"), Home: filepath.Join(m.runDir(e.ID), "home"), Logger: m.log.With("run", e.ID)})
+	logs := m.processDir(e.ID)
+	if err := os.MkdirAll(logs, 0o755); err != nil {
+		return nil, fmt.Errorf("create the run's process log directory: %w", err)
+	}
+	sb, err := m.cfg.Sandboxes.Start(ctx, sandbox.Spec{ID: e.ID, Workspace: filepath.Join(m.runDir(e.ID), "workspace"), Home: filepath.Join(m.runDir(e.ID), "home"), Logs: logs, Logger: m.log.With("run", e.ID)})
 	if err != nil {
 		return nil, fmt.Errorf("start the run's sandbox: %w", err)
 	}
@@ -950,33 +963,42 @@ func (m *Manager) sandboxLocked(ctx context.Context, e *entry) (*sandbox.Sandbox
 	return sb, nil
 }
 
-// watchSandbox ends the run when its sandbox goes over its memory limit
-// or dies under it.
+// watchSandbox ends the run when its sandbox goes over its memory or disk
+// limit, or dies under it.
 func (m *Manager) watchSandbox(id string, sb *sandbox.Sandbox) {
 	defer m.wg.Done()
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
+	// The disk is measured less often: it walks the run's files (and
+	// never takes more than a twentieth of the time).
+	disk := time.NewTimer(sb.DiskCheckEvery())
+	defer disk.Stop()
+	fail := func(detail string) {
+		m.mu.Lock()
+		if e := m.runs[id]; e != nil && e.sbx == sb && e.State != Completed {
+			m.completeLocked(e, ReasonFailed, detail)
+			m.saveQuietLocked()
+		}
+		m.mu.Unlock()
+	}
 	for {
 		select {
 		case <-sb.Done():
-			m.mu.Lock()
-			if e := m.runs[id]; e != nil && e.sbx == sb && e.State != Completed {
-				m.completeLocked(e, ReasonFailed, "the run's sandbox ended unexpectedly")
-				m.saveQuietLocked()
-			}
-			m.mu.Unlock()
+			fail("the run's sandbox ended unexpectedly")
 			return
 		case <-t.C:
-			if !sb.OOMKilled() {
-				continue
+			if sb.OOMKilled() {
+				fail("memory limit: a process of the run was killed for going over the run's memory limit")
+				return
 			}
-			m.mu.Lock()
-			if e := m.runs[id]; e != nil && e.sbx == sb && e.State != Completed {
-				m.completeLocked(e, ReasonFailed, "memory limit: a process of the run was killed for going over the run's memory limit")
-				m.saveQuietLocked()
+		case <-disk.C:
+			start := time.Now()
+			used, limit, over := sb.OverDiskLimit()
+			if over {
+				fail(fmt.Sprintf("disk limit: the run's files take %d bytes, over the run's limit of %d (sandboxd-localcloud serve --disk-limit)", used, limit))
+				return
 			}
-			m.mu.Unlock()
-			return
+			disk.Reset(max(sb.DiskCheckEvery(), 20*time.Since(start)))
 		}
 	}
 }

@@ -14,8 +14,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Isolation levels.
@@ -50,6 +53,20 @@ type Options struct {
 	MemoryBytes int64
 	MaxProcs    int
 	CPUShares   int
+	// DiskBytes bounds what a run's files (workspace, home, process logs)
+	// take on this machine's disk: a run over it is ended. FileBytes
+	// bounds one file a command writes (RLIMIT_FSIZE). Defaults when 0
+	// (DefaultDiskBytes, DefaultFileBytes); DiskCheckEvery is how often
+	// the run's files are measured (DefaultDiskCheckEvery when 0).
+	DiskBytes      int64
+	FileBytes      int64
+	DiskCheckEvery time.Duration
+	// InotifyInstances and InotifyWatches are the run's own limits on
+	// inotify (set in its user namespace, so that a sandbox cannot take
+	// the host user's); when 0, DefaultInotifyInstances and
+	// DefaultInotifyWatches, at most a quarter of the host's.
+	InotifyInstances int
+	InotifyWatches   int
 	// Share are directories of this machine every sandbox also sees,
 	// writable, at the same paths (tests share their scratch directory
 	// this way); none by default.
@@ -73,6 +90,15 @@ const (
 	// DefaultCPUShares halves a run's CPU weight against the machine's
 	// other processes (1024 is a normal process group's).
 	DefaultCPUShares = 512
+	// DefaultDiskBytes and DefaultFileBytes bound a run's files in all
+	// and one file it writes.
+	DefaultDiskBytes      = 16 << 30
+	DefaultFileBytes      = 4 << 30
+	DefaultDiskCheckEvery = 5 * time.Second
+	// DefaultInotifyInstances and DefaultInotifyWatches are a run's
+	// inotify limits (watchers of tools like tsc, vite, jest fit).
+	DefaultInotifyInstances = 32
+	DefaultInotifyWatches   = 65536
 	// DefaultHostUID is nobody's uid (and nogroup's gid) on Debian and
 	// most distributions.
 	DefaultHostUID = 65534
@@ -98,7 +124,7 @@ func (o Options) Validate() error {
 	if o.HostUID < 0 || o.HostGID < 0 {
 		return errors.New("the sandbox's host user and group must not be negative: use 0 for the default (65534, nobody)")
 	}
-	if o.MemoryBytes < 0 || o.MaxProcs < 0 || o.CPUShares < 0 {
+	if o.MemoryBytes < 0 || o.MaxProcs < 0 || o.CPUShares < 0 || o.DiskBytes < 0 || o.FileBytes < 0 || o.DiskCheckEvery < 0 || o.InotifyInstances < 0 || o.InotifyWatches < 0 {
 		return errors.New("resource limits must not be negative: use 0 for the defaults")
 	}
 	return nil
@@ -120,6 +146,21 @@ func (o Options) withDefaults() Options {
 	if o.CPUShares == 0 {
 		o.CPUShares = DefaultCPUShares
 	}
+	if o.DiskBytes == 0 {
+		o.DiskBytes = DefaultDiskBytes
+	}
+	if o.FileBytes == 0 {
+		o.FileBytes = min(DefaultFileBytes, o.DiskBytes)
+	}
+	if o.DiskCheckEvery == 0 {
+		o.DiskCheckEvery = DefaultDiskCheckEvery
+	}
+	if o.InotifyInstances == 0 {
+		o.InotifyInstances = quarterOfHost("/proc/sys/fs/inotify/max_user_instances", DefaultInotifyInstances)
+	}
+	if o.InotifyWatches == 0 {
+		o.InotifyWatches = quarterOfHost("/proc/sys/fs/inotify/max_user_watches", DefaultInotifyWatches)
+	}
 	if o.HostUID == 0 {
 		o.HostUID = DefaultHostUID
 	}
@@ -130,6 +171,20 @@ func (o Options) withDefaults() Options {
 		o.CgroupRoot = "/sys/fs/cgroup"
 	}
 	return o
+}
+
+// quarterOfHost is def, or a quarter of the host's limit in file when
+// that is less (a run never takes most of what the host user has).
+func quarterOfHost(file string, def int) int {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return def
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n/4 < 1 {
+		return def
+	}
+	return min(def, n/4)
 }
 
 // Report says which protections are active, for status output.
@@ -148,8 +203,8 @@ type Report struct {
 	HostUID int `json:"host_uid"`
 	// Shared are the machine's directories sandboxes also see.
 	Shared []string `json:"shared,omitempty"`
-	// Limits say how each limit is enforced: "cgroup-v1", "rlimit" or
-	// "none".
+	// Limits say how each limit is enforced: "cgroup-v1", "rlimit",
+	// "userns" (inotify), "watchdog" (disk) or "none".
 	Limits map[string]string `json:"limits,omitempty"`
 	// Degraded lists what this machine could not provide, each with why.
 	Degraded []string `json:"degraded,omitempty"`
@@ -179,6 +234,10 @@ type Spec struct {
 	// same paths.
 	Workspace string
 	Home      string
+	// Logs is a directory of localcloud's (the managed processes' logs,
+	// outside the workspace) the sandbox sees read-only at the same path;
+	// none when empty.
+	Logs string
 	// Logger receives what goes wrong in the sandbox's machinery (its
 	// spawner not starting); nil discards.
 	Logger *slog.Logger

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -45,6 +44,9 @@ type Provider struct {
 	// (set once setns was refused: this process is not root).
 	viaDialer atomic.Bool
 	setsid    string
+	// inotifyErr says why a sandbox's inotify limits could not be set
+	// (the probe's tells the report).
+	inotifyErr atomic.Pointer[error]
 }
 
 // New checks what the machine provides, by starting and entering a probe
@@ -105,7 +107,24 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if perr != nil {
 		return nil, perr
 	}
+	p.report = p.storageReport(p.report)
 	return p, nil
+}
+
+// storageReport adds to r the limits every isolated run has whatever
+// the cgroups: its files on disk, one file's size, inotify.
+func (p *Provider) storageReport(r Report) Report {
+	r.Limits["disk"] = "watchdog"
+	r.Limits["file-size"] = "rlimit"
+	r.Protections = append(r.Protections, "disk-limit", "file-size-limit")
+	if e := p.inotifyErr.Load(); e != nil {
+		r.Limits["inotify"] = "none"
+		r.Degraded = append(r.Degraded, fmt.Sprintf("inotify: the run's limits could not be set (%v); a sandbox can use up the host user's", *e))
+	} else {
+		r.Limits["inotify"] = "userns"
+		r.Protections = append(r.Protections, "inotify-limit")
+	}
+	return r
 }
 
 // limitsReport adds to base how the limits are enforced: by p.cg, or by
@@ -177,6 +196,7 @@ func (p *Provider) newUserNS() (*os.File, error) {
 		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: p.opts.HostGID, Size: 1}, {ContainerID: 1, HostID: 0, Size: 1}},
 		GidMappingsEnableSetgroups: true,
 		Pdeathsig:                  syscall.SIGKILL,
+		Setsid:                     true,
 	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("create the sandbox's user namespace: %w", err)
@@ -242,37 +262,76 @@ func underTmpfs(a string, made map[string]bool) bool {
 	return false
 }
 
-// chownTree gives dir and everything below to uid:gid.
+// chownTree gives dir and everything below to uid:gid. It walks by
+// descriptors and changes links themselves, never what they name, and
+// stays on dir's filesystem: the tree may hold what a sandbox made.
 func chownTree(dir string, uid, gid int) error {
 	if dir == "" {
 		return nil
 	}
-	err := filepath.WalkDir(dir, func(path string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, uid, gid)
-	})
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("give the sandbox's user (uid %d) the run's directory: %w", uid, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("give the sandbox's user (uid %d) the run's directory: %w", uid, err)
+	}
+	if err := unix.Fchown(fd, uid, gid); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("give the sandbox's user (uid %d) %s: %w", uid, dir, err)
+	}
+	if err := chownBelow(fd, st.Dev, uid, gid, 0); err != nil {
+		return fmt.Errorf("give the sandbox's user (uid %d) the run's directory %s: %w", uid, dir, err)
 	}
 	return nil
 }
 
-// Own gives paths (made by localcloud in the workspace, as the managed
-// processes' logs) to the sandbox's host user, so that the sandbox can
-// read and write them; nothing when the sandbox runs as this user.
-func (s *Sandbox) Own(paths ...string) error {
-	if s.holder == nil || !s.p.remap {
-		return nil
-	}
-	for _, path := range paths {
-		if err := os.Lchown(path, s.p.opts.HostUID, s.p.opts.HostGID); err != nil {
-			return fmt.Errorf("give %s to the sandbox's user (uid %d): %w", path, s.p.opts.HostUID, err)
+// chownBelow gives the entries of the directory fd (which it closes) to
+// uid:gid.
+func chownBelow(fd int, dev uint64, uid, gid, depth int) error {
+	f := os.NewFile(uintptr(fd), "dir")
+	defer f.Close()
+	for {
+		names, rerr := f.Readdirnames(1024)
+		for _, name := range names {
+			var st unix.Stat_t
+			if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if st.Dev != dev {
+				continue
+			}
+			if err := unix.Fchownat(fd, name, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				continue
+			}
+			if depth >= maxDiskDepth {
+				return fmt.Errorf("%s: directories nested deeper than %d", name, maxDiskDepth)
+			}
+			sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if err := chownBelow(sub, dev, uid, gid, depth+1); err != nil {
+				return fmt.Errorf("%s/%w", name, err)
+			}
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.EOF) {
+				return nil
+			}
+			return rerr
 		}
 	}
-	return nil
 }
+
+// LogDir is the directory of localcloud's the sandbox sees read-only at
+// the same path (Spec.Logs; "" when none).
+func (s *Sandbox) LogDir() string { return s.spec.Logs }
 
 // Sandbox is one run's isolated environment.
 type Sandbox struct {
@@ -347,8 +406,8 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if p.opts.Isolation == IsolationNone {
 		return s, nil
 	}
-	if !validPath(spec.Workspace) || (spec.Home != "" && !validPath(spec.Home)) {
-		return nil, fmt.Errorf("sandbox paths must be absolute and clean: %q, %q", spec.Workspace, spec.Home)
+	if !validPath(spec.Workspace) || (spec.Home != "" && !validPath(spec.Home)) || (spec.Logs != "" && !validPath(spec.Logs)) {
+		return nil, fmt.Errorf("sandbox paths must be absolute and clean: %q, %q, %q", spec.Workspace, spec.Home, spec.Logs)
 	}
 	if p.cg != nil {
 		dirs, err := p.cg.create(spec.ID, p.opts)
@@ -379,7 +438,9 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if userns != nil {
 		args = []string{"--userns", "4"} // see ExtraFiles
 	}
-	args = append(args, "--unshare-pid", "--unshare-uts", "--unshare-ipc",
+	// --new-session: nothing in the sandbox has localcloud's controlling
+	// terminal (TIOCSTI would type into it).
+	args = append(args, "--unshare-pid", "--unshare-uts", "--unshare-ipc", "--new-session",
 		"--hostname", hostname(spec.ID), "--die-with-parent", "--cap-drop", "ALL")
 	if p.opts.Network == NetworkLoopback {
 		args = append(args, "--unshare-net")
@@ -400,8 +461,11 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	}
 	// Made by bubblewrap's user, writable by everyone (the sandbox's
 	// user is another one when remapped).
-	args = append(args, "--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--tmpfs", "/dev/shm",
-		"--perms", "01777", "--tmpfs", "/tmp", "--perms", "01777", "--tmpfs", "/var/tmp")
+	// Their files are memory: each is bounded by the run's memory limit
+	// (which cgroups also charge them to).
+	size := strconv.FormatInt(p.opts.MemoryBytes, 10)
+	args = append(args, "--proc", "/proc", "--dev", "/dev", "--perms", "01777", "--size", size, "--tmpfs", "/dev/shm",
+		"--perms", "01777", "--size", size, "--tmpfs", "/tmp", "--perms", "01777", "--size", size, "--tmpfs", "/var/tmp")
 	made := map[string]bool{"/": true, "/tmp": true, "/var/tmp": true}
 	for _, d := range p.opts.Share { // before the workspace, which may lie below
 		if userns != nil {
@@ -418,6 +482,13 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		}
 		args = append(args, "--bind", d, d)
 	}
+	if spec.Logs != "" {
+		// localcloud's: the sandbox reads them, never changes them.
+		if userns != nil {
+			args = append(args, p.pathTo(spec.Logs, made)...)
+		}
+		args = append(args, "--ro-bind", spec.Logs, spec.Logs)
+	}
 	// Nothing else is writable: not the directories made to hold the
 	// mount points.
 
@@ -432,7 +503,7 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	argv := p.enterCgroups(s.cgDirs, append([]string{p.bwrap}, args...))
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	info, infoW, err := os.Pipe()
 	if err != nil {
 		s.removeCgroups()
@@ -501,16 +572,53 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		s.Close()
 		return nil, err
 	}
+	if err := s.limitInotify(ctx); err != nil {
+		// Reported by status (the probe's sandbox sets it first).
+		p.inotifyErr.Store(&err)
+		s.log().Warn("the run's inotify limits could not be set", "err", err)
+	}
 	return s, nil
+}
+
+// limitInotify gives the sandbox's user namespace its own inotify limits.
+// They are per user namespace, and what a namespace's processes use is
+// charged to it and to every namespace above it, up to the host user's:
+// the run's own limits keep a sandbox from taking all of the host user's.
+// Set from inside the namespace, as its root before any capability is
+// dropped (only CAP_SYS_RESOURCE there may write them; the sandbox's
+// commands have none).
+func (s *Sandbox) limitInotify(ctx context.Context) error {
+	script := fmt.Sprintf("echo %d > /proc/sys/user/max_inotify_instances && echo %d > /proc/sys/user/max_inotify_watches",
+		s.p.opts.InotifyInstances, s.p.opts.InotifyWatches)
+	argv := []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--user", "--", "/bin/sh", "-c", script}
+	if s.ownerNS != nil {
+		// The namespace owning the sandbox's, made by bubblewrap, whose
+		// root this user is (joined as it is: setgroups is denied
+		// there). Its limits bound the namespaces below it.
+		argv = []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--user=" + s.ownerNSPath, "--preserve-credentials", "--", "/bin/sh", "-c", script}
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = []string{"PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("set the inotify limits in the run's user namespace: %w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // enterCgroups prefixes argv with a shell that moves itself into dirs
 // (so that everything argv starts is counted from its first instruction)
 // or, without cgroups, with prlimit setting the rlimits.
 func (p *Provider) enterCgroups(dirs []string, argv []string) []string {
+	fsize := "--fsize=" + strconv.FormatInt(p.opts.FileBytes, 10)
 	if p.cg == nil {
-		return append([]string{p.prlim, "--as=" + strconv.FormatInt(p.opts.MemoryBytes, 10), "--nproc=" + strconv.Itoa(p.opts.MaxProcs), "--"}, argv...)
+		return append([]string{p.prlim, "--as=" + strconv.FormatInt(p.opts.MemoryBytes, 10), "--nproc=" + strconv.Itoa(p.opts.MaxProcs), fsize, "--"}, argv...)
 	}
+	// One file a command writes is bounded (RLIMIT_FSIZE: the write
+	// fails with EFBIG, SIGXFSZ ends a writer that does not handle it).
+	argv = append([]string{p.prlim, fsize, "--"}, argv...)
 	var b strings.Builder
 	for _, d := range dirs {
 		fmt.Fprintf(&b, "echo $$ > '%s/cgroup.procs' || exit 125; ", d)
@@ -521,8 +629,16 @@ func (p *Provider) enterCgroups(dirs []string, argv []string) []string {
 
 // Command returns argv to run in the sandbox, in dir (the workspace or
 // below, or the run's home). The process runs as root of the sandbox's
-// user namespace with every capability dropped.
+// user namespace with every capability dropped. It leads a new session,
+// without a controlling terminal (SysProcAttr is set; a caller that
+// replaces it keeps Setsid).
 func (s *Sandbox) Command(ctx context.Context, dir string, argv ...string) *exec.Cmd {
+	cmd := s.command(ctx, dir, argv...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	return cmd
+}
+
+func (s *Sandbox) command(ctx context.Context, dir string, argv ...string) *exec.Cmd {
 	if s.holder == nil {
 		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 		cmd.Dir = dir
@@ -671,6 +787,80 @@ func (s *Sandbox) OOMKilled() bool {
 		}
 	}
 	return false
+}
+
+// DiskCheckEvery is how often the run's files are to be measured.
+func (s *Sandbox) DiskCheckEvery() time.Duration { return s.p.opts.DiskCheckEvery }
+
+// OverDiskLimit measures what the run's files (workspace, home, process
+// logs) take on disk and reports it, and whether that is over the run's
+// disk limit (false without isolation: no limit then).
+func (s *Sandbox) OverDiskLimit() (used, limit int64, over bool) {
+	if s.holder == nil {
+		return 0, 0, false
+	}
+	seen := map[[2]uint64]bool{}
+	for _, d := range []string{s.spec.Workspace, s.spec.Home, s.spec.Logs} {
+		if d != "" {
+			used += diskUsage(d, seen)
+		}
+	}
+	return used, s.p.opts.DiskBytes, used > s.p.opts.DiskBytes
+}
+
+// diskUsage is what the tree at dir takes on disk (allocated blocks, each
+// inode once). It walks by descriptors, never following a link, and stays
+// on dir's filesystem: the sandbox changes the tree meanwhile and must
+// not make this process measure, or open, anything else.
+func diskUsage(dir string, seen map[[2]uint64]bool) int64 {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0
+	}
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil {
+		unix.Close(fd)
+		return 0
+	}
+	return st.Blocks*512 + usageBelow(fd, st.Dev, seen, 0)
+}
+
+// maxDiskDepth bounds the directories the measure descends (one open
+// descriptor each); deeper ones are not counted.
+const maxDiskDepth = 512
+
+// usageBelow measures the entries of the directory fd (which it closes).
+func usageBelow(fd int, dev uint64, seen map[[2]uint64]bool, depth int) int64 {
+	f := os.NewFile(uintptr(fd), "dir")
+	defer f.Close()
+	var total int64
+	for {
+		names, err := f.Readdirnames(1024)
+		for _, name := range names {
+			var st unix.Stat_t
+			if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Dev != dev {
+				continue
+			}
+			if st.Nlink > 1 && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+				// A file with other links is counted once.
+				key := [2]uint64{st.Dev, st.Ino}
+				if seen[key] {
+					continue
+				}
+				seen[key] = true
+			}
+			total += st.Blocks * 512
+			if st.Mode&unix.S_IFMT == unix.S_IFDIR && depth < maxDiskDepth {
+				sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				if err == nil {
+					total += usageBelow(sub, dev, seen, depth+1)
+				}
+			}
+		}
+		if err != nil {
+			return total
+		}
+	}
 }
 
 // Close kills everything in the sandbox: the end of the PID namespace's

@@ -3,6 +3,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,10 +17,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // helperEnv makes the test binary, copied into a workspace, act as a
-// program inside the sandbox: "listen:PORT" or "alloc:BYTES".
+// program inside the sandbox: "listen:PORT", "alloc:BYTES", "inotify" or
+// "inotifywatches:DIR".
 const helperEnv = "SANDBOX_TEST_HELPER"
 
 func TestMain(m *testing.M) {
@@ -45,6 +49,36 @@ func helper(h string) int {
 		}
 		c.Write([]byte("inside\n"))
 		c.Close()
+		return 0
+	case "inotify":
+		// How many inotify instances can be had at once.
+		n := 0
+		for ; n < 10000; n++ {
+			if _, err := unix.InotifyInit1(unix.IN_CLOEXEC); err != nil {
+				break
+			}
+		}
+		fmt.Printf("instances %d\n", n)
+		return 0
+	case "inotifywatches":
+		// How many watches one instance can have (on directories of arg).
+		fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+		if err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		n := 0
+		for ; n < 100000; n++ {
+			d, err := os.MkdirTemp(arg, "w")
+			if err != nil {
+				fmt.Println(err)
+				return 1
+			}
+			if _, err := unix.InotifyAddWatch(fd, d, unix.IN_CREATE); err != nil {
+				break
+			}
+		}
+		fmt.Printf("watches %d\n", n)
 		return 0
 	case "alloc":
 		n, _ := strconv.Atoi(arg)
@@ -427,5 +461,134 @@ func TestRefusesWithoutNamespacesUnlessNone(t *testing.T) {
 	}
 	if r := p.Report(); r.Isolation != IsolationNone || len(r.Degraded) == 0 {
 		t.Fatalf("report %+v", r)
+	}
+}
+
+// A run has its own inotify limits, which its commands cannot raise: it
+// cannot take the instances and watches of the host user (what it uses
+// is charged to that user too).
+func TestInotifyLimitedPerRun(t *testing.T) {
+	sb, ws := start(t, Options{InotifyInstances: 4, InotifyWatches: 50})
+	if got := sb.p.report.Limits["inotify"]; got != "userns" {
+		t.Fatalf("the report says inotify is limited by %q, want userns: %+v", got, sb.p.report)
+	}
+	out, err := sh(t, sb, ws, helperEnv+"=inotify "+helperIn(t, ws))
+	if err != nil || out != "instances 4" {
+		t.Fatalf("the sandbox made %q (%v), want 4 inotify instances", out, err)
+	}
+	// The host user still has its own.
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatalf("the host user has no inotify instance left: %v", err)
+	}
+	unix.Close(fd)
+	for _, f := range []string{"max_inotify_instances", "max_inotify_watches"} {
+		if out, err := sh(t, sb, ws, "echo 100000 > /proc/sys/user/"+f); err == nil {
+			t.Errorf("the sandbox raised its %s: %s", f, out)
+		}
+		// Set in the namespace owning the sandbox's when there is one
+		// (which bounds it): the sandbox's own then shows no limit.
+		if out, _ := sh(t, sb, ws, "cat /proc/sys/user/"+f); sb.ownerNS == nil && out != map[string]string{"max_inotify_instances": "4", "max_inotify_watches": "50"}[f] {
+			t.Errorf("%s in the sandbox: %q", f, out)
+		}
+	}
+}
+
+// Watches are counted too.
+func TestInotifyWatchesLimitedPerRun(t *testing.T) {
+	sb, ws := start(t, Options{InotifyInstances: 4, InotifyWatches: 50})
+	dirs := filepath.Join(ws, "watched")
+	if err := os.Mkdir(dirs, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dirs, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	out, err := sh(t, sb, ws, helperEnv+"=inotifywatches:"+dirs+" "+helperIn(t, ws))
+	if err != nil || out != "watches 50" {
+		t.Fatalf("the sandbox made %q (%v), want 50 watches", out, err)
+	}
+}
+
+// One file a command writes is bounded.
+func TestFileSizeLimited(t *testing.T) {
+	sb, ws := start(t, Options{FileBytes: 1 << 20})
+	if got := sb.p.report.Limits["file-size"]; got != "rlimit" {
+		t.Fatalf("the report says the file size is limited by %q: %+v", got, sb.p.report)
+	}
+	out, err := sh(t, sb, ws, "head -c 3145728 /dev/zero > big")
+	if err == nil {
+		t.Errorf("writing 3 MiB under a 1 MiB file limit succeeded: %s", out)
+	}
+	fi, err := os.Stat(filepath.Join(ws, "big"))
+	if err != nil || fi.Size() > 1<<20 {
+		t.Fatalf("the file is %v (%v), want at most 1 MiB", fi.Size(), err)
+	}
+}
+
+// The run's files are measured without following a link the sandbox
+// planted: a link to a large tree elsewhere counts as the link.
+func TestDiskUsageFollowsNoLink(t *testing.T) {
+	sb, ws := start(t, Options{DiskBytes: 1 << 20, FileBytes: 8 << 20})
+	big := t.TempDir()
+	if err := os.WriteFile(filepath.Join(big, "big"), bytes.Repeat([]byte{1}, 4<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(big, filepath.Join(ws, "elsewhere")); err != nil {
+		t.Fatal(err)
+	}
+	if used, _, over := sb.OverDiskLimit(); over || used > 1<<20 {
+		t.Fatalf("%d bytes measured, over %v: the link was followed", used, over)
+	}
+	if _, err := sh(t, sb, ws, "head -c 2097152 /dev/zero > a"); err != nil {
+		t.Fatal(err)
+	}
+	if used, limit, over := sb.OverDiskLimit(); !over || used < 2<<20 || limit != 1<<20 {
+		t.Fatalf("%d bytes measured of %d, over %v: want over", used, limit, over)
+	}
+}
+
+// nobody is the sandbox's host user of a root localcloud.
+const nobody = DefaultHostUID
+
+// Giving a run's tree to the sandbox's user changes what is in it, links
+// included, and never what a link names.
+func TestChownTreeFollowsNoLink(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to give files away")
+	}
+	outside := filepath.Join(t.TempDir(), "authorized_keys")
+	if err := os.WriteFile(outside, []byte("key\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "a", "b", "f"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []string{filepath.Join(dir, "link"), filepath.Join(dir, "a", "b", "link")} {
+		if err := os.Symlink(outside, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(filepath.Dir(outside), filepath.Join(dir, "dirlink")); err != nil {
+		t.Fatal(err)
+	}
+	if err := chownTree(dir, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, filepath.Join(dir, "a", "b", "f"), filepath.Join(dir, "link"), filepath.Join(dir, "dirlink")} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil || st.Uid != nobody {
+			t.Errorf("%s: owner %d (%v), want %d", p, st.Uid, err, nobody)
+		}
+	}
+	for _, p := range []string{outside, filepath.Dir(outside)} {
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil || st.Uid != 0 {
+			t.Errorf("%s, named by a link in the tree, is owned by %d (%v)", p, st.Uid, err)
+		}
 	}
 }

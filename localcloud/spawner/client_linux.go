@@ -66,9 +66,11 @@ func Launch(ctx context.Context, cmd *exec.Cmd) (*Client, error) {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{}
 	}
-	// Its own group (a terminal's ^C for localcloud is not for it), and
-	// dead with localcloud.
-	cmd.SysProcAttr.Setpgid = true
+	// Its own session, without localcloud's controlling terminal (a
+	// terminal's ^C for localcloud is not for it, and nothing in the
+	// sandbox may type into it), and dead with localcloud.
+	cmd.SysProcAttr.Setpgid = false
+	cmd.SysProcAttr.Setsid = true
 	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start the sandbox's spawner: %w", err)

@@ -308,10 +308,11 @@ func (s *server) start(req Request, stdio [3]int) (int, <-chan syscall.WaitStatu
 		Env:   req.Env,
 		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
 		Sys: &syscall.SysProcAttr{
-			// A command leads a group of its own, or on a terminal a
-			// session whose controlling terminal that is, so that its
-			// signals reach all it started and job control works inside.
-			Setpgid: !req.Terminal, Setsid: req.Terminal, Setctty: req.Terminal, Ctty: 0,
+			// A command leads a session of its own (so a group: its
+			// signals reach all it started), on a terminal one whose
+			// controlling terminal that is, so that job control works
+			// inside; otherwise without one.
+			Setsid: true, Setctty: req.Terminal, Ctty: 0,
 			// It dies with the spawner: nobody would hear of its end.
 			Pdeathsig: syscall.SIGKILL,
 		},
