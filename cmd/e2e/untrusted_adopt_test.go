@@ -1,8 +1,14 @@
 package e2e
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,4 +97,139 @@ func cliRun(t *testing.T, cli *fakeCLI, repo, branch string) string {
 		t.Fatal(err)
 	}
 	return res.RunID
+}
+
+// rawMCP is `sbx mcp` driven line by line, as a broken or hostile client
+// would.
+type rawMCP struct {
+	t       *testing.T
+	in      io.WriteCloser
+	answers chan map[string]any
+	stderr  *bytes.Buffer
+}
+
+func (e *env) rawMCP(t *testing.T, dir string, args ...string) *rawMCP {
+	t.Helper()
+	cmd := e.sbxCmd(dir, append([]string{"mcp"}, args...)...)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &rawMCP{t: t, in: in, answers: make(chan map[string]any, 64), stderr: &bytes.Buffer{}}
+	cmd.Stderr = m.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(m.answers)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var a map[string]any
+			if err := json.Unmarshal(sc.Bytes(), &a); err != nil {
+				t.Errorf("sbx mcp wrote a line that is not JSON: %q", sc.Text())
+				continue
+			}
+			m.answers <- a
+		}
+	}()
+	t.Cleanup(func() {
+		in.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+			t.Errorf("sbx mcp did not end within 10s of its stdin closing")
+		}
+	})
+	return m
+}
+
+func (m *rawMCP) send(line string) {
+	m.t.Helper()
+	if _, err := io.WriteString(m.in, line+"\n"); err != nil {
+		m.t.Fatalf("write %q to sbx mcp: %v (stderr: %s)", line, err, m.stderr)
+	}
+}
+
+func (m *rawMCP) next(what string) map[string]any {
+	m.t.Helper()
+	select {
+	case a, ok := <-m.answers:
+		if !ok {
+			m.t.Fatalf("sbx mcp ended before answering %s; stderr: %s", what, m.stderr)
+		}
+		return a
+	case <-time.After(60 * time.Second):
+		m.t.Fatalf("sbx mcp did not answer %s within 60s", what)
+	}
+	return nil
+}
+
+func errorCode(a map[string]any) float64 {
+	e, _ := a["error"].(map[string]any)
+	code, _ := e["code"].(float64)
+	return code
+}
+
+// TestMCPSurvivesMalformedLinesAndStaysInItsCheckout: `sbx mcp` answers a
+// line that is not JSON with -32700 and one that is not a JSON-RPC message
+// ([] among them) with -32600, and serves the requests after them; started
+// in a checkout, it refuses a call naming another checkout (by cwd or by
+// the runId of its sandbox) and serves its own.
+func TestMCPSurvivesMalformedLinesAndStaysInItsCheckout(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	mine := e.newRepo("mine", defaultConfig)
+	other := e.newRepo("other", defaultConfig)
+	otherRun := e.startSandbox(other)
+	m := e.rawMCP(t, mine)
+
+	m.send(`{not json}`)
+	if a := m.next("{not json}"); errorCode(a) != -32700 || a["id"] != nil {
+		t.Fatalf("answer to {not json}: %v", a)
+	}
+	m.send(`[]`)
+	if a := m.next("[]"); errorCode(a) != -32600 {
+		t.Fatalf("answer to []: %v", a)
+	}
+	m.send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"e2e","version":"1"}}}`)
+	if a := m.next("initialize"); a["id"] != float64(1) || a["result"] == nil {
+		t.Fatalf("initialize after malformed lines: %v", a)
+	}
+	m.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	m.send(`{"jsonrpc":"2.0","id":"x","method":7}`)
+	if a := m.next("a method that is a number"); errorCode(a) != -32600 || a["id"] != "x" {
+		t.Fatalf("answer to a bad method: %v", a)
+	}
+
+	callTool := func(id int, args map[string]any) map[string]any {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": map[string]any{"name": "status", "arguments": args}})
+		m.send(string(b))
+		a := m.next(fmt.Sprintf("status %v", args))
+		if a["id"] != float64(id) {
+			t.Fatalf("answer to call %d: %v", id, a)
+		}
+		res, _ := a["result"].(map[string]any)
+		return res
+	}
+	for i, args := range []map[string]any{{"cwd": other}, {"runId": otherRun}} {
+		res := callTool(10+i, args)
+		raw, _ := json.Marshal(res)
+		if res["isError"] != true || !strings.Contains(string(raw), "outside the checkout") {
+			t.Fatalf("status %v from a server confined to %s: %s", args, mine, raw)
+		}
+	}
+	if res := callTool(20, nil); res["isError"] == true {
+		raw, _ := json.Marshal(res)
+		t.Fatalf("status of the server's own checkout: %s", raw)
+	}
 }
