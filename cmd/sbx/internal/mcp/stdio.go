@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -45,7 +46,12 @@ func ServeIO(ctx context.Context, opts Options, in io.Reader, out io.Writer) err
 	}
 	w := &lockedWriter{w: out}
 	pr, pw := io.Pipe()
-	go func() { pw.CloseWithError(filterLines(in, pw, w)) }()
+	filtered := make(chan error, 1)
+	go func() {
+		err := filterLines(in, pw, w)
+		pw.CloseWithError(err)
+		filtered <- err
+	}()
 	ss, err := NewServer(opts).Connect(ctx, &sdk.IOTransport{Reader: pr, Writer: w}, nil)
 	if err != nil {
 		pr.Close()
@@ -65,6 +71,13 @@ func ServeIO(ctx context.Context, opts Options, in io.Reader, out io.Writer) err
 		<-ended
 	}
 	pr.Close() // ends filterLines' next write
+	select {
+	case err := <-filtered:
+		if err != nil && !errors.Is(err, io.ErrClosedPipe) {
+			return fmt.Errorf("serve MCP on stdio: %w", err)
+		}
+	case <-time.After(100 * time.Millisecond): // still reading stdin: the session ended first
+	}
 	return nil
 }
 
