@@ -21,7 +21,8 @@ import (
 // another checkout (new key format) or of another branch (old
 // cwd:branch:config format) with a scoped token, it is not adopted: the
 // daemon says why, the user's next exec runs in a sandbox of its own, and
-// the uncommitted file it syncs never reaches the foreign run.
+// the uncommitted file it syncs never reaches the foreign run. A run the
+// CLI started for this checkout is still adopted.
 func TestForeignRunInTheCLIFileIsNotAdopted(t *testing.T) {
 	e := newEnv(t)
 	lc := e.startLocalcloud()
@@ -76,6 +77,22 @@ func TestForeignRunInTheCLIFileIsNotAdopted(t *testing.T) {
 			t.Fatalf("%s: the refusal says no reason: %v", c.name, ev)
 		}
 		events.stop()
+	}
+
+	// The legitimate case still holds: a run the RWX CLI starts for this
+	// checkout and branch, recorded in its file, is adopted and used.
+	e.git(victim, "checkout", "-q", "-b", "legit")
+	events := e.followEvents("")
+	run, how := cli.execRun(victim)
+	if how != "created" {
+		t.Fatalf("the CLI found a sandbox (%s) for a new branch", how)
+	}
+	events.waitFor(t, 20*time.Second, "adoption of the CLI's run", func(ev map[string]any) bool {
+		data, _ := ev["data"].(map[string]any)
+		return ev["type"] == "session.adopted" && ev["runId"] == run && data["from"] == "rwx-cli"
+	})
+	if ej := decode[execJSON](t, e.mustSbx(victim, "exec", "--no-sync", "--json", "--", "true").stdout); ej.RunID != run {
+		t.Fatalf("sbx exec ran in %s, want the CLI's run %s", ej.RunID, run)
 	}
 }
 
