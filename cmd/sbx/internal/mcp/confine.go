@@ -65,12 +65,17 @@ func (h *handlers) allowed(ctx context.Context, t ipc.Target) error {
 		return nil
 	}
 	if t.RunID != "" {
+		// A run's checkout never changes: one list per run id.
+		if _, ok := h.runsInCheckout.Load(t.RunID); ok {
+			return nil
+		}
 		resp, err := h.opts.Client.List(ctx, ipc.ListRequest{All: true})
 		if err != nil {
 			return fmt.Errorf("check that run %s is a sandbox of %s: %w", t.RunID, h.confined, err)
 		}
 		for _, s := range resp.Sessions {
 			if s.RunID == t.RunID && sameDir(s.RepoRoot, h.confined) {
+				h.runsInCheckout.Store(t.RunID, true)
 				return nil
 			}
 		}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -210,6 +211,8 @@ type handlers struct {
 	// confined is the repository root every call must stay in ("" when
 	// the server may reach any checkout).
 	confined string
+	// runsInCheckout are the run ids found to be sandboxes of confined.
+	runsInCheckout sync.Map
 }
 
 // target resolves the sandbox a call names, refusing one outside the
