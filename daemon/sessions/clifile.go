@@ -151,13 +151,12 @@ func (m *Manager) confirmCLIClaims(ctx context.Context, repoRoot string, claims 
 			missing = true
 		}
 	}
+	var moreErr error
 	if missing {
 		// A run the CLI just created is still provisioning: the list of
 		// sandboxes does not show it yet.
-		more, err := remote.ListRunsInProgress(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("confirm the runs of the RWX CLI's sandboxes file with the remote (nothing adopted): %w", err)
-		}
+		var more []rwxapi.RunSummary
+		more, moreErr = remote.ListRunsInProgress(ctx)
 		for _, r := range more {
 			if _, ok := runs[r.ID]; !ok {
 				runs[r.ID] = r
@@ -169,6 +168,11 @@ func (m *Manager) confirmCLIClaims(ctx context.Context, repoRoot string, claims 
 		run, ok := runs[c.l.RunID]
 		var reason string
 		switch {
+		case !ok && moreErr != nil:
+			// Not known either way: asked again at the next read.
+			m.log.Warn("cannot confirm the run named in the RWX CLI's sandboxes file; not adopting it for now",
+				"repo", repoRoot, "key", c.l.Key, "run", c.l.RunID, "err", moreErr)
+			continue
 		case !ok:
 			reason = "the remote does not list it among your runs in progress"
 		case !m.namesCheckout(run, c.id):

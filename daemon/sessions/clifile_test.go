@@ -23,10 +23,12 @@ import (
 // gives them; sandboxed runs show in the list of sandboxes, the others only
 // among the runs in progress. It records the token of every call.
 type claimsRemote struct {
-	mu        sync.Mutex
-	sandboxed map[string]rwxapi.CLIState
-	starting  map[string]rwxapi.CLIState
-	tokens    []string
+	mu sync.Mutex
+	// inProgressDown makes the list of runs in progress answer 500.
+	inProgressDown bool
+	sandboxed      map[string]rwxapi.CLIState
+	starting       map[string]rwxapi.CLIState
+	tokens         []string
 }
 
 func (c *claimsRemote) serve(t *testing.T) string {
@@ -36,6 +38,11 @@ func (c *claimsRemote) serve(t *testing.T) string {
 		c.tokens = append(c.tokens, r.Header.Get("Authorization"))
 		if r.URL.Path != rwxapi.PathRuns {
 			http.NotFound(w, r)
+			return
+		}
+		if c.inProgressDown && r.URL.Query().Get(rwxapi.QueryResultStatus) == "" {
+			w.WriteHeader(http.StatusInternalServerError)
+			json.NewEncoder(w).Encode(map[string]string{"error": "down"})
 			return
 		}
 		res := rwxapi.ListRunsResult{Runs: []rwxapi.RunSummary{}}
@@ -216,4 +223,53 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestCLIFileConfirmsWhatItCanWhenTheSecondListFails: a remote that lists
+// sandboxes but fails the list of runs in progress still confirms the
+// sandboxes; a provisioning run stays unconfirmed (not adopted, not
+// refused for good) and is asked about again at the next read.
+func TestCLIFileConfirmsWhatItCanWhenTheSecondListFails(t *testing.T) {
+	repo, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mkdirs(t, filepath.Join(repo, ".git"))
+	cfg := filepath.Join(repo, ".rwx", "sandbox.yml")
+	touch(t, cfg, "tasks: []\n")
+	api := &claimsRemote{
+		inProgressDown: true,
+		sandboxed:      map[string]rwxapi.CLIState{"ready": {Branch: "main", ConfigFile: cfg}},
+		starting:       map[string]rwxapi.CLIState{"starting": {Branch: "dev", ConfigFile: cfg}},
+	}
+	client, err := runsapi.New(runsapi.Options{BaseURL: api.serve(t), Token: "daemon-token", Timeout: 5 * time.Second, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "sandboxd.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ev := &refusals{runs: map[string]string{}}
+	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Queue: execq.New(), Sync: nopSync{}, Events: ev, Branches: fixedBranch{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close(context.Background()) })
+	touch(t, clifile.Path(repo), `{"version":1,"sandboxes":{"main:`+cfg+`":{"runId":"ready"},"dev:`+cfg+`":{"runId":"starting"}}}`)
+	adopted, err := m.readCLIFile(context.Background(), repo)
+	if err != nil || len(adopted) != 1 || adopted[0].RunID != "ready" {
+		t.Fatalf("first read: %v, %v; want the listed sandbox adopted", adopted, err)
+	}
+	if len(ev.runs) != 0 {
+		t.Fatalf("refused %v although the remote could not say", ev.runs)
+	}
+	api.mu.Lock()
+	api.inProgressDown = false
+	api.mu.Unlock()
+	adopted, err = m.readCLIFile(context.Background(), repo)
+	if err != nil || len(adopted) != 1 || adopted[0].RunID != "starting" {
+		t.Fatalf("second read: %v, %v; want the provisioning run adopted once the remote answers", adopted, err)
+	}
 }
