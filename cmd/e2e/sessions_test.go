@@ -422,16 +422,14 @@ func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() boo
 
 // TestLegacyImport: a session recorded by the RWX CLI in
 // .rwx/sandboxes/sandboxes.json is imported the first time the repository is
-// seen, and its run is used.
+// seen, and its run is used (the remote confirms that its cli_state names
+// this checkout, branch and config: a run of another branch is refused, see
+// TestForeignRunInTheCLIFileIsNotAdopted).
 func TestLegacyImport(t *testing.T) {
 	e := newEnv(t)
 	d := e.startDaemon()
 	repo := e.newRepo("legacy", defaultConfig)
-	// A run whose cli_state names another branch, so only the legacy file
-	// can map it to main.
-	e.git(repo, "checkout", "-q", "-b", "feature")
 	run := e.startSandbox(repo)
-	e.git(repo, "checkout", "-q", "main")
 	d.stop(t)
 	os.Remove(filepath.Join(e.get("XDG_STATE_HOME"), "sandboxd", "sandboxd.db"))
 	cfg := filepath.Join(repo, ".rwx", "sandbox.yml")

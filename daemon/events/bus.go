@@ -23,27 +23,30 @@ type Event = ipc.Event
 
 // Event types published by the daemon.
 const (
-	SessionCreated    = "session.created"
-	SessionReady      = "session.ready"
-	SessionProgress   = "session.progress" // a phase of a sandbox's start (ipc.Progress)
-	SessionExpired    = "session.expired"
-	SessionStopped    = "session.stopped"
-	SessionAdopted    = "session.adopted"
-	SessionPruned     = "session.pruned"
-	ExecQueued        = "exec.queued"
-	ExecStarted       = "exec.started"
-	ExecFinished      = "exec.finished"
-	SyncPushed        = "sync.pushed"
-	ConnectionUp      = "connection.up"
-	ConnectionDown    = "connection.down"
-	ReconcileFinished = "reconcile.finished"
-	ConfigDrift       = "config.drift"
-	BranchChanged     = "branch.changed"
-	BackgroundStarted = "background.started"
-	BackgroundStopped = "background.stopped"
-	ForwardOpened     = "forward.opened"
-	ForwardClosed     = "forward.closed"
-	ForwardFailed     = "forward.failed"
+	SessionCreated  = "session.created"
+	SessionReady    = "session.ready"
+	SessionProgress = "session.progress" // a phase of a sandbox's start (ipc.Progress)
+	SessionExpired  = "session.expired"
+	SessionStopped  = "session.stopped"
+	SessionAdopted  = "session.adopted"
+	// SessionAdoptionRefused says that a run named in the RWX CLI's file
+	// was not adopted, and why (the remote did not confirm it).
+	SessionAdoptionRefused = "session.adoption_refused"
+	SessionPruned          = "session.pruned"
+	ExecQueued             = "exec.queued"
+	ExecStarted            = "exec.started"
+	ExecFinished           = "exec.finished"
+	SyncPushed             = "sync.pushed"
+	ConnectionUp           = "connection.up"
+	ConnectionDown         = "connection.down"
+	ReconcileFinished      = "reconcile.finished"
+	ConfigDrift            = "config.drift"
+	BranchChanged          = "branch.changed"
+	BackgroundStarted      = "background.started"
+	BackgroundStopped      = "background.stopped"
+	ForwardOpened          = "forward.opened"
+	ForwardClosed          = "forward.closed"
+	ForwardFailed          = "forward.failed"
 
 	// StreamGap and StreamClosed are synthesized per subscription, never
 	// published: they describe that subscriber's stream, not the daemon, and

@@ -197,6 +197,20 @@ func (c *Client) ListSandboxes(ctx context.Context) ([]rwxapi.RunSummary, error)
 	return res.Runs, err
 }
 
+// ListRunsInProgress lists the caller's runs in progress, sandboxable or
+// still provisioning (the list of sandboxes shows only the former).
+func (c *Client) ListRunsInProgress(ctx context.Context) ([]rwxapi.RunSummary, error) {
+	var res rwxapi.ListRunsResult
+	err := c.do(ctx, call{
+		op: "list runs in progress", method: http.MethodGet, path: rwxapi.PathRuns,
+		query: url.Values{
+			rwxapi.QueryExecutionStatus: {rwxapi.ExecutionStatusInProgress},
+			rwxapi.QueryMyRuns:          {"true"},
+		},
+	}, &res)
+	return res.Runs, err
+}
+
 // CancelRun cancels run runID.
 func (c *Client) CancelRun(ctx context.Context, runID string) error {
 	if runID == "" {

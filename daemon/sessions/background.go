@@ -169,6 +169,11 @@ func (m *Manager) BgRestart(ctx context.Context, req ipc.BgRequest) (ipc.BgProce
 	}
 	rec.Key = req.Name
 	prev := findBackground(s, req.Name)
+	if prev != nil && prev.TargetPort != 0 {
+		// The port forwarded is the one sandboxd started the process with,
+		// not whatever the record names.
+		rec.TargetPort = prev.TargetPort
+	}
 	bg := store.Background{Name: req.Name, Command: rec.Command, TargetPort: rec.TargetPort}
 	if prev != nil {
 		bg.LocalPort = prev.LocalPort
@@ -345,18 +350,29 @@ func (c poolConn) exec(ctx context.Context, command string, stdio sshpool.Stdio)
 }
 
 // processDirective sends one managed-process directive and decodes the
-// agent's record.
+// agent's record, bounded in size and time and checked before use (see
+// processRecord.validate).
 func (m *Manager) processDirective(ctx context.Context, conn execer, name string, req map[string]any) (processRecord, error) {
 	payload, err := json.Marshal(req)
 	if err != nil {
 		return processRecord{}, errdefs.Internal(fmt.Errorf("encode the %s request: %w", name, err))
 	}
-	var stdout, stderr bytes.Buffer
-	st, err := conn.exec(ctx, name+" "+string(payload), sshpool.Stdio{Stdout: &stdout, Stderr: &stderr})
+	key, _ := req["key"].(string)
+	ctx, cancel := context.WithTimeout(ctx, processDirectiveWait)
+	defer cancel()
+	stdout, stderr := newAnswer(processRecordMax), newAnswer(processErrorMax)
+	stdout.onOver = cancel // no record is that long: stop the agent's flood
+	st, err := conn.exec(ctx, name+" "+string(payload), sshpool.Stdio{Stdout: stdout, Stderr: stderr})
+	if stdout.over {
+		return processRecord{}, errdefs.Unavailable(fmt.Errorf("the sandbox agent's answer to %s for %q is over %d bytes: refused (a process record is small)", name, key, processRecordMax))
+	}
 	if err != nil {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return processRecord{}, errdefs.Unavailable(fmt.Errorf("the sandbox agent did not answer %s for %q within %s: %w", name, key, processDirectiveWait, err))
+		}
 		return processRecord{}, errdefs.Unavailable(fmt.Errorf("ask the sandbox agent: %w", err))
 	}
-	msg := strings.TrimSpace(stderr.String())
+	msg := printable(strings.TrimSpace(stderr.String()), 1024)
 	switch {
 	case st.Code == 127:
 		return processRecord{}, errdefs.Unavailable(errors.New("background processes are not supported by this sandbox's agent"))
@@ -371,8 +387,15 @@ func (m *Manager) processDirective(ctx context.Context, conn execer, name string
 		return processRecord{}, errdefs.Unavailable(fmt.Errorf("the sandbox agent refused: %s", msg))
 	}
 	var rec processRecord
-	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &rec); err != nil {
-		return processRecord{}, errdefs.Unavailable(fmt.Errorf("the sandbox agent's answer is not a process record (%q): %w", stdout.String(), err))
+	dec := json.NewDecoder(bytes.NewReader(stdout.Bytes()))
+	if err := dec.Decode(&rec); err != nil {
+		return processRecord{}, errdefs.Unavailable(fmt.Errorf("the sandbox agent's answer is not a process record (%q): %w", printable(stdout.String(), 256), err))
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return processRecord{}, errdefs.Unavailable(fmt.Errorf("the sandbox agent's answer to %s holds more than one process record: refused", name))
+	}
+	if err := rec.validate(key); err != nil {
+		return processRecord{}, errdefs.Unavailable(fmt.Errorf("the sandbox agent's process record for %q is refused: %w", key, err))
 	}
 	return rec, nil
 }

@@ -1,11 +1,11 @@
 package sessions
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -16,14 +16,16 @@ import (
 // CLI, or adopted after its record was lost), the commit the sandbox has
 // checked out as the base of the sync: one command on the first synced exec.
 func (m *Manager) learnBase(ctx context.Context, r gitsync.Runner, s *store.Session) (string, error) {
-	var out, errb bytes.Buffer
-	code, err := r.Run(ctx, "git rev-parse --verify HEAD^{commit}", nil, &out, &errb)
+	ctx, cancel := context.WithTimeout(ctx, learnBaseWait)
+	defer cancel()
+	out, errb := newAnswer(128), newAnswer(1024) // a sha
+	code, err := r.Run(ctx, "git rev-parse --verify HEAD^{commit}", nil, out, errb)
 	if err != nil {
 		return "", errdefs.Unavailable(fmt.Errorf("ask the sandbox for its commit: %w", err))
 	}
 	sha := strings.TrimSpace(out.String())
 	if code != 0 || !fullSHA.MatchString(sha) {
-		return "", errdefs.Conflictf("the sandbox %s has no commit checked out (%s): `sbx reset` starts one at your current commit", s.RunID, strings.TrimSpace(errb.String()))
+		return "", errdefs.Conflictf("the sandbox %s has no commit checked out (%s): `sbx reset` starts one at your current commit", s.RunID, printable(strings.TrimSpace(errb.String()), 512))
 	}
 	if _, err := m.git.output(ctx, s.RepoRoot, "cat-file", "-e", sha+"^{commit}"); err != nil {
 		return "", errdefs.Conflictf("the sandbox %s is at commit %s, which %s does not have: fetch it (git fetch), or `sbx reset` to start a sandbox at your current commit", s.RunID, sha[:12], s.RepoRoot)
@@ -38,5 +40,8 @@ func (m *Manager) learnBase(ctx context.Context, r gitsync.Runner, s *store.Sess
 	}
 	return sha, nil
 }
+
+// learnBaseWait bounds asking the sandbox for its commit.
+const learnBaseWait = 30 * time.Second
 
 var fullSHA = regexp.MustCompile(`^[0-9a-f]{40}([0-9a-f]{24})?$`)

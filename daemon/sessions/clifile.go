@@ -10,6 +10,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/clifile"
 	"github.com/sandboxd/sandboxd/daemon/repofile"
+	"github.com/sandboxd/sandboxd/rwxapi"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -25,11 +26,22 @@ import (
 // for a few API calls at most.
 const cliLockWait = 15 * time.Second
 
+// cliConfirmWait bounds asking the remote to confirm the runs the CLI's
+// file names.
+const cliConfirmWait = 20 * time.Second
+
 // readCLIFile adopts the sessions the CLI's file of repoRoot records that
-// sandboxd does not know yet, and returns them.
-func (m *Manager) readCLIFile(repoRoot string) ([]*store.Session, error) {
+// sandboxd does not know yet and the remote confirms, and returns them.
+//
+// The file lives in the working tree, where a pull from a sandbox (or any
+// tool) can write it: what it says is a claim, never taken on its word. A
+// run it names is adopted only when the remote, asked with the daemon's own
+// token, lists it among the user's runs in progress with a cli_state that
+// names this checkout, branch and config. The file's scoped token is never
+// used: the daemon's own token reaches every run of the user.
+func (m *Manager) readCLIFile(ctx context.Context, repoRoot string) ([]*store.Session, error) {
 	path := clifile.Path(repoRoot)
-	data, err := repofile.ReadFile(context.Background(), repoRoot, path, repofile.MaxFileBytes)
+	data, err := repofile.ReadFile(ctx, repoRoot, path, repofile.MaxFileBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -41,32 +53,38 @@ func (m *Manager) readCLIFile(repoRoot string) ([]*store.Session, error) {
 		return nil, err
 	}
 	// Most reads find only runs sandboxd knows (its own records): answer
-	// those from the index without a write transaction.
-	unknown := legacy[:0]
+	// those from the index without a call or a write transaction.
+	var claims []cliClaim
 	for _, l := range legacy {
-		if _, err := m.st.ByRunID(l.RunID); l.RunID != "" && errors.Is(err, store.ErrNotFound) {
-			unknown = append(unknown, l)
+		if l.RunID == "" || m.cliRefusedBefore(repoRoot, l) {
+			continue
 		}
+		if _, err := m.st.ByRunID(l.RunID); !errors.Is(err, store.ErrNotFound) {
+			continue
+		}
+		id, ok := cliIdentity(repoRoot, l)
+		if !ok {
+			continue
+		}
+		l.ScopedToken = "" // never trusted: see above
+		claims = append(claims, cliClaim{l, id})
 	}
-	if len(unknown) == 0 {
+	if len(claims) == 0 {
 		return nil, nil
 	}
+	confirmed, err := m.confirmCLIClaims(ctx, repoRoot, claims)
+	if err != nil || len(confirmed) == 0 {
+		return nil, err
+	}
+	ids := make(map[string]store.Identity, len(confirmed))
+	unknown := make([]store.LegacySession, 0, len(confirmed))
+	for _, c := range confirmed {
+		ids[c.l.Key] = c.id
+		unknown = append(unknown, c.l)
+	}
 	adopted, err := m.st.AdoptLegacy(unknown, func(l store.LegacySession) (store.Identity, bool) {
-		cfg := l.ConfigFile
-		if cfg == "" {
-			cfg = DefaultConfigRel
-		}
-		if !filepath.IsAbs(cfg) {
-			cfg = filepath.Join(repoRoot, cfg)
-		}
-		cfg = canonical(cfg)
-		// `rwx sandbox list` records every active run of the user in the
-		// file of the checkout it ran in: other checkouts' runs are
-		// adopted through their own file or their cli_state.
-		if !within(repoRoot, cfg) {
-			return store.Identity{}, false
-		}
-		return store.Identity{RepoRoot: repoRoot, Branch: l.Branch, ConfigFile: cfg}, true
+		id, ok := ids[l.Key]
+		return id, ok
 	}, m.opts.Remotes.Info().Name)
 	if err != nil {
 		return nil, err
@@ -78,6 +96,129 @@ func (m *Manager) readCLIFile(repoRoot string) ([]*store.Session, error) {
 		m.log.Info("adopted sessions of the RWX CLI", "repo", repoRoot, "count", len(adopted))
 	}
 	return adopted, nil
+}
+
+// cliClaim is a record of the CLI's file naming a run sandboxd does not
+// know, and the identity it claims that run for.
+type cliClaim struct {
+	l  store.LegacySession
+	id store.Identity
+}
+
+// cliIdentity is the identity record l of repoRoot's file claims its run
+// for, when that is an identity of this checkout.
+func cliIdentity(repoRoot string, l store.LegacySession) (store.Identity, bool) {
+	cfg := l.ConfigFile
+	if cfg == "" {
+		cfg = DefaultConfigRel
+	}
+	if !filepath.IsAbs(cfg) {
+		cfg = filepath.Join(repoRoot, cfg)
+	}
+	cfg = canonical(cfg)
+	// `rwx sandbox list` records every active run of the user in the file
+	// of the checkout it ran in: other checkouts' runs are adopted through
+	// their own file or their cli_state.
+	if !within(repoRoot, cfg) {
+		return store.Identity{}, false
+	}
+	return store.Identity{RepoRoot: repoRoot, Branch: l.Branch, ConfigFile: cfg}, true
+}
+
+// confirmCLIClaims asks the remote, with the daemon's own token, which of
+// claims are runs of the user in progress whose cli_state names the
+// identity claimed, and returns those. Each claim refused is logged and
+// published with its reason; an unanswered remote confirms nothing (the
+// next read asks again).
+func (m *Manager) confirmCLIClaims(ctx context.Context, repoRoot string, claims []cliClaim) ([]cliClaim, error) {
+	ctx, cancel := context.WithTimeout(ctx, cliConfirmWait)
+	defer cancel()
+	remote, err := m.remote(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("confirm the runs of the RWX CLI's sandboxes file with the remote (nothing adopted): %w", err)
+	}
+	runs := map[string]rwxapi.RunSummary{}
+	listed, err := remote.ListSandboxes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("confirm the runs of the RWX CLI's sandboxes file with the remote (nothing adopted): %w", err)
+	}
+	for _, r := range listed {
+		runs[r.ID] = r
+	}
+	missing := false
+	for _, c := range claims {
+		if _, ok := runs[c.l.RunID]; !ok {
+			missing = true
+		}
+	}
+	var moreErr error
+	if missing {
+		// A run the CLI just created is still provisioning: the list of
+		// sandboxes does not show it yet.
+		var more []rwxapi.RunSummary
+		more, moreErr = remote.ListRunsInProgress(ctx)
+		for _, r := range more {
+			if _, ok := runs[r.ID]; !ok {
+				runs[r.ID] = r
+			}
+		}
+	}
+	var confirmed []cliClaim
+	for _, c := range claims {
+		run, ok := runs[c.l.RunID]
+		var reason string
+		switch {
+		case !ok && moreErr != nil:
+			// Not known either way: asked again at the next read.
+			m.log.Warn("cannot confirm the run named in the RWX CLI's sandboxes file; not adopting it for now",
+				"repo", repoRoot, "key", c.l.Key, "run", c.l.RunID, "err", moreErr)
+			continue
+		case !ok:
+			reason = "the remote does not list it among your runs in progress"
+		case !m.namesCheckout(run, c.id):
+			reason = "its cli_state on the remote does not name this checkout, branch and config"
+		default:
+			confirmed = append(confirmed, c)
+			continue
+		}
+		m.refuseCLIClaim(repoRoot, c, reason)
+	}
+	return confirmed, nil
+}
+
+// namesCheckout reports whether run's cli_state names identity id: the
+// checkout itself (sandboxd's repoRoot, or the CLI's absolute config path),
+// the branch and the config. A state relative to some repository names no
+// checkout and confirms nothing.
+func (m *Manager) namesCheckout(run rwxapi.RunSummary, id store.Identity) bool {
+	claimed, ok := m.identityOf(run)
+	return ok && claimed.Branch == id.Branch &&
+		canonical(claimed.RepoRoot) == id.RepoRoot && canonical(claimed.ConfigFile) == id.ConfigFile
+}
+
+// refuseCLIClaim says why the run of claim c is not adopted, once per
+// checkout, record and run.
+func (m *Manager) refuseCLIClaim(repoRoot string, c cliClaim, reason string) {
+	m.mu.Lock()
+	m.cliRefused[cliRefusalKey(repoRoot, c.l)] = true
+	m.mu.Unlock()
+	m.log.Warn("not adopting the run named in the RWX CLI's sandboxes file", "repo", repoRoot, "key", c.l.Key, "run", c.l.RunID, "reason", reason)
+	m.opts.Events.Publish(eventAdoptionRefused, "", c.l.RunID, map[string]string{
+		"repo": repoRoot, "key": c.l.Key, "branch": c.id.Branch, "from": "rwx-cli",
+		"reason": reason + "; sandboxd uses its own sandbox for this branch",
+	})
+}
+
+// cliRefusedBefore reports whether record l of repoRoot's file was refused
+// already: a run's cli_state does not change, so it is not asked again.
+func (m *Manager) cliRefusedBefore(repoRoot string, l store.LegacySession) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cliRefused[cliRefusalKey(repoRoot, l)]
+}
+
+func cliRefusalKey(repoRoot string, l store.LegacySession) string {
+	return repoRoot + "\x00" + l.Key + "\x00" + l.RunID
 }
 
 // watchCLIFile reads the CLI's file of repoRoot again whenever it changes,
@@ -93,11 +234,9 @@ func (m *Manager) watchCLIFile(repoRoot string) {
 	}
 	m.cliWatches[repoRoot] = nil // reserved: concurrent callers must not double-watch
 	m.mu.Unlock()
-	cancel, err := m.opts.Watcher.WatchFile(clifile.Path(repoRoot), func() {
-		if _, err := m.readCLIFile(repoRoot); err != nil {
-			m.log.Warn("read the RWX CLI's sandboxes file", "repo", repoRoot, "err", err)
-		}
-	})
+	// Off the watcher's goroutine: a read may wait for the remote's answer,
+	// and other watches (branches) must not wait for it.
+	cancel, err := m.opts.Watcher.WatchFile(clifile.Path(repoRoot), func() { m.cliFileRead(repoRoot) })
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
@@ -110,12 +249,44 @@ func (m *Manager) watchCLIFile(repoRoot string) {
 		return
 	}
 	m.cliWatches[repoRoot] = cancel
-	// What changed before the watch began.
+	m.mu.Unlock()
+	m.cliFileRead(repoRoot) // what changed before the watch began
+	m.mu.Lock()
+}
+
+// cliFileRead reads the CLI's file of repoRoot again in the background;
+// changes seen while a read is in flight are folded into one more read.
+func (m *Manager) cliFileRead(repoRoot string) {
+	m.mu.Lock()
+	if m.closing {
+		m.mu.Unlock()
+		return
+	}
+	if again, ok := m.cliReads[repoRoot]; ok {
+		*again = true
+		m.mu.Unlock()
+		return
+	}
+	again := new(bool)
+	m.cliReads[repoRoot] = again
 	m.wg.Add(1)
+	m.mu.Unlock()
 	go func() {
 		defer m.wg.Done()
-		if _, err := m.readCLIFile(repoRoot); err != nil {
-			m.log.Warn("read the RWX CLI's sandboxes file", "repo", repoRoot, "err", err)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), cliConfirmWait)
+			if _, err := m.readCLIFile(ctx, repoRoot); err != nil {
+				m.log.Warn("read the RWX CLI's sandboxes file", "repo", repoRoot, "err", err)
+			}
+			cancel()
+			m.mu.Lock()
+			if !*again {
+				delete(m.cliReads, repoRoot)
+				m.mu.Unlock()
+				return
+			}
+			*again = false
+			m.mu.Unlock()
 		}
 	}()
 }

@@ -164,7 +164,7 @@ func (m *Manager) create(ctx context.Context, p place, init map[string]string) (
 		// sandboxd's record.
 		unlock := m.lockCLIFile(ctx, p.RepoRoot)
 		defer unlock()
-		if _, err := m.readCLIFile(p.RepoRoot); err != nil {
+		if _, err := m.readCLIFile(ctx, p.RepoRoot); err != nil {
 			m.log.Warn("read the RWX CLI's sandboxes file", "repo", p.RepoRoot, "err", err)
 		} else if s, err := m.st.ByIdentity(p.Identity); err == nil && s.RunID != "" {
 			return s, nil

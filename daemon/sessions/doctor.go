@@ -1,7 +1,6 @@
 package sessions
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strconv"
@@ -78,18 +77,20 @@ func (m *Manager) checkSandbox(ctx context.Context, s *store.Session) []ipc.Doct
 		return []ipc.DoctorCheck{{Name: name, Detail: fmt.Sprintf("cannot connect to %s: %v", s.Address, err),
 			Fix: fmt.Sprintf("`sbx status --id %s` asks the remote whether the run lives; `sbx reset` in %s starts a new one", s.RunID, s.RepoRoot)}}
 	}
-	var out, errb bytes.Buffer
+	// `date +%s` answers a dozen bytes.
+	out, errb := newAnswer(64), newAnswer(1024)
+	out.onOver, errb.onOver = cancel, cancel // no need to wait for the rest of a flood
 	before := m.now()
-	st, err := conn.Exec(ctx, "date +%s", sshpool.Stdio{Stdout: &out, Stderr: &errb})
+	st, err := conn.Exec(ctx, "date +%s", sshpool.Stdio{Stdout: out, Stderr: errb})
 	after := m.now()
 	if err != nil || exitCode(st) != 0 {
-		return []ipc.DoctorCheck{{Name: name, Detail: fmt.Sprintf("a command over SSH failed: %v %s", err, strings.TrimSpace(errb.String())),
+		return []ipc.DoctorCheck{{Name: name, Detail: fmt.Sprintf("a command over SSH failed: %v %s", err, printable(strings.TrimSpace(errb.String()), 512)),
 			Fix: "see sandboxd's log; `sbx reset` starts a new sandbox"}}
 	}
 	checks := []ipc.DoctorCheck{{Name: name, OK: true, Detail: fmt.Sprintf("%s (%s) answers in %s", s.RunID, s.Branch, after.Sub(before).Round(time.Millisecond))}}
 	secs, err := strconv.ParseInt(strings.TrimSpace(out.String()), 10, 64)
 	if err != nil {
-		return append(checks, ipc.DoctorCheck{Name: "clock " + s.RunID, Detail: fmt.Sprintf("`date +%%s` answered %q", out.String()), Fix: "the sandbox has no usable date command"})
+		return append(checks, ipc.DoctorCheck{Name: "clock " + s.RunID, Detail: fmt.Sprintf("`date +%%s` answered %q", printable(out.String(), 64)), Fix: "the sandbox has no usable date command"})
 	}
 	mid := before.Add(after.Sub(before) / 2)
 	skew := time.Unix(secs, 0).Sub(mid).Round(time.Second)

@@ -22,6 +22,12 @@ import (
 // startAgent runs a real sandbox agent and returns the pool target to it.
 func startAgent(t *testing.T) (*agent.Agent, sshpool.Target) {
 	t.Helper()
+	return startAgentEnv(t, []string{"PATH=/usr/bin:/bin"})
+}
+
+// startAgentEnv is startAgent with the commands' environment env.
+func startAgentEnv(t *testing.T, env []string) (*agent.Agent, sshpool.Target) {
+	t.Helper()
 	_, hostPriv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +48,7 @@ func startAgent(t *testing.T) (*agent.Agent, sshpool.Target) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := agent.Start(agent.Config{HostKey: host, AuthorizedKey: authorized, Workspace: t.TempDir(), Env: []string{"PATH=/usr/bin:/bin"}})
+	a, err := agent.Start(agent.Config{HostKey: host, AuthorizedKey: authorized, Workspace: t.TempDir(), Env: env})
 	if err != nil {
 		t.Fatal(err)
 	}

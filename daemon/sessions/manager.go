@@ -30,6 +30,7 @@ type Remote interface {
 	ConnectionInfo(ctx context.Context, runID, token string) (rwxapi.ConnectionInfo, error)
 	CreateSandboxToken(ctx context.Context, runID string, expiresIn time.Duration) (rwxapi.SandboxToken, error)
 	ListSandboxes(ctx context.Context) ([]rwxapi.RunSummary, error)
+	ListRunsInProgress(ctx context.Context) ([]rwxapi.RunSummary, error)
 	CancelRun(ctx context.Context, runID string) error
 	InitTemplate(ctx context.Context) (string, error)
 }
@@ -153,6 +154,8 @@ type Manager struct {
 	closing    bool              // Close began: leases are released at once, no new background work
 	cliWatches map[string]func() // by repository root: watches of the RWX CLI's file
 	cliWrites  map[string]*bool  // by repository root: a write in flight, and whether another is due
+	cliReads   map[string]*bool  // by repository root: a read in flight, and whether another is due
+	cliRefused map[string]bool   // records of the CLI's file whose run the remote did not confirm
 
 	bg bgState // port forwards that could not be reopened
 
@@ -222,6 +225,8 @@ func New(opts Options) (*Manager, error) {
 		daemonCfg:  opts.DaemonConfig,
 		cliWatches: make(map[string]func()),
 		cliWrites:  make(map[string]*bool),
+		cliRefused: make(map[string]bool),
+		cliReads:   make(map[string]*bool),
 	}
 	m.recordsDone = sync.NewCond(&m.records)
 	m.tallies = map[string]execTally{}

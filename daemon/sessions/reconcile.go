@@ -469,13 +469,18 @@ func (m *Manager) probeConnection(ctx context.Context, s *store.Session) (bool, 
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
 	}
-	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(ctx, probeCommandWait)
+	defer cancel()
+	out := newAnswer(16) // "yes" or "no"
 	cmd := "git rev-parse -q --verify " + gitsync.SnapshotRef + " >/dev/null 2>&1 && echo yes || echo no"
-	if _, err := conn.Exec(ctx, cmd, sshpool.Stdio{Stdout: &out}); err != nil {
+	if _, err := conn.Exec(ctx, cmd, sshpool.Stdio{Stdout: out}); err != nil {
 		return false, fmt.Errorf("run a probe command: %w", err)
 	}
-	return bytes.HasPrefix(out.Bytes(), []byte("yes")), nil
+	return bytes.Equal(bytes.TrimSpace(out.Bytes()), []byte("yes")), nil
 }
+
+// probeCommandWait bounds the probe's one command.
+const probeCommandWait = 20 * time.Second
 
 func lifecycle(s *store.Session) ipc.Lifecycle {
 	l := ipc.Lifecycle{State: string(s.State), Reason: s.StateReason, Created: s.CreatedAt, ExecCount: s.ExecCount}

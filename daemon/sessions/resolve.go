@@ -105,7 +105,7 @@ func (m *Manager) lookup(ctx context.Context, t ipc.Target) (*store.Session, pla
 // adoptLocal handles the local, API-free adoption paths: a detached-HEAD
 // session whose commit is an ancestor of HEAD, and a legacy sandboxes.json.
 func (m *Manager) adoptLocal(ctx context.Context, p place) (*store.Session, error) {
-	if _, err := m.readCLIFile(p.RepoRoot); err != nil {
+	if _, err := m.readCLIFile(ctx, p.RepoRoot); err != nil {
 		m.log.Warn("read the RWX CLI's sandboxes file", "repo", p.RepoRoot, "err", err)
 	} else if s, err := m.st.ByIdentity(p.Identity); err == nil {
 		return s, nil

@@ -346,7 +346,9 @@ func (s *session) serve(reqs <-chan *ssh.Request) {
 		case "exit-status":
 			var m struct{ Status uint32 }
 			if ssh.Unmarshal(r.Payload, &m) == nil {
-				code := int(m.Status)
+				// An exit status is 0..255; anything else from the agent
+				// is a failure of unknown cause.
+				code := int(min(m.Status, maxExitStatus))
 				s.status = &code
 			}
 		case "exit-signal":
@@ -357,13 +359,41 @@ func (s *session) serve(reqs <-chan *ssh.Request) {
 				Lang       string
 			}
 			if ssh.Unmarshal(r.Payload, &m) == nil {
-				s.signal, s.sigMsg = m.Signal, m.Error
+				s.signal, s.sigMsg = signalName(m.Signal), truncate(m.Error, maxSignalMessage)
 			}
 		}
 		if r.WantReply {
 			_ = r.Reply(false, nil)
 		}
 	}
+}
+
+// Bounds of what the agent reports about a command's end.
+const (
+	maxExitStatus    = 255
+	maxSignalMessage = 1024
+)
+
+// signalName is the agent's signal name when it is one (RFC 4254: a name
+// without "SIG", or name@domain), else "UNKNOWN": it reaches the user's
+// terminal and exit code.
+func signalName(name string) string {
+	if name == "" || len(name) > 32 {
+		return "UNKNOWN"
+	}
+	for _, c := range name {
+		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '@' || c == '.' || c == '-' || c == '_' || c == '+') {
+			return "UNKNOWN"
+		}
+	}
+	return name
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }
 
 func (s *session) usable() bool {

@@ -797,3 +797,31 @@ func TestRelayReusesItsBuffer(t *testing.T) {
 		t.Errorf("a relay allocates %d bytes, want less than half a %d-byte buffer", per, copyBufSize)
 	}
 }
+
+// TestForgedExitReportsAreBounded: an agent's exit report is the sandbox's
+// word: an exit status past 255 is read as 255, a signal name that is not
+// one (terminal escapes, a flood) as UNKNOWN, and its message is cut.
+func TestForgedExitReportsAreBounded(t *testing.T) {
+	srv := newTestServer(t)
+	p := newPool(t, testOptions())
+	c, err := p.Get(context.Background(), srv.target("run-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		command string
+		want    ExitStatus
+	}{
+		{"__test_exit_status__ 70000", ExitStatus{Code: 255}},
+		{"__test_exit_status__ 4294967295", ExitStatus{Code: 255}},
+		{"__test_exit_status__ 3", ExitStatus{Code: 3}},
+		{"__test_exit_signal__ \x1b[2J", ExitStatus{Code: -1, Signal: "UNKNOWN"}},
+		{"__test_exit_signal__ " + strings.Repeat("K", 5000), ExitStatus{Code: -1, Signal: "UNKNOWN"}},
+		{"__test_exit_signal__ TERM", ExitStatus{Code: -1, Signal: "TERM"}},
+	} {
+		st, err := c.Exec(context.Background(), tc.command, Stdio{})
+		if err != nil || st != tc.want {
+			t.Errorf("%.40q: status %+v, %v; want %+v", tc.command, st, err, tc.want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,19 @@ type execRecord struct {
 // connection without answering: the request reached the agent, the answer
 // never comes back.
 const dropCommand = "__test_drop_after_exec__"
+
+// forgedExit reads the commands "__test_exit_status__ N" and
+// "__test_exit_signal__ NAME": the server answers that exit report as is.
+func forgedExit(command string) (status uint32, signal string, ok bool) {
+	if rest, ok := strings.CutPrefix(command, "__test_exit_status__ "); ok {
+		n, err := strconv.ParseUint(rest, 10, 32)
+		return uint32(n), "", err == nil
+	}
+	if rest, ok := strings.CutPrefix(command, "__test_exit_signal__ "); ok {
+		return 0, rest, true
+	}
+	return 0, "", false
+}
 
 func newTestServer(t testing.TB) *testServer {
 	t.Helper()
@@ -219,6 +233,21 @@ func (s *testServer) serveSession(nc net.Conn, ch ssh.Channel, reqs <-chan *ssh.
 			if m.Command == dropCommand {
 				nc.Close()
 				continue
+			}
+			if st, sig, ok := forgedExit(m.Command); ok {
+				_ = r.Reply(true, nil)
+				if sig != "" {
+					_, _ = ch.SendRequest("exit-signal", false, ssh.Marshal(struct {
+						Signal     string
+						CoreDumped bool
+						Error      string
+						Lang       string
+					}{sig, false, strings.Repeat("x", 1<<16), ""}))
+				} else {
+					_, _ = ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{st}))
+				}
+				ch.Close()
+				return
 			}
 			cmd = exec.Command("/bin/sh", "-c", m.Command)
 			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -18,7 +18,8 @@ var Version string
 func main() {
 	sys := cli.OS(Version)
 	sys.MCP = func(ctx context.Context, o cli.MCPOptions) error {
-		return mcp.Serve(ctx, mcp.Options{Client: o.Client, Dir: o.Dir, MaxOutput: o.MaxOutput, Version: o.Version, Ensure: o.Ensure})
+		return mcp.Serve(ctx, mcp.Options{Client: o.Client, Dir: o.Dir, MaxOutput: o.MaxOutput, Version: o.Version, Ensure: o.Ensure,
+			Checkout: o.Checkout, AnyCheckout: o.AnyCheckout})
 	}
 	os.Exit(cli.Main(context.Background(), os.Args[1:], sys))
 }

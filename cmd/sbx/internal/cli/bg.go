@@ -18,7 +18,8 @@ func bgCommand() *command {
 		long: "A background process runs in the sandbox in its own process group, logging to files, until it is " +
 			"stopped or the sandbox ends. With --port, sandboxd forwards 127.0.0.1:LOCAL on this machine to that " +
 			"port on the sandbox's loopback over its kept SSH connection: the forward outlives sbx, comes back " +
-			"after a reconnect or a daemon restart, and is closed when the sandbox stops.",
+			"after a reconnect or a daemon restart, and is closed when the sandbox stops. Like `ssh -L`, the forward is " +
+			"reachable by every local user of this machine, not only by you (docs/sessions.md).",
 		subs: []*command{
 			{name: "start", args: "-- CMD [ARG...]", argv: true, autoStart: true, run: (*app).bgStart,
 				summary: "sync your changes, then start (or replace) a named background process",

@@ -105,10 +105,13 @@ func root() *command {
 				summary: "serve the sandbox tools to a coding agent (Model Context Protocol on stdio)",
 				long: "Register it with an agent as the command sbx with the arguments [\"mcp\"] (see docs/agents.md). " +
 					"Tools: exec, push, status, list, start, stop, reset, bg_start, bg_list, bg_logs, bg_restart, bg_stop. Each call names its checkout with cwd, or means " +
-					"the directory the server started in (or --dir). The protocol is JSON already: --json changes nothing.",
+					"the directory the server started in (or --dir). A server started inside a checkout serves that checkout only (--checkout, --any-checkout). " +
+					"The protocol is JSON already: --json changes nothing.",
 				flags: []flagSpec{
 					{name: "dir", kind: stringFlag, arg: "DIR", compl: complDir, help: "the checkout a tool call means when it names none (default: the current directory)"},
 					{name: "max-output", kind: stringFlag, arg: "BYTES", compl: complNone, help: "the most stdout (and stderr) bytes an exec returns (default 32768)"},
+					{name: "checkout", kind: stringFlag, arg: "DIR", compl: complDir, help: "confine the server to the git checkout holding DIR (default: the checkout of --dir, if it is in one)"},
+					{name: "any-checkout", kind: boolFlag, help: "let calls reach every checkout on this machine (default: confined to the checkout of --dir, if it is in one)"},
 				}},
 			{name: "config", summary: "show the effective remote and configuration (never the token)", autoStart: true, run: (*app).config},
 			{name: "version", summary: "print the versions of sbx and sandboxd", autoStart: true, run: (*app).version},

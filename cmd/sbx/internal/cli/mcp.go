@@ -29,6 +29,11 @@ type MCPOptions struct {
 	Ensure func(ctx context.Context) error
 	// Args is sbx's command line (without the program name).
 	Args []string
+	// Checkout confines the server to the checkout holding this
+	// directory (default: the one holding Dir, if any).
+	Checkout string
+	// AnyCheckout lets the server reach every checkout.
+	AnyCheckout bool
 }
 
 // mcpServe is `sbx mcp`: a Model Context Protocol server on stdin/stdout
@@ -62,7 +67,9 @@ func (a *app) mcpServe(ctx context.Context) int {
 		Ensure: func(ctx context.Context) error {
 			return a.call(ctx, func(ctx context.Context) error { _, err := a.c.Version(ctx); return err })
 		},
-		Args: a.args,
+		Args:        a.args,
+		Checkout:    a.p.strings["checkout"],
+		AnyCheckout: a.p.bools["any-checkout"],
 	})
 	if err != nil {
 		return a.fail(err)

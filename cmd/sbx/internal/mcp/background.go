@@ -45,7 +45,8 @@ func addBackgroundTools(s *sdk.Server, h *handlers) {
 		Name:  "bg_start",
 		Title: "Start a background process in the sandbox",
 		Description: "Start a long-running process (a dev server, a watcher, a database) in the sandbox under a name, and return at once. " +
-			"Local changes are synced first. With port, the sandbox port is forwarded to this machine (see forward.localPort in the answer). " +
+			"Local changes are synced first. With port, the sandbox port is forwarded to this machine (see forward.localPort in the answer); " +
+			"like ssh -L, the forward listens on 127.0.0.1, where every local user can reach it. " +
 			"Read its output with bg_logs; it keeps running between exec calls until bg_stop or the sandbox stops.",
 		Annotations: changes(true, false),
 	}, onSandbox(h, func(ctx context.Context, t ipc.Target, in BgStartInput) (ipc.BgProcess, error) {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
@@ -43,6 +44,13 @@ type Options struct {
 	// Ensure is called before each tool call to make sure a daemon answers
 	// (autostart); nil skips it.
 	Ensure func(ctx context.Context) error
+	// Checkout confines the server to the git checkout holding this
+	// directory: a call naming another checkout (by cwd or runId) is
+	// refused. Empty: the checkout holding Dir, if Dir is in one, unless
+	// AnyCheckout.
+	Checkout string
+	// AnyCheckout lets calls reach every checkout on the machine.
+	AnyCheckout bool
 }
 
 // NewServer returns the MCP server with the sandbox tools.
@@ -50,7 +58,7 @@ func NewServer(opts Options) *sdk.Server {
 	if opts.MaxOutput <= 0 {
 		opts.MaxOutput = DefaultMaxOutput
 	}
-	h := &handlers{opts: opts}
+	h := &handlers{opts: opts, confined: confinement(opts)}
 	s := sdk.NewServer(&sdk.Implementation{Name: "sbx", Title: "sandboxd", Version: opts.Version}, &sdk.ServerOptions{
 		Instructions: instructions,
 	})
@@ -131,28 +139,6 @@ func NewServer(opts Options) *sdk.Server {
 	return s
 }
 
-// Serve runs the server on stdio until the client disconnects or ctx ends.
-func Serve(ctx context.Context, opts Options) error {
-	ss, err := NewServer(opts).Connect(ctx, &sdk.StdioTransport{}, nil)
-	if err != nil {
-		return fmt.Errorf("serve MCP on stdio: %w", err)
-	}
-	ended := make(chan struct{})
-	go func() {
-		// However the session ends (the client closes stdin, or breaks
-		// the protocol), that is the end of this server's job.
-		_ = ss.Wait()
-		close(ended)
-	}()
-	select {
-	case <-ended:
-	case <-ctx.Done():
-		_ = ss.Close()
-		<-ended
-	}
-	return nil
-}
-
 const instructions = `sbx runs commands in a remote sandbox (an RWX sandbox run) for a git checkout on this machine, through the sandboxd daemon.
 Use the exec tool to build, test or run anything in the sandbox: your uncommitted changes are synced to it first and its file changes come back after, so edit files locally and exec to run them.
 The checkout is the directory given as "cwd" in each call (default: the directory this server was started in).`
@@ -222,10 +208,25 @@ type StopInput struct {
 
 type handlers struct {
 	opts Options
+	// confined is the repository root every call must stay in ("" when
+	// the server may reach any checkout).
+	confined string
+	// runsInCheckout are the run ids found to be sandboxes of confined.
+	runsInCheckout sync.Map
 }
 
-// target resolves the sandbox a call names.
-func (h *handlers) target(w Where) (ipc.Target, error) {
+// target resolves the sandbox a call names, refusing one outside the
+// checkout the server is confined to.
+func (h *handlers) target(ctx context.Context, w Where) (ipc.Target, error) {
+	t, err := h.where(w)
+	if err != nil {
+		return t, err
+	}
+	return t, h.allowed(ctx, t)
+}
+
+// where is the target a call names.
+func (h *handlers) where(w Where) (ipc.Target, error) {
 	dir := h.opts.Dir
 	if w.Cwd != "" {
 		dir = w.Cwd
@@ -249,11 +250,10 @@ func (h *handlers) ensure(ctx context.Context) error {
 // sandbox resolves the sandbox a call names and makes sure a daemon
 // answers: the start of every call on one sandbox.
 func (h *handlers) sandbox(ctx context.Context, w Where) (ipc.Target, error) {
-	t, err := h.target(w)
-	if err != nil {
+	if err := h.ensure(ctx); err != nil {
 		return ipc.Target{}, err
 	}
-	return t, h.ensure(ctx)
+	return h.target(ctx, w)
 }
 
 // onSandbox is the handler of a tool that is one daemon call on the
@@ -375,6 +375,15 @@ func (h *handlers) list(ctx context.Context, _ *sdk.CallToolRequest, in ListInpu
 		return nil, ipc.ListResponse{}, err
 	}
 	resp, err := h.opts.Client.List(ctx, ipc.ListRequest{All: in.All})
+	if err == nil && h.confined != "" {
+		mine := resp.Sessions[:0]
+		for _, s := range resp.Sessions {
+			if sameDir(s.RepoRoot, h.confined) {
+				mine = append(mine, s)
+			}
+		}
+		resp.Sessions = mine
+	}
 	if err == nil && resp.Sessions == nil {
 		resp.Sessions = []ipc.SessionInfo{}
 	}
@@ -396,15 +405,18 @@ func startRequest(t ipc.Target, in StartInput) (ipc.StartRequest, error) {
 
 func (h *handlers) stop(ctx context.Context, _ *sdk.CallToolRequest, in StopInput) (*sdk.CallToolResult, ipc.StopResponse, error) {
 	req := ipc.StopRequest{All: in.All}
+	if in.All && h.confined != "" {
+		return nil, ipc.StopResponse{}, h.outside("all=true")
+	}
+	if err := h.ensure(ctx); err != nil {
+		return nil, ipc.StopResponse{}, err
+	}
 	if !in.All {
-		t, err := h.target(in.Where)
+		t, err := h.target(ctx, in.Where)
 		if err != nil {
 			return nil, ipc.StopResponse{}, err
 		}
 		req.Target = t
-	}
-	if err := h.ensure(ctx); err != nil {
-		return nil, ipc.StopResponse{}, err
 	}
 	resp, err := h.opts.Client.Stop(ctx, req)
 	if err == nil && resp.Stopped == nil {
