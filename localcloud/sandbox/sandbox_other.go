@@ -8,6 +8,7 @@ import (
 	"net"
 	"os/exec"
 	"syscall"
+	"time"
 )
 
 // Provider starts the sandboxes of one localcloud; off Linux only
@@ -68,6 +69,12 @@ func (s *Sandbox) Done() <-chan struct{} { return s.done }
 
 // OOMKilled is always false.
 func (s *Sandbox) OOMKilled() bool { return false }
+
+// DiskCheckEvery is DefaultDiskCheckEvery: there is no disk watchdog here.
+func (s *Sandbox) DiskCheckEvery() time.Duration { return DefaultDiskCheckEvery }
+
+// OverDiskLimit is never over: the disk limit is Linux's only.
+func (s *Sandbox) OverDiskLimit() (used, limit int64, over bool) { return 0, 0, false }
 
 // Close ends the sandbox.
 func (s *Sandbox) Close() error {
