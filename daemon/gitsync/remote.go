@@ -101,8 +101,24 @@ const prelude = dieExit + preludeChecks
 // from stdin when there is one, records the snapshot, marks the new exec pend
 // as pending (none when pend is empty) and prints the snapshot commit.
 func pushScript(hv, head, key string, now time.Time, pend string, acks []string, max int64, large bool) string {
-	return prelude + hv + pushBody(head, key, now, pend, acks, max, large, false)
+	return prelude + hv + setupEdits + pushBody(head, key, now, pend, acks, max, large, false)
 }
+
+// setupEdits runs before a push looks for unacknowledged edits. A sandbox
+// never synced (no snapshot, nothing pending) holds what its setup steps
+// made in the checkout (a lockfile, generated code): the first push would
+// reset it away. Instead the sandbox's HEAD becomes the snapshot and those
+// files the edits of an exec nobody acknowledged, under an id of their own,
+// so the push brings them back first, as the RWX CLI's first exec does.
+// Only a sandbox without the loose snapshot ref pays a git process.
+const setupEdits = `if [ ! -f "$st/pending" ] && [ ! -f "$gd/${SNAP}" ] && ! g rev-parse -q --verify "$SNAP^{commit}" >/dev/null &&
+	h0=$(g rev-parse -q --verify "HEAD^{commit}") &&
+	{ u=; [ ! -r /proc/sys/kernel/random/uuid ] || read -r u </proc/sys/kernel/random/uuid || true; } &&
+	sid=$(printf 'sandboxd setup %s %s %s %s\n' "$gd" "$h0" "$$" "$u" | g hash-object --stdin) &&
+	g update-ref "$SNAP" "$h0"; then
+	echo "$sid" >"$st/pending" || true
+fi
+`
 
 // pushBody is pushScript after the prelude. The patch, when there is one,
 // is on its standard input, and key is patchKey of it ("" for none). With
