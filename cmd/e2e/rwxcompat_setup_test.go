@@ -53,3 +53,38 @@ func TestFirstSyncedExecBringsBackSetupFiles(t *testing.T) {
 		t.Fatalf("setup.lock is back locally after it was deleted: %v", err)
 	}
 }
+
+// failingSetup is RWX's own setup-failure definition.
+const failingSetup = `tasks:
+  - key: preflight
+    run: |
+      echo "intentional-setup-failure"
+      exit 1
+  - key: sandbox
+    use: preflight
+    run: rwx-sandbox
+`
+
+// TestFailedSetupSaysWhatFailedAndWhatToChange: when a setup step fails,
+// sbx names the step, shows its output and says to change the config;
+// it never calls the command safe to retry (it would fail the same way).
+func TestFailedSetupSaysWhatFailedAndWhatToChange(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("setupfails", failingSetup)
+	for _, args := range [][]string{{"exec", "--", "echo", "hello"}, {"start", "--wait"}} {
+		r := e.sbx(repo, args...)
+		out := r.stdout + r.stderr
+		if r.code == 0 || strings.Contains(out, "hello") {
+			t.Fatalf("sbx %v with a failing setup step: %s", args, r)
+		}
+		for _, want := range []string{"preflight", "intentional-setup-failure", "fix the failing task in " + filepath.Join(repo, ".rwx", "sandbox.yml")} {
+			if !strings.Contains(out, want) {
+				t.Errorf("sbx %v does not say %q:\n%s", args, want, r)
+			}
+		}
+		if strings.Contains(out, "safe to retry") {
+			t.Errorf("sbx %v calls a failed setup safe to retry:\n%s", args, r)
+		}
+	}
+}

@@ -197,7 +197,7 @@ func (m *Manager) connect(ctx context.Context, s *store.Session) (*sshpool.Conn,
 	case definitelyOver(cerr):
 		return nil, endedError(m.expire(s, remoteReason(cerr)))
 	case cerr != nil:
-	case ci.Polling.Completed:
+	case ci.Polling.Completed && !ci.Sandboxable: // RWX marks a ready sandbox completed too
 		return nil, endedError(m.expire(s, "the run is over"))
 	case moved(s, ci):
 		moved, merr := m.markReady(s, ci)

@@ -222,7 +222,7 @@ func (m *Manager) check(ctx context.Context, s *store.Session) string {
 	case err != nil:
 		m.markUnknown(s, err)
 		return ProbeUnknown
-	case ci.Polling.Completed:
+	case ci.Polling.Completed && !ci.Sandboxable: // RWX marks a ready sandbox completed too
 		m.expire(s, "the run is over")
 		return ProbeExpired
 	case ci.Sandboxable:
