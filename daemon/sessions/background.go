@@ -112,6 +112,9 @@ func (m *Manager) BgStart(ctx context.Context, req ipc.BgStartRequest) (ipc.BgPr
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
+	if s, p, err = m.bgCheckout(req.Target, s, p, !req.NoSync); err != nil {
+		return ipc.BgProcess{}, err
+	}
 	command := shellQuote(req.Argv)
 	prev := findBackground(s, req.Name)
 	var opened bool
@@ -159,6 +162,9 @@ func (m *Manager) BgStart(ctx context.Context, req ipc.BgStartRequest) (ipc.BgPr
 func (m *Manager) BgRestart(ctx context.Context, req ipc.BgRequest) (ipc.BgProcess, error) {
 	s, p, err := m.bgSession(ctx, req.Target)
 	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	if s, p, err = m.bgCheckout(req.Target, s, p, true); err != nil {
 		return ipc.BgProcess{}, err
 	}
 	rec, err := m.bgLocked(ctx, s, p, true, func(conn execer) (processRecord, error) {

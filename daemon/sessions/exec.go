@@ -55,6 +55,11 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}
+	if req.Target.RunID != "" && !req.NoSync {
+		if p, err = m.idCheckout(req.Target, s); err != nil {
+			return ipc.ExecResult{}, err
+		}
+	}
 	m.publish(eventExecQueued, s, map[string]any{"argv0": req.Argv[0]})
 	defer func() {
 		if err != nil {
@@ -76,6 +81,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 	if s.State.Terminal() {
 		return ipc.ExecResult{}, endedError(s)
 	}
+	s = bindCheckout(s, p)
 	// The lock is leased: held across a burst of execs, released after a
 	// short idle time, never on this caller's path.
 	conn, leaseDone, err := m.lockSandbox(ctx, s)
