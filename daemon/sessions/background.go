@@ -90,7 +90,7 @@ func (b *bgState) failure(runID, name string) string {
 // the RWX CLI: a background process is not worth creating a sandbox for
 // implicitly), and waits until it is ready.
 func (m *Manager) bgSession(ctx context.Context, t ipc.Target) (*store.Session, place, error) {
-	s, p, err := m.lookup(ctx, t)
+	s, p, err := m.lookupBranch(ctx, t)
 	if err != nil {
 		return nil, p, err
 	}

@@ -167,7 +167,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 // waits until it is ready, telling the caller when it has to wait (progress)
 // and when the remote fails meanwhile (warn).
 func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target, progress, warn func(string)) (*store.Session, place, error) {
-	s, p, err := m.lookup(ctx, t)
+	s, p, err := m.lookupBranch(ctx, t)
 	switch {
 	case err == nil && s.RunID != "":
 	case err == nil || errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "":
