@@ -234,14 +234,21 @@ func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListRe
 		return ipc.BgListResponse{}, err
 	}
 	resp := ipc.BgListResponse{RunID: s.RunID, Processes: []ipc.BgProcess{}}
-	if len(s.Background) == 0 {
-		return resp, nil
-	}
 	conn, cerr := m.connect(ctx, s)
+	var listed map[string]processRecord
+	if cerr == nil {
+		listed, _ = m.agentProcesses(ctx, poolConn{conn})
+	}
 	for _, bg := range s.Background {
 		rec := processRecord{Key: bg.Name, Command: bg.Command, TargetPort: bg.TargetPort, Status: "unknown"}
 		var detail string
-		if cerr != nil {
+		if got, ok := listed[bg.Name]; ok {
+			rec = got
+			if rec.Command == "" {
+				rec.Command = bg.Command
+			}
+			delete(listed, bg.Name)
+		} else if cerr != nil {
 			detail = cerr.Error()
 		} else if got, err := m.processDirective(ctx, poolConn{conn}, directiveProcessStatus, map[string]any{"key": bg.Name}); err != nil {
 			detail = err.Error()
@@ -256,6 +263,8 @@ func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListRe
 		p.Detail = detail
 		resp.Processes = append(resp.Processes, p)
 	}
+	// What another client (the RWX CLI) started, in the agent's order.
+	resp.Processes = append(resp.Processes, m.othersProcesses(s, listed)...)
 	return resp, nil
 }
 

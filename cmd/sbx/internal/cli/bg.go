@@ -29,7 +29,7 @@ func bgCommand() *command {
 					{name: "no-sync", kind: boolFlag, help: "do not sync local changes to the sandbox first"},
 				}},
 			{name: "list", autoStart: true, run: (*app).bgList, flags: name(),
-				summary: "list the background processes started with sbx, their status and forwards"},
+				summary: "list the sandbox's background processes (sbx's and the RWX CLI's), their status and forwards"},
 			{name: "stop", args: "NAME", maxArgs: 1, autoStart: true, run: (*app).bgStop, flags: name(),
 				summary: "stop a background process (its whole process group) and close its forward"},
 			{name: "restart", args: "NAME", maxArgs: 1, autoStart: true, run: (*app).bgRestart, flags: name(),
