@@ -116,6 +116,14 @@ func (m *Manager) BgStart(ctx context.Context, req ipc.BgStartRequest) (ipc.BgPr
 		return ipc.BgProcess{}, err
 	}
 	command := shellQuote(req.Argv)
+	if len(req.Argv) == 0 {
+		if command, req.Port, err = predefinedCommand(s, req); err != nil {
+			return ipc.BgProcess{}, err
+		}
+		if req.Port != 0 && m.opts.Forwards == nil {
+			return ipc.BgProcess{}, errdefs.Unavailable(errors.New("port forwarding is not available in this daemon"))
+		}
+	}
 	prev := findBackground(s, req.Name)
 	var opened bool
 	rec, err := m.bgLocked(ctx, s, p, !req.NoSync, func(conn execer) (processRecord, error) {
