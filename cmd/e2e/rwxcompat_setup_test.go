@@ -32,6 +32,9 @@ func TestFirstSyncedExecBringsBackSetupFiles(t *testing.T) {
 	writeFile(t, filepath.Join(repo, "local.txt"), "mine\n")
 
 	r := e.mustSbx(repo, "exec", "--", "sh", "-c", "cat setup.lock gen/config.txt local.txt; tail -n1 README.md")
+	if !strings.Contains(r.stderr, "files its setup steps made") || strings.Contains(r.stderr, "daemon stopped") {
+		t.Errorf("the first exec does not say it brought back the setup's files: %s", r)
+	}
 	if want := "lock-from-setup\ngenerated\nmine\nsetup-line\n"; r.stdout != want {
 		t.Fatalf("the first synced exec saw %q, want %q (the setup's files must survive it)\n%s", r.stdout, want, r)
 	}

@@ -110,15 +110,29 @@ func pushScript(hv, head, key string, now time.Time, pend string, acks []string,
 // reset it away. Instead the sandbox's HEAD becomes the snapshot and those
 // files the edits of an exec nobody acknowledged, under an id of their own,
 // so the push brings them back first, as the RWX CLI's first exec does.
-// Only a sandbox without the loose snapshot ref pays a git process.
+// Only a sandbox without the loose snapshot ref pays git processes, and
+// only one whose checkout differs from HEAD pays the round trip back.
 const setupEdits = `if [ ! -f "$st/pending" ] && [ ! -f "$gd/${SNAP}" ] && ! g rev-parse -q --verify "$SNAP^{commit}" >/dev/null &&
-	h0=$(g rev-parse -q --verify "HEAD^{commit}") &&
+	[ -n "$(g status --porcelain 2>/dev/null)" ] && h0=$(g rev-parse -q --verify "HEAD^{commit}") &&
 	{ u=; [ ! -r /proc/sys/kernel/random/uuid ] || read -r u </proc/sys/kernel/random/uuid || true; } &&
-	sid=$(printf 'sandboxd setup %s %s %s %s\n' "$gd" "$h0" "$$" "$u" | g hash-object --stdin) &&
+	sh1=$(printf 'sandboxd setup %s %s %s %s\n' "$gd" "$h0" "$$" "$u" | g hash-object --stdin) &&
+	sid=` + setupIDPrefix + `$(printf %.40s "$sh1") &&
 	g update-ref "$SNAP" "$h0"; then
 	echo "$sid" >"$st/pending" || true
 fi
 `
+
+// setupIDPrefix starts the id under which a sandbox's setup files come
+// back (an id is hex): only the wording of the report depends on it.
+const setupIDPrefix = "5e7"
+
+// recoveredWhat names what a recovered pull brought back.
+func recoveredWhat(id string) string {
+	if strings.HasPrefix(id, setupIDPrefix) && len(id) == len(setupIDPrefix)+40 {
+		return "the sandbox held files its setup steps made in the checkout"
+	}
+	return "the sandbox held edits of an earlier exec that were never pulled (the daemon stopped during it)"
+}
 
 // pushBody is pushScript after the prelude. The patch, when there is one,
 // is on its standard input, and key is patchKey of it ("" for none). With
