@@ -7,7 +7,8 @@ import (
 )
 
 // BgStartRequest is POST /v1/bg/start: start (or replace) the background
-// process Name running Argv in the sandbox, and with Port forward
+// process Name running Argv in the sandbox (no Argv: the process the
+// sandbox config predefines under the key Name), and with Port forward
 // 127.0.0.1:LocalPort on this machine to the sandbox's loopback port.
 type BgStartRequest struct {
 	Target
@@ -103,8 +104,10 @@ func (r *BgStartRequest) Validate() error {
 	if err := validBgName(r.Name); err != nil {
 		return err
 	}
-	if len(r.Argv) == 0 || r.Argv[0] == "" {
-		return errdefs.Invalidf("argv is empty: give the command after --, for example `sbx bg start --name web --port 8000 -- python3 -m http.server 8000`")
+	// No argv: the process is predefined in the sandbox config under its
+	// name (its key).
+	if len(r.Argv) > 0 && r.Argv[0] == "" {
+		return errdefs.Invalidf("argv[0] is empty: give the command after --, for example `sbx bg start --name web --port 8000 -- python3 -m http.server 8000`")
 	}
 	for i, a := range r.Argv {
 		if strings.ContainsRune(a, 0) {
@@ -129,4 +132,28 @@ func (r *BgRequest) Validate() error {
 		return err
 	}
 	return validBgName(r.Name)
+}
+
+// BgForwardRequest is POST /v1/bg/forward: forward 127.0.0.1:LocalPort on
+// this machine to Port in the sandbox for the running process Name, without
+// restarting it (Port 0: the process's own target port).
+type BgForwardRequest struct {
+	Target
+	Name      string `json:"name"`
+	Port      int    `json:"port,omitempty"`
+	LocalPort int    `json:"localPort,omitempty"`
+}
+
+// Validate checks a forward request.
+func (r *BgForwardRequest) Validate() error {
+	if err := r.Target.Validate(); err != nil {
+		return err
+	}
+	if err := validBgName(r.Name); err != nil {
+		return err
+	}
+	if err := validPort("port", r.Port); err != nil {
+		return err
+	}
+	return validPort("localPort", r.LocalPort)
 }

@@ -72,6 +72,8 @@ func (s *Server) routes() http.Handler {
 	api(http.MethodGet, rwxapi.PathBaseDefault, s.baseDefault)
 	api(http.MethodGet, rwxapi.PathSkillLatest, s.skillLatest)
 	api(http.MethodPost, rwxapi.PathTelemetry, s.telemetry)
+	api(http.MethodGet, rwxapi.PathResultsStatus, s.resultsStatus)
+	api(http.MethodGet, rwxapi.PathResultsPrompt, s.resultsPrompt)
 	api(http.MethodGet, "/runs/{id}", s.getRun) // the run_url
 	admin(http.MethodGet, "/localcloud/health", s.health)
 	if s.cfg.EnableFaultInjection {

@@ -84,10 +84,18 @@ func TestNotFoundVersusGone(t *testing.T) {
 		t.Fatalf("unknown run: %d %s", status, body)
 	}
 	id := c.create(repo(t, plainConfig), "")
+	c.waitState(id, runs.Sandboxable)
 	c.call(200, "POST", rwxapi.CancelPath(id), nil, nil)
 	status, body = c.raw("GET", rwxapi.PathConnectionInfo+"?sandbox_key="+id, nil)
 	if status != http.StatusGone || json.Unmarshal(body, &eb) != nil || !strings.Contains(eb.Error, "cancelled") {
 		t.Fatalf("cancelled run: %d %s", status, body)
+	}
+	// Cancelled before it was a sandbox: 200, completed, with the reason
+	// (what the RWX CLI reads).
+	early := c.create(repo(t, "tasks:\n  - key: slow\n    run: sleep 30\n  - key: sandbox\n    run: rwx-sandbox\n"), "")
+	c.call(200, "POST", rwxapi.CancelPath(early), nil, nil)
+	if ci := c.connInfo(early); !ci.Polling.Completed || ci.Sandboxable || ci.FailureReason != "cancelled" {
+		t.Fatalf("run cancelled while provisioning: %+v", ci)
 	}
 	// Cancel is idempotent.
 	c.call(200, "POST", rwxapi.CancelPath(id), nil, nil)
@@ -129,9 +137,12 @@ func TestFailingSetupStep(t *testing.T) {
 	if b, _ := os.ReadFile(st.LogFile); !strings.Contains(string(b), "the-step-output") {
 		t.Fatalf("run log: %s", b)
 	}
-	status, body := c.raw("GET", rwxapi.PathConnectionInfo+"?sandbox_key="+id, nil)
-	if status != http.StatusGone || !strings.Contains(string(body), "the-step-output") {
-		t.Fatalf("connection info: %d %s", status, body)
+	if ci := c.connInfo(id); !ci.Polling.Completed || ci.Sandboxable || ci.FailureReason != "failed" {
+		t.Fatalf("connection info: %+v", ci)
+	}
+	status, body := c.raw("GET", rwxapi.PathResultsPrompt+"?id="+id, nil)
+	if status != http.StatusOK || !strings.Contains(string(body), "Failed task: broken") || !strings.Contains(string(body), "the-step-output") {
+		t.Fatalf("results/prompt: %d %s", status, body)
 	}
 }
 

@@ -20,6 +20,8 @@ const (
 	PathBaseDefault           = "/mint/api/base/default"
 	PathSkillLatest           = "/api/skill/latest"
 	PathTelemetry             = "/api/telemetry"
+	PathResultsStatus         = "/mint/api/results/status"
+	PathResultsPrompt         = "/mint/api/results/prompt"
 	HeaderIdempotencyKey      = "Idempotency-Key"
 	QueryResultStatus         = "result_status"
 	QueryExecutionStatus      = "execution_status"
@@ -96,6 +98,26 @@ type ConnectionInfo struct {
 	// ("setup step deps (1/2)"), when it says: the local remote does; sbx
 	// shows it as progress.
 	Status string `json:"status,omitempty"`
+	// FailureReason says why a run completed before it became sandboxable
+	// (failed, cancelled, timed_out), with Polling.Completed set: the
+	// remote's answer then is 200, not 410, and results/prompt tells the
+	// failed task and its output.
+	FailureReason string `json:"failure_reason,omitempty"`
+}
+
+// RunStatusResult is the answer of GET results/status?id=RUN: the run's
+// result once Polling.Completed.
+type RunStatusResult struct {
+	RunStatus *RunResult `json:"run_status,omitempty"`
+	RunID     string     `json:"run_id,omitempty"`
+	RunURL    string     `json:"run_url,omitempty"`
+	Polling   Polling    `json:"polling"`
+}
+
+// RunResult is a run's (or a task's) result: succeeded, failed,
+// cancelled, timed_out.
+type RunResult struct {
+	Result string `json:"result"`
 }
 
 // Polling tells a client waiting for a sandbox when to ask again.

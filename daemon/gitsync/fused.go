@@ -317,6 +317,7 @@ func fusedScript(hv, nonce, head string, patch []byte, bundle string, lazy bool,
 	b.WriteString(`die() { printf '\036sandboxd-%s\npush %s\n\036sandboxd-%s-end\n' "$N" "$1" "$N"; [ -z "$2" ] || printf '%s\n' "$2"; exit 0; }` + "\n")
 	b.WriteString(preludeChecks)
 	b.WriteString(hv)
+	b.WriteString(setupEdits)
 	b.WriteString("ran=; pulled=; s=; snap=; ptree=; nat=\n")
 	if bundle != "" {
 		// Only when no earlier exec's edits wait to be brought back (the

@@ -138,7 +138,7 @@ func (s *Syncer) recover(ctx context.Context, r Runner, rp repo, out *limitedBuf
 	if err == nil || res.SavedPatch != "" {
 		s.ack(rp, id)
 	}
-	msg := fmt.Sprintf("the sandbox held edits of an earlier exec that were never pulled (the daemon stopped during it); brought back now: %s", strings.Join(res.Files, ", "))
+	msg := fmt.Sprintf("%s; brought back now: %s", recoveredWhat(id), strings.Join(res.Files, ", "))
 	if res.SavedPatch != "" {
 		msg += "; a copy of the patch is at " + res.SavedPatch
 	}

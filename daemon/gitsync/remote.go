@@ -101,7 +101,37 @@ const prelude = dieExit + preludeChecks
 // from stdin when there is one, records the snapshot, marks the new exec pend
 // as pending (none when pend is empty) and prints the snapshot commit.
 func pushScript(hv, head, key string, now time.Time, pend string, acks []string, max int64, large bool) string {
-	return prelude + hv + pushBody(head, key, now, pend, acks, max, large, false)
+	return prelude + hv + setupEdits + pushBody(head, key, now, pend, acks, max, large, false)
+}
+
+// setupEdits runs before a push looks for unacknowledged edits. A sandbox
+// never synced (no snapshot, nothing pending) holds what its setup steps
+// made in the checkout (a lockfile, generated code): the first push would
+// reset it away. Instead the sandbox's HEAD becomes the snapshot and those
+// files the edits of an exec nobody acknowledged, under an id of their own,
+// so the push brings them back first, as the RWX CLI's first exec does.
+// Only a sandbox without the loose snapshot ref pays git processes, and
+// only one whose checkout differs from HEAD pays the round trip back.
+const setupEdits = `if [ ! -f "$st/pending" ] && [ ! -f "$gd/${SNAP}" ] && ! g rev-parse -q --verify "$SNAP^{commit}" >/dev/null &&
+	[ -n "$(g status --porcelain 2>/dev/null)" ] && h0=$(g rev-parse -q --verify "HEAD^{commit}") &&
+	{ u=; [ ! -r /proc/sys/kernel/random/uuid ] || read -r u </proc/sys/kernel/random/uuid || true; } &&
+	sh1=$(printf 'sandboxd setup %s %s %s %s\n' "$gd" "$h0" "$$" "$u" | g hash-object --stdin) &&
+	sid=` + setupIDPrefix + `$(printf %.40s "$sh1") &&
+	g update-ref "$SNAP" "$h0"; then
+	echo "$sid" >"$st/pending" || true
+fi
+`
+
+// setupIDPrefix starts the id under which a sandbox's setup files come
+// back (an id is hex): only the wording of the report depends on it.
+const setupIDPrefix = "5e7"
+
+// recoveredWhat names what a recovered pull brought back.
+func recoveredWhat(id string) string {
+	if strings.HasPrefix(id, setupIDPrefix) && len(id) == len(setupIDPrefix)+40 {
+		return "the sandbox held files its setup steps made in the checkout"
+	}
+	return "the sandbox held edits of an earlier exec that were never pulled (the daemon stopped during it)"
 }
 
 // pushBody is pushScript after the prelude. The patch, when there is one,

@@ -233,6 +233,7 @@ type call struct {
 	body             any
 	token            string // overrides the client token when set
 	idempotencyKey   string
+	accept           string // default application/json
 }
 
 // do sends cl, retrying GETs on transient failures, and decodes a 2xx JSON
@@ -289,7 +290,11 @@ func (c *Client) once(ctx context.Context, cl call, body []byte, out any) error 
 		token = cl.token
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
-	req.Header.Set("Accept", "application/json")
+	if cl.accept != "" {
+		req.Header.Set("Accept", cl.accept)
+	} else {
+		req.Header.Set("Accept", "application/json")
+	}
 	req.Header.Set("User-Agent", c.opts.UserAgent)
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -314,6 +319,14 @@ func (c *Client) once(ctx context.Context, cl call, body []byte, out any) error 
 		return &APIError{Op: cl.op, Status: resp.StatusCode, Message: errorMessage(resp.Body)}
 	}
 	if out == nil {
+		return nil
+	}
+	if text, ok := out.(*textAnswer); ok {
+		b, err := io.ReadAll(io.LimitReader(resp.Body, text.max))
+		if err != nil {
+			return c.transportError(ctx, rctx, cl.op, err)
+		}
+		text.body = b
 		return nil
 	}
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {

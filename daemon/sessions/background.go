@@ -90,7 +90,7 @@ func (b *bgState) failure(runID, name string) string {
 // the RWX CLI: a background process is not worth creating a sandbox for
 // implicitly), and waits until it is ready.
 func (m *Manager) bgSession(ctx context.Context, t ipc.Target) (*store.Session, place, error) {
-	s, p, err := m.lookup(ctx, t)
+	s, p, err := m.lookupBranch(ctx, t)
 	if err != nil {
 		return nil, p, err
 	}
@@ -112,7 +112,18 @@ func (m *Manager) BgStart(ctx context.Context, req ipc.BgStartRequest) (ipc.BgPr
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
+	if s, p, err = m.bgCheckout(req.Target, s, p, !req.NoSync); err != nil {
+		return ipc.BgProcess{}, err
+	}
 	command := shellQuote(req.Argv)
+	if len(req.Argv) == 0 {
+		if command, req.Port, err = predefinedCommand(s, req); err != nil {
+			return ipc.BgProcess{}, err
+		}
+		if req.Port != 0 && m.opts.Forwards == nil {
+			return ipc.BgProcess{}, errdefs.Unavailable(errors.New("port forwarding is not available in this daemon"))
+		}
+	}
 	prev := findBackground(s, req.Name)
 	var opened bool
 	rec, err := m.bgLocked(ctx, s, p, !req.NoSync, func(conn execer) (processRecord, error) {
@@ -159,6 +170,9 @@ func (m *Manager) BgStart(ctx context.Context, req ipc.BgStartRequest) (ipc.BgPr
 func (m *Manager) BgRestart(ctx context.Context, req ipc.BgRequest) (ipc.BgProcess, error) {
 	s, p, err := m.bgSession(ctx, req.Target)
 	if err != nil {
+		return ipc.BgProcess{}, err
+	}
+	if s, p, err = m.bgCheckout(req.Target, s, p, true); err != nil {
 		return ipc.BgProcess{}, err
 	}
 	rec, err := m.bgLocked(ctx, s, p, true, func(conn execer) (processRecord, error) {
@@ -233,14 +247,21 @@ func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListRe
 		return ipc.BgListResponse{}, err
 	}
 	resp := ipc.BgListResponse{RunID: s.RunID, Processes: []ipc.BgProcess{}}
-	if len(s.Background) == 0 {
-		return resp, nil
-	}
 	conn, cerr := m.connect(ctx, s)
+	var listed map[string]processRecord
+	if cerr == nil {
+		listed, _ = m.agentProcesses(ctx, poolConn{conn})
+	}
 	for _, bg := range s.Background {
 		rec := processRecord{Key: bg.Name, Command: bg.Command, TargetPort: bg.TargetPort, Status: "unknown"}
 		var detail string
-		if cerr != nil {
+		if got, ok := listed[bg.Name]; ok {
+			rec = got
+			if rec.Command == "" {
+				rec.Command = bg.Command
+			}
+			delete(listed, bg.Name)
+		} else if cerr != nil {
 			detail = cerr.Error()
 		} else if got, err := m.processDirective(ctx, poolConn{conn}, directiveProcessStatus, map[string]any{"key": bg.Name}); err != nil {
 			detail = err.Error()
@@ -255,6 +276,8 @@ func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListRe
 		p.Detail = detail
 		resp.Processes = append(resp.Processes, p)
 	}
+	// What another client (the RWX CLI) started, in the agent's order.
+	resp.Processes = append(resp.Processes, m.othersProcesses(s, listed)...)
 	return resp, nil
 }
 

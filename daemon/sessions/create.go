@@ -63,6 +63,11 @@ func (m *Manager) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartRes
 	if err != nil {
 		return ipc.StartResponse{}, err
 	}
+	if bp, ok, err := m.branchPlace(req.Target); err != nil {
+		return ipc.StartResponse{}, err
+	} else if ok {
+		p = bp // the branch's live sandbox, whatever its config
+	}
 	var replaced string
 	s, err := m.creates.do(ctx, p.Key(), m.opts.CreateTimeout, func(ctx context.Context) (*store.Session, error) {
 		// Under the RWX CLI's lock, as `rwx sandbox reset` runs: a CLI exec

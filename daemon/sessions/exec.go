@@ -55,6 +55,11 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}
+	if req.Target.RunID != "" && !req.NoSync {
+		if p, err = m.idCheckout(req.Target, s); err != nil {
+			return ipc.ExecResult{}, err
+		}
+	}
 	m.publish(eventExecQueued, s, map[string]any{"argv0": req.Argv[0]})
 	defer func() {
 		if err != nil {
@@ -76,6 +81,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 	if s.State.Terminal() {
 		return ipc.ExecResult{}, endedError(s)
 	}
+	s = bindCheckout(s, p)
 	// The lock is leased: held across a burst of execs, released after a
 	// short idle time, never on this caller's path.
 	conn, leaseDone, err := m.lockSandbox(ctx, s)
@@ -161,7 +167,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 // waits until it is ready, telling the caller when it has to wait (progress)
 // and when the remote fails meanwhile (warn).
 func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target, progress, warn func(string)) (*store.Session, place, error) {
-	s, p, err := m.lookup(ctx, t)
+	s, p, err := m.lookupBranch(ctx, t)
 	switch {
 	case err == nil && s.RunID != "":
 	case err == nil || errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "":
@@ -197,7 +203,7 @@ func (m *Manager) connect(ctx context.Context, s *store.Session) (*sshpool.Conn,
 	case definitelyOver(cerr):
 		return nil, endedError(m.expire(s, remoteReason(cerr)))
 	case cerr != nil:
-	case ci.Polling.Completed:
+	case ci.Polling.Completed && !ci.Sandboxable: // RWX marks a ready sandbox completed too
 		return nil, endedError(m.expire(s, "the run is over"))
 	case moved(s, ci):
 		moved, merr := m.markReady(s, ci)

@@ -19,7 +19,12 @@ func (m *Manager) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushRespon
 	if err != nil {
 		return ipc.PushResponse{}, err
 	}
-	if p.RepoRoot == "" || p.RepoRoot != s.RepoRoot {
+	if req.RunID != "" {
+		if p, err = m.idCheckout(req, s); err != nil {
+			return ipc.PushResponse{}, err
+		}
+	}
+	if p.RepoRoot == "" || p.RepoRoot != bindCheckout(s, p).RepoRoot {
 		return ipc.PushResponse{}, errdefs.Invalidf("sandbox %s does not belong to a checkout here: run sbx push inside the repository it was started from", s.RunID)
 	}
 	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(int) {})
@@ -33,6 +38,7 @@ func (m *Manager) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushRespon
 	if s.State.Terminal() {
 		return ipc.PushResponse{}, endedError(s)
 	}
+	s = bindCheckout(s, p)
 	conn, leaseDone, err := m.lockSandbox(ctx, s)
 	if err != nil {
 		return ipc.PushResponse{}, err

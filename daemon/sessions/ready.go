@@ -126,8 +126,7 @@ func (m *Manager) pollReady(ctx context.Context, id string) (*store.Session, err
 		case err == nil && ci.Sandboxable:
 			return m.markReady(s, ci)
 		case err == nil && ci.Polling.Completed:
-			s = m.expire(s, "the run finished before it became sandboxable")
-			return s, endedError(s)
+			return m.endedBeforeReady(ctx, remote, s, ci.FailureReason)
 		case err == nil:
 			wait = time.Duration(ci.Polling.BackoffMs) * time.Millisecond
 			if ci.Status != said {
@@ -312,7 +311,7 @@ func (m *Manager) CheckAlive(ctx context.Context, runID string) error {
 		return endedError(m.expire(s, remoteReason(err)))
 	case err != nil:
 		return errdefs.Unavailable(err)
-	case ci.Polling.Completed:
+	case ci.Polling.Completed && !ci.Sandboxable: // RWX marks a ready sandbox completed too
 		return endedError(m.expire(s, "the run is over"))
 	case moved(s, ci):
 		// The agent moved (the local remote restarted, say): record where

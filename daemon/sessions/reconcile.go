@@ -222,7 +222,7 @@ func (m *Manager) check(ctx context.Context, s *store.Session) string {
 	case err != nil:
 		m.markUnknown(s, err)
 		return ProbeUnknown
-	case ci.Polling.Completed:
+	case ci.Polling.Completed && !ci.Sandboxable: // RWX marks a ready sandbox completed too
 		m.expire(s, "the run is over")
 		return ProbeExpired
 	case ci.Sandboxable:
@@ -368,7 +368,7 @@ func (m *Manager) List(ctx context.Context, req ipc.ListRequest) (ipc.ListRespon
 
 // Status probes the caller's session.
 func (m *Manager) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeResponse, error) {
-	s, p, err := m.lookup(ctx, req)
+	s, p, err := m.lookupBranch(ctx, req)
 	if errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "" {
 		// The local record may be lost while the run lives on.
 		if adopted, aerr := m.adoptRemote(ctx, p); aerr != nil {

@@ -89,6 +89,11 @@ func (m *Manager) lookup(ctx context.Context, t ipc.Target) (*store.Session, pla
 	if err != nil {
 		return nil, p, withIDHint(err) // start, exec, status and stop take --id
 	}
+	return m.lookupIn(ctx, p)
+}
+
+// lookupIn is lookup at a located place.
+func (m *Manager) lookupIn(ctx context.Context, p place) (*store.Session, place, error) {
 	s, err := m.st.ByIdentity(p.Identity)
 	if err == nil {
 		return s, p, nil

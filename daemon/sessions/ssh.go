@@ -180,7 +180,7 @@ func (m *Manager) DialSSH(ctx context.Context, req ipc.SSHProxyRequest) (net.Con
 		}
 	} else {
 		var err error
-		if s, _, err = m.lookup(ctx, req.Target); err != nil {
+		if s, _, err = m.lookupBranch(ctx, req.Target); err != nil {
 			return nil, err
 		}
 		if s.State.Terminal() || s.Address == "" {

@@ -30,7 +30,7 @@ func (m *Manager) Stop(ctx context.Context, req ipc.StopRequest) (ipc.StopRespon
 			}
 		}
 	default:
-		s, _, err := m.lookup(ctx, req.Target)
+		s, _, err := m.lookupBranch(ctx, req.Target)
 		if errors.Is(err, errdefs.ErrNotFound) && req.RunID != "" {
 			// A run sandboxd never knew is a mistake (a typo, another
 			// machine's run), not an already-stopped sandbox.

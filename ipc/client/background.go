@@ -41,3 +41,8 @@ func (c *Client) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr i
 	defer cc.close()
 	return c.readExec(ctx, resp.body, resp.status, ExecOptions{Stdout: stdout, Stderr: stderr}, nil)
 }
+
+// BgForward is POST /v1/bg/forward.
+func (c *Client) BgForward(ctx context.Context, req ipc.BgForwardRequest) (ipc.BgProcess, error) {
+	return call[ipc.BgProcess](ctx, c, methodPost, "/v1/bg/forward", nil, req)
+}

@@ -23,6 +23,24 @@ type BackgroundBackend interface {
 	BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr io.Writer) (ipc.BgProcess, error)
 }
 
+// BackgroundForwarder forwards a local port to a running background
+// process without restarting it (POST /v1/bg/forward).
+type BackgroundForwarder interface {
+	BgForward(ctx context.Context, req ipc.BgForwardRequest) (ipc.BgProcess, error)
+}
+
+func (s *Server) forwarder() (BackgroundForwarder, error) {
+	b, err := s.sessions()
+	if err != nil {
+		return nil, err
+	}
+	f, ok := b.(BackgroundForwarder)
+	if !ok {
+		return nil, errdefs.Unavailable(errors.New("forwarding to a running background process is not available in this daemon"))
+	}
+	return f, nil
+}
+
 func (s *Server) background() (BackgroundBackend, error) {
 	b, err := s.sessions()
 	if err != nil {

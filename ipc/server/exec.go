@@ -79,7 +79,8 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 		if cause := context.Cause(ctx); cause != nil && errdefs.KindOf(cause) == errdefs.KindInvalid {
 			execErr = cause
 		}
-		if !st.commandStarted() {
+		var noRetry interface{ NoRetryHint() bool }
+		if !st.commandStarted() && !(errors.As(execErr, &noRetry) && noRetry.NoRetryHint()) {
 			// Whoever reads the error must know whether to look for the
 			// command's effects: before "started" nothing was run, so
 			// running it again cannot run it twice.

@@ -42,6 +42,7 @@ const (
 	routeBgRestart = "/v1/bg/restart"
 	routeBgStop    = "/v1/bg/stop"
 	routeBgLogs    = "/v1/bg/logs"
+	routeBgForward = "/v1/bg/forward"
 )
 
 //go:embed openapi.yaml
@@ -83,6 +84,7 @@ func (s *Server) routes() *mux.Router {
 	handle(http.MethodPost, routeBgRestart, route(s.background, jsonBody[ipc.BgRequest], BackgroundBackend.BgRestart, http.StatusOK))
 	handle(http.MethodPost, routeBgStop, route(s.background, jsonBody[ipc.BgRequest], BackgroundBackend.BgStop, http.StatusOK))
 	handle(http.MethodPost, routeBgLogs, s.postBgLogs)
+	handle(http.MethodPost, routeBgForward, route(s.forwarder, jsonBody[ipc.BgForwardRequest], BackgroundForwarder.BgForward, http.StatusOK))
 	handle(http.MethodGet, routeSSHHosts, route(s.sshBackend, noInput, getSSHHosts, http.StatusOK))
 	handle(http.MethodPost, routeSSHProxy, s.postSSHProxy)
 	return r

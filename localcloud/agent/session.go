@@ -276,7 +276,7 @@ func (s *session) directive(ctx context.Context, command string) bool {
 		a.end()
 		return true
 	default:
-		return s.processDirective(command)
+		return s.processListDirective(command) || s.processDirective(command)
 	}
 	s.exit(0)
 	s.ch.Close()

@@ -63,21 +63,48 @@ func ParseConfig(contents []byte) (Definition, error) {
 	}
 	var d Definition
 	for i, t := range cf.Tasks {
-		run := strings.TrimSpace(t.Run)
-		if run == SandboxRun {
-			d.SandboxKey = t.Key
-			return d, nil
-		}
-		if run == "" {
-			continue
-		}
 		key := t.Key
 		if key == "" {
 			key = fmt.Sprintf("task-%d", i+1)
 		}
+		before, isSandbox, err := sandboxTask(t.Run)
+		if err != nil {
+			return Definition{}, fmt.Errorf("%w: task %q: %v", ErrInvalidConfig, key, err)
+		}
+		if isSandbox {
+			if before != "" {
+				d.Steps = append(d.Steps, Step{Key: key, Run: before})
+			}
+			d.SandboxKey = t.Key
+			return d, nil
+		}
+		if strings.TrimSpace(t.Run) == "" {
+			continue
+		}
 		d.Steps = append(d.Steps, Step{Key: key, Run: t.Run})
 	}
 	return Definition{}, fmt.Errorf("%w: no task with `run: %s`: add one after the setup tasks", ErrInvalidConfig, SandboxRun)
+}
+
+// sandboxTask reports whether run is the sandbox task's script: its last
+// non-blank line is exactly rwx-sandbox. The lines before it are commands
+// RWX runs first, in the same task (before); they are returned to run as a
+// step of that task. A script that goes on after rwx-sandbox is refused:
+// localcloud hands the sandbox over where rwx-sandbox stands and has no
+// place to run what follows.
+func sandboxTask(run string) (before string, ok bool, err error) {
+	lines := strings.Split(strings.TrimRight(run, " \t\r\n"), "\n")
+	last := len(lines) - 1
+	for i, l := range lines {
+		if strings.TrimSpace(l) != SandboxRun {
+			continue
+		}
+		if i != last {
+			return "", false, fmt.Errorf("commands after `%s` are not supported: move them before it", SandboxRun)
+		}
+		return strings.TrimSpace(strings.Join(lines[:i], "\n")), true, nil
+	}
+	return "", false, nil
 }
 
 // CloneOptions locate the repository to check out.

@@ -418,6 +418,10 @@ func (m *Manager) provision(ctx context.Context, id string) {
 	}
 	if err != nil {
 		fmt.Fprintf(logf, "==> provisioning failed: %v\n", err)
+		var se *provision.StepError
+		if errors.As(err, &se) {
+			e.FailedTask, e.FailedOutput = se.Key, se.Output
+		}
 		m.completeLocked(e, ReasonFailed, err.Error())
 		m.saveQuietLocked()
 		return
@@ -606,6 +610,12 @@ func (m *Manager) ConnectionInfo(id string) (rwxapi.ConnectionInfo, error) {
 		ci.ExpiresAt = e.Deadline().UTC().Format(time.RFC3339)
 		return ci, nil
 	default:
+		if e.SandboxableAt.IsZero() {
+			// Over before it was ever sandboxable (a setup step failed,
+			// cancelled or timed out while provisioning): the RWX answer
+			// is 200, completed, with the reason; results/prompt says more.
+			return rwxapi.ConnectionInfo{Polling: rwxapi.Polling{Completed: true}, FailureReason: string(e.Reason)}, nil
+		}
 		return rwxapi.ConnectionInfo{}, fmt.Errorf("%w: run %s %s", ErrGone, id, e.Ended())
 	}
 }

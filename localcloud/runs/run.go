@@ -58,10 +58,14 @@ type Run struct {
 	State          State                  `json:"state"`
 	Reason         Reason                 `json:"reason,omitempty"`
 	Detail         string                 `json:"detail,omitempty"`
-	CreatedAt      time.Time              `json:"created_at"`
-	SandboxableAt  time.Time              `json:"sandboxable_at,omitzero"`
-	CompletedAt    time.Time              `json:"completed_at,omitzero"`
-	LastActivityAt time.Time              `json:"last_activity_at,omitzero"`
+	// FailedTask is the key of the setup step that failed the run, and
+	// FailedOutput the end of its output (both empty otherwise).
+	FailedTask     string    `json:"failed_task,omitempty"`
+	FailedOutput   string    `json:"failed_output,omitempty"`
+	CreatedAt      time.Time `json:"created_at"`
+	SandboxableAt  time.Time `json:"sandboxable_at,omitzero"`
+	CompletedAt    time.Time `json:"completed_at,omitzero"`
+	LastActivityAt time.Time `json:"last_activity_at,omitzero"`
 	// ExpiresAt is the end of the run's maximum lifetime, fixed at creation.
 	ExpiresAt time.Time `json:"expires_at"`
 	// IdleTimeout is fixed at creation too.

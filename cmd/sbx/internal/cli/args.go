@@ -50,6 +50,9 @@ type command struct {
 	args    string // positional synopsis, e.g. "[config]"
 	maxArgs int    // positional arguments allowed before "--"
 	argv    bool   // takes a command after "--"
+	// argvOptional: the command after "--" may be left out (bg start of a
+	// process predefined in the config).
+	argvOptional bool
 	// argCompl/argValues: what completes the positional arguments.
 	argCompl  complKind
 	argValues []string
@@ -245,7 +248,7 @@ func parse(root *command, args []string) (*parsed, error) {
 	if p.cmd.argValues != nil && len(p.args) > 0 && !contains(p.cmd.argValues, p.args[0]) {
 		return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("%q is not one of %s", p.args[0], strings.Join(p.cmd.argValues, ", "))}
 	}
-	if p.cmd.argv && len(p.argv) == 0 {
+	if p.cmd.argv && !p.cmd.argvOptional && len(p.argv) == 0 {
 		return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("no command given: put it after --, for example `sbx %s -- make test`", p.cmd.path())}
 	}
 	if !p.cmd.argv && p.dashes {

@@ -13,7 +13,7 @@ import (
 // bgCommand is `sbx bg`: managed background processes in the sandbox and
 // the daemon's port forwards to them.
 func bgCommand() *command {
-	name := func() []flagSpec { return []flagSpec{idFlag()} }
+	name := func() []flagSpec { return []flagSpec{idFlag(), keyFlag()} }
 	return &command{name: "bg", summary: "run background processes in the sandbox, with local port forwards",
 		long: "A background process runs in the sandbox in its own process group, logging to files, until it is " +
 			"stopped or the sandbox ends. With --port, sandboxd forwards 127.0.0.1:LOCAL on this machine to that " +
@@ -21,24 +21,74 @@ func bgCommand() *command {
 			"after a reconnect or a daemon restart, and is closed when the sandbox stops. Like `ssh -L`, the forward is " +
 			"reachable by every local user of this machine, not only by you (docs/sessions.md).",
 		subs: []*command{
-			{name: "start", args: "-- CMD [ARG...]", argv: true, autoStart: true, run: (*app).bgStart,
-				summary: "sync your changes, then start (or replace) a named background process",
+			{name: "start", args: "[-- CMD [ARG...]]", argv: true, argvOptional: true, autoStart: true, run: (*app).bgStart,
+				summary: "sync your changes, then start (or replace) a named background process (without a command: the one the config predefines under its key)",
 				flags: []flagSpec{idFlag(),
 					{name: "name", kind: stringFlag, arg: "NAME", compl: complNone, help: "the process's name (letters, digits, _ and -)"},
+					keyFlag(),
 					{name: "port", kind: stringFlag, arg: "PORT", compl: complNone, help: "a sandbox port to forward to this machine"},
 					{name: "local-port", kind: stringFlag, arg: "PORT", compl: complNone, help: "the local port (default: the previous one of NAME, else a free one)"},
 					{name: "no-sync", kind: boolFlag, help: "do not sync local changes to the sandbox first"},
 				}},
 			{name: "list", autoStart: true, run: (*app).bgList, flags: name(),
-				summary: "list the background processes started with sbx, their status and forwards"},
+				summary: "list the sandbox's background processes (sbx's and the RWX CLI's), their status and forwards"},
 			{name: "stop", args: "NAME", maxArgs: 1, autoStart: true, run: (*app).bgStop, flags: name(),
 				summary: "stop a background process (its whole process group) and close its forward"},
 			{name: "restart", args: "NAME", maxArgs: 1, autoStart: true, run: (*app).bgRestart, flags: name(),
 				summary: "sync your changes, then restart a background process with its command"},
 			{name: "logs", args: "NAME", maxArgs: 1, autoStart: true, run: (*app).bgLogs,
 				summary: "print a background process's stdout and stderr",
-				flags:   []flagSpec{idFlag(), {name: "follow", short: "f", kind: boolFlag, help: "keep printing new output until Ctrl-C"}}},
+				flags:   []flagSpec{idFlag(), keyFlag(), {name: "follow", short: "f", kind: boolFlag, help: "keep printing new output until Ctrl-C"}}},
+			forwardCommand("forward"),
 		}}
+}
+
+// keyFlag is --key, RWX's name for a background process's name (--name).
+func keyFlag() flagSpec {
+	return flagSpec{name: "key", kind: stringFlag, arg: "KEY", compl: complNone, help: "the process's key: the same as its name"}
+}
+
+// forwardCommand is `sbx bg forward` (and `sbx forward`): a forward to a
+// process that already runs, as `rwx sandbox tunnel`.
+func forwardCommand(name string) *command {
+	return &command{name: name, args: "[KEY]", maxArgs: 1, autoStart: true, run: (*app).bgForward,
+		summary: "forward a local port to a running background process, without restarting it",
+		flags: []flagSpec{idFlag(), keyFlag(),
+			{name: "port", kind: stringFlag, arg: "PORT", compl: complNone, help: "the sandbox port (default: the process's own)"},
+			{name: "local-port", kind: stringFlag, arg: "PORT", compl: complNone, help: "the local port (default: the previous one of KEY, else a free one)"},
+		}}
+}
+
+func (a *app) bgForward(ctx context.Context) int {
+	t, err := a.bgTarget()
+	if err != nil {
+		return a.fail(err)
+	}
+	name, ok := a.bgName()
+	if !ok {
+		return a.usage(&usageError{cmd: a.p.cmd, msg: "give the key of the running background process: --key KEY"})
+	}
+	req := ipc.BgForwardRequest{Target: t, Name: name}
+	if req.Port, err = a.portFlag("port"); err != nil {
+		return a.usage(err)
+	}
+	if req.LocalPort, err = a.portFlag("local-port"); err != nil {
+		return a.usage(err)
+	}
+	var p ipc.BgProcess
+	if err := a.call(ctx, func(ctx context.Context) (err error) { p, err = a.c.BgForward(ctx, req); return err }); err != nil {
+		return a.fail(err)
+	}
+	if a.p.json() {
+		return a.printJSON(p)
+	}
+	if p.Forward != nil {
+		fmt.Fprintf(a.sys.Stdout, "Forwarding %s to port %d of background process %q in %s.\n", p.Forward.URL, p.Forward.TargetPort, p.Name, p.RunID)
+	}
+	if p.Detail != "" {
+		a.warn(p.Detail)
+	}
+	return ExitOK
 }
 
 // bgTarget is the sandbox of this checkout, or --id.
@@ -50,12 +100,17 @@ func (a *app) bgTarget() (ipc.Target, error) {
 	return ipc.Target{Cwd: cwd, RunID: a.p.strings["id"]}, nil
 }
 
-// bgName is the NAME argument of stop, restart and logs.
+// bgName is the NAME argument of stop, restart, logs and forward, or
+// their --key (RWX's word for it).
 func (a *app) bgName() (string, bool) {
-	if len(a.p.args) != 1 || a.p.args[0] == "" {
-		return "", false
+	key := a.p.strings["key"]
+	switch {
+	case len(a.p.args) == 1 && a.p.args[0] != "" && (key == "" || key == a.p.args[0]):
+		return a.p.args[0], true
+	case len(a.p.args) == 0 && key != "":
+		return key, true
 	}
-	return a.p.args[0], true
+	return "", false
 }
 
 func (a *app) portFlag(flag string) (int, error) {
@@ -76,8 +131,14 @@ func (a *app) bgStart(ctx context.Context) int {
 		return a.fail(err)
 	}
 	req := ipc.BgStartRequest{Target: t, Name: a.p.strings["name"], Argv: a.p.argv, NoSync: a.p.bools["no-sync"]}
+	if key := a.p.strings["key"]; key != "" {
+		if req.Name != "" && req.Name != key {
+			return a.usage(&usageError{cmd: a.p.cmd, msg: "--name and --key name the same thing: give one"})
+		}
+		req.Name = key
+	}
 	if req.Name == "" {
-		return a.usage(&usageError{cmd: a.p.cmd, msg: "--name is required: name the process, for example `sbx bg start --name web --port 8000 -- python3 -m http.server 8000`"})
+		return a.usage(&usageError{cmd: a.p.cmd, msg: "--name (or --key) is required: name the process, for example `sbx bg start --name web --port 8000 -- python3 -m http.server 8000`, or give the key of a process the sandbox config predefines"})
 	}
 	if req.Port, err = a.portFlag("port"); err != nil {
 		return a.usage(err)

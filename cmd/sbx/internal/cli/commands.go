@@ -90,6 +90,7 @@ func root() *command {
 				summary: "stop the sandbox of this checkout and start a new one",
 				flags:   waitFlags()},
 			bgCommand(),
+			forwardCommand("forward"),
 			{name: "events", summary: "follow the daemon's events", autoStart: true, run: (*app).events,
 				flags: []flagSpec{{name: "since", kind: stringFlag, arg: "SEQ", help: "replay buffered events after sequence number SEQ first"}}},
 			{name: "ssh-config", autoStart: true, run: (*app).sshConfig,

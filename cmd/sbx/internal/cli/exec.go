@@ -100,7 +100,7 @@ func (a *app) exec(ctx context.Context) int {
 					a.prog.show(ipc.Progress{Message: f.Message})
 					follow.Do(func() {
 						var zero uint64
-						s := a.followProgress(ctx, a.prog, &zero, began.Add(-time.Second))
+						s := a.followProgress(ctx, a.prog, &zero, began)
 						followMu.Lock()
 						stopFollow = s
 						followMu.Unlock()

@@ -157,6 +157,10 @@ func (a *app) followProgress(ctx context.Context, pr *progress, since *uint64, n
 	go func() {
 		defer close(done)
 		defer st.Close()
+		// Once a sandbox is being created for this command, only its
+		// phases show: another start in the same checkout (an earlier
+		// command's, another terminal's) is not this command's.
+		creating := ""
 		for {
 			ev, err := st.Next()
 			if err != nil {
@@ -169,9 +173,16 @@ func (a *app) followProgress(ctx context.Context, pr *progress, since *uint64, n
 			if decodeData(ev.Data, &ph) != nil {
 				continue
 			}
-			if (runID != "" && ev.RunID == runID) || (runID == "" && root != "" && ph.RepoRoot == root) {
-				pr.show(ph)
+			if !((runID != "" && ev.RunID == runID) || (runID == "" && root != "" && ph.RepoRoot == root)) {
+				continue
 			}
+			if creating != "" && ev.SessionID != creating {
+				continue
+			}
+			if ph.Phase == ipc.PhaseCreating && ev.SessionID != "" {
+				creating = ev.SessionID
+			}
+			pr.show(ph)
 		}
 	}()
 	return func() { cancel(); <-done }

@@ -183,7 +183,7 @@ func (a *app) startOrReset(ctx context.Context, reset bool) int {
 		// The phases of the start, as the daemon publishes them, until
 		// the answer (a daemon that is not running has no events yet:
 		// this runs again after autostart).
-		stop := a.followProgress(ctx, a.prog, nil, time.Time{})
+		stop := a.followProgress(ctx, a.prog, nil, a.sys.Now())
 		defer func() { stop(); a.prog.done() }()
 		if reset {
 			resp, err = a.c.Reset(ctx, req)

@@ -1,0 +1,48 @@
+package e2e
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestIDInsideACheckoutSyncsIt: `--id RUN` inside the run's checkout syncs
+// the caller's working tree into that run, as the RWX CLI does: exec (and
+// its edits come back), bg start and push; from another checkout the run is
+// refused with a message (not run on a stale tree), unless --no-sync.
+func TestIDInsideACheckoutSyncsIt(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("idsync", defaultConfig)
+	run := e.startSandbox(repo)
+	sub := filepath.Join(repo, "sub")
+	writeFile(t, filepath.Join(sub, "f.txt"), "one\n")
+
+	r := e.mustSbx(sub, "exec", "--id", run, "--", "sh", "-c", "cat sub/f.txt; echo made > sub/back.txt")
+	if r.stdout != "one\n" {
+		t.Fatalf("exec --id ran on a tree without the caller's edit: %s", r)
+	}
+	if got := readFile(t, filepath.Join(sub, "back.txt")); got != "made\n" {
+		t.Fatalf("the edits of exec --id did not come back: %q", got)
+	}
+
+	writeFile(t, filepath.Join(sub, "f.txt"), "two\n")
+	e.mustSbx(repo, "bg", "start", "--id", run, "--name", "w", "--", "sleep", "300")
+	if r := e.mustSbx(repo, "exec", "--no-sync", "--id", run, "--", "cat", "sub/f.txt"); r.stdout != "two\n" {
+		t.Fatalf("bg start --id did not sync first: %s", r)
+	}
+	e.mustSbx(repo, "bg", "stop", "--id", run, "w")
+
+	writeFile(t, filepath.Join(sub, "f.txt"), "three\n")
+	e.mustSbx(repo, "push", "--id", run)
+	if r := e.mustSbx(repo, "exec", "--no-sync", "--id", run, "--", "cat", "sub/f.txt"); r.stdout != "three\n" {
+		t.Fatalf("push --id did not sync: %s", r)
+	}
+
+	other := e.newRepo("idsync-other", defaultConfig)
+	r = e.sbx(other, "exec", "--id", run, "--", "true")
+	if r.code == 0 || !strings.Contains(r.stderr, "is the sandbox of "+repo) {
+		t.Fatalf("exec --id from another checkout: %s, want a refusal naming the run's checkout", r)
+	}
+	e.mustSbx(other, "exec", "--no-sync", "--id", run, "--", "true")
+}
