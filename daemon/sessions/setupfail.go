@@ -43,13 +43,13 @@ func (m *Manager) setupFailure(ctx context.Context, remote Remote, s *store.Sess
 		}
 		return why
 	}
-	return printable(text, maxSetupReport)
+	return printableTail(text, maxSetupReport)
 }
 
-// printable keeps at most max bytes of text (its end, where a failure
+// printableTail keeps at most max bytes of text (its end, where a failure
 // shows), valid UTF-8, with control characters other than newline and tab
 // replaced, so nothing in it drives the reader's terminal.
-func printable(text string, max int) string {
+func printableTail(text string, max int) string {
 	text = strings.TrimSpace(strings.ToValidUTF8(text, "?"))
 	if len(text) > max {
 		cut := len(text) - max
