@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"sort"
 
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
@@ -23,31 +22,19 @@ const (
 	maxProcessListSize = 1 << 20
 )
 
-// errListTooLarge stops reading a process list over its bound.
-var errListTooLarge = errors.New("the process list is too large")
-
-// cappedBuffer keeps at most max bytes and then fails the write.
-type cappedBuffer struct {
-	bytes.Buffer
-	max int
-}
-
-func (b *cappedBuffer) Write(p []byte) (int, error) {
-	if b.Len()+len(p) > b.max {
-		return 0, errListTooLarge
-	}
-	return b.Buffer.Write(p)
-}
-
 // agentProcesses returns the processes the agent runs for the run, whoever
 // started them (sbx or the RWX CLI: the agent's directives are the shared
 // truth), by key; ok is false when the agent cannot list them (then only
-// the names sandboxd recorded are known). Records with a key that is not a
-// process name are dropped.
+// the names sandboxd recorded are known). The list is bounded in size and
+// time like every process answer, and a record that is not a valid one
+// (processRecord.validate) or whose key is not a process name is dropped.
 func (m *Manager) agentProcesses(ctx context.Context, conn execer) (map[string]processRecord, bool) {
-	out := &cappedBuffer{max: maxProcessListSize}
-	st, err := conn.exec(ctx, directiveProcessList, sshpool.Stdio{Stdout: out, Stderr: &cappedBuffer{max: 4 << 10}})
-	if err != nil || st.Code != 0 || st.Signal != "" {
+	ctx, cancel := context.WithTimeout(ctx, processDirectiveWait)
+	defer cancel()
+	out := newAnswer(maxProcessListSize)
+	out.onOver = cancel
+	st, err := conn.exec(ctx, directiveProcessList, sshpool.Stdio{Stdout: out, Stderr: newAnswer(processErrorMax)})
+	if err != nil || out.over || st.Code != 0 || st.Signal != "" {
 		return nil, false
 	}
 	var list struct {
@@ -58,7 +45,7 @@ func (m *Manager) agentProcesses(ctx context.Context, conn execer) (map[string]p
 	}
 	recs := make(map[string]processRecord, len(list.Processes))
 	for _, r := range list.Processes {
-		if processName(r.Key) {
+		if processName(r.Key) && r.validate(r.Key) == nil {
 			recs[r.Key] = r
 		}
 	}
