@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/config"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/server"
 )
@@ -68,13 +69,13 @@ type inProcess struct {
 	svc     *fakeServices
 	signals chan os.Signal
 	notes   chan string
-	logs    *syncBuffer
+	logs    *testutil.LockedBuffer
 	done    chan error
 }
 
 func (e *testEnv) runInProcess(t *testing.T, mod func(*Options)) *inProcess {
 	t.Helper()
-	ip := &inProcess{e: e, svc: newFakeServices(), signals: make(chan os.Signal, 4), notes: make(chan string, 256), logs: &syncBuffer{}, done: make(chan error, 1)}
+	ip := &inProcess{e: e, svc: newFakeServices(), signals: make(chan os.Signal, 4), notes: make(chan string, 256), logs: &testutil.LockedBuffer{}, done: make(chan error, 1)}
 	opts := Options{
 		Version:   "inproc",
 		Env:       e.lookup,
@@ -303,7 +304,7 @@ func TestIdleExitWaitsForLiveConnections(t *testing.T) {
 
 func TestNewServicesFailure(t *testing.T) {
 	e := newTestEnv(t)
-	logs := &syncBuffer{}
+	logs := &testutil.LockedBuffer{}
 	err := Run(context.Background(), Options{
 		Env: e.lookup, LogOutput: logs, Signals: make(chan os.Signal), Notify: func(string) error { return nil },
 		NewServices: func(context.Context, Deps) (Services, error) { return nil, errors.New("boom") },
@@ -341,7 +342,7 @@ func TestContextCancelStops(t *testing.T) {
 	done := make(chan error, 1)
 	notes := make(chan string, 16)
 	go func() {
-		done <- Run(ctx, Options{Env: e.lookup, LogOutput: &syncBuffer{}, Signals: make(chan os.Signal),
+		done <- Run(ctx, Options{Env: e.lookup, LogOutput: &testutil.LockedBuffer{}, Signals: make(chan os.Signal),
 			Notify: func(s string) error { notes <- s; return nil }})
 	}()
 	eventually(t, 10*time.Second, "the socket", func() bool {

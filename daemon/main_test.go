@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,10 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // sandboxdBin is the sandboxd binary built once for the tests that run real
@@ -119,28 +119,10 @@ func (e *testEnv) environ(extra ...string) []string {
 	return append(out, extra...)
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer process and a reader test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // proc is a running process of the tests.
 type proc struct {
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *testutil.LockedBuffer
 	done   chan struct{}
 	err    error
 }
@@ -148,7 +130,7 @@ type proc struct {
 // startProc starts argv with env; t.Cleanup kills it if it still runs.
 func startProc(t testing.TB, env []string, argv ...string) *proc {
 	t.Helper()
-	p := &proc{cmd: exec.Command(argv[0], argv[1:]...), stderr: &syncBuffer{}, done: make(chan struct{})}
+	p := &proc{cmd: exec.Command(argv[0], argv[1:]...), stderr: &testutil.LockedBuffer{}, done: make(chan struct{})}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = p.stderr, p.stderr
 	if err := p.cmd.Start(); err != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/ipc"
 )
 
@@ -20,13 +21,7 @@ const unitDir = "../packaging/systemd"
 
 func requireTool(t *testing.T, name string) string {
 	t.Helper()
-	p, err := exec.LookPath(name)
-	if err != nil {
-		// .ci/run installs systemd, so this only skips on a developer
-		// machine without it.
-		t.Skipf("%s not installed (apt-get install systemd): %v", name, err)
-	}
-	return p
+	return testutil.NeedTool(t, name, "apt-get install systemd")
 }
 
 // TestSystemdUnitsVerify runs systemd-analyze verify on the user units,

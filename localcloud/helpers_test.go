@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -22,12 +21,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/rwxapi"
-
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/localcloud/runs"
-	"golang.org/x/crypto/ssh"
-
 	"github.com/sandboxd/sandboxd/localcloud/sandbox"
+	"github.com/sandboxd/sandboxd/rwxapi"
+	"golang.org/x/crypto/ssh"
 )
 
 // asBinaryEnv makes the test binary behave as `sandboxd-localcloud serve`
@@ -293,18 +291,6 @@ func output(t testing.TB, c *ssh.Client, command string) (string, int) {
 	return "", -1
 }
 
-func git(t testing.TB, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("git %v: %v\n%s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 const plainConfig = "tasks:\n  - key: sandbox\n    run: rwx-sandbox\n"
 
 // repo makes a repository pushed to a bare origin and returns a run
@@ -314,18 +300,18 @@ func repo(t testing.TB, config string) rwxapi.RunDefinition {
 	root := t.TempDir()
 	src := filepath.Join(root, "src")
 	os.MkdirAll(filepath.Join(src, ".rwx"), 0o755)
-	git(t, src, "init", "-q", "-b", "main")
+	testutil.Git(t, src, "init", "-q", "-b", "main")
 	os.WriteFile(filepath.Join(src, "README"), []byte("hello\n"), 0o644)
 	os.WriteFile(filepath.Join(src, ".rwx", "sandbox.yml"), []byte(config), 0o644)
-	git(t, src, "add", ".")
-	git(t, src, "commit", "-q", "-m", "init")
+	testutil.Git(t, src, "add", ".")
+	testutil.Git(t, src, "commit", "-q", "-m", "init")
 	origin := filepath.Join(root, "origin.git")
-	git(t, root, "clone", "-q", "--bare", src, origin)
+	testutil.Git(t, root, "clone", "-q", "--bare", src, origin)
 	state := rwxapi.CLIState{Branch: "main", ConfigFile: filepath.Join(src, ".rwx", "sandbox.yml")}
 	return rwxapi.RunDefinition{
 		Title:           "Sandbox: src (main)",
 		CLIState:        state.Encode(),
-		Git:             rwxapi.GitMetadata{Branch: "main", Sha: git(t, src, "rev-parse", "HEAD"), OriginURL: origin},
+		Git:             rwxapi.GitMetadata{Branch: "main", Sha: testutil.Git(t, src, "rev-parse", "HEAD"), OriginURL: origin},
 		TaskDefinitions: []rwxapi.DirectoryEntry{{Path: ".rwx/sandbox.yml", Type: "file", Permissions: 0o644, FileContents: config}},
 		MintDirectory:   []rwxapi.DirectoryEntry{{Path: ".rwx", Type: "dir", Permissions: 0o755}, {Path: ".rwx/sandbox.yml", Type: "file", Permissions: 0o644, FileContents: config}},
 		UseCache:        true,

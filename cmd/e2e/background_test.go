@@ -125,6 +125,7 @@ func (e *env) health() healthJSON {
 // live sandboxes; after the restart all three are reconnected before any
 // client asks, and the first exec makes no new SSH handshake.
 func TestRestartReconnectsWithoutClients(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d := e.startDaemon()
 	var repos []string
@@ -157,6 +158,7 @@ func TestRestartReconnectsWithoutClients(t *testing.T) {
 // knows, without any client call, and marks a run ended on the remote
 // expired within one interval, closing its connection.
 func TestReconcileLoopAdoptsAndExpires(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.writeConfig(map[string]any{"reconcile_interval": "1s"})
@@ -184,6 +186,7 @@ func TestReconcileLoopAdoptsAndExpires(t *testing.T) {
 // TestTransientRemoteErrorsPruneNothing: with every API call failing with a
 // 5xx, reconcile passes leave the sessions in place.
 func TestTransientRemoteErrorsPruneNothing(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.writeConfig(map[string]any{"reconcile_interval": "1s"})
@@ -224,6 +227,7 @@ func TestTransientRemoteErrorsPruneNothing(t *testing.T) {
 // TestConnectionKilledBetweenExecs: the SSH connection dies between two
 // execs; the second still succeeds and the first is not run again.
 func TestConnectionKilledBetweenExecs(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.startDaemon()
@@ -242,6 +246,7 @@ func TestConnectionKilledBetweenExecs(t *testing.T) {
 // watched HEAD; the exec hot path runs no git subprocess (a git shim on the
 // daemon's PATH counts every call).
 func TestBranchChangeNeedsNoGit(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	shimDir := filepath.Join(e.root, "shim")
 	gitLog := filepath.Join(e.root, "git-calls")
@@ -276,6 +281,7 @@ func TestBranchChangeNeedsNoGit(t *testing.T) {
 // TestConfigDriftEmitsOneEvent: editing .rwx/sandbox.yml emits exactly one
 // drift event, and exec warns.
 func TestConfigDriftEmitsOneEvent(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("drift", defaultConfig)
@@ -304,6 +310,7 @@ func TestConfigDriftEmitsOneEvent(t *testing.T) {
 // TestSlowEventsConsumerIsCutOff: an events client that stops reading is
 // disconnected while execs keep working.
 func TestSlowEventsConsumerIsCutOff(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("slowev", defaultConfig)
@@ -354,6 +361,7 @@ func TestSlowEventsConsumerIsCutOff(t *testing.T) {
 // while the restarted daemon is still re-checking the stored ones (the
 // remote slowed down on purpose) is kept, and so are the stored ones.
 func TestClientCreateDuringRehydrationSurvives(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	d := e.startDaemon()
@@ -388,6 +396,7 @@ func TestClientCreateDuringRehydrationSurvives(t *testing.T) {
 // the next exec starts it again, its sandboxes come back with their keys,
 // and the daemon follows the agent to its new address.
 func TestLocalRemoteRestartKeepsSandboxes(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("lcrestart", defaultConfig)

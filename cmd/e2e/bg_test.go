@@ -38,7 +38,7 @@ func sandboxPython(t *testing.T) string {
 			return p
 		}
 	}
-	t.Skip("no python3 in /usr/local/bin or /usr/bin for the sandbox's HTTP server")
+	missingTool(t, "python3 in /usr/local/bin or /usr/bin (the sandbox's HTTP server)", "apt-get install python3")
 	return ""
 }
 
@@ -102,6 +102,7 @@ func processGone(pid int) bool {
 // SIGKILL + restart; stop/restart/logs work; `sbx stop` closes the forward
 // and ends the process.
 func TestBackgroundServerForwardOutlivesEverything(t *testing.T) {
+	t.Parallel()
 	python := sandboxPython(t)
 	e := newEnv(t)
 	lc := e.startLocalcloud()
@@ -182,6 +183,7 @@ func TestBackgroundServerForwardOutlivesEverything(t *testing.T) {
 // TestBackgroundLocalPortInUseNamesHolder: a local port already taken is a
 // clear error naming the holder, and nothing is started in the sandbox.
 func TestBackgroundLocalPortInUseNamesHolder(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("bgport", defaultConfig)

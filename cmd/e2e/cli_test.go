@@ -17,6 +17,7 @@ import (
 // TestCLIEdges: the rough edges a new user met (issue 13), each against the
 // real daemon and the local remote.
 func TestCLIEdges(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d := e.startDaemon()
 	repo := e.newRepo("edges", defaultConfig)
@@ -122,6 +123,7 @@ func TestCLIEdges(t *testing.T) {
 // stderr (plain timestamped lines when stderr is not a terminal), nothing
 // with --quiet, and `sbx events` carries the same phases.
 func TestProgressPhases(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	gate := filepath.Join(e.root, "gate")
@@ -179,6 +181,7 @@ func TestProgressPhases(t *testing.T) {
 // TestDoctor: each check reports, with the fix when it fails; without a
 // daemon it says so (and does not start one), exit 1.
 func TestDoctor(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	r := e.sbx(e.root, "doctor", "--json")
 	type doctorOut struct {
@@ -222,6 +225,7 @@ func TestDoctor(t *testing.T) {
 // (with the harness's binaries instead of `make build`), so that it keeps
 // working as the commands change.
 func TestReadmeTour(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	readme := readFile(t, filepath.Join("..", "..", "README.md"))
 	i := strings.Index(readme, "## A first sandbox in two minutes")

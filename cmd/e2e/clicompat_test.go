@@ -49,6 +49,7 @@ func sshConfig(t testing.TB, ci connInfo, user string, key ssh.Signer) *ssh.Clie
 // CLI login (rwx-cli) and the older one (mint-cli), each only with the run's
 // own key; sandboxd itself works with it (its exec ran).
 func TestSSHUsersOfTheRWXCLI(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.startDaemon()
@@ -320,6 +321,7 @@ func (c *fakeCLI) sshRun(lc *localcloud, run, command string) string {
 // that record, through its cli_state; `rwx sandbox list` would not panic on
 // it; stopping it with sbx removes sandboxd's record and keeps the CLI's own.
 func TestSharingWithTheRWXCLISbxFirst(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.startDaemon()
@@ -371,6 +373,7 @@ func TestSharingWithTheRWXCLISbxFirst(t *testing.T) {
 // its record) is adopted by the running daemon as soon as the CLI writes
 // sandboxes.json, shows in `sbx list`, and is the one sbx execs in.
 func TestSharingWithTheRWXCLICLIFirst(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.startDaemon()
@@ -415,6 +418,7 @@ func TestSharingWithTheRWXCLICLIFirst(t *testing.T) {
 // fresh checkout at the same moment end up on one run: both take the CLI's
 // lock before looking and creating.
 func TestSharingWithTheRWXCLIAtOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.startDaemon()

@@ -15,6 +15,7 @@ import (
 // the background (logging to the state directory), versions match, and
 // `sbx daemon stop` ends it; with autostart off, sbx says how to start it.
 func TestAutostartVersionAndStop(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	if r := e.sbx(e.root, "version"); r.code != 125 || !strings.Contains(r.stderr, "SANDBOXD_NO_AUTOSTART") {
 		t.Fatalf("with autostart off: %s", r)
@@ -54,6 +55,7 @@ func TestAutostartVersionAndStop(t *testing.T) {
 // TestConfigNeverShowsTheToken: `sbx config` names the remote and where the
 // token comes from, never the token itself.
 func TestConfigNeverShowsTheToken(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	const secret = "rwx-secret-token-value"
 	e.vars = append(e.vars, "RWX_ACCESS_TOKEN="+secret, "SANDBOXD_REMOTE=rwx", "RWX_HOST=cloud.example.invalid")
@@ -72,6 +74,7 @@ func TestConfigNeverShowsTheToken(t *testing.T) {
 // TestConfigFileChangeReloads: saving sandboxd's config file reloads it, as
 // SIGHUP does.
 func TestConfigFileChangeReloads(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.writeConfig(map[string]any{"reconcile_interval": "30s"})
 	e.startDaemon()
@@ -90,6 +93,7 @@ func TestConfigFileChangeReloads(t *testing.T) {
 // TestCorruptDatabaseIsReportedAndKept: a database that cannot be read
 // stops the daemon with a message naming the file, which is left as it was.
 func TestCorruptDatabaseIsReportedAndKept(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	db := filepath.Join(e.get("XDG_STATE_HOME"), "sandboxd", "sandboxd.db")
 	garbage := strings.Repeat("not a bbolt file ", 1000)

@@ -170,6 +170,8 @@ func crashCase(t *testing.T, name string, short bool, fn func(t *testing.T)) {
 		if !short && !long() {
 			t.Skip("long form only (make test-long)")
 		}
+		// Each case has its own user, daemon and local remote.
+		t.Parallel()
 		fn(t)
 	})
 }
@@ -177,6 +179,7 @@ func crashCase(t *testing.T, name string, short bool, fn func(t *testing.T)) {
 // TestCrashMatrix: real processes killed with SIGKILL at each phase they
 // can be caught in from outside; after each, checkAfterCrash holds.
 func TestCrashMatrix(t *testing.T) {
+	t.Parallel()
 	crashCase(t, "sandboxd-start-request-in-flight", false, func(t *testing.T) {
 		c := newStartCrashEnv(t, "dkillreq")
 		lc := c.lc

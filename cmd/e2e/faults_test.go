@@ -85,6 +85,7 @@ func readFileOr(path string) string {
 // used), the API slower than the daemon's patience, SSH connections dropped
 // between commands, SSH dropped while commands run, and SSH refused.
 func TestFaultMatrix(t *testing.T) {
+	t.Parallel()
 	n := 2
 	if long() {
 		n = 25

@@ -123,6 +123,7 @@ func lines(t testing.TB, path string) int {
 // drop (the other client's too, which frees the lock). The daemon takes the
 // lock again on a new connection and the command runs exactly once.
 func TestLockRetriedWhenTheConnectionDropsWhileWaiting(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.startDaemon()
@@ -161,6 +162,7 @@ func TestLockRetriedWhenTheConnectionDropsWhileWaiting(t *testing.T) {
 // have run and was not run again; the command is not run a second time,
 // its remote process is ended, and the next exec works.
 func TestConnectionLostMidCommandIsReportedNeverRerun(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.startDaemon()

@@ -1,36 +1,21 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // lockedBuffer collects a process's output for a test reading it meanwhile.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type lockedBuffer = testutil.LockedBuffer
 
 // waitExit waits for cmd (started) to exit, failing the test (and killing
 // it) when it does not within limit: the guarantee under test is that it
@@ -82,6 +67,7 @@ func connectedUnixSockets(pid int) int {
 // open: sbx exits 125 saying the daemon died and that the command most
 // likely did not run, instead of waiting forever on its request stream.
 func TestExecNeverHangsWhenTheDaemonDies(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d := e.startDaemon()
 	repo := e.newRepo("diesilent", defaultConfig)
@@ -111,6 +97,7 @@ func TestExecNeverHangsWhenTheDaemonDies(t *testing.T) {
 // daemon lets go of the request, and the next exec works once the remote
 // recovers.
 func TestOneSignalEndsAnExecWaitingOnAFailingRemote(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.writeConfig(map[string]any{"reconcile_interval": "1h"})

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -16,30 +17,30 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/internal/userenv"
 )
 
 // binDir holds the binaries built for this run.
 var binDir, markerDir string
 
+// defaultParallel is how many tests marked parallel run at once by
+// default (go test's default is the number of CPUs).
+const defaultParallel = 4
+
 func TestMain(m *testing.M) {
 	os.Exit(run(m))
 }
 
 func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "sbxbin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	binDir = dir
+	var err error
 	// Marker and counter files that tests read from outside a sandbox live
 	// here; every env's local remote shares it with its (isolated)
 	// sandboxes, whose /tmp is private.
@@ -54,16 +55,19 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	args := []string{"build", "-o", dir}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx", "github.com/sandboxd/sandboxd/cmd/sbx/sbx-mcp", "github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud", "github.com/sandboxd/sandboxd/cmd/sandboxd-helper")
-	cmd := exec.Command("go", args...)
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Run(); err != nil {
+	defer testutil.Cleanup()
+	if binDir, err = testutil.Binaries(raceEnabled, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx", "github.com/sandboxd/sandboxd/cmd/sbx/sbx-mcp", "github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud", "github.com/sandboxd/sandboxd/cmd/sandboxd-helper"); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)
 		return 1
+	}
+	// The tests wait on processes (daemons, local remotes, sandboxes) far
+	// more than they compute: more of them run at once than there are
+	// CPUs, unless -test.parallel says how many.
+	flag.Parse()
+	parallelSet := false
+	flag.Visit(func(f *flag.Flag) { parallelSet = parallelSet || f.Name == "test.parallel" })
+	if !parallelSet {
+		_ = flag.Set("test.parallel", strconv.Itoa(max(defaultParallel, runtime.GOMAXPROCS(0))))
 	}
 	return m.Run()
 }
@@ -92,7 +96,7 @@ func newEnv(t testing.TB) *env {
 	}
 	// The local remote's sandboxes are isolated; the tests' commands leave
 	// markers in this scratch directory, so it is shared.
-	e.vars = append(vars, "SANDBOXD_LOCALCLOUD_SHARE="+root+","+markerDir)
+	e.vars = append(vars, "SANDBOXD_LOCALCLOUD_SHARE="+root+","+markerDir, testutil.RaceEnv())
 	t.Cleanup(func() {
 		e.stopLocalcloud()
 		logs, _ := filepath.Glob(filepath.Join(e.get("XDG_DATA_HOME"), "sandboxd", "localcloud", "*.log"))

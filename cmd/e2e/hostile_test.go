@@ -16,6 +16,7 @@ import (
 // the repository, a directory or a huge file each get a clear 4xx error, and
 // nothing outside the repository reaches the remote.
 func TestHostileConfigFilesAreRefused(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("hostile", defaultConfig)

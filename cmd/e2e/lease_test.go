@@ -21,6 +21,7 @@ import (
 // order. Before the lease yielded, the other client waited for the whole
 // burst.
 func TestLeaseServesAnotherClientDuringABurst(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.startDaemon()

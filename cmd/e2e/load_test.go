@@ -7,20 +7,20 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
 )
 
 // long reports whether the long forms of the reliability suites run
 // (make test-long); make test runs their short forms.
-func long() bool { return os.Getenv("SANDBOXD_TEST_LONG") != "" }
+func long() bool { return testutil.Long() }
 
 // loadLog is where each load command appends its start and end lines, in
 // the sandbox (under .git, so no sync ever touches it).
@@ -65,6 +65,10 @@ func (e *env) fullHealth() fullHealth {
 // start/end of the same command), and the daemon's goroutines and live heap
 // come back to their level before the load. Short form in make test; 10
 // sandboxes, 100 clients in make test-long.
+//
+// Not parallel: it runs alone (before the parallel tests start), so that
+// the load is its own and its time bound measures the daemon, not the
+// other tests.
 func TestLoadManyClientsManySandboxes(t *testing.T) {
 	sandboxes, clients, perClient := 2, 12, 2
 	if long() {

@@ -71,6 +71,7 @@ func toolText(res *sdk.CallToolResult) string {
 // the checkout given per call or taken from the server's directory, and
 // bad input answered as a tool error that says what to do.
 func TestMCPTools(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	writeFile(t, filepath.Join(e.get("XDG_CONFIG_HOME"), "sandboxd", "config.json"), `{"log_level": "debug"}`)
 	d := e.startDaemon()
@@ -190,6 +191,7 @@ func TestMCPTools(t *testing.T) {
 // TestMCPExecCancel: cancelling an MCP tools/call (notifications/cancelled)
 // stops the remote command, and the sandbox is free for the next call.
 func TestMCPExecCancel(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("mcpcancel", defaultConfig)
@@ -232,6 +234,7 @@ func TestMCPExecCancel(t *testing.T) {
 // TestMCPInspectorCLI: an independent MCP client, the MCP Inspector's CLI
 // mode (Node), lists the tools of `sbx mcp` and calls exec.
 func TestMCPInspectorCLI(t *testing.T) {
+	t.Parallel()
 	inspector := os.Getenv("SBX_MCP_INSPECTOR")
 	if inspector == "" {
 		if p, err := exec.LookPath("mcp-inspector"); err == nil {

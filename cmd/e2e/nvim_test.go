@@ -19,6 +19,7 @@ import (
 // statusline follows /v1/events (running, config drift, stopped);
 // :checkhealth sbx reports the daemon.
 func TestNeovimPlugin(t *testing.T) {
+	t.Parallel()
 	nvim := needTool(t, "nvim", "apt-get install neovim")
 	_, here, _, _ := runtime.Caller(0)
 	plugin := filepath.Join(filepath.Dir(here), "..", "..", "contrib", "nvim")

@@ -33,6 +33,7 @@ func (c *fakeCLI) cliDirective(lc *localcloud, run, directive string, req any) c
 // sbx; one started by sbx is shown and stopped by the CLI; sbx's list
 // then shows both as the agent knows them.
 func TestBackgroundProcessesAreOneSetWithTheRWXCLI(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.startDaemon()

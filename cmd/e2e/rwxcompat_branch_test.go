@@ -12,6 +12,7 @@ import (
 // started it (as the RWX CLI's do); with two live sandboxes they list both
 // and ask for a choice; with none, .rwx/sandbox.yml is the one created.
 func TestConfiglessCommandsFindTheBranchSandbox(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("branchbox", defaultConfig)

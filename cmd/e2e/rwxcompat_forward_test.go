@@ -14,6 +14,7 @@ import (
 // forward`) forward a port of a process that already runs, started by sbx
 // (--key) or by the RWX CLI, without restarting it.
 func TestForwardToARunningProcessAndPredefinedProcesses(t *testing.T) {
+	t.Parallel()
 	if os.Getenv("CI") == "true" {
 		// CI has python3: a skip there would hide the test.
 		if _, err := exec.LookPath("python3"); err != nil {

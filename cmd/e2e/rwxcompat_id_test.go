@@ -11,6 +11,7 @@ import (
 // its edits come back), bg start and push; from another checkout the run is
 // refused with a message (not run on a stale tree), unless --no-sync.
 func TestIDInsideACheckoutSyncsIt(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("idsync", defaultConfig)

@@ -102,6 +102,7 @@ func (lc *localcloud) waitForSandbox(t testing.TB, run string) cliConnInfo {
 // over. A script that goes on after rwx-sandbox is refused with a 400
 // saying so.
 func TestLocalcloudRunsCommandsBeforeRwxSandbox(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	repo := e.newRepo("runbefore", `tasks:
@@ -138,6 +139,7 @@ func TestLocalcloudRunsCommandsBeforeRwxSandbox(t *testing.T) {
 // is what the CLI prints. A run that ended after it was sandboxable still
 // answers 410.
 func TestLocalcloudReportsFailedSetupAsTheRWXCLIReadsIt(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	repo := e.newRepo("setupfail", `tasks:

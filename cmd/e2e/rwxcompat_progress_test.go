@@ -10,6 +10,7 @@ import (
 // `sbx start --wait` never show in the next command's progress, even when
 // that command starts another sandbox of the same checkout at once.
 func TestStartProgressDoesNotLeakIntoTheNextCommand(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("leak", defaultConfig)

@@ -25,6 +25,7 @@ const setupConfig = `tasks:
 // checkout (RWX: "the first exec also pulls back files produced by setup
 // tasks"), next to the caller's own uncommitted edit.
 func TestFirstSyncedExecBringsBackSetupFiles(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("setupfiles", setupConfig)
@@ -72,6 +73,7 @@ const failingSetup = `tasks:
 // sbx names the step, shows its output and says to change the config;
 // it never calls the command safe to retry (it would fail the same way).
 func TestFailedSetupSaysWhatFailedAndWhatToChange(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("setupfails", failingSetup)

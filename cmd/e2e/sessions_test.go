@@ -69,6 +69,7 @@ func (e *env) startSandbox(repo string) string {
 }
 
 func TestStartExecListStopLifecycle(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("life", defaultConfig)
@@ -120,6 +121,7 @@ func TestStartExecListStopLifecycle(t *testing.T) {
 }
 
 func TestExitCodesAndQuoting(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("codes", defaultConfig)
@@ -146,6 +148,7 @@ func TestExitCodesAndQuoting(t *testing.T) {
 }
 
 func TestStdinStreamsAndSubdirectory(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("stdin", defaultConfig)
@@ -176,6 +179,7 @@ func TestStdinStreamsAndSubdirectory(t *testing.T) {
 }
 
 func TestCtrlCReachesTheRemoteCommand(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("sigint", defaultConfig)
@@ -225,6 +229,7 @@ func (e *env) interruptExec(t *testing.T, repo, flag, before string) {
 // with no session create exactly one run; their commands never overlap and
 // none is lost.
 func TestManyCallersOneSandbox(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("race", defaultConfig)
@@ -276,6 +281,7 @@ func TestManyCallersOneSandbox(t *testing.T) {
 }
 
 func TestDetachedHeadAndBranchSessions(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("detached", defaultConfig)
@@ -296,6 +302,7 @@ func TestDetachedHeadAndBranchSessions(t *testing.T) {
 }
 
 func TestAdoptsRunWhoseLocalSessionWasLost(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d := e.startDaemon()
 	repo := e.newRepo("adopt", defaultConfig)
@@ -313,6 +320,7 @@ func TestAdoptsRunWhoseLocalSessionWasLost(t *testing.T) {
 }
 
 func TestStopOfProvisioningRunCancelsIt(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	slow := "tasks:\n  - key: setup\n    run: sleep 30\n  - key: sandbox\n    use: setup\n    run: rwx-sandbox\n"
@@ -333,6 +341,7 @@ func TestStopOfProvisioningRunCancelsIt(t *testing.T) {
 }
 
 func TestResetReplacesTheSandbox(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("reset", defaultConfig)
@@ -353,6 +362,7 @@ func TestResetReplacesTheSandbox(t *testing.T) {
 }
 
 func TestInitWritesTemplateOnce(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("init", defaultConfig)
@@ -367,6 +377,7 @@ func TestInitWritesTemplateOnce(t *testing.T) {
 }
 
 func TestSocketAPIRejectsBadInput(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("bad", defaultConfig)
@@ -426,6 +437,7 @@ func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() boo
 // this checkout, branch and config: a run of another branch is refused, see
 // TestForeignRunInTheCLIFileIsNotAdopted).
 func TestLegacyImport(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	d := e.startDaemon()
 	repo := e.newRepo("legacy", defaultConfig)

@@ -82,6 +82,7 @@ func (p *tmuxPane) waitFor(re string) string {
 // on), syncs both ways, exits with the shell's status, and leaves the
 // local terminal as it found it (cooked, echoing).
 func TestShellUnderPseudoTerminal(t *testing.T) {
+	t.Parallel()
 	// Under the local remote's default isolation: the shell leads its own
 	// session inside the sandbox's namespaces, so its job control (Ctrl-Z,
 	// kill %1) can give the terminal back at exit and the status is 7.
@@ -145,6 +146,7 @@ func TestShellUnderPseudoTerminal(t *testing.T) {
 // TestExecTTYNeedsATerminal: exec -t without a terminal on stdin says what
 // to do instead of hanging or garbling.
 func TestExecTTYNeedsATerminal(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("notty", defaultConfig)

@@ -39,6 +39,7 @@ func (e *env) sshRun(t *testing.T, dir, bin string, args ...string) result {
 // ssh, scp (SFTP and classic), sftp and rsync work with no prompt; a wrong host key is refused; an
 // unknown host name is a clear error.
 func TestOpenSSHThroughTheDaemon(t *testing.T) {
+	t.Parallel()
 	sshBin := needTool(t, "ssh", "apt-get install openssh-client")
 	scpBin := needTool(t, "scp", "apt-get install openssh-client")
 	sftpBin := needTool(t, "sftp", "apt-get install openssh-client")

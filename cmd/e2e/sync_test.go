@@ -61,6 +61,7 @@ func assertTree(t *testing.T, root string, want map[string]string) {
 // TestSyncParity runs the parity scenarios of `rwx sandbox exec`, each in a
 // fresh sandbox, comparing the local tree byte for byte.
 func TestSyncParity(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 
@@ -139,6 +140,7 @@ func TestSyncParity(t *testing.T) {
 }
 
 func TestSyncEdgeCases(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 
@@ -257,6 +259,7 @@ func TestSyncEdgeCases(t *testing.T) {
 // what happens in the sandbox between execs is still healed or brought
 // back as without it.
 func TestSandboxHelperServesTheSync(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("helper", defaultConfig)

@@ -13,6 +13,7 @@ import (
 // Commits travel by git push over the daemon's kept connection, normalize
 // before (not after) the command, conflicts leave .rej files.
 func TestSyncPushAndNormalize(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 
@@ -121,6 +122,7 @@ func TestSyncPushAndNormalize(t *testing.T) {
 // brings them back (or finds them already applied), says so, and then
 // starts from exactly the local tree.
 func TestSyncPullSurvivesDaemonKill(t *testing.T) {
+	t.Parallel()
 	// One user (one local remote) for all phases: only the daemon restarts.
 	e := newEnv(t)
 	for _, phase := range []string{"exec-after-command", "pull-before-apply", "pull-before-ack"} {
@@ -195,6 +197,7 @@ func waitForFile(t *testing.T, path string, timeout time.Duration) {
 // sbx push syncs without running a command; sbx exec --reset replaces the
 // sandbox and runs in one call.
 func TestPushAndExecReset(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("pushreset", defaultConfig)

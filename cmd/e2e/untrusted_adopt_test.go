@@ -24,6 +24,7 @@ import (
 // the uncommitted file it syncs never reaches the foreign run. A run the
 // CLI started for this checkout is still adopted.
 func TestForeignRunInTheCLIFileIsNotAdopted(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	// The reconcile loop would adopt the foreign runs as what their
@@ -202,6 +203,7 @@ func errorCode(a map[string]any) float64 {
 // in a checkout, it refuses a call naming another checkout (by cwd or by
 // the runId of its sandbox) and serves its own.
 func TestMCPSurvivesMalformedLinesAndStaysInItsCheckout(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	mine := e.newRepo("mine", defaultConfig)

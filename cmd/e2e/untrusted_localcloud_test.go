@@ -43,6 +43,7 @@ func fileSnapshot(t *testing.T, path string) string {
 // start` and `sbx bg restart` of that name leave the user's file as it
 // was, and `sbx bg logs` still shows the process's output.
 func TestUntrustedPlantedLogLinkLeavesHostFilesAlone(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("plant", defaultConfig)
@@ -131,6 +132,7 @@ echo "$nr $tty" > "$dir/$name.tmp" && mv "$dir/$name.tmp" "$dir/$name"
 // terminal, cannot open /dev/tty, and what they try to type into a
 // terminal (TIOCSTI) never reaches the one localcloud was started from.
 func TestUntrustedNothingInTheSandboxHasTheServersTerminal(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	probes := filepath.Join(e.root, "probes")
 	if err := os.MkdirAll(probes, 0o1777); err != nil {

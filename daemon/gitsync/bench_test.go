@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // benchSizes are the repository sizes of the table: a one-file
@@ -20,14 +22,14 @@ var benchFullScan = os.Getenv("BENCH_FULL_SCAN") == "1"
 // and refreshes the index as a user's git would.
 func benchRepo(b *testing.B, dir string, n int) string {
 	b.Helper()
-	git(b, filepath.Dir(dir), "init", "-q", "-b", "main", dir)
+	testutil.Git(b, filepath.Dir(dir), "init", "-q", "-b", "main", dir)
 	for i := 0; i < n; i++ {
 		writeFile(b, filepath.Join(dir, benchPath(i)), fmt.Sprintf("package pkg\n\n// file %d\nvar X%d = %d\n", i, i, i))
 	}
-	git(b, dir, "add", "-A")
-	git(b, dir, "commit", "-q", "-m", "base")
-	git(b, dir, "status", "-s")
-	return strings.TrimSpace(git(b, dir, "rev-parse", "HEAD"))
+	testutil.Git(b, dir, "add", "-A")
+	testutil.Git(b, dir, "commit", "-q", "-m", "base")
+	testutil.Git(b, dir, "status", "-s")
+	return strings.TrimSpace(testutil.Git(b, dir, "rev-parse", "HEAD"))
 }
 
 func benchPath(i int) string {
@@ -117,15 +119,15 @@ func BenchmarkSyncedExecOneFileChange(b *testing.B) {
 	isolate(b)
 	root := b.TempDir()
 	local, sandbox := filepath.Join(root, "local"), filepath.Join(root, "sandbox")
-	git(b, root, "init", "-q", "-b", "main", local)
+	testutil.Git(b, root, "init", "-q", "-b", "main", local)
 	for i := 0; i < 1000; i++ {
 		writeFile(b, filepath.Join(local, fmt.Sprintf("pkg%02d/file%04d.go", i%20, i)), fmt.Sprintf("package pkg\n\nvar X%d = %d\n", i, i))
 	}
-	git(b, local, "add", "-A")
-	git(b, local, "commit", "-q", "-m", "base")
-	git(b, root, "clone", "-q", local, sandbox)
-	base := strings.TrimSpace(git(b, local, "rev-parse", "HEAD"))
-	git(b, local, "status", "-s")
+	testutil.Git(b, local, "add", "-A")
+	testutil.Git(b, local, "commit", "-q", "-m", "base")
+	testutil.Git(b, root, "clone", "-q", local, sandbox)
+	base := strings.TrimSpace(testutil.Git(b, local, "rev-parse", "HEAD"))
+	testutil.Git(b, local, "status", "-s")
 	writeFile(b, filepath.Join(local, "pkg03/file0003.go"), "package pkg\n\n// edited\n")
 	s := newBenchSyncer(b)
 	r := &sandboxRunner{dir: sandbox}

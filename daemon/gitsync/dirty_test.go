@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/watch"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // Each case changes the working tree (or what git makes of it) in a way
@@ -60,12 +61,12 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 		{name: "an ignored file force-added to the index", files: map[string]string{".gitignore": "*.log\n"}, before: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "x.log"), "log\n")
 		}, change: func(f *fixture) {
-			git(f.t, f.local, "add", "-f", "x.log")
+			testutil.Git(f.t, f.local, "add", "-f", "x.log")
 		}},
 		{name: "an ignored tracked file removed from the index", files: map[string]string{"keep.log": "kept\n"}, before: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, ".gitignore"), "*.log\n")
 		}, change: func(f *fixture) {
-			git(f.t, f.local, "rm", "-q", "--cached", "keep.log")
+			testutil.Git(f.t, f.local, "rm", "-q", "--cached", "keep.log")
 		}},
 		{name: "an edited ignored tracked file", files: map[string]string{".gitignore": "*.log\n", "keep.log": "kept\n"}, change: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "keep.log"), "edited\n")
@@ -76,23 +77,23 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 		{name: "commit", before: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
 		}, change: func(f *fixture) {
-			git(f.t, f.local, "commit", "-q", "-am", "local")
+			testutil.Git(f.t, f.local, "commit", "-q", "-am", "local")
 		}},
 		{name: "branch switch", before: func(f *fixture) {
-			git(f.t, f.local, "checkout", "-q", "-b", "other")
+			testutil.Git(f.t, f.local, "checkout", "-q", "-b", "other")
 			writeFile(f.t, filepath.Join(f.local, "other.txt"), "other\n")
-			git(f.t, f.local, "add", "-A")
-			git(f.t, f.local, "commit", "-q", "-m", "other")
-			git(f.t, f.local, "checkout", "-q", "main")
+			testutil.Git(f.t, f.local, "add", "-A")
+			testutil.Git(f.t, f.local, "commit", "-q", "-m", "other")
+			testutil.Git(f.t, f.local, "checkout", "-q", "main")
 			writeFile(f.t, filepath.Join(f.local, "wip.txt"), "wip\n")
 		}, change: func(f *fixture) {
-			git(f.t, f.local, "checkout", "-q", "other")
+			testutil.Git(f.t, f.local, "checkout", "-q", "other")
 		}},
 		{name: "reset --soft keeps the files, moves HEAD", before: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
-			git(f.t, f.local, "commit", "-q", "-am", "local")
+			testutil.Git(f.t, f.local, "commit", "-q", "-am", "local")
 		}, change: func(f *fixture) {
-			git(f.t, f.local, "reset", "-q", "--soft", "HEAD~")
+			testutil.Git(f.t, f.local, "reset", "-q", "--soft", "HEAD~")
 		}},
 		{name: "directory moved out of the tree", files: map[string]string{"d/x.txt": "x\n", "d/sub/y.txt": "y\n"}, before: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "d/sub/y.txt"), "y edited\n")
@@ -136,7 +137,7 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 			}
 		}},
 		{name: "mode change with core.fileMode false", noTree: true, full: true, before: func(f *fixture) {
-			git(f.t, f.local, "config", "core.fileMode", "false")
+			testutil.Git(f.t, f.local, "config", "core.fileMode", "false")
 		}, change: func(f *fixture) {
 			if err := os.Chmod(filepath.Join(f.local, "a.txt"), 0o755); err != nil {
 				f.t.Fatal(err)
@@ -175,17 +176,17 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 			writeFile(f.t, filepath.Join(f.local, "new.txt"), "new\r\n")
 		}},
 		{name: "line ends that core.autocrlf converts", noTree: true, before: func(f *fixture) {
-			git(f.t, f.local, "config", "core.autocrlf", "input")
+			testutil.Git(f.t, f.local, "config", "core.autocrlf", "input")
 		}, change: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "crlf\r\nline\r\n")
 		}},
 		{name: "a clean filter", files: map[string]string{".gitattributes": "*.txt filter=upper\n"}, noTree: true, before: func(f *fixture) {
-			git(f.t, f.local, "config", "filter.upper.clean", "tr a-z A-Z")
+			testutil.Git(f.t, f.local, "config", "filter.upper.clean", "tr a-z A-Z")
 		}, change: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "lower case\n")
 		}},
 		{name: "a clean filter in info/attributes", noTree: true, before: func(f *fixture) {
-			git(f.t, f.local, "config", "filter.upper.clean", "tr a-z A-Z")
+			testutil.Git(f.t, f.local, "config", "filter.upper.clean", "tr a-z A-Z")
 			writeFile(f.t, filepath.Join(f.local, ".git/info/attributes"), "*.txt filter=upper\n")
 		}, change: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "lower case\n")
@@ -198,20 +199,20 @@ func TestIncrementalPatchFollowsEveryChange(t *testing.T) {
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
 			writeFile(f.t, filepath.Join(f.local, "u/new.txt"), "u\n")
 		}, change: func(f *fixture) {
-			git(f.t, f.local, "stash", "-q", "-u")
+			testutil.Git(f.t, f.local, "stash", "-q", "-u")
 		}},
 		{name: "stash pop", before: func(f *fixture) {
 			writeFile(f.t, filepath.Join(f.local, "a.txt"), "a edited\n")
 			writeFile(f.t, filepath.Join(f.local, "u/new.txt"), "u\n")
-			git(f.t, f.local, "stash", "-q", "-u")
+			testutil.Git(f.t, f.local, "stash", "-q", "-u")
 		}, change: func(f *fixture) {
-			git(f.t, f.local, "stash", "pop", "-q")
+			testutil.Git(f.t, f.local, "stash", "pop", "-q")
 		}},
 		{name: "a repository created inside", change: func(f *fixture) {
-			git(f.t, f.local, "init", "-q", "inner")
+			testutil.Git(f.t, f.local, "init", "-q", "inner")
 			writeFile(f.t, filepath.Join(f.local, "inner/i.txt"), "i\n")
-			git(f.t, filepath.Join(f.local, "inner"), "add", "-A")
-			git(f.t, filepath.Join(f.local, "inner"), "commit", "-q", "-m", "inner")
+			testutil.Git(f.t, filepath.Join(f.local, "inner"), "add", "-A")
+			testutil.Git(f.t, filepath.Join(f.local, "inner"), "commit", "-q", "-m", "inner")
 		}},
 	}
 	for _, c := range cases {
@@ -275,7 +276,7 @@ func (f *fixture) syncCompare() *Patch {
 // nothing inside another repository.
 func syncedTree(t *testing.T, root string) map[string]string {
 	tr := tree(t, root)
-	for _, p := range splitZ([]byte(git(t, root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard"))) {
+	for _, p := range splitZ([]byte(testutil.Git(t, root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard"))) {
 		delete(tr, p)
 	}
 	for p := range tr {
@@ -360,9 +361,9 @@ func TestPrepareProcessCount(t *testing.T) {
 	for i := 0; i < 300; i++ {
 		writeFile(t, filepath.Join(f.local, fmt.Sprintf("d%d/f%d.txt", i%10, i)), "x\n")
 	}
-	git(t, f.local, "add", "-A")
-	git(t, f.local, "commit", "-q", "-m", "more")
-	f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+	testutil.Git(t, f.local, "add", "-A")
+	testutil.Git(t, f.local, "commit", "-q", "-m", "more")
+	f.base = strings.TrimSpace(testutil.Git(t, f.local, "rev-parse", "HEAD"))
 	counter := filepath.Join(t.TempDir(), "count")
 	wrapper := filepath.Join(t.TempDir(), "git")
 	writeFile(t, wrapper, fmt.Sprintf("#!/bin/sh\necho \"$1\" >> %s\nexec git \"$@\"\n", counter))
@@ -447,7 +448,7 @@ func TestFullScanSeesRacilyCleanFile(t *testing.T) {
 		if err := os.Chtimes(a, past, past); err != nil {
 			t.Fatal(err)
 		}
-		git(t, f.local, "update-index", "--refresh")
+		testutil.Git(t, f.local, "update-index", "--refresh")
 		sec := time.Now().Unix()
 		// Same size, same mtime, same inode, ctime most likely in the same
 		// second: only the content tells.

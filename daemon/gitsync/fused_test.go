@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // The command's output reaches the caller byte for byte, stdout and stderr
@@ -150,8 +151,8 @@ func TestFusedPushFailureRunsNothing(t *testing.T) {
 func TestFusedPushesUnknownCommitsFirst(t *testing.T) {
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
 	writeFile(t, filepath.Join(f.local, "b.txt"), "b\n")
-	git(t, f.local, "add", "b.txt")
-	git(t, f.local, "commit", "-q", "-m", "not pushed")
+	testutil.Git(t, f.local, "add", "b.txt")
+	testutil.Git(t, f.local, "commit", "-q", "-m", "not pushed")
 	out, fr, err := f.fused("cat b.txt")
 	if err != nil || out != "b\n" || !fr.Push.Commits {
 		t.Fatalf("exec: %q %+v %v", out, fr, err)
@@ -423,9 +424,9 @@ func TestFusedExecAgainWithNothingChangedMovesNothing(t *testing.T) {
 			}
 			// A different head with the same patch is not taken for it.
 			writeFile(t, filepath.Join(f.local, "c.txt"), "c\n")
-			git(t, f.local, "add", "c.txt")
-			git(t, f.local, "commit", "-q", "-m", "c")
-			f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+			testutil.Git(t, f.local, "add", "c.txt")
+			testutil.Git(t, f.local, "commit", "-q", "-m", "c")
+			f.base = strings.TrimSpace(testutil.Git(t, f.local, "rev-parse", "HEAD"))
 			if out, _, err := f.exec("cat a.txt c.txt made.txt"); err != nil || out != "local\nc\nmade\n" {
 				t.Fatalf("after a commit: %q %v", out, err)
 			}

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // pushAndCompare pushes and checks the sandbox now holds exactly the local
@@ -60,7 +61,7 @@ func TestParitySandboxEditsComeBack(t *testing.T) {
 		t.Fatalf("pulled files %q", got)
 	}
 	// Pulled files are working-tree changes, not staged.
-	if st := git(t, f.local, "diff", "--cached", "--name-only"); st != "" {
+	if st := testutil.Git(t, f.local, "diff", "--cached", "--name-only"); st != "" {
 		t.Fatalf("pull staged %q", st)
 	}
 }
@@ -95,9 +96,9 @@ func TestParityDeletedLocalFileDoesNotComeBack(t *testing.T) {
 func TestParityUnpushedCommitAndUncommittedFile(t *testing.T) {
 	f := newFixture(t, map[string]string{"README.md": "hello\n"})
 	writeFile(t, filepath.Join(f.local, "committed.txt"), "local commit\n")
-	git(t, f.local, "add", "committed.txt")
-	git(t, f.local, "commit", "-q", "-m", "unpushed")
-	head := git(t, f.local, "rev-parse", "HEAD")
+	testutil.Git(t, f.local, "add", "committed.txt")
+	testutil.Git(t, f.local, "commit", "-q", "-m", "unpushed")
+	head := testutil.Git(t, f.local, "rev-parse", "HEAD")
 	writeFile(t, filepath.Join(f.local, "wip.txt"), "work in progress\n")
 	want := tree(t, f.local)
 	index := fileBytes(t, filepath.Join(f.local, ".git", "index"))
@@ -111,7 +112,7 @@ func TestParityUnpushedCommitAndUncommittedFile(t *testing.T) {
 		t.Fatalf("the commit did not travel by git push: first call %q", f.r.log[0])
 	}
 	out := f.inSandbox("cat committed.txt wip.txt; git rev-parse HEAD " + PushRef)
-	if out != "local commit\nwork in progress\n"+head+head {
+	if out != "local commit\nwork in progress\n"+head+"\n"+head+"\n" {
 		t.Fatalf("sandbox saw %q", out)
 	}
 	if _, err := f.pull(); err != nil {
@@ -122,7 +123,7 @@ func TestParityUnpushedCommitAndUncommittedFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	assertTree(t, f.local, want)
-	if git(t, f.local, "rev-parse", "HEAD") != head {
+	if testutil.Git(t, f.local, "rev-parse", "HEAD") != head {
 		t.Fatal("HEAD moved")
 	}
 	if !bytes.Equal(index, fileBytes(t, filepath.Join(f.local, ".git", "index"))) {
@@ -176,7 +177,7 @@ func TestDeletionBothWays(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A deletion that is staged counts the same.
-	git(t, f.local, "rm", "-q", "dir/c.txt")
+	testutil.Git(t, f.local, "rm", "-q", "dir/c.txt")
 	f.pushAndCompare()
 	f.inSandbox("rm b.txt")
 	want := tree(t, f.sandbox)
@@ -294,7 +295,7 @@ func TestConflictRejectFiles(t *testing.T) {
 	f.inSandbox("sed -i -e 's/^two$/two (sandbox)/' -e 's/^eleven$/eleven (sandbox)/' f.txt")
 	local := strings.Replace(pushed, "two", "two (local)", 1)
 	writeFile(t, filepath.Join(f.local, "f.txt"), local)
-	git(t, f.local, "gc", "-q", "--prune=now")
+	testutil.Git(t, f.local, "gc", "-q", "--prune=now")
 
 	res, err := f.pull()
 	var ce *ConflictError
@@ -371,7 +372,7 @@ func TestUnpulledEditsComeBackBeforeTheNextPush(t *testing.T) {
 	}
 	// Pushed again, the sandbox is exactly the local tree.
 	f.pushAndCompare()
-	if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
+	if got := strings.TrimSpace(testutil.Git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
 		t.Fatalf("sandbox HEAD %s, want base %s", got, f.base)
 	}
 }
@@ -438,19 +439,19 @@ func TestFiftyUnpushedCommitsArePushed(t *testing.T) {
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
 	for i := 0; i < 50; i++ {
 		writeFile(t, filepath.Join(f.local, fmt.Sprintf("c%02d.txt", i)), fmt.Sprintf("commit %d\n", i))
-		git(t, f.local, "add", "-A")
-		git(t, f.local, "commit", "-q", "-m", fmt.Sprintf("commit %d", i))
+		testutil.Git(t, f.local, "add", "-A")
+		testutil.Git(t, f.local, "commit", "-q", "-m", fmt.Sprintf("commit %d", i))
 	}
-	head := strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+	head := strings.TrimSpace(testutil.Git(t, f.local, "rev-parse", "HEAD"))
 	f.r.reset()
 	p := f.push()
 	if len(p.Data) != 0 || f.r.log[0] != ReceivePackCommand {
 		t.Fatalf("patch %d bytes, first call %q", len(p.Data), f.r.log[0])
 	}
-	if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD")); got != head {
+	if got := strings.TrimSpace(testutil.Git(t, f.sandbox, "rev-parse", "HEAD")); got != head {
 		t.Fatalf("sandbox HEAD %s, want %s", got, head)
 	}
-	if n := strings.TrimSpace(git(t, f.sandbox, "rev-list", "--count", f.base+".."+head)); n != "50" {
+	if n := strings.TrimSpace(testutil.Git(t, f.sandbox, "rev-list", "--count", f.base+".."+head)); n != "50" {
 		t.Fatalf("sandbox log has %s new commits", n)
 	}
 	assertTree(t, f.sandbox, tree(t, f.local))
@@ -497,16 +498,16 @@ func TestNoOriginRepository(t *testing.T) {
 	isolate(t)
 	root := t.TempDir()
 	local, sandbox := filepath.Join(root, "local"), filepath.Join(root, "sandbox")
-	git(t, root, "init", "-q", "-b", "main", local)
+	testutil.Git(t, root, "init", "-q", "-b", "main", local)
 	writeFile(t, filepath.Join(local, "a.txt"), "a\n")
-	git(t, local, "add", "-A")
-	git(t, local, "commit", "-q", "-m", "base")
-	git(t, root, "clone", "-q", local, sandbox)
-	if out := git(t, local, "remote"); out != "" {
+	testutil.Git(t, local, "add", "-A")
+	testutil.Git(t, local, "commit", "-q", "-m", "base")
+	testutil.Git(t, root, "clone", "-q", local, sandbox)
+	if out := testutil.Git(t, local, "remote"); out != "" {
 		t.Fatalf("remotes: %q", out)
 	}
 	f := &fixture{t: t, local: local, sandbox: sandbox, s: New(Options{}), r: &sandboxRunner{dir: sandbox},
-		base: strings.TrimSpace(git(t, local, "rev-parse", "HEAD"))}
+		base: strings.TrimSpace(testutil.Git(t, local, "rev-parse", "HEAD"))}
 	writeFile(t, filepath.Join(local, "b.txt"), "b\n")
 	out, _, err := f.exec("cat b.txt && echo c > c.txt")
 	if err != nil || out != "b\n" {
@@ -519,9 +520,9 @@ func TestNoOriginRepository(t *testing.T) {
 func TestSandboxMissingBaseCommitIsPushed(t *testing.T) {
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
 	writeFile(t, filepath.Join(f.local, "b.txt"), "b\n")
-	git(t, f.local, "add", "b.txt")
-	git(t, f.local, "commit", "-q", "-m", "not pushed")
-	f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+	testutil.Git(t, f.local, "add", "b.txt")
+	testutil.Git(t, f.local, "commit", "-q", "-m", "not pushed")
+	f.base = strings.TrimSpace(testutil.Git(t, f.local, "rev-parse", "HEAD"))
 	p, err := f.s.Prepare(context.Background(), f.local, f.base)
 	if err != nil {
 		t.Fatal(err)
@@ -548,7 +549,7 @@ func TestLocalBaseUnknown(t *testing.T) {
 func TestEmptyRepository(t *testing.T) {
 	isolate(t)
 	dir := filepath.Join(t.TempDir(), "empty")
-	git(t, filepath.Dir(dir), "init", "-q", dir)
+	testutil.Git(t, filepath.Dir(dir), "init", "-q", dir)
 	writeFile(t, filepath.Join(dir, "a.txt"), "a\n")
 	_, err := New(Options{}).Prepare(context.Background(), dir, "")
 	if !errors.Is(err, ErrEmptyRepository) || !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(err.Error(), "git commit") {
@@ -648,16 +649,16 @@ func TestIgnoredFiles(t *testing.T) {
 func TestPrepareTouchesNothing(t *testing.T) {
 	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n", "c.txt": "c\n"})
 	writeFile(t, filepath.Join(f.local, "a.txt"), "a staged\n")
-	git(t, f.local, "add", "a.txt")
+	testutil.Git(t, f.local, "add", "a.txt")
 	writeFile(t, filepath.Join(f.local, "a.txt"), "a staged then edited\n")
 	writeFile(t, filepath.Join(f.local, "untracked.txt"), "u\n")
-	git(t, f.local, "rm", "-q", "--cached", "b.txt")
+	testutil.Git(t, f.local, "rm", "-q", "--cached", "b.txt")
 	if err := os.Remove(filepath.Join(f.local, "c.txt")); err != nil {
 		t.Fatal(err)
 	}
 	wantTree := tree(t, f.local)
 	indexPath := filepath.Join(f.local, ".git", "index")
-	status := git(t, f.local, "status", "--porcelain") // may refresh the index: read it after
+	status := testutil.Git(t, f.local, "status", "--porcelain") // may refresh the index: read it after
 	wantIndex := fileBytes(t, indexPath)
 	st, _ := os.Stat(indexPath)
 
@@ -675,7 +676,7 @@ func TestPrepareTouchesNothing(t *testing.T) {
 	if st2, _ := os.Stat(indexPath); st != nil && st2.ModTime().Before(st.ModTime()) {
 		t.Fatal("index time went back")
 	}
-	if got := git(t, f.local, "status", "--porcelain"); got != status {
+	if got := testutil.Git(t, f.local, "status", "--porcelain"); got != status {
 		t.Fatalf("status changed:\n%s\nwas:\n%s", got, status)
 	}
 	if left, _ := filepath.Glob(filepath.Join(f.local, ".git", "sandboxd", "index-*")); len(left) != 0 {

@@ -3,6 +3,8 @@ package gitsync
 import (
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // Whatever changes the sandbox between two synced execs (a --no-sync
@@ -18,10 +20,10 @@ func TestPushHealsChangesBetweenExecs(t *testing.T) {
 			}
 			f.inSandbox(change)
 			f.pushAndCompare()
-			if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
+			if got := strings.TrimSpace(testutil.Git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
 				t.Fatalf("sandbox HEAD %s, want base %s", got, f.base)
 			}
-			if st := git(t, f.sandbox, "diff", "--cached", "--name-only"); st != "" {
+			if st := testutil.Git(t, f.sandbox, "diff", "--cached", "--name-only"); st != "" {
 				t.Fatalf("sandbox index not at base: %q", st)
 			}
 			if _, err := f.pull(); err != nil {

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
@@ -80,15 +81,15 @@ func TestFusedWithTheHelperIsNative(t *testing.T) {
 	}
 	// The sandbox's refs are as the plain way leaves them: HEAD and the
 	// base at head, the snapshot a commit of the synced tree on head.
-	head := strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
-	snap := strings.TrimSpace(git(t, f.sandbox, "rev-parse", SnapshotRef))
-	if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD", BaseRef, snap+"^")); got != head+"\n"+head+"\n"+head {
+	head := strings.TrimSpace(testutil.Git(t, f.local, "rev-parse", "HEAD"))
+	snap := strings.TrimSpace(testutil.Git(t, f.sandbox, "rev-parse", SnapshotRef))
+	if got := strings.TrimSpace(testutil.Git(t, f.sandbox, "rev-parse", "HEAD", BaseRef, snap+"^")); got != head+"\n"+head+"\n"+head {
 		t.Fatalf("HEAD, base and the snapshot's parent are %q, want %s", got, head)
 	}
-	if got, want := workingTree(t, f.sandbox), strings.TrimSpace(git(t, f.sandbox, "rev-parse", snap+"^{tree}")); got != want {
+	if got, want := workingTree(t, f.sandbox), strings.TrimSpace(testutil.Git(t, f.sandbox, "rev-parse", snap+"^{tree}")); got != want {
 		t.Fatalf("the working tree is %s, the snapshot's tree %s", got, want)
 	}
-	git(t, f.sandbox, "fsck", "--strict", "--no-dangling")
+	testutil.Git(t, f.sandbox, "fsck", "--strict", "--no-dangling")
 
 	// A command that edits brings its edits back, by one git diff-tree.
 	mark = len(sandboxCalls(t, log, f.sandbox))
@@ -318,7 +319,7 @@ func TestNativePushHealsChangesBetweenExecs(t *testing.T) {
 			if want := "a\nlocal b\na.txt\nb.txt\n M b.txt\n"; out != want {
 				t.Fatalf("the command saw %q, want %q", out, want)
 			}
-			if got := strings.TrimSpace(git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
+			if got := strings.TrimSpace(testutil.Git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
 				t.Fatalf("sandbox HEAD %s, want base %s", got, f.base)
 			}
 			for _, state := range []string{"MERGE_HEAD", "MERGE_MSG"} {

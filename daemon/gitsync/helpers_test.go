@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/daemon/watch"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
@@ -120,15 +121,15 @@ func newFixture(t *testing.T, files map[string]string) *fixture {
 	isolate(t)
 	root := t.TempDir()
 	f := &fixture{t: t, local: filepath.Join(root, "local"), origin: filepath.Join(root, "origin.git"), sandbox: filepath.Join(root, "sandbox")}
-	git(t, root, "init", "-q", "-b", "main", f.local)
+	testutil.Git(t, root, "init", "-q", "-b", "main", f.local)
 	writeFiles(t, f.local, files)
-	git(t, f.local, "add", "-A")
-	git(t, f.local, "commit", "-q", "-m", "base")
-	git(t, root, "clone", "-q", "--bare", f.local, f.origin)
-	git(t, f.local, "remote", "add", "origin", f.origin)
-	git(t, f.local, "fetch", "-q", "origin")
-	git(t, root, "clone", "-q", f.origin, f.sandbox)
-	f.base = strings.TrimSpace(git(t, f.local, "rev-parse", "HEAD"))
+	testutil.Git(t, f.local, "add", "-A")
+	testutil.Git(t, f.local, "commit", "-q", "-m", "base")
+	testutil.Git(t, root, "clone", "-q", "--bare", f.local, f.origin)
+	testutil.Git(t, f.local, "remote", "add", "origin", f.origin)
+	testutil.Git(t, f.local, "fetch", "-q", "origin")
+	testutil.Git(t, root, "clone", "-q", f.origin, f.sandbox)
+	f.base = strings.TrimSpace(testutil.Git(t, f.local, "rev-parse", "HEAD"))
 	f.s = newTrackedSyncer(t, Options{})
 	if largeTree {
 		f.s.largeIndex = 1
@@ -276,28 +277,15 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 // both sync refs at base.
 func (f *fixture) assertSandboxClean() {
 	f.t.Helper()
-	if st := git(f.t, f.sandbox, "status", "--porcelain", "--untracked-files=all"); st != "" {
+	if st := testutil.Git(f.t, f.sandbox, "status", "--porcelain", "--untracked-files=all"); st != "" {
 		f.t.Fatalf("sandbox not clean after sync:\n%s", st)
 	}
-	head := strings.TrimSpace(git(f.t, f.sandbox, "rev-parse", "HEAD"))
+	head := strings.TrimSpace(testutil.Git(f.t, f.sandbox, "rev-parse", "HEAD"))
 	for _, ref := range []string{SnapshotRef, BaseRef} {
-		if got := strings.TrimSpace(git(f.t, f.sandbox, "rev-parse", ref)); got != head {
+		if got := strings.TrimSpace(testutil.Git(f.t, f.sandbox, "rev-parse", ref)); got != head {
 			f.t.Fatalf("%s = %s, want HEAD %s", ref, got, head)
 		}
 	}
-}
-
-func git(t testing.TB, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("git %v in %s: %v: %s", args, dir, err, stderr.String())
-	}
-	return string(out)
 }
 
 func writeFiles(t testing.TB, dir string, files map[string]string) {
@@ -490,41 +478,17 @@ func TestScenariosAsALargeTree(t *testing.T) {
 	}
 }
 
-var (
-	helperOnce sync.Once
-	helperBin  string
-	helperErr  error
-)
-
 // TestMain removes the helper binary built for the package's tests.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if helperBin != "" {
-		os.RemoveAll(filepath.Dir(helperBin))
-	}
+	testutil.Cleanup()
 	os.Exit(code)
 }
 
 // helperBinary builds sandboxd-helper once for the package's tests.
 func helperBinary(t *testing.T) string {
 	t.Helper()
-	helperOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "gitsync-helper")
-		if err != nil {
-			helperErr = err
-			return
-		}
-		helperBin = filepath.Join(dir, sandboxhelper.Name)
-		out, err := exec.Command("go", "build", "-o", helperBin, "github.com/sandboxd/sandboxd/cmd/sandboxd-helper").CombinedOutput()
-		if err != nil {
-			helperErr = err
-			t.Logf("%s", out)
-		}
-	})
-	if helperErr != nil {
-		t.Fatalf("build the helper: %v", helperErr)
-	}
-	return helperBin
+	return testutil.Binary(t, "github.com/sandboxd/sandboxd/cmd/sandboxd-helper")
 }
 
 // startHelper installs the helper in the sandbox and runs its server for

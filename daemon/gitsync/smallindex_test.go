@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/gitobj"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // The in-process staging leaves the index git update-index would: the same
@@ -16,14 +17,14 @@ import (
 func TestMemIndexAgreesWithUpdateIndex(t *testing.T) {
 	isolate(t)
 	dir := t.TempDir()
-	git(t, dir, "init", "-q")
+	testutil.Git(t, dir, "init", "-q")
 	writeFile(t, filepath.Join(dir, "seed"), "seed\n")
-	git(t, dir, "add", "seed")
-	git(t, dir, "commit", "-q", "-m", "seed")
+	testutil.Git(t, dir, "add", "seed")
+	testutil.Git(t, dir, "commit", "-q", "-m", "seed")
 
 	// What both indexes start from: entries that the working tree below
 	// replaces (d/x by a file d, e by a directory e).
-	seed := strings.TrimSpace(git(t, dir, "hash-object", "-w", "seed"))
+	seed := strings.TrimSpace(testutil.Git(t, dir, "hash-object", "-w", "seed"))
 	initial := "100644 " + seed + "\td/x\x00100644 " + seed + "\te\x00100644 " + seed + "\tgone.txt\x00100644 " + seed + "\tkept.txt\x00"
 	oid, _ := gitobj.ParseOID(seed)
 	m := memIndex{"d/x": {mode: gitobj.ModeFile, oid: oid}, "e": {mode: gitobj.ModeFile, oid: oid},

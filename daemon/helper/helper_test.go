@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // shConn stands in for a connection: each exec request is /bin/sh -c in
@@ -75,39 +75,17 @@ func run(t *testing.T, dir string, name string, args ...string) {
 	}
 }
 
-var (
-	buildOnce sync.Once
-	built     string
-)
-
 // TestMain removes the helper binary built for the package's tests.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if built != "" {
-		os.RemoveAll(filepath.Dir(built))
-	}
+	testutil.Cleanup()
 	os.Exit(code)
 }
 
 // binary builds sandboxd-helper once.
 func binary(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "helper-bin")
-		if err != nil {
-			return
-		}
-		p := filepath.Join(dir, sandboxhelper.Name)
-		if out, err := exec.Command("go", "build", "-o", p, "github.com/sandboxd/sandboxd/cmd/sandboxd-helper").CombinedOutput(); err != nil {
-			t.Logf("%s", out)
-			return
-		}
-		built = p
-	})
-	if built == "" {
-		t.Fatal("the helper did not build")
-	}
-	return built
+	return testutil.Binary(t, "github.com/sandboxd/sandboxd/cmd/sandboxd-helper")
 }
 
 func waitFor(t *testing.T, m *Manager, c Conn) (string, string) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // testOptions are short intervals for tests; keepalive timeouts stay
@@ -712,25 +712,10 @@ func TestEnsureFollowsNewConnectionDetails(t *testing.T) {
 // A failed SSH handshake says what may be wrong and what to do.
 func TestHandshakeFailureGivesAdvice(t *testing.T) {
 	srv := newTestServer(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte("not ssh\r\n"))
-			c.Close()
-		}
-	}()
 	tg := srv.target("run-1")
-	tg.Address = ln.Addr().String()
+	tg.Address = testutil.GarbageListener(t, "not ssh\r\n")
 	p := newPool(t, Options{})
-	_, err = p.Get(context.Background(), tg)
+	_, err := p.Get(context.Background(), tg)
 	if err == nil || !strings.Contains(err.Error(), "SSH handshake") || !strings.Contains(err.Error(), "sbx status") {
 		t.Fatalf("handshake with a non-SSH server: %v", err)
 	}

@@ -5,7 +5,6 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,29 +13,14 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
-
-// git runs git in dir for the test (Branches itself never runs git).
-func git(t *testing.T, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(),
-		"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
-		"GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@example.com",
-		"GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@example.com")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
 
 func newRepo(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	git(t, dir, "init", "-q", "-b", "main")
-	git(t, dir, "commit", "-q", "--allow-empty", "-m", "init")
+	testutil.Git(t, dir, "init", "-q", "-b", "main")
+	testutil.Git(t, dir, "commit", "-q", "--allow-empty", "-m", "init")
 	return dir
 }
 
@@ -107,7 +91,7 @@ func TestBranchCachedAndRefreshedOnCheckout(t *testing.T) {
 				t.Fatalf("HEAD read %d times for 100 calls, want 1 (cached)", b.Reads())
 			}
 
-			git(t, repo, "checkout", "-q", "-b", "other")
+			testutil.Git(t, repo, "checkout", "-q", "-b", "other")
 			expectChange(t, changes, branchChange{repo, "main", "other"})
 			expectBranch(t, b, repo, "other")
 			reads := b.Reads()
@@ -119,15 +103,15 @@ func TestBranchCachedAndRefreshedOnCheckout(t *testing.T) {
 			}
 
 			// Detached HEAD is named like the RWX CLI names it.
-			git(t, repo, "checkout", "-q", "--detach")
-			want := DetachedPrefix + git(t, repo, "rev-parse", "--short", "HEAD")
+			testutil.Git(t, repo, "checkout", "-q", "--detach")
+			want := DetachedPrefix + testutil.Git(t, repo, "rev-parse", "--short", "HEAD")
 			expectChange(t, changes, branchChange{repo, "other", want})
 			expectBranch(t, b, repo, want)
 
 			// A commit on a branch rewrites the ref, not HEAD: no change.
-			git(t, repo, "checkout", "-q", "main")
+			testutil.Git(t, repo, "checkout", "-q", "main")
 			expectChange(t, changes, branchChange{repo, want, "main"})
-			git(t, repo, "commit", "-q", "--allow-empty", "-m", "second")
+			testutil.Git(t, repo, "commit", "-q", "--allow-empty", "-m", "second")
 			select {
 			case c := <-changes:
 				t.Fatalf("unexpected branch change %+v after a commit", c)
@@ -139,20 +123,20 @@ func TestBranchCachedAndRefreshedOnCheckout(t *testing.T) {
 
 func TestDetachedHeadOnFirstRead(t *testing.T) {
 	repo := newRepo(t)
-	git(t, repo, "checkout", "-q", "--detach")
+	testutil.Git(t, repo, "checkout", "-q", "--detach")
 	b, _ := newBranches(t, Options{})
-	expectBranch(t, b, repo, DetachedPrefix+git(t, repo, "rev-parse", "--short", "HEAD"))
+	expectBranch(t, b, repo, DetachedPrefix+testutil.Git(t, repo, "rev-parse", "--short", "HEAD"))
 }
 
 func TestWorktree(t *testing.T) {
 	repo := newRepo(t)
 	wt := filepath.Join(t.TempDir(), "wt")
-	git(t, repo, "worktree", "add", "-q", "-b", "feature", wt)
+	testutil.Git(t, repo, "worktree", "add", "-q", "-b", "feature", wt)
 	b, changes := newBranches(t, Options{})
 	expectBranch(t, b, wt, "feature")
 	expectBranch(t, b, repo, "main")
 
-	git(t, wt, "checkout", "-q", "-b", "feature2")
+	testutil.Git(t, wt, "checkout", "-q", "-b", "feature2")
 	expectChange(t, changes, branchChange{wt, "feature", "feature2"})
 	expectBranch(t, b, wt, "feature2")
 	expectBranch(t, b, repo, "main")
@@ -179,7 +163,7 @@ func TestForgetStopsWatching(t *testing.T) {
 	if files, _ := b.w.Watching(); files != 0 {
 		t.Fatalf("watching %d files after Forget, want 0", files)
 	}
-	git(t, repo, "checkout", "-q", "-b", "other")
+	testutil.Git(t, repo, "checkout", "-q", "-b", "other")
 	select {
 	case c := <-changes:
 		t.Fatalf("change %+v reported after Forget", c)
@@ -321,7 +305,7 @@ func TestBranchIsFreshRightAfterCheckout(t *testing.T) {
 	if got, err := b.Branch(root); err != nil || got != "main" {
 		t.Fatalf("Branch = %q, %v", got, err)
 	}
-	git(t, root, "checkout", "-q", "-b", "other")
+	testutil.Git(t, root, "checkout", "-q", "-b", "other")
 	if got, err := b.Branch(root); err != nil || got != "other" {
 		t.Fatalf("right after checkout: Branch = %q, %v; want other", got, err)
 	}

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 const (
@@ -33,28 +35,10 @@ func isolate(t *testing.T) {
 	t.Setenv("XDG_RUNTIME_DIR", filepath.Join(home, "run"))
 }
 
-// logBuffer collects log output so tests can check warnings.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func newWatcher(t *testing.T, opts Options) (*Watcher, *logBuffer) {
+func newWatcher(t *testing.T, opts Options) (*Watcher, *testutil.LockedBuffer) {
 	t.Helper()
 	isolate(t)
-	logs := &logBuffer{}
+	logs := &testutil.LockedBuffer{}
 	opts.Logger = slog.New(slog.NewTextHandler(logs, nil))
 	if opts.Settle == 0 {
 		opts.Settle = testSettle

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/bench"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // TestQuickSmoke runs the benchmark program in quick mode, as `make bench`
@@ -21,13 +22,12 @@ func TestQuickSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binaries and runs the quick benchmark (about a minute)")
 	}
-	bin := t.TempDir()
 	// Plain builds (not -race): this checks that the program works, and the
 	// race-built binaries are exercised by the end-to-end tests.
-	build := exec.Command("go", "build", "-o", bin, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx",
+	bin, err := testutil.Binaries(false, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx",
 		"github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud", "github.com/sandboxd/sandboxd/cmd/sandboxd-helper", "github.com/sandboxd/sandboxd/cmd/sandboxd-bench")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	defer testutil.Cleanup()
+	if err != nil {
 		t.Fatalf("build: %v", err)
 	}
 	out := filepath.Join(t.TempDir(), "bench.json")

@@ -11,11 +11,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
 	"github.com/sandboxd/sandboxd/ipc/ipctest"
@@ -34,24 +34,6 @@ func ctx(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
 	return c
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader goroutine.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestTypedCallsAndDaemonVersion(t *testing.T) {
@@ -207,7 +189,7 @@ func TestExecSignalsDelivered(t *testing.T) {
 		}
 	}
 	sigs := make(chan string, 1)
-	stdout := &syncBuffer{}
+	stdout := &testutil.LockedBuffer{}
 	// The signal is sent once the command said it is ready.
 	go func() {
 		for !strings.Contains(stdout.String(), "ready") {

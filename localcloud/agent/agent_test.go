@@ -10,13 +10,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 type fixture struct {
@@ -359,7 +360,7 @@ func TestPTYAndWindowChange(t *testing.T) {
 	if err := s2.RequestPty("xterm", 24, 80, ssh.TerminalModes{}); err != nil {
 		t.Fatal(err)
 	}
-	var buf syncBuffer
+	var buf testutil.LockedBuffer
 	s2.Stdout = &buf
 	stdin, err := s2.StdinPipe()
 	if err != nil {
@@ -380,23 +381,6 @@ func TestPTYAndWindowChange(t *testing.T) {
 	if !strings.Contains(buf.String(), "33 77") {
 		t.Fatalf("window change not applied: %q", buf.String())
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // TestAuthUsersAndKeys: both the RWX CLI's users (rwx-cli today, mint-cli

@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 	"github.com/sandboxd/sandboxd/localcloud/spawner"
 )
@@ -29,7 +30,7 @@ func isolated(t *testing.T, wrap func(*sandbox.Sandbox) Sandbox) (*fixture, *san
 	ctx := context.Background()
 	p, err := sandbox.New(ctx, sandbox.Options{})
 	if errors.Is(err, sandbox.ErrUnavailable) {
-		t.Skipf("no sandboxes on this machine: %v", err)
+		testutil.Unavailable(t, fmt.Sprintf("no sandboxes on this machine: %v", err), "apt-get install bubblewrap util-linux")
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -251,7 +252,7 @@ func TestIsolatedPTY(t *testing.T) {
 	}
 
 	s := pty()
-	var buf syncBuffer
+	var buf testutil.LockedBuffer
 	s.Stdout = &buf
 	stdin, _ := s.StdinPipe()
 	if err := s.Shell(); err != nil {
@@ -272,7 +273,7 @@ func TestIsolatedPTY(t *testing.T) {
 	}
 }
 
-func waitOutput(t *testing.T, buf *syncBuffer, want string) {
+func waitOutput(t *testing.T, buf *testutil.LockedBuffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !strings.Contains(strings.ReplaceAll(buf.String(), "\r", ""), want) {
@@ -294,7 +295,7 @@ func TestIsolatedSpawnerKilledMidRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	var errOut syncBuffer
+	var errOut testutil.LockedBuffer
 	s.Stderr = &errOut
 	if err := s.Start(parentIs + "echo $PPID > spawner.pid; exec sleep 34"); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // directive sends a managed-process directive and decodes its record.
@@ -272,9 +274,7 @@ func TestDirectTCPIPReachesLoopbackOnly(t *testing.T) {
 		}
 	}
 	// A closed loopback port is a connection failure, not a hang.
-	closed, _ := net.Listen("tcp", "127.0.0.1:0")
-	closedAddr := closed.Addr().String()
-	closed.Close()
+	closedAddr := testutil.ClosedAddr(t)
 	if _, err := c.Dial("tcp", closedAddr); err == nil || !strings.Contains(err.Error(), "connect to") {
 		t.Errorf("forward to a closed port: %v", err)
 	}

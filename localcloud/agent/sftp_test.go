@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // sftpPacket writes one SFTP packet: length, type, payload.
@@ -79,7 +81,7 @@ func TestSFTPSubsystem(t *testing.T) {
 		}
 	}
 	if !found {
-		t.Skip("skipped: OpenSSH's sftp-server is not installed (apt-get install openssh-sftp-server; .ci/run installs it)")
+		testutil.MissingTool(t, "OpenSSH's sftp-server", "apt-get install openssh-sftp-server")
 	}
 	f := start(t)
 	c := f.dial(t)

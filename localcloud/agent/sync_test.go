@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // git's SSH transport commands are served for the workspace's checkout, and
@@ -50,7 +52,7 @@ func TestGitServicesForTheCheckout(t *testing.T) {
 // commands sent between them from the run's log.
 func TestSyncMarkersWithoutReply(t *testing.T) {
 	f := start(t)
-	var log syncBuffer
+	var log testutil.LockedBuffer
 	f.agent.cfg.RunLog = &log
 	c := f.dial(t)
 	fire := func(command string) {
@@ -79,9 +81,7 @@ func TestSyncMarkersWithoutReply(t *testing.T) {
 // `git push` over OpenSSH, as the RWX CLI sends it (user@host:., so the
 // agent gets `git-receive-pack '.'`), reaches the sandbox's checkout.
 func TestGitPushOverOpenSSH(t *testing.T) {
-	if _, err := exec.LookPath("ssh"); err != nil {
-		t.Skip("OpenSSH is not installed")
-	}
+	testutil.NeedTool(t, "ssh", "apt-get install openssh-client")
 	_, hostPriv, _ := ed25519.GenerateKey(rand.Reader)
 	_, userPriv, _ := ed25519.GenerateKey(rand.Reader)
 	host, _ := ssh.NewSignerFromKey(hostPriv)

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -48,18 +50,6 @@ tasks:
 	}
 }
 
-func git(t testing.TB, dir string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command("git", args...)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GIT_AUTHOR_NAME=t", "GIT_AUTHOR_EMAIL=t@t", "GIT_COMMITTER_NAME=t", "GIT_COMMITTER_EMAIL=t@t", "GIT_CONFIG_GLOBAL=/dev/null")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("git %v: %v\n%s", args, err, out)
-	}
-	return strings.TrimSpace(string(out))
-}
-
 // origin makes a bare repository with two commits; it returns its path and
 // the first commit.
 func origin(t testing.TB) (string, string) {
@@ -67,15 +57,15 @@ func origin(t testing.TB) (string, string) {
 	root := t.TempDir()
 	src := filepath.Join(root, "src")
 	os.MkdirAll(src, 0o755)
-	git(t, src, "init", "-q", "-b", "main")
+	testutil.Git(t, src, "init", "-q", "-b", "main")
 	os.WriteFile(filepath.Join(src, "a.txt"), []byte("one\n"), 0o644)
-	git(t, src, "add", ".")
-	git(t, src, "commit", "-q", "-m", "one")
-	first := git(t, src, "rev-parse", "HEAD")
+	testutil.Git(t, src, "add", ".")
+	testutil.Git(t, src, "commit", "-q", "-m", "one")
+	first := testutil.Git(t, src, "rev-parse", "HEAD")
 	os.WriteFile(filepath.Join(src, "a.txt"), []byte("two\n"), 0o644)
-	git(t, src, "commit", "-q", "-am", "two")
+	testutil.Git(t, src, "commit", "-q", "-am", "two")
 	bare := filepath.Join(root, "origin.git")
-	git(t, root, "clone", "-q", "--bare", src, bare)
+	testutil.Git(t, root, "clone", "-q", "--bare", src, bare)
 	return bare, first
 }
 
@@ -89,7 +79,7 @@ func TestCloneAtSha(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dest, "a.txt")); string(b) != "one\n" {
 		t.Fatalf("checked out %q", b)
 	}
-	if br := git(t, dest, "rev-parse", "--abbrev-ref", "HEAD"); br != "feature/x" {
+	if br := testutil.Git(t, dest, "rev-parse", "--abbrev-ref", "HEAD"); br != "feature/x" {
 		t.Fatalf("branch %q", br)
 	}
 	if !strings.Contains(log.String(), "git clone") {
@@ -226,7 +216,7 @@ func TestCloneFallsBackWhenObjectFilesCannotBeCopied(t *testing.T) {
 func TestCloneDuringConcurrentGC(t *testing.T) {
 	root := t.TempDir()
 	src := filepath.Join(root, "src")
-	git(t, root, "init", "-q", "-b", "main", src)
+	testutil.Git(t, root, "init", "-q", "-b", "main", src)
 	for round := range 1 {
 		// A large commit leaves thousands of loose objects.
 		for i := range 600 {
@@ -234,9 +224,9 @@ func TestCloneDuringConcurrentGC(t *testing.T) {
 			os.MkdirAll(dir, 0o755)
 			os.WriteFile(filepath.Join(dir, fmt.Sprint("f", i)), []byte(fmt.Sprint(round, "-", i, "\n")), 0o644)
 		}
-		git(t, src, "add", ".")
-		git(t, src, "commit", "-q", "-m", fmt.Sprint("round ", round))
-		sha := git(t, src, "rev-parse", "HEAD")
+		testutil.Git(t, src, "add", ".")
+		testutil.Git(t, src, "commit", "-q", "-m", fmt.Sprint("round ", round))
+		sha := testutil.Git(t, src, "rev-parse", "HEAD")
 		gc := exec.Command("git", "-C", src, "-c", "gc.autoDetach=false", "gc", "--quiet", "--prune=now")
 		gc.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1")
 		if err := gc.Start(); err != nil {

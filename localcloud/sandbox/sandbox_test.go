@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // helperEnv makes the test binary, copied into a workspace, act as a
@@ -407,7 +409,7 @@ func TestDialerReachesTheSandbox(t *testing.T) {
 func TestForkBombContained(t *testing.T) {
 	sb, ws := start(t, Options{MaxProcs: 64})
 	if sb.p.cg == nil {
-		t.Skip("no writable cgroups here: the process limit is an rlimit (see the report)")
+		testutil.Unavailable(t, "no writable cgroups here: the process limit is an rlimit (see the report)", "run as root with cgroup v1, or a delegated cgroup v2")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -429,7 +431,7 @@ func TestForkBombContained(t *testing.T) {
 func TestMemoryLimit(t *testing.T) {
 	sb, ws := start(t, Options{MemoryBytes: 64 << 20})
 	if sb.p.cg == nil {
-		t.Skip("no writable cgroups here")
+		testutil.Unavailable(t, "no writable cgroups here", "run as root with cgroup v1, or a delegated cgroup v2")
 	}
 	_, err := sh(t, sb, ws, helperEnv+"=alloc:"+strconv.Itoa(256<<20)+" "+helperIn(t, ws))
 	if err == nil {

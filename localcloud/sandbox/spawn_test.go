@@ -3,7 +3,6 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,11 +13,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/localcloud/spawner"
 )
 
@@ -195,7 +194,7 @@ func fields(out string) map[string]string {
 func TestSpawnedForkBombContained(t *testing.T) {
 	sb, _ := start(t, Options{MaxProcs: 64})
 	if sb.p.cg == nil {
-		t.Skip("no writable cgroups here: the process limit is an rlimit (see the report)")
+		testutil.Unavailable(t, "no writable cgroups here: the process limit is an rlimit (see the report)", "run as root with cgroup v1, or a delegated cgroup v2")
 	}
 	out, _, err := spawn(t, sb, "n=0; while [ $n -lt 200 ]; do sleep 30 >/dev/null 2>&1 & n=$((n+1)); done 2>&1; echo started")
 	if err != nil {
@@ -314,7 +313,7 @@ func TestStuckSpawnerIsReplaced(t *testing.T) {
 // new start is tried for a while, then one is.
 func TestSpawnerStartFailureFallsBack(t *testing.T) {
 	sb, _ := start(t, Options{})
-	var logs syncBuffer
+	var logs testutil.LockedBuffer
 	sb.spec.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	tries := 0
 	sb.spawner.launch = func(ctx context.Context, cmd *exec.Cmd) (*spawner.Client, error) {
@@ -364,21 +363,4 @@ func TestSpawnWithoutIsolation(t *testing.T) {
 	if _, err := sb.Spawn(context.Background(), spawner.Request{Argv: []string{"/bin/true"}}, [3]*os.File{in, in, in}); !errors.Is(err, spawner.ErrUnavailable) {
 		t.Fatalf("Spawn without isolation: %v, want ErrUnavailable", err)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

@@ -12,6 +12,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 func TestPackageVersion(t *testing.T) {
@@ -50,13 +52,8 @@ func must(t *testing.T, env []string, name string, args ...string) string {
 // postinst starts nothing: a systemctl on PATH that records its calls is
 // never called.
 func TestDebInstallsRunsAndRemoves(t *testing.T) {
-	for _, tool := range []string{"dpkg", "dpkg-deb", "go"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CI") == "true" { // .ci/run installs them
-				t.Fatalf("%s is not installed, and CI=true", tool)
-			}
-			t.Skipf("%s is not installed (apt-get install dpkg)", tool)
-		}
+	for _, tool := range []string{"dpkg", "dpkg-deb"} {
+		testutil.NeedTool(t, tool, "apt-get install dpkg")
 	}
 	tmp := t.TempDir()
 	bin, share := filepath.Join(tmp, "bin"), filepath.Join(tmp, "share")
@@ -84,7 +81,7 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	// The .rpm and the tarball come from the same definition; building them
 	// (compressed) is the long form of this test.
 	formats := []string{"deb"}
-	if os.Getenv("SANDBOXD_TEST_LONG") == "1" {
+	if testutil.Long() {
 		formats = append(formats, "rpm", "tar")
 	}
 	paths, err := Build(context.Background(), Options{
@@ -272,9 +269,7 @@ func TestDocsNameOnlyFilesInTheRepository(t *testing.T) {
 // pages are installed, and the systemctl advice is printed only when the
 // units go to a directory systemd reads.
 func testMakeInstall(t *testing.T, bin, share string) {
-	if _, err := exec.LookPath("make"); err != nil {
-		t.Skip("no make")
-	}
+	testutil.NeedTool(t, "make", "apt-get install make")
 	home := t.TempDir()
 	install := func(unitDir string) string {
 		cmd := exec.Command("make", "-s", "-C", "../..", "-o", "build", "-o", "man", "-o", "completions", "install",

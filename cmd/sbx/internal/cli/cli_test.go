@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/paths"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/testutil"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
 	"github.com/sandboxd/sandboxd/ipc/ipctest"
@@ -168,34 +168,13 @@ type harness struct {
 	env            map[string]string
 	stdin          io.Reader
 	stdinTerminal  bool
-	stdout, stderr lockedBuffer
+	stdout, stderr testutil.LockedBuffer
 	signals        chan<- os.Signal
 	mu             sync.Mutex
 	startDaemon    func(ctx context.Context, l paths.Layout, c *client.Client) error
 	mcp            func(ctx context.Context, o MCPOptions) error
 	cwd            string
 }
-
-// lockedBuffer is a bytes.Buffer a test may read while sbx writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
-func (l *lockedBuffer) Bytes() []byte {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return bytes.Clone(l.b.Bytes())
-}
-func (l *lockedBuffer) Len() int { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Len() }
-func (l *lockedBuffer) Reset()   { l.mu.Lock(); defer l.mu.Unlock(); l.b.Reset() }
 
 func newHarness(t *testing.T) *harness {
 	h := &harness{t: t, srv: ipctest.Start(t, ipctest.Options{Server: server.Options{Version: "v1.0.0"}}), cwd: "/work/repo"}

@@ -1,9 +1,9 @@
 package cli
 
 import (
-	"os"
-	"os/exec"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // needTool returns the path of an external program a test drives, or skips
@@ -11,14 +11,5 @@ import (
 // tools) a missing tool fails it instead.
 func needTool(t *testing.T, name, install string) string {
 	t.Helper()
-	p, err := exec.LookPath(name)
-	if err == nil {
-		return p
-	}
-	msg := name + " is not installed (" + install + "; .ci/run installs it)"
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s, and CI=true: the test set-up must provide it", msg)
-	}
-	t.Skip(msg)
-	return ""
+	return testutil.NeedTool(t, name, install)
 }
