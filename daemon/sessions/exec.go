@@ -122,7 +122,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 	m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 	_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 	pushed := m.now()
-	status, runErr := m.run(ctx, lc, req, stream, commandLine(req.Env, req.Argv), stream.Stdout())
+	status, runErr := m.run(ctx, lc, req, stream, remoteCommand(req.Env, req.Argv), stream.Stdout())
 	if runErr != nil {
 		if sync && ctx.Err() != nil {
 			// The caller went away and the command was stopped: what it

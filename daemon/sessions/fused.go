@@ -29,7 +29,7 @@ func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Sessio
 		if err != nil {
 			return true, err
 		}
-		ex, ok, err := m.opts.Sync.Fuse(ctx, runner, patch, commandLine(req.Env, req.Argv))
+		ex, ok, err := m.opts.Sync.Fuse(ctx, runner, patch, remoteCommand(req.Env, req.Argv))
 		if err != nil {
 			return true, m.syncFailed(s, err)
 		}

@@ -57,3 +57,15 @@ func unsafeShellRune(r rune) bool {
 	}
 	return !strings.ContainsRune("-_./=:,+@%", r)
 }
+
+// remoteCommand is the command line an exec sends: commandLine run by a
+// shell that outlives the signals of the caller's Ctrl-C. The remote shell
+// that reads the line shares the command's process group, so a SIGINT that
+// the command traps (exiting 7, say) would otherwise kill that shell and
+// turn the status into 130. The handler (never an ignore, which the command
+// would inherit) keeps the shell alive to report the command's own status;
+// a command a signal killed is reported the same way, by re-raising it.
+func remoteCommand(env map[string]string, argv []string) string {
+	return "trap : HUP INT QUIT TERM\n" + commandLine(env, argv) + "\n" +
+		`s=$?; if [ "$s" -gt 128 ] && [ "$s" -lt 160 ]; then trap - HUP INT QUIT TERM; kill -$((s - 128)) $$; fi; exit "$s"`
+}
