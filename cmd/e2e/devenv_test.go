@@ -103,3 +103,80 @@ func localcloudPID(t *testing.T, e *env) int {
 	}
 	return d.PID
 }
+
+// goProjectConfig sets environment variables for the sandbox's commands
+// the way RWX configs do: `env:` on the sandbox task (a plain string, or a
+// mapping with `value:`).
+const goProjectConfig = `tasks:
+  - key: sandbox
+    run: rwx-sandbox
+    env:
+      GREETING: hello from the config
+      CGO_ENABLED:
+        value: "0"
+        cache-key: excluded
+`
+
+// TestGoBuildRunsWithTheSystemGoToolchain: `sbx exec -- go test ./...`
+// finds Go installed at /usr/local/go (on the sandbox's PATH when it
+// exists), builds and tests a module, and the config's `env:` reaches the
+// command.
+func TestGoBuildRunsWithTheSystemGoToolchain(t *testing.T) {
+	if _, err := os.Stat("/usr/local/go/bin/go"); err != nil {
+		t.Skip("no Go at /usr/local/go")
+	}
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("gobuild", goProjectConfig)
+	writeFile(t, filepath.Join(repo, "go.mod"), "module example.com/hello\n\ngo 1.21\n")
+	writeFile(t, filepath.Join(repo, "hello.go"), "package hello\n\nfunc Hello() string { return \"hello\" }\n")
+	writeFile(t, filepath.Join(repo, "hello_test.go"), "package hello\n\nimport \"testing\"\n\nfunc TestHello(t *testing.T) {\n\tif Hello() != \"hello\" {\n\t\tt.Fatal(Hello())\n\t}\n}\n")
+	r := e.sbx(repo, "exec", "--", "go", "test", "./...")
+	if r.code != 0 || !strings.Contains(r.stdout, "ok  \texample.com/hello") {
+		t.Fatalf("go test in the sandbox: %s", r)
+	}
+	r = e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", `echo "$GREETING/$CGO_ENABLED"; go env CGO_ENABLED`)
+	if r.stdout != "hello from the config/0\n0\n" {
+		t.Fatalf("the config's env must reach the command: %s", r)
+	}
+}
+
+// TestToolchainUnderHomeIsExposedReadOnly: a toolchain directory named in
+// $SANDBOXD_LOCALCLOUD_TOOLCHAINS (which the local remote inherits from
+// sandboxd) is seen by sandboxes at its own path, read-only, with its bin
+// directory on PATH.
+func TestToolchainUnderHomeIsExposedReadOnly(t *testing.T) {
+	e := newEnv(t)
+	tool, err := os.MkdirTemp("", "sbxtool")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tool) })
+	// A sandbox may run as another user (nobody, under root).
+	if err := os.Chmod(tool, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(tool, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tool, "bin", "hello-tool"), []byte("#!/bin/sh\necho tool says hi\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Writable by anyone here: only the read-only bind keeps the sandbox
+	// from writing.
+	if err := os.Chmod(filepath.Join(tool, "bin"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	e.startDaemon("SANDBOXD_LOCALCLOUD_TOOLCHAINS=" + tool)
+	repo := e.newRepo("toolchain", defaultConfig)
+	if r := e.mustSbx(repo, "exec", "--", "hello-tool"); r.stdout != "tool says hi\n" {
+		t.Fatalf("the toolchain's bin directory must be on PATH: %s", r)
+	}
+	r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "touch "+filepath.Join(tool, "bin", "planted")+" 2>&1; echo status=$?")
+	if strings.Contains(r.stdout, "status=0") {
+		t.Fatalf("the toolchain must be read-only in the sandbox: %s", r)
+	}
+	if _, err := os.Stat(filepath.Join(tool, "bin", "planted")); err == nil {
+		t.Fatal("a sandbox wrote into the toolchain directory")
+	}
+}

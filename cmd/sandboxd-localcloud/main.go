@@ -109,6 +109,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	memLimit := fs.Int64("memory-limit", sandbox.DefaultMemoryBytes, "memory limit of each run in bytes (a run over it is ended)")
 	maxProcs := fs.Int("max-procs", sandbox.DefaultMaxProcs, "process limit of each run")
 	share := fs.String("share", os.Getenv(ShareEnv), "comma-separated directories every sandbox also sees, writable, at the same paths (none by default; tests share their scratch directory); default from $"+ShareEnv)
+	toolchains := fs.String("toolchain", os.Getenv(ToolchainEnv), "comma-separated directories every sandbox sees read-only at the same paths, their bin directory first on PATH (toolchains under your home: ~/.cargo, a Node version of nvm); default from $"+ToolchainEnv)
 	verbose := fs.Bool("verbose", false, "debug logging")
 	asJSON := fs.Bool("json", false, "log as JSON lines")
 	if err := fs.Parse(args); err != nil {
@@ -134,7 +135,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Logger:      log,
 		Version:     Version,
 		OneWayDelay: *delay,
-		Sandbox:     sandbox.Options{Isolation: *isolation, Network: *network, MemoryBytes: *memLimit, MaxProcs: *maxProcs, Share: splitList(*share)},
+		Sandbox:     sandbox.Options{Isolation: *isolation, Network: *network, MemoryBytes: *memLimit, MaxProcs: *maxProcs, Share: splitList(*share), Toolchains: splitList(*toolchains)},
 
 		EnableFaultInjection: *enableFaults,
 		AllowRemote:          *allowRemote,
@@ -243,6 +244,7 @@ const (
 	IsolationEnv = "SANDBOXD_LOCALCLOUD_ISOLATION"
 	NetworkEnv   = "SANDBOXD_LOCALCLOUD_NETWORK"
 	ShareEnv     = "SANDBOXD_LOCALCLOUD_SHARE"
+	ToolchainEnv = "SANDBOXD_LOCALCLOUD_TOOLCHAINS"
 )
 
 func splitList(s string) []string {
