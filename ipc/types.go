@@ -199,6 +199,10 @@ type ExecRequest struct {
 	NoSync bool     `json:"noSync,omitempty"`
 	// Reset replaces the sandbox (stop, then a new run) before running.
 	Reset bool `json:"reset,omitempty"`
+	// Root runs the command at the root of the sandbox's checkout; by
+	// default it runs in the directory that corresponds to Cwd (the root
+	// when Cwd is not inside the sandbox's repository).
+	Root bool `json:"root,omitempty"`
 	// Env is set in the remote command's environment (names are shell
 	// variable names; values are passed quoted, byte for byte).
 	Env map[string]string `json:"env,omitempty"`

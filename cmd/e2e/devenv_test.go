@@ -180,3 +180,54 @@ func TestToolchainUnderHomeIsExposedReadOnly(t *testing.T) {
 		t.Fatal("a sandbox wrote into the toolchain directory")
 	}
 }
+
+// TestExecRunsInTheCallersSubdirectory: `cd pkg/p3 && sbx exec -- ...` runs
+// in the sandbox's pkg/p3, synced or not, and --root at the checkout's
+// root; MCP's exec does the same with cwd (and root); a directory the
+// sandbox lacks is reported, not silently replaced by the root.
+func TestExecRunsInTheCallersSubdirectory(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("subdir", defaultConfig)
+	sub := filepath.Join(repo, "pkg", "p3")
+	writeFile(t, filepath.Join(sub, "here.txt"), "p3\n")
+	e.git(repo, "add", "-A")
+	e.git(repo, "commit", "-qm", "p3")
+	e.git(repo, "push", "-q")
+	e.startSandbox(repo)
+
+	for _, flags := range [][]string{nil, {"--no-sync"}} {
+		args := append(append([]string{"exec"}, flags...), "--", "sh", "-c", `pwd; cat here.txt`)
+		r := e.mustSbx(sub, args...)
+		if !strings.HasSuffix(strings.SplitN(r.stdout, "\n", 2)[0], "/pkg/p3") || !strings.HasSuffix(r.stdout, "\np3\n") {
+			t.Fatalf("%v: exec from pkg/p3 must run in the sandbox's pkg/p3: %s", flags, r)
+		}
+		args = append(append([]string{"exec", "--root"}, flags...), "--", "sh", "-c", `test -d pkg/p3 && test -f README.md && echo at-root`)
+		if r := e.mustSbx(sub, args...); r.stdout != "at-root\n" {
+			t.Fatalf("%v: --root must run at the checkout's root: %s", flags, r)
+		}
+	}
+	// An edit made by the command in the subdirectory comes back there.
+	e.mustSbx(sub, "exec", "--", "sh", "-c", "echo made > made.txt")
+	if got := readFile(t, filepath.Join(sub, "made.txt")); got != "made\n" {
+		t.Fatalf("the file made in pkg/p3 came back as %q", got)
+	}
+	// A directory with no file is not synced: said, with exit 125.
+	empty := filepath.Join(repo, "empty")
+	if err := os.MkdirAll(empty, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.sbx(empty, "exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "the sandbox has no directory empty") || !strings.Contains(r.stderr, "--root") {
+		t.Fatalf("exec from a directory the sandbox lacks: %s", r)
+	}
+
+	cs := e.mcpSession(t, repo)
+	_, out := callTool(t, cs, "exec", map[string]any{"cwd": sub, "command": "cat here.txt", "noSync": true})
+	if out["stdout"] != "p3\n" || out["exitCode"] != float64(0) {
+		t.Fatalf("MCP exec with cwd pkg/p3 must run there: %v", out)
+	}
+	_, out = callTool(t, cs, "exec", map[string]any{"cwd": sub, "root": true, "command": "cat pkg/p3/here.txt"})
+	if out["stdout"] != "p3\n" || out["exitCode"] != float64(0) {
+		t.Fatalf("MCP exec with root must run at the checkout's root: %v", out)
+	}
+}
