@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -229,5 +230,36 @@ func TestExecRunsInTheCallersSubdirectory(t *testing.T) {
 	_, out = callTool(t, cs, "exec", map[string]any{"cwd": sub, "root": true, "command": "cat pkg/p3/here.txt"})
 	if out["stdout"] != "p3\n" || out["exitCode"] != float64(0) {
 		t.Fatalf("MCP exec with root must run at the checkout's root: %v", out)
+	}
+}
+
+// TestShellIsTheUsersShellElseBash: under a real terminal (tmux), `sbx
+// shell` opens bash when the caller's login shell is one the sandbox lacks
+// (and bash rather than dash, whose line editing and history it lacks),
+// the caller's own shell when the sandbox has it, with SHELL naming it and
+// the sandbox's PATH kept (no profile resets it).
+func TestShellIsTheUsersShellElseBash(t *testing.T) {
+	if _, err := os.Stat("/bin/bash"); err != nil {
+		t.Skip("no bash on this machine (the sandbox sees its /bin)")
+	}
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("shellpick", defaultConfig)
+	e.startSandbox(repo)
+	probe := `echo SH-$((1+1))-${BASH_VERSION:+bash}-$SHELL-$PATH`
+	for _, c := range []struct{ login, want string }{
+		{"/opt/nowhere/zsh", `SH-2-bash-/\S*bash-`},
+		{"/bin/sh", `SH-2--/bin/sh-`},
+	} {
+		p := e.tmux(t, repo, "SHELL="+c.login+" sbx shell --no-sync; sleep 600")
+		p.line(probe)
+		got := p.waitFor(`SH-2-\S*`)
+		if !regexp.MustCompile(c.want).MatchString(got) {
+			t.Fatalf("SHELL=%s: sbx shell gave %q, want %s", c.login, got, c.want)
+		}
+		if _, err := os.Stat("/usr/local/go/bin"); err == nil && !strings.Contains(got, "/usr/local/go/bin") {
+			t.Fatalf("SHELL=%s: the shell's PATH lost the sandbox's toolchains: %q", c.login, got)
+		}
+		p.line("exit")
 	}
 }

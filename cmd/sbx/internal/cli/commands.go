@@ -69,12 +69,13 @@ func root() *command {
 					{name: "reset", kind: boolFlag, help: "replace the sandbox first (stop it and start a new run, e.g. after a config change)"},
 				}},
 			{name: "shell", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).shell,
-				summary: "open an interactive login shell in the sandbox, with your changes synced both ways",
+				summary: "open an interactive shell (yours, else bash) in the sandbox, with your changes synced both ways",
 				long: "The shell runs on a pseudo-terminal with your TERM and window size (resizes follow); the local " +
 					"terminal is raw while it runs, so Ctrl-C, Ctrl-D and Ctrl-Z reach the remote shell, and it is " +
 					"restored however sbx ends. Local changes are synced before it starts and the sandbox's changes " +
-					"come back when it exits (as for exec). The exit status is the shell's. Same as sbx exec -t -- " +
-					"\"$SHELL\" -l in the sandbox.",
+					"come back when it exits (as for exec). The exit status is the shell's. The shell is yours ($SHELL) " +
+					"where the sandbox has it, else bash, else sh, started interactive (not as a login shell, whose " +
+					"profile would reset the sandbox's PATH), in the sandbox's directory that corresponds to the current one.",
 				flags: []flagSpec{idFlag(),
 					{name: "no-sync", kind: boolFlag, help: "do not sync local changes to the sandbox and back"},
 					rootFlag(),
