@@ -263,3 +263,34 @@ func TestShellIsTheUsersShellElseBash(t *testing.T) {
 		p.line("exit")
 	}
 }
+
+// newRepoWithoutConfig is a repository with no sandbox config at all.
+func (e *env) newRepoWithoutConfig(name string) string {
+	e.t.Helper()
+	repo := e.newRepo(name, defaultConfig)
+	e.git(repo, "rm", "-q", "-r", ".rwx")
+	e.git(repo, "commit", "-q", "-m", "no config")
+	if _, err := os.Stat(filepath.Join(repo, ".rwx")); err == nil {
+		e.t.Fatal(".rwx is still there")
+	}
+	return repo
+}
+
+// TestFailedExecWithoutConfigLeavesNothingBehind: sbx exec (and start) in
+// a repository with no sandbox config fails, telling to run sbx init, and
+// leaves no .rwx directory (no .gitignore, no lock file) in the checkout.
+func TestFailedExecWithoutConfigLeavesNothingBehind(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepoWithoutConfig("noconfig")
+	for _, args := range [][]string{{"exec", "--", "true"}, {"start"}, {"status"}} {
+		r := e.sbx(repo, args...)
+		if args[0] != "status" && (r.code == 0 || !strings.Contains(r.stderr, "sbx init")) {
+			t.Fatalf("sbx %v without a config: %s (want a failure that says sbx init)", args, r)
+		}
+		if _, err := os.Stat(filepath.Join(repo, ".rwx")); err == nil {
+			out, _ := exec.Command("find", filepath.Join(repo, ".rwx")).CombinedOutput()
+			t.Fatalf("sbx %v without a config left files behind:\n%s", args, out)
+		}
+	}
+}

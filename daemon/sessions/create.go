@@ -67,7 +67,7 @@ func (m *Manager) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartRes
 	s, err := m.creates.do(ctx, p.Key(), m.opts.CreateTimeout, func(ctx context.Context) (*store.Session, error) {
 		// Under the RWX CLI's lock, as `rwx sandbox reset` runs: a CLI exec
 		// meanwhile waits and then finds the new run.
-		unlock := m.lockCLIFile(ctx, p.RepoRoot)
+		unlock := m.lockCLIFileFor(ctx, p)
 		defer unlock()
 		if old, err := m.st.ByIdentity(p.Identity); err == nil {
 			replaced = old.RunID
@@ -162,7 +162,7 @@ func (m *Manager) create(ctx context.Context, p place, init map[string]string) (
 		// a CLI that started this identity's sandbox meanwhile has recorded
 		// it by the time the lock is ours, and one that comes after finds
 		// sandboxd's record.
-		unlock := m.lockCLIFile(ctx, p.RepoRoot)
+		unlock := m.lockCLIFileFor(ctx, p)
 		defer unlock()
 		if _, err := m.readCLIFile(p.RepoRoot); err != nil {
 			m.log.Warn("read the RWX CLI's sandboxes file", "repo", p.RepoRoot, "err", err)
