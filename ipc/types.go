@@ -37,8 +37,12 @@ type VersionResponse struct {
 
 // HealthResponse is GET /v1/health.
 type HealthResponse struct {
-	Status      string `json:"status"` // "ok"
-	Store       string `json:"store"`  // "ok" or the error
+	Status string `json:"status"` // "ok"
+	Store  string `json:"store"`  // "ok" or the error
+	// Config is "ok", or what is wrong with the config file as it is now
+	// (the daemon keeps the configuration it last loaded); empty from
+	// daemons that do not check.
+	Config      string `json:"config,omitempty"`
 	SocketPath  string `json:"socketPath,omitempty"`
 	Database    string `json:"database"`
 	Activated   bool   `json:"socketActivated"`

@@ -294,3 +294,36 @@ func TestFailedExecWithoutConfigLeavesNothingBehind(t *testing.T) {
 		}
 	}
 }
+
+// TestBrokenDaemonConfigIsReported: a config.json broken while the daemon
+// runs (and refused by its reload) is reported, every problem of it, by
+// `sbx daemon status` (no longer a plain "running (ok)") and by a failing
+// `sbx doctor` check with the fix.
+func TestBrokenDaemonConfigIsReported(t *testing.T) {
+	e := newEnv(t)
+	d := e.startDaemon()
+	repo := e.newRepo("brokencfg", defaultConfig)
+	writeFile(t, filepath.Join(e.get("XDG_CONFIG_HOME"), "sandboxd", "config.json"), `{"idle_timeout": "ten minutes", "log_levle": "debug"}`)
+	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	r := e.mustSbx(repo, "daemon", "status")
+	if strings.Contains(r.stdout, "running (ok)") || !strings.Contains(r.stdout, `field "idle_timeout"`) || !strings.Contains(r.stdout, `unknown field "log_levle"`) {
+		t.Fatalf("daemon status must report every problem of the config file:\n%s", r)
+	}
+	r = e.sbx(repo, "doctor", "--json")
+	type check struct {
+		Name, Detail, Fix string
+		OK                bool
+	}
+	out := decode[struct{ Checks []check }](t, r.stdout)
+	var cfg *check
+	for i, c := range out.Checks {
+		if c.Name == "config" {
+			cfg = &out.Checks[i]
+		}
+	}
+	if r.code != 1 || cfg == nil || cfg.OK || !strings.Contains(cfg.Detail, "2 problems") || cfg.Fix == "" {
+		t.Fatalf("doctor must fail a config check, with the fix: %+v\n%s", cfg, r)
+	}
+}
