@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -325,5 +326,51 @@ func TestBrokenDaemonConfigIsReported(t *testing.T) {
 	}
 	if r.code != 1 || cfg == nil || cfg.OK || !strings.Contains(cfg.Detail, "2 problems") || cfg.Fix == "" {
 		t.Fatalf("doctor must fail a config check, with the fix: %+v\n%s", cfg, r)
+	}
+}
+
+// TestMessagesANewUserMeets: the messages of issue 31's rough edges say
+// the right thing once: sbx init when there is no config; the -- a
+// command needs; the command a typo meant; no "safe to retry" where
+// retrying cannot help, and the advice in --json's hint; a remote that
+// cannot be reached named once.
+func TestMessagesANewUserMeets(t *testing.T) {
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepoWithoutConfig("messages")
+	if r := e.mustSbx(repo, "status"); !strings.Contains(r.stdout, "`sbx init`") {
+		t.Errorf("status without a config must say sbx init: %s", r)
+	}
+	if r := e.sbx(repo, "exec", "ls", "README.md"); r.code == 0 || !strings.Contains(r.stderr, "`sbx exec -- ls README.md`") {
+		t.Errorf("exec without --: %s", r)
+	}
+	if r := e.sbx(repo, "exce"); r.code == 0 || !strings.Contains(r.stderr, `did you mean "exec"?`) || strings.Contains(r.stderr, "help `") {
+		t.Errorf("a mistyped command: %s", r)
+	}
+	outside := filepath.Join(e.root, "outside")
+	if err := os.MkdirAll(outside, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if r := e.sbx(outside, "exec", "--", "true"); r.code != 125 || strings.Contains(r.stderr, "safe to retry") {
+		t.Errorf("outside a repository, retrying cannot help: %s", r)
+	}
+	r := e.sbx(outside, "exec", "--json", "--", "true")
+	rec := decode[struct{ Code, Message, Hint string }](t, r.stdout)
+	if rec.Code != "invalid" || !strings.HasPrefix(rec.Hint, "run sbx from your project's checkout") || strings.Contains(rec.Message, "run sbx") {
+		t.Errorf("--json must put the advice in hint: %+v", rec)
+	}
+
+	// A remote that cannot be reached: its address and the call, once.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := ln.Addr().String()
+	ln.Close()
+	e2 := newEnv(t)
+	e2.startDaemon("SANDBOXD_REMOTE=rwx", "RWX_HOST="+host, "RWX_ACCESS_TOKEN=tok")
+	r = e2.sbx(e2.root, "list")
+	if strings.Count(r.stderr, host) != 1 || strings.Count(r.stderr, "list sandboxes") != 1 {
+		t.Errorf("the unreachable remote's message repeats itself: %s", r)
 	}
 }

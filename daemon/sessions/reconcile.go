@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/rwxapi"
 
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
@@ -80,6 +81,10 @@ func (m *Manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 	runs, err := remote.ListSandboxes(ctx)
 	if err != nil {
+		var apiErr *runsapi.APIError
+		if errors.As(err, &apiErr) {
+			return rep, err // it names the call already
+		}
 		return rep, fmt.Errorf("list sandboxes on the remote: %w", err)
 	}
 	rep.Listed = len(runs)
@@ -379,10 +384,15 @@ func (m *Manager) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeR
 	}
 	if errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "" {
 		// No sandbox for this checkout is an answer, not a failure.
+		detail := "no sandbox for this checkout, branch and config: `sbx start` or `sbx exec -- CMD` starts one"
+		if _, err := os.Lstat(p.ConfigFile); errors.Is(err, os.ErrNotExist) {
+			// start and exec would fail for lack of a config.
+			detail = fmt.Sprintf("no sandbox, and no sandbox config at %s: create one with `sbx init`, then `sbx start` or `sbx exec -- CMD` starts a sandbox", p.configRel())
+		}
 		return ipc.ProbeResponse{
 			Session:   ipc.SessionInfo{RepoRoot: p.RepoRoot, Branch: p.Branch, ConfigFile: p.ConfigFile, Status: ProbeNoSandbox},
 			Probe:     ProbeNoSandbox,
-			Detail:    "no sandbox for this checkout, branch and config: `sbx start` or `sbx exec -- CMD` starts one",
+			Detail:    detail,
 			Lifecycle: ipc.Lifecycle{State: ProbeNoSandbox},
 		}, nil
 	}
