@@ -374,3 +374,42 @@ func TestMessagesANewUserMeets(t *testing.T) {
 		t.Errorf("the unreachable remote's message repeats itself: %s", r)
 	}
 }
+
+// TestNeovimExecRunsInTheSubdirectory: :Sbx exec from a Neovim whose
+// current directory is pkg/p3 of a checkout runs in the sandbox's pkg/p3.
+func TestNeovimExecRunsInTheSubdirectory(t *testing.T) {
+	nvim := needTool(t, "nvim", "apt-get install neovim")
+	plugin, err := filepath.Abs(filepath.Join("..", "..", "contrib", "nvim"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := filepath.Abs(filepath.Join("testdata", "nvim_subdir.lua"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("nvimsub", defaultConfig)
+	sub := filepath.Join(repo, "pkg", "p3")
+	writeFile(t, filepath.Join(sub, "here.txt"), "in p3\n")
+	e.mustSbx(repo, "start", "--wait")
+
+	outFile := filepath.Join(e.root, "nvim.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, nvim, "--headless", "-u", "NONE", "-i", "NONE", "-n",
+		"--cmd", "set rtp^="+plugin, "-c", "luafile "+script)
+	cmd.Dir = sub
+	cmd.Env = e.with("SBX_NVIM_OUT=" + outFile)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nvim: %v\n%s", err, out)
+	}
+	got := decode[struct {
+		Error    string `json:"error"`
+		Text     string `json:"text"`
+		ExitCode int    `json:"exit_code"`
+	}](t, readFile(t, outFile))
+	if got.Error != "" || got.ExitCode != 0 || !strings.Contains(got.Text, "in p3") {
+		t.Fatalf(":Sbx exec from pkg/p3 must run in the sandbox's pkg/p3: %+v", got)
+	}
+}
