@@ -249,7 +249,7 @@ func TestShellIsTheUsersShellElseBash(t *testing.T) {
 	e.startSandbox(repo)
 	probe := `echo SH-$((1+1))-${BASH_VERSION:+bash}-$SHELL-$PATH`
 	for _, c := range []struct{ login, want string }{
-		{"/opt/nowhere/zsh", `SH-2-bash-/\S*bash-`},
+		{"/opt/nowhere/sbx-no-such-shell", `SH-2-bash-/\S*bash-`},
 		{"/bin/sh", `SH-2--/bin/sh-`},
 	} {
 		p := e.tmux(t, repo, "SHELL="+c.login+" sbx shell --no-sync; sleep 600")
