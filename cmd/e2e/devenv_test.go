@@ -373,6 +373,11 @@ func TestMessagesANewUserMeets(t *testing.T) {
 	if strings.Count(r.stderr, host) != 1 || strings.Count(r.stderr, "list sandboxes") != 1 {
 		t.Errorf("the unreachable remote's message repeats itself: %s", r)
 	}
+	repo2 := e2.newRepo("unreachable", defaultConfig)
+	r = e2.sbx(repo2, "start")
+	if r.code == 0 || strings.Count(r.stderr, host) != 1 || strings.Count(r.stderr, "create") != 1 {
+		t.Errorf("the unreachable remote's create message repeats itself: %s", r)
+	}
 }
 
 // TestNeovimExecRunsInTheSubdirectory: :Sbx exec from a Neovim whose

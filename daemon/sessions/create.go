@@ -231,7 +231,7 @@ func (m *Manager) createLocked(ctx context.Context, p place, init map[string]str
 				m.log.Warn("record failed create", "session", s.ID, "err", uerr)
 			}
 		}
-		return nil, fmt.Errorf("create the sandbox run: %w", err)
+		return nil, remoteCallFailed("create the sandbox run", err)
 	}
 	s, err = m.st.Update(s.ID, func(s *store.Session) error {
 		s.RunID, s.RunURL, s.State = res.RunID, res.RunURL, store.StateProvisioning

@@ -81,11 +81,7 @@ func (m *Manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 	runs, err := remote.ListSandboxes(ctx)
 	if err != nil {
-		var apiErr *runsapi.APIError
-		if errors.As(err, &apiErr) {
-			return rep, err // it names the call already
-		}
-		return rep, fmt.Errorf("list sandboxes on the remote: %w", err)
+		return rep, remoteCallFailed("list sandboxes on the remote", err)
 	}
 	rep.Listed = len(runs)
 	listed := make(map[string]bool, len(runs))
@@ -498,4 +494,14 @@ func lifecycle(s *store.Session) ipc.Lifecycle {
 		l.LastProbe = &t
 	}
 	return l
+}
+
+// remoteCallFailed says that action failed: a runs API error names the
+// call already ("runs API: create run: ..."), so it is not said twice.
+func remoteCallFailed(action string, err error) error {
+	var apiErr *runsapi.APIError
+	if errors.As(err, &apiErr) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", action, err)
 }
