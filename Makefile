@@ -75,13 +75,22 @@ build:
 
 # make run: sandboxd in the foreground. The local remote it starts on demand
 # (sandboxd-localcloud) outlives a daemon by design (its sandboxes survive a
-# daemon restart), so make run stops it when it ends, Ctrl-C included.
+# daemon restart), so make run stops it when it ends, Ctrl-C included, but
+# only when it was not running before: a local remote that serves another
+# daemon's sandboxes (or one already up) is left alone. sandboxd exits 3
+# when a daemon already runs for this user (any earlier sbx starts one).
 run: build
-	@echo "sandboxd $(VERSION) in the foreground (Ctrl-C stops it, and the local remote it started)"
+	@echo "sandboxd $(VERSION) in the foreground (Ctrl-C stops it, and the local remote if it started it)"
 	@echo "  socket: $$($(BIN)/sandboxd --print-socket)"
 	@echo "  try:    $(BIN)/sbx version      (from another terminal)"
 	@echo
-	@trap '$(BIN)/sandboxd-localcloud stop >/dev/null 2>&1 || true' EXIT; trap 'exit 130' INT TERM; $(BIN)/sandboxd
+	@ours=; $(BIN)/sandboxd-localcloud status >/dev/null 2>&1 || ours=1; \
+	trap '[ -z "$$ours" ] || $(BIN)/sandboxd-localcloud stop >/dev/null 2>&1 || true' EXIT; trap 'exit 130' INT TERM; \
+	$(BIN)/sandboxd; rc=$$?; \
+	if [ "$$rc" -eq 3 ]; then ours=; \
+		echo "make run: a sandboxd already runs for this user (sbx starts one on first use): use it as it is," >&2; \
+		echo "  or stop it with '$(BIN)/sbx daemon stop' and run make run again. The local remote and its sandboxes were left running." >&2; \
+	fi; exit $$rc
 
 # The man page and the completions are generated from sbx's command table
 # (cmd/sbx/internal/cli/commands.go); nothing of them is kept by hand.

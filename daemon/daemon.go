@@ -582,6 +582,12 @@ func (d *daemon) Health(ctx context.Context) (ipc.HealthResponse, error) {
 	if live[0].Value.Kind() == metrics.KindUint64 {
 		h.HeapBytes = live[0].Value.Uint64()
 	}
+	// The file as it is now: a broken edit is reported here, not only
+	// in the log of the reload that refused it.
+	h.Config = "ok"
+	if _, err := config.Load(d.layout, d.env); err != nil {
+		h.Config = err.Error() + " (sandboxd runs with the configuration it last loaded)"
+	}
 	n, err := d.store.Count() // one read transaction: also the liveness check
 	if err != nil {
 		h.Status, h.Store = "degraded", err.Error()

@@ -37,8 +37,12 @@ type VersionResponse struct {
 
 // HealthResponse is GET /v1/health.
 type HealthResponse struct {
-	Status      string `json:"status"` // "ok"
-	Store       string `json:"store"`  // "ok" or the error
+	Status string `json:"status"` // "ok"
+	Store  string `json:"store"`  // "ok" or the error
+	// Config is "ok", or what is wrong with the config file as it is now
+	// (the daemon keeps the configuration it last loaded); empty from
+	// daemons that do not check.
+	Config      string `json:"config,omitempty"`
 	SocketPath  string `json:"socketPath,omitempty"`
 	Database    string `json:"database"`
 	Activated   bool   `json:"socketActivated"`
@@ -199,6 +203,10 @@ type ExecRequest struct {
 	NoSync bool     `json:"noSync,omitempty"`
 	// Reset replaces the sandbox (stop, then a new run) before running.
 	Reset bool `json:"reset,omitempty"`
+	// Root runs the command at the root of the sandbox's checkout; by
+	// default it runs in the directory that corresponds to Cwd (the root
+	// when Cwd is not inside the sandbox's repository).
+	Root bool `json:"root,omitempty"`
 	// Env is set in the remote command's environment (names are shell
 	// variable names; values are passed quoted, byte for byte).
 	Env map[string]string `json:"env,omitempty"`

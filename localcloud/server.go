@@ -274,6 +274,7 @@ func (s *Server) Start(ctx context.Context) error {
 	s.log.Info("sandbox isolation", "isolation", s.sandboxes.Report().Summary())
 	s.runs, err = runs.Open(runs.Config{
 		Sandboxes:   s.sandboxes,
+		Toolchains:  s.cfg.Sandbox.Toolchains,
 		Dir:         s.cfg.Dir,
 		Clock:       s.cfg.Clock,
 		IdleTimeout: s.cfg.IdleTimeout,

@@ -166,7 +166,7 @@ func TestStdinStreamsAndSubdirectory(t *testing.T) {
 	if err := os.MkdirAll(sub, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	ej := decode[execJSON](t, e.mustSbx(sub, "exec", "--no-sync", "--json", "--", "true").stdout)
+	ej := decode[execJSON](t, e.mustSbx(sub, "exec", "--no-sync", "--root", "--json", "--", "true").stdout)
 	if ej.RunID != run {
 		t.Fatalf("a subdirectory must find the same session: %s vs %s", ej.RunID, run)
 	}

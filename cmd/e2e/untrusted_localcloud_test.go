@@ -99,7 +99,7 @@ func openPTY(t *testing.T) (*os.File, string) {
 	t.Helper()
 	m, err := os.OpenFile("/dev/ptmx", os.O_RDWR|unix.O_NOCTTY, 0)
 	if err != nil {
-		t.Skipf("no pseudo-terminal: %v", err)
+		missingTool(t, "a pseudo-terminal (/dev/ptmx: "+err.Error()+")", "mount devpts")
 	}
 	t.Cleanup(func() { m.Close() })
 	if err := unix.IoctlSetPointerInt(int(m.Fd()), unix.TIOCSPTLCK, 0); err != nil {

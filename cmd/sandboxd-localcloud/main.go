@@ -113,6 +113,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	inotifyInstances := fs.Int("max-inotify-instances", 0, fmt.Sprintf("inotify instances of each run (its own user namespace's limit); 0: %d, at most a quarter of the host's", sandbox.DefaultInotifyInstances))
 	inotifyWatches := fs.Int("max-inotify-watches", 0, fmt.Sprintf("inotify watches of each run; 0: %d, at most a quarter of the host's", sandbox.DefaultInotifyWatches))
 	share := fs.String("share", os.Getenv(ShareEnv), "comma-separated directories every sandbox also sees, writable, at the same paths (none by default; tests share their scratch directory); default from $"+ShareEnv)
+	toolchains := fs.String("toolchain", os.Getenv(ToolchainEnv), "comma-separated directories every sandbox sees read-only at the same paths, their bin directory first on PATH (toolchains under your home: ~/.cargo, a Node version of nvm); default from $"+ToolchainEnv)
 	verbose := fs.Bool("verbose", false, "debug logging")
 	asJSON := fs.Bool("json", false, "log as JSON lines")
 	if err := fs.Parse(args); err != nil {
@@ -139,7 +140,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Version:     Version,
 		OneWayDelay: *delay,
 		Sandbox: sandbox.Options{Isolation: *isolation, Network: *network, MemoryBytes: *memLimit, MaxProcs: *maxProcs,
-			DiskBytes: *diskLimit, FileBytes: *fileLimit, InotifyInstances: *inotifyInstances, InotifyWatches: *inotifyWatches, Share: splitList(*share)},
+			DiskBytes: *diskLimit, FileBytes: *fileLimit, InotifyInstances: *inotifyInstances, InotifyWatches: *inotifyWatches,
+			Share: splitList(*share), Toolchains: splitList(*toolchains)},
 
 		EnableFaultInjection: *enableFaults,
 		AllowRemote:          *allowRemote,
@@ -248,6 +250,7 @@ const (
 	IsolationEnv = "SANDBOXD_LOCALCLOUD_ISOLATION"
 	NetworkEnv   = "SANDBOXD_LOCALCLOUD_NETWORK"
 	ShareEnv     = "SANDBOXD_LOCALCLOUD_SHARE"
+	ToolchainEnv = "SANDBOXD_LOCALCLOUD_TOOLCHAINS"
 )
 
 func splitList(s string) []string {

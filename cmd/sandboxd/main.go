@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -76,10 +77,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, prefixed("sandboxd", err))
+		if errors.Is(err, daemon.ErrAlreadyRunning) {
+			return exitAlreadyRunning
+		}
 		return 1
 	}
 	return 0
 }
+
+// exitAlreadyRunning is sandboxd's status when another sandboxd of the
+// user holds the database: scripts (make run) tell it from a failure.
+const exitAlreadyRunning = 3
 
 // prefixed is "prog: err", naming the program once: an error that starts
 // with the program's name already says who speaks.
@@ -121,5 +129,6 @@ func writeMan(w io.Writer, fs *flag.FlagSet, version string) {
 	} {
 		fmt.Fprintf(w, ".TP\n.B %s\n%s\n", e[0], esc(e[1]))
 	}
+	fmt.Fprint(w, ".SH EXIT STATUS\n"+esc("0 after a graceful stop; 2 for a usage error; 3 when another sandboxd of the user already runs (it holds the database); 1 for any other failure.")+"\n")
 	fmt.Fprint(w, ".SH SEE ALSO\n.BR sbx (1)\n")
 }

@@ -14,6 +14,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -218,32 +220,71 @@ func Load(layout paths.Layout, env paths.Env) (Config, error) {
 	return c, nil
 }
 
-// apply decodes a config file over c, strictly.
+// apply decodes a config file over c, strictly, reporting every problem
+// it finds (not only the first), joined.
 func (c *Config) apply(raw []byte) error {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return nil // an empty file is an empty object
 	}
-	var f file
+	var obj map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&f); err != nil {
+	if err := dec.Decode(&obj); err != nil {
 		return describeDecodeError(raw, err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return errors.New("unexpected data after the JSON object")
 	}
+	if obj == nil {
+		return errors.New("want a JSON object, got a JSON null")
+	}
+	var f file
+	fields := f.fields()
+	var errs []error
+	var unknown []string
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		dst := fieldFor(fields, k)
+		if dst == nil {
+			unknown = append(unknown, strconv.Quote(k))
+			continue
+		}
+		var v *string
+		if err := json.Unmarshal(obj[k], &v); err != nil {
+			var typ *json.UnmarshalTypeError
+			if errors.As(err, &typ) {
+				errs = append(errs, fmt.Errorf("field %q: want a string, got a JSON %s", k, typ.Value))
+			} else {
+				errs = append(errs, fmt.Errorf("field %q: %w", k, err))
+			}
+			continue
+		}
+		*dst = v
+	}
+	if len(unknown) > 0 {
+		word := "field"
+		if len(unknown) > 1 {
+			word = "fields"
+		}
+		errs = append(errs, fmt.Errorf("unknown %s %s; known fields: %s", word, strings.Join(unknown, ", "), strings.Join(fieldNames, ", ")))
+	}
 
 	if f.Remote != nil {
 		if err := checkRemote(*f.Remote); err != nil {
-			return fmt.Errorf("field \"remote\": %w", err)
+			errs = append(errs, fmt.Errorf("field \"remote\": %w", err))
+		} else {
+			c.Remote = *f.Remote
 		}
-		c.Remote = *f.Remote
 	}
 	if f.RWXHost != nil {
 		if strings.TrimSpace(*f.RWXHost) == "" {
-			return errors.New("field \"rwx_host\" is empty; remove it to use " + DefaultRWXHost)
+			errs = append(errs, errors.New("field \"rwx_host\" is empty; remove it to use "+DefaultRWXHost))
+		} else {
+			c.RWXHost = *f.RWXHost
 		}
-		c.RWXHost = *f.RWXHost
 	}
 	if f.RWXAccessToken != nil && *f.RWXAccessToken != "" {
 		c.RWXAccessToken = strings.TrimSpace(*f.RWXAccessToken)
@@ -255,13 +296,13 @@ func (c *Config) apply(raw []byte) error {
 	if f.SyncHelper != nil {
 		c.SyncHelper = *f.SyncHelper
 		if c.SyncHelper != "" && c.SyncHelper != SyncHelperOff && c.SyncHelper != SyncHelperOn && !filepath.IsAbs(c.SyncHelper) {
-			return fmt.Errorf("field \"sync_helper\" must be %q, %q or an absolute path, got %q", SyncHelperOn, SyncHelperOff, c.SyncHelper)
+			errs = append(errs, fmt.Errorf("field \"sync_helper\" must be %q, %q or an absolute path, got %q", SyncHelperOn, SyncHelperOff, c.SyncHelper))
 		}
 	}
 	if f.LocalcloudBinary != nil {
 		c.LocalcloudBinary = *f.LocalcloudBinary
 		if c.LocalcloudBinary != "" && !filepath.IsAbs(c.LocalcloudBinary) {
-			return fmt.Errorf("field \"localcloud_binary\" must be an absolute path, got %q", c.LocalcloudBinary)
+			errs = append(errs, fmt.Errorf("field \"localcloud_binary\" must be an absolute path, got %q", c.LocalcloudBinary))
 		}
 	}
 	durations := []struct {
@@ -283,21 +324,73 @@ func (c *Config) apply(raw []byte) error {
 		}
 		v, err := time.ParseDuration(strings.TrimSpace(*d.src))
 		if err != nil {
-			return fmt.Errorf("field %q: want a Go duration such as \"10m\" or \"1h30m\", got %q", d.name, *d.src)
+			errs = append(errs, fmt.Errorf("field %q: want a Go duration such as \"10m\" or \"1h30m\", got %q", d.name, *d.src))
+			continue
 		}
 		if v < 0 || (v < d.min && !(v == 0 && d.zero != "")) {
-			return fmt.Errorf("field %q is %s; it must be at least %s", d.name, v, max(d.min, time.Nanosecond))
+			errs = append(errs, fmt.Errorf("field %q is %s; it must be at least %s", d.name, v, max(d.min, time.Nanosecond)))
+			continue
 		}
 		*d.dst = v
 	}
 	if f.LogLevel != nil {
 		lvl, err := ParseLogLevel(*f.LogLevel)
 		if err != nil {
-			return fmt.Errorf("field \"log_level\": %w", err)
+			errs = append(errs, fmt.Errorf("field \"log_level\": %w", err))
+		} else {
+			c.LogLevel = lvl
 		}
-		c.LogLevel = lvl
+	}
+	return joinProblems(errs)
+}
+
+// fieldNames are the config file's fields, in the order of file.
+var fieldNames = []string{"remote", "rwx_host", "rwx_access_token", "localcloud_binary", "sync_helper", "idle_timeout", "shutdown_timeout", "reconcile_interval", "history_retention", "log_level", "api_timeout"}
+
+// fields maps each field name of the file to where it is decoded.
+func (f *file) fields() map[string]**string {
+	return map[string]**string{
+		"remote": &f.Remote, "rwx_host": &f.RWXHost, "rwx_access_token": &f.RWXAccessToken,
+		"localcloud_binary": &f.LocalcloudBinary, "sync_helper": &f.SyncHelper, "idle_timeout": &f.IdleTimeout,
+		"shutdown_timeout": &f.ShutdownTimeout, "reconcile_interval": &f.ReconcileInterval,
+		"history_retention": &f.HistoryRetention, "log_level": &f.LogLevel, "api_timeout": &f.APITimeout,
+	}
+}
+
+// fieldFor finds key's field, case-insensitively as encoding/json does.
+func fieldFor(fields map[string]**string, key string) **string {
+	if dst, ok := fields[key]; ok {
+		return dst
+	}
+	for name, dst := range fields {
+		if strings.EqualFold(name, key) {
+			return dst
+		}
 	}
 	return nil
+}
+
+// problems is several config problems, reported on one line.
+type problems []error
+
+func (p problems) Error() string {
+	msgs := make([]string, len(p))
+	for i, e := range p {
+		msgs[i] = e.Error()
+	}
+	return fmt.Sprintf("%d problems: %s", len(p), strings.Join(msgs, "; "))
+}
+
+func (p problems) Unwrap() []error { return p }
+
+func joinProblems(errs []error) error {
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return problems(errs)
 }
 
 // ParseLogLevel parses debug, info, warn or error (any case).

@@ -144,6 +144,8 @@ func TestBrokenFiles(t *testing.T) {
 		{"bad log level", `{"log_level": "loud"}`, []string{`field "log_level"`, "loud"}},
 		{"array", `[]`, []string{"want a JSON object"}},
 		{"trailing data", `{} {}`, []string{"after the JSON object"}},
+		{"every problem", `{"remote": "aws", "idle_timeout": "ten", "log_level": 3, "colour": "red", "size": 1}`,
+			[]string{"4 problems", `field "remote"`, `field "idle_timeout"`, `field "log_level"`, `unknown fields "colour", "size"`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

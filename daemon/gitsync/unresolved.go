@@ -99,7 +99,11 @@ func unresolvedWarning(r repo, added []string) string {
 	if len(patches) > 0 {
 		fmt.Fprintf(&b, " full patch at %s;", strings.Join(patches, ", "))
 	}
-	b.WriteString(" they are synced to the sandbox as they are: resolve them and delete the .rej files")
+	if len(rejects) > 0 {
+		b.WriteString(" they are synced to the sandbox as they are: resolve them and delete the .rej files")
+	} else {
+		b.WriteString(" they are synced to the sandbox as they are: resolve the conflicts (remove the markers)")
+	}
 	return b.String()
 }
 

@@ -352,6 +352,10 @@ func (c *Client) transportError(ctx, rctx context.Context, op string, err error)
 	if errors.As(err, &uerr) {
 		err = uerr.Err // the URL is in the message already through op
 	}
+	var operr *net.OpError
+	if errors.As(err, &operr) && operr.Err != nil {
+		err = operr.Err // its address is the host the message names
+	}
 	return &APIError{Op: op, Message: "cannot reach " + c.base.Host, Err: err}
 }
 

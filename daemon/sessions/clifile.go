@@ -291,6 +291,19 @@ func (m *Manager) cliFileRead(repoRoot string) {
 	}()
 }
 
+// lockCLIFileFor is lockCLIFile for a create or reset of p, except when
+// p's config does not exist: no CLI can create a run without it either,
+// and taking the lock would leave .rwx/sandboxes (its .gitignore and the
+// lock file) in a checkout where the create is about to fail.
+func (m *Manager) lockCLIFileFor(ctx context.Context, p place) func() {
+	if _, err := os.Lstat(p.ConfigFile); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Lstat(filepath.Dir(clifile.Path(p.RepoRoot))); errors.Is(err, os.ErrNotExist) {
+			return func() {}
+		}
+	}
+	return m.lockCLIFile(ctx, p.RepoRoot)
+}
+
 // lockCLIFile takes the CLI's lock of repoRoot's file. When it cannot (a
 // read-only checkout, a CLI process stuck holding it), the create goes on
 // without it: the lock only narrows the window in which both tools could

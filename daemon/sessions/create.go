@@ -72,7 +72,7 @@ func (m *Manager) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartRes
 	s, err := m.creates.do(ctx, p.Key(), m.opts.CreateTimeout, func(ctx context.Context) (*store.Session, error) {
 		// Under the RWX CLI's lock, as `rwx sandbox reset` runs: a CLI exec
 		// meanwhile waits and then finds the new run.
-		unlock := m.lockCLIFile(ctx, p.RepoRoot)
+		unlock := m.lockCLIFileFor(ctx, p)
 		defer unlock()
 		if old, err := m.st.ByIdentity(p.Identity); err == nil {
 			replaced = old.RunID
@@ -167,7 +167,7 @@ func (m *Manager) create(ctx context.Context, p place, init map[string]string) (
 		// a CLI that started this identity's sandbox meanwhile has recorded
 		// it by the time the lock is ours, and one that comes after finds
 		// sandboxd's record.
-		unlock := m.lockCLIFile(ctx, p.RepoRoot)
+		unlock := m.lockCLIFileFor(ctx, p)
 		defer unlock()
 		if _, err := m.readCLIFile(ctx, p.RepoRoot); err != nil {
 			m.log.Warn("read the RWX CLI's sandboxes file", "repo", p.RepoRoot, "err", err)
@@ -236,7 +236,7 @@ func (m *Manager) createLocked(ctx context.Context, p place, init map[string]str
 				m.log.Warn("record failed create", "session", s.ID, "err", uerr)
 			}
 		}
-		return nil, fmt.Errorf("create the sandbox run: %w", err)
+		return nil, remoteCallFailed("create the sandbox run", err)
 	}
 	s, err = m.st.Update(s.ID, func(s *store.Session) error {
 		s.RunID, s.RunURL, s.State = res.RunID, res.RunURL, store.StateProvisioning

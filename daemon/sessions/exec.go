@@ -101,10 +101,11 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 	}
 	runner := m.runner(lc)
 	sync := !req.NoSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot
+	dir := execDir(req, p, s)
 	locked := m.now()
 	if sync && req.TTY == nil {
 		// The common case: push, command and pull in one exchange.
-		done, err := m.execFused(ctx, lc, s, req, stream, &res, warn)
+		done, err := m.execFused(ctx, lc, s, req, dir, stream, &res, warn)
 		if err != nil {
 			return ipc.ExecResult{}, err
 		}
@@ -128,7 +129,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 	m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 	_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 	pushed := m.now()
-	status, runErr := m.run(ctx, lc, req, stream, commandLine(req.Env, req.Argv), stream.Stdout())
+	status, runErr := m.run(ctx, lc, req, stream, remoteCommand(dir, req.Env, req.Argv), stream.Stdout())
 	if runErr != nil {
 		if sync && ctx.Err() != nil {
 			// The caller went away and the command was stopped: what it

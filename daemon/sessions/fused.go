@@ -21,15 +21,16 @@ const fusedAttempts = 2
 // command and pull in one remote command (gitsync.Exchange). done false,
 // with no error, means the command has not run and the caller takes the
 // separate steps (a patch too large to travel inside a command, or an
-// exchange that kept finding work to do first).
-func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Session, req ipc.ExecRequest, stream server.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
+// exchange that kept finding work to do first). dir is where the command
+// runs (execDir).
+func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Session, req ipc.ExecRequest, dir string, stream server.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
 	runner := m.runner(lc)
 	for attempt := 0; attempt < fusedAttempts; attempt++ {
 		patch, err := m.prepare(ctx, runner, s, attempt == 0, true, warn)
 		if err != nil {
 			return true, err
 		}
-		ex, ok, err := m.opts.Sync.Fuse(ctx, runner, patch, commandLine(req.Env, req.Argv))
+		ex, ok, err := m.opts.Sync.Fuse(ctx, runner, patch, remoteCommand(dir, req.Env, req.Argv))
 		if err != nil {
 			return true, m.syncFailed(s, err)
 		}

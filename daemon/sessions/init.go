@@ -51,7 +51,7 @@ func (m *Manager) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitRespon
 	}
 	tmpl, err := remote.InitTemplate(ctx)
 	if err != nil {
-		return ipc.InitResponse{}, fmt.Errorf("get the config template from the remote: %w", err)
+		return ipc.InitResponse{}, remoteCallFailed("get the config template from the remote", err)
 	}
 	if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
 		return ipc.InitResponse{}, fmt.Errorf("create %s: %w", filepath.Dir(file), err)

@@ -1,8 +1,12 @@
 package sessions
 
 import (
+	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/store"
 )
 
 // commandLine is the remote shell command of an exec: env as assignments
@@ -56,4 +60,54 @@ func unsafeShellRune(r rune) bool {
 		return false
 	}
 	return !strings.ContainsRune("-_./=:,+@%", r)
+}
+
+// remoteCommand is the command line an exec sends: commandLine run by a
+// shell that outlives the signals of the caller's Ctrl-C. The remote shell
+// that reads the line shares the command's process group, so a SIGINT that
+// the command traps (exiting 7, say) would otherwise kill that shell and
+// turn the status into 130. The handler (never an ignore, which the command
+// would inherit) keeps the shell alive to report the command's own status;
+// a command a signal killed is reported the same way, by re-raising it.
+// dir, when not empty, is the directory relative to the checkout's root to
+// run in; its absence is reported with exit status 125.
+func remoteCommand(dir string, env map[string]string, argv []string) string {
+	cd := ""
+	if dir != "" {
+		msg := "sbx: the sandbox has no directory " + dir + " (yours, relative to the repository root): " +
+			"a directory git ignores or that holds no file is not synced; run at the root with --root"
+		cd = "cd -- " + quoteArg(dir, false) + " 2>/dev/null || { printf '%s\\n' " + quoteArg(msg, true) + " >&2; exit 125; }\n"
+	}
+	return "trap : HUP INT QUIT TERM\n" + cd + commandLine(env, argv) + "\n" +
+		`s=$?; if [ "$s" -gt 128 ] && [ "$s" -lt 160 ]; then trap - HUP INT QUIT TERM; kill -$((s - 128)) $$; fi; exit "$s"`
+}
+
+// execDir is the directory an exec runs in, relative to the root of the
+// sandbox's checkout: the caller's, unless it asked for the root or is not
+// inside the session's repository (then ""). p.cwd is the caller's
+// resolved cwd when the target was located; a run id target resolves its
+// own.
+func execDir(req ipc.ExecRequest, p place, s *store.Session) string {
+	if req.Root {
+		return ""
+	}
+	cwd := p.cwd
+	if cwd == "" && filepath.IsAbs(req.Cwd) {
+		cwd = filepath.Clean(req.Cwd)
+		if real, err := filepath.EvalSymlinks(cwd); err == nil {
+			cwd = real
+		}
+	}
+	if cwd == "" || s.RepoRoot == "" {
+		return ""
+	}
+	rel, err := filepath.Rel(s.RepoRoot, cwd)
+	if err != nil || rel == "." || rel == ".." || strings.HasPrefix(rel, "../") {
+		return ""
+	}
+	rel = filepath.ToSlash(rel)
+	if first, _, _ := strings.Cut(rel, "/"); first == ".git" {
+		return ""
+	}
+	return rel
 }

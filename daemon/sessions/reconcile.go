@@ -13,6 +13,7 @@ import (
 	"github.com/sandboxd/sandboxd/rwxapi"
 
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
@@ -80,7 +81,7 @@ func (m *Manager) reconcile(ctx context.Context) (ReconcileReport, error) {
 	}
 	runs, err := remote.ListSandboxes(ctx)
 	if err != nil {
-		return rep, fmt.Errorf("list sandboxes on the remote: %w", err)
+		return rep, remoteCallFailed("list sandboxes on the remote", err)
 	}
 	rep.Listed = len(runs)
 	listed := make(map[string]bool, len(runs))
@@ -379,10 +380,15 @@ func (m *Manager) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeR
 	}
 	if errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "" {
 		// No sandbox for this checkout is an answer, not a failure.
+		detail := "no sandbox for this checkout, branch and config: `sbx start` or `sbx exec -- CMD` starts one"
+		if _, err := os.Lstat(p.ConfigFile); errors.Is(err, os.ErrNotExist) {
+			// start and exec would fail for lack of a config.
+			detail = fmt.Sprintf("no sandbox, and no sandbox config at %s: create one with `sbx init`, then `sbx start` or `sbx exec -- CMD` starts a sandbox", p.configRel())
+		}
 		return ipc.ProbeResponse{
 			Session:   ipc.SessionInfo{RepoRoot: p.RepoRoot, Branch: p.Branch, ConfigFile: p.ConfigFile, Status: ProbeNoSandbox},
 			Probe:     ProbeNoSandbox,
-			Detail:    "no sandbox for this checkout, branch and config: `sbx start` or `sbx exec -- CMD` starts one",
+			Detail:    detail,
 			Lifecycle: ipc.Lifecycle{State: ProbeNoSandbox},
 		}, nil
 	}
@@ -493,4 +499,14 @@ func lifecycle(s *store.Session) ipc.Lifecycle {
 		l.LastProbe = &t
 	}
 	return l
+}
+
+// remoteCallFailed says that action failed: a runs API error names the
+// call already ("runs API: create run: ..."), so it is not said twice.
+func remoteCallFailed(action string, err error) error {
+	var apiErr *runsapi.APIError
+	if errors.As(err, &apiErr) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", action, err)
 }

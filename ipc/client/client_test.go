@@ -279,7 +279,7 @@ func TestExecErrors(t *testing.T) {
 	}
 	_, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{RunID: "nope"}, Argv: []string{"before"}}, client.ExecOptions{})
 	var apiErr *client.APIError
-	if !errors.Is(err, errdefs.ErrNotFound) || !errors.As(err, &apiErr) || apiErr.Status != 404 || err.Error() != "no session for run nope (the command did not run, so it is safe to retry)" {
+	if !errors.Is(err, errdefs.ErrNotFound) || !errors.As(err, &apiErr) || apiErr.Status != 404 || err.Error() != "no session for run nope" {
 		t.Fatalf("error before the first frame: %v", err)
 	}
 	var out bytes.Buffer

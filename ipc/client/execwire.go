@@ -43,6 +43,7 @@ func appendExecRequest(b []byte, req ipc.ExecRequest) (_ []byte, ok bool) {
 	}
 	w.flag("noSync", req.NoSync)
 	w.flag("reset", req.Reset)
+	w.flag("root", req.Root)
 	if len(req.Env) > 0 {
 		w.key("env")
 		keys := make([]string, 0, len(req.Env))

@@ -75,7 +75,7 @@ func TestExecWireEncodesRequests(t *testing.T) {
 	for _, req := range []ipc.ExecRequest{
 		{Argv: []string{"true"}},
 		{Target: ipc.Target{Cwd: "/home/a b/é", ConfigFile: ".rwx/x.yml", RunID: "r"}, Argv: []string{"sh", "-c", "echo \"$X\" \\ \x01 <>&"},
-			NoSync: true, Reset: true, Env: map[string]string{"B": "2", "A": "", "C": "é\n"}, Stdin: true,
+			NoSync: true, Reset: true, Root: true, Env: map[string]string{"B": "2", "A": "", "C": "é\n"}, Stdin: true,
 			TTY: &ipc.TTY{Term: "xterm-256color", WindowSize: ipc.WindowSize{Cols: 80, Rows: 24}}},
 		{Argv: []string{}},
 		{},

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -79,8 +80,7 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 		if cause := context.Cause(ctx); cause != nil && errdefs.KindOf(cause) == errdefs.KindInvalid {
 			execErr = cause
 		}
-		var noRetry interface{ NoRetryHint() bool }
-		if !st.commandStarted() && !(errors.As(execErr, &noRetry) && noRetry.NoRetryHint()) {
+		if !st.commandStarted() && retryMayHelp(execErr) {
 			// Whoever reads the error must know whether to look for the
 			// command's effects: before "started" nothing was run, so
 			// running it again cannot run it twice.
@@ -374,4 +374,20 @@ func (f *frameLimitReader) Read(p []byte) (int, error) {
 		f.readErr = err
 	}
 	return n, err
+}
+
+// retryMayHelp says whether running the same exec again may succeed: after
+// a transient failure, a conflict or a sandbox that ended, yes; not when
+// the request itself is wrong (not a repository, no commits, no config),
+// refused, too large, or the disk is full.
+func retryMayHelp(err error) bool {
+	var noRetry interface{ NoRetryHint() bool }
+	if errors.Is(err, syscall.ENOSPC) || errors.As(err, &noRetry) && noRetry.NoRetryHint() {
+		return false
+	}
+	switch errdefs.KindOf(err) {
+	case errdefs.KindUnavailable, errdefs.KindTimeout, errdefs.KindCanceled, errdefs.KindConflict, errdefs.KindGone:
+		return true
+	}
+	return false
 }

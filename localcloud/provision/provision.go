@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -30,21 +31,73 @@ type Definition struct {
 	Steps []Step
 	// SandboxKey is the key of the sandbox task.
 	SandboxKey string
+	// Env is the sandbox task's `env:`: the environment its commands get
+	// on top of localcloud's (a PATH here replaces localcloud's).
+	Env map[string]string
 }
 
 // Step is one setup command.
 type Step struct {
 	Key string
 	Run string
+	// Env is the task's `env:`, on top of localcloud's environment.
+	Env map[string]string
 }
 
 type configFile struct {
 	Tasks []struct {
-		Key  string `yaml:"key"`
-		Run  string `yaml:"run"`
-		Call string `yaml:"call"`
-		Use  any    `yaml:"use"`
+		Key  string              `yaml:"key"`
+		Run  string              `yaml:"run"`
+		Call string              `yaml:"call"`
+		Use  any                 `yaml:"use"`
+		Env  map[string]envValue `yaml:"env"`
 	} `yaml:"tasks"`
+}
+
+// envValue is one `env:` entry: a string, or, as RWX writes it, a mapping
+// whose `value` is the string (`cache-key` is for RWX's cache).
+type envValue struct{ v string }
+
+func (e *envValue) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.ScalarNode {
+		return n.Decode(&e.v)
+	}
+	var m struct {
+		Value *string `yaml:"value"`
+	}
+	if err := n.Decode(&m); err != nil || m.Value == nil {
+		return fmt.Errorf("line %d: an env value is a string or a mapping with `value:`", n.Line)
+	}
+	e.v = *m.Value
+	return nil
+}
+
+// envName is what a shell accepts as a variable name.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// maxEnv bounds one task's env (names and values together).
+const maxEnv = 64 << 10
+
+func taskEnv(key string, in map[string]envValue) (map[string]string, error) {
+	if len(in) == 0 {
+		return nil, nil
+	}
+	out := make(map[string]string, len(in))
+	size := 0
+	for k, v := range in {
+		if !envName.MatchString(k) {
+			return nil, fmt.Errorf("%w: task %s: env name %q is not a variable name (letters, digits and _, not starting with a digit)", ErrInvalidConfig, key, k)
+		}
+		if strings.IndexByte(v.v, 0) >= 0 {
+			return nil, fmt.Errorf("%w: task %s: env %s holds a NUL byte", ErrInvalidConfig, key, k)
+		}
+		size += len(k) + len(v.v) + 2
+		out[k] = v.v
+	}
+	if size > maxEnv {
+		return nil, fmt.Errorf("%w: task %s: env is %d bytes, over %d", ErrInvalidConfig, key, size, maxEnv)
+	}
+	return out, nil
 }
 
 // ErrInvalidConfig is wrapped by every config error (a 400 for the API).
@@ -67,21 +120,25 @@ func ParseConfig(contents []byte) (Definition, error) {
 		if key == "" {
 			key = fmt.Sprintf("task-%d", i+1)
 		}
+		env, err := taskEnv(key, t.Env)
+		if err != nil {
+			return Definition{}, err
+		}
 		before, isSandbox, err := sandboxTask(t.Run)
 		if err != nil {
 			return Definition{}, fmt.Errorf("%w: task %q: %v", ErrInvalidConfig, key, err)
 		}
 		if isSandbox {
 			if before != "" {
-				d.Steps = append(d.Steps, Step{Key: key, Run: before})
+				d.Steps = append(d.Steps, Step{Key: key, Run: before, Env: env})
 			}
-			d.SandboxKey = t.Key
+			d.SandboxKey, d.Env = t.Key, env
 			return d, nil
 		}
 		if strings.TrimSpace(t.Run) == "" {
 			continue
 		}
-		d.Steps = append(d.Steps, Step{Key: key, Run: t.Run})
+		d.Steps = append(d.Steps, Step{Key: key, Run: t.Run, Env: env})
 	}
 	return Definition{}, fmt.Errorf("%w: no task with `run: %s`: add one after the setup tasks", ErrInvalidConfig, SandboxRun)
 }
@@ -233,7 +290,7 @@ func RunStepsIn(ctx context.Context, newCmd Commander, steps []Step, dir string,
 		} else {
 			cmd = inGroup(newCmd(ctx, dir, "/bin/sh", "-c", s.Run))
 		}
-		cmd.Env = env
+		cmd.Env = WithEnv(env, s.Env)
 		// One writer: exec shares one pipe. The run log (localcloud's
 		// disk, outside the run's disk limit) gets at most
 		// MaxStepLogBytes of a step's output.
@@ -336,3 +393,28 @@ func (t *tailBuffer) Write(p []byte) (int, error) {
 }
 
 func (t *tailBuffer) String() string { return string(t.b) }
+
+// WithEnv is base with the variables of over set (replaced or added), in
+// a stable order; base is not changed. Each name appears once: a process
+// reading its environment with getenv sees the first of duplicates.
+func WithEnv(base []string, over map[string]string) []string {
+	if len(over) == 0 {
+		return base
+	}
+	out := make([]string, 0, len(base)+len(over))
+	for _, kv := range base {
+		name, _, _ := strings.Cut(kv, "=")
+		if _, ok := over[name]; !ok {
+			out = append(out, kv)
+		}
+	}
+	names := make([]string, 0, len(over))
+	for k := range over {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		out = append(out, k+"="+over[k])
+	}
+	return out
+}

@@ -276,3 +276,47 @@ func TestRunStepsLeadTheirOwnSession(t *testing.T) {
 		t.Fatalf("pid and session of the step: %q, want the step to lead its session", b)
 	}
 }
+
+func TestParseConfigReadsTaskEnvAndStepsGetIt(t *testing.T) {
+	d, err := ParseConfig([]byte(`
+tasks:
+  - key: setup
+    run: echo "$A-$B" > out
+    env:
+      A: one
+  - key: sandbox
+    run: rwx-sandbox
+    env:
+      PATH: /opt/x/bin:/usr/bin:/bin
+      SECRET:
+        value: s3
+        cache-key: excluded
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Env["PATH"] != "/opt/x/bin:/usr/bin:/bin" || d.Env["SECRET"] != "s3" || len(d.Env) != 2 {
+		t.Fatalf("sandbox env = %v", d.Env)
+	}
+	dir := t.TempDir()
+	if err := RunSteps(context.Background(), d.Steps, dir, []string{"PATH=/usr/bin:/bin", "A=base", "B=two"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "out")); string(b) != "one-two\n" {
+		t.Fatalf("the step's env must override the base: %q", b)
+	}
+	for _, bad := range []string{"1A: x", "A-B: x", "A: {cache-key: excluded}"} {
+		_, err := ParseConfig([]byte("tasks:\n  - key: sandbox\n    run: rwx-sandbox\n    env:\n      " + bad + "\n"))
+		if err == nil {
+			t.Errorf("env %q: accepted", bad)
+		}
+	}
+}
+
+func TestWithEnvReplacesEachNameOnce(t *testing.T) {
+	got := WithEnv([]string{"PATH=/bin", "HOME=/h", "X=1"}, map[string]string{"PATH": "/a:/bin", "Y": "2"})
+	want := []string{"HOME=/h", "X=1", "PATH=/a:/bin", "Y=2"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("WithEnv = %v, want %v", got, want)
+	}
+}

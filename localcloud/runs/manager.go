@@ -56,6 +56,8 @@ type Config struct {
 	WrapListener func(net.Listener) net.Listener
 	// Sandboxes isolates each run's commands; plain processes when nil.
 	Sandboxes *sandbox.Provider
+	// Toolchains go first on the sandbox's PATH (sandbox.ToolchainPath).
+	Toolchains []string
 }
 
 // Manager owns every run.
@@ -396,7 +398,7 @@ func (m *Manager) provision(ctx context.Context, id string) {
 				break
 			}
 			m.setStep(e, fmt.Sprintf("setup step %s (%d/%d)", step.Key, i+1, len(def.Steps)))
-			err = provision.RunStepsIn(ctx, newCmd, []provision.Step{step}, ws, sandboxEnv(id, ws, home), logf)
+			err = provision.RunStepsIn(ctx, newCmd, []provision.Step{step}, ws, m.sandboxEnv(id, ws, home), logf)
 		}
 		if err == nil {
 			m.setStep(e, "starting the sandbox agent")
@@ -487,11 +489,16 @@ func (m *Manager) startAgentLocked(e *entry) error {
 	if err != nil {
 		return err
 	}
+	// The config was checked when the run was created.
+	def, err := provision.ParseConfig([]byte(e.Config))
+	if err != nil {
+		return err
+	}
 	cfg := agent.Config{
 		HostKey:       host,
 		AuthorizedKey: userKey,
 		Workspace:     ws,
-		Env:           sandboxEnv(id, ws, home),
+		Env:           provision.WithEnv(m.sandboxEnv(id, ws, home), def.Env),
 		RunLog:        runLog,
 		Logger:        m.log.With("run", id),
 		ProcessDir:    m.processDir(id),
@@ -924,15 +931,15 @@ func (m *Manager) randomHex(n int) (string, error) {
 	return hex.EncodeToString(b), nil
 }
 
-// sandboxEnv is the whole environment of sandbox commands and setup steps
-// (documented in docs/localcloud.md).
-func sandboxEnv(runID, workspace, home string) []string {
+// sandboxEnv is the environment of sandbox commands and setup steps before
+// their config's `env:` (documented in docs/localcloud.md).
+func (m *Manager) sandboxEnv(runID, workspace, home string) []string {
 	name := "sandbox"
 	if u, err := user.Current(); err == nil {
 		name = u.Username
 	}
 	return []string{
-		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"PATH=" + sandbox.ToolchainPath(m.cfg.Toolchains),
 		"HOME=" + home,
 		"LANG=C.UTF-8",
 		"USER=" + name,

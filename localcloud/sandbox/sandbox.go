@@ -71,6 +71,11 @@ type Options struct {
 	// writable, at the same paths (tests share their scratch directory
 	// this way); none by default.
 	Share []string
+	// Toolchains are directories of this machine every sandbox sees
+	// read-only at the same paths, for toolchains installed under the
+	// user's home (which sandboxes do not see otherwise); the runs put
+	// each one's bin directory on PATH (ToolchainPath).
+	Toolchains []string
 	// HostUID and HostGID are the host user and group sandbox commands
 	// run as when localcloud runs as root (so that a sandbox has no more
 	// power over this machine's files than an unprivileged user); the
@@ -119,6 +124,11 @@ func (o Options) Validate() error {
 	for _, d := range o.Share {
 		if !filepath.IsAbs(d) || filepath.Clean(d) != d {
 			return fmt.Errorf("shared directory %q must be an absolute, clean path", d)
+		}
+	}
+	for _, d := range o.Toolchains {
+		if !filepath.IsAbs(d) || filepath.Clean(d) != d || d == "/" {
+			return fmt.Errorf("toolchain directory %q must be an absolute, clean path below /", d)
 		}
 	}
 	if o.HostUID < 0 || o.HostGID < 0 {
@@ -241,4 +251,33 @@ type Spec struct {
 	// Logger receives what goes wrong in the sandbox's machinery (its
 	// spawner not starting); nil discards.
 	Logger *slog.Logger
+}
+
+// BasePath is the sandbox's PATH before toolchains.
+const BasePath = "/usr/local/bin:/usr/bin:/bin"
+
+// SystemToolchains are the toolchain directories outside the usual PATH
+// that installers put in system places (Go's tarball, Rust's images):
+// each one that exists follows BasePath on a sandbox's PATH, as their
+// install instructions append them.
+var SystemToolchains = []string{"/usr/local/go/bin", "/usr/local/cargo/bin"}
+
+// ToolchainPath is a sandbox's PATH: the bin directory of each of
+// toolchains (the directory itself when it has none) first, then BasePath,
+// then those of SystemToolchains that exist on this machine.
+func ToolchainPath(toolchains []string) string {
+	var dirs []string
+	for _, d := range toolchains {
+		if fi, err := os.Stat(filepath.Join(d, "bin")); err == nil && fi.IsDir() {
+			d = filepath.Join(d, "bin")
+		}
+		dirs = append(dirs, d)
+	}
+	dirs = append(dirs, BasePath)
+	for _, d := range SystemToolchains {
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+			dirs = append(dirs, d)
+		}
+	}
+	return strings.Join(dirs, ":")
 }

@@ -473,6 +473,15 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		}
 		args = append(args, "--bind", d, d)
 	}
+	for _, d := range p.opts.Toolchains {
+		if _, err := os.Stat(d); err != nil {
+			continue // bubblewrap would refuse the whole sandbox
+		}
+		if userns != nil {
+			args = append(args, p.pathTo(d, made)...)
+		}
+		args = append(args, "--ro-bind", d, d)
+	}
 	for _, d := range []string{spec.Workspace, spec.Home} {
 		if d == "" {
 			continue

@@ -182,7 +182,11 @@ func parse(root *command, args []string) (*parsed, error) {
 				sub := p.cmd.sub(a)
 				if sub == nil {
 					p.scanJSON(args)
-					return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("unknown command %q: run `%s --help` for the list", strings.TrimSpace(p.cmd.path()+" "+a), p.cmd.synopsisName())}
+					msg := fmt.Sprintf("unknown command %q", strings.TrimSpace(p.cmd.path()+" "+a))
+					if near := p.cmd.nearest(a); near != "" {
+						msg += fmt.Sprintf(": did you mean %q?", near)
+					}
+					return p, &usageError{cmd: p.cmd, msg: msg + fmt.Sprintf(" (run `%s --help` for the list)", p.cmd.synopsisName())}
 				}
 				p.cmd = sub
 				continue
@@ -241,6 +245,11 @@ func parse(root *command, args []string) (*parsed, error) {
 			return p, nil // bare `sbx`: the caller prints the help
 		}
 		return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("%q needs a subcommand: run `sbx help %s` for the list", p.cmd.path(), p.cmd.path())}
+	}
+	if len(p.args) > p.cmd.maxArgs && p.cmd.argv && len(p.argv) == 0 {
+		// `sbx exec ls README.md`: a command without the -- before it.
+		return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("too many arguments: %s; the command goes after --: `sbx %s -- %s`",
+			strings.Join(p.args[p.cmd.maxArgs:], " "), p.cmd.path(), strings.Join(p.args, " "))}
 	}
 	if len(p.args) > p.cmd.maxArgs {
 		return p, &usageError{cmd: p.cmd, msg: fmt.Sprintf("too many arguments: %s", strings.Join(p.args[p.cmd.maxArgs:], " "))}
@@ -313,4 +322,45 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// nearest is the subcommand of c whose name is closest to a mistyped one
+// (at most two edits, a swap of neighbours counting as one), or "".
+func (c *command) nearest(name string) string {
+	best, bestD := "", 3
+	for _, s := range c.subs {
+		if s.hidden {
+			continue
+		}
+		if d := editDistance(name, s.name); d < bestD {
+			best, bestD = s.name, d
+		}
+	}
+	return best
+}
+
+// editDistance is the optimal string alignment distance of a and b.
+func editDistance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	d := make([][]int, len(ra)+1)
+	for i := range d {
+		d[i] = make([]int, len(rb)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(ra); i++ {
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(ra)][len(rb)]
 }

@@ -157,7 +157,7 @@ func (a *app) usage(err error) int {
 	}
 	fmt.Fprintf(a.sys.Stderr, "sbx: %v\n", err)
 	if ue.cmd != nil {
-		fmt.Fprintf(a.sys.Stderr, "usage: %s (see `sbx help %s`)\n", synopsis(ue.cmd), ue.cmd.path())
+		fmt.Fprintf(a.sys.Stderr, "usage: %s (see `%s`)\n", synopsis(ue.cmd), strings.TrimSpace("sbx help "+ue.cmd.path()))
 	}
 	return ExitFailure
 }

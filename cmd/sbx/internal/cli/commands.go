@@ -58,22 +58,27 @@ func root() *command {
 				long: "The command after -- reaches the sandbox's shell with every argument exactly as given " +
 					"(spaces, quotes, $, globs and newlines are not interpreted). stdin is forwarded when it is " +
 					"not a terminal (or with -i). Ctrl-C sends SIGINT to the remote command; a second Ctrl-C " +
-					"within 2s disconnects, which cancels it. The exit status is the remote command's.",
+					"within 2s disconnects, which cancels it. The exit status is the remote command's. It runs in " +
+					"the sandbox's directory that corresponds to the current one (cd pkg/a && sbx exec -- go test . " +
+					"tests pkg/a); --root runs it at the root of the checkout.",
 				flags: []flagSpec{idFlag(),
 					{name: "no-sync", kind: boolFlag, help: "do not sync local changes to the sandbox and back"},
+					rootFlag(),
 					{name: "interactive", short: "i", kind: boolFlag, help: "forward stdin even when it is a terminal"},
 					{name: "tty", short: "t", kind: boolFlag, help: "run the command on a pseudo-terminal (for full-screen and interactive programs): keys pass through raw, the window size follows"},
 					{name: "reset", kind: boolFlag, help: "replace the sandbox first (stop it and start a new run, e.g. after a config change)"},
 				}},
 			{name: "shell", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).shell,
-				summary: "open an interactive login shell in the sandbox, with your changes synced both ways",
+				summary: "open an interactive shell (yours, else bash) in the sandbox, with your changes synced both ways",
 				long: "The shell runs on a pseudo-terminal with your TERM and window size (resizes follow); the local " +
 					"terminal is raw while it runs, so Ctrl-C, Ctrl-D and Ctrl-Z reach the remote shell, and it is " +
 					"restored however sbx ends. Local changes are synced before it starts and the sandbox's changes " +
-					"come back when it exits (as for exec). The exit status is the shell's. Same as sbx exec -t -- " +
-					"\"$SHELL\" -l in the sandbox.",
+					"come back when it exits (as for exec). The exit status is the shell's. The shell is yours ($SHELL) " +
+					"where the sandbox has it, else bash, else sh, started interactive (not as a login shell, whose " +
+					"profile would reset the sandbox's PATH), in the sandbox's directory that corresponds to the current one.",
 				flags: []flagSpec{idFlag(),
 					{name: "no-sync", kind: boolFlag, help: "do not sync local changes to the sandbox and back"},
+					rootFlag(),
 				}},
 			{name: "push", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).push,
 				summary: "sync your working tree and unpushed commits to the sandbox without running a command",
@@ -136,4 +141,9 @@ func root() *command {
 			{name: "man", summary: "print the sbx(1) man page (roff) on stdout", run: (*app).man},
 		},
 	})
+}
+
+// rootFlag runs at the checkout's root instead of the caller's directory.
+func rootFlag() flagSpec {
+	return flagSpec{name: "root", kind: boolFlag, help: "run at the root of the sandbox's checkout, not in the directory that corresponds to the current one"}
 }

@@ -30,8 +30,11 @@ type doctorJSON struct {
 func (a *app) doctor(ctx context.Context) int {
 	var checks []ipc.DoctorCheck
 	checks = append(checks, a.checkSocket())
-	d, daemonUp := a.checkDaemon(ctx)
+	d, h, daemonUp := a.checkDaemon(ctx)
 	checks = append(checks, d)
+	if daemonUp {
+		checks = append(checks, checkConfig(h))
+	}
 	checks = append(checks, checkGit(), checkWatches())
 	if daemonUp {
 		resp, err := a.c.Doctor(ctx)
@@ -70,18 +73,18 @@ func (a *app) doctor(ctx context.Context) int {
 	return code
 }
 
-func (a *app) checkDaemon(ctx context.Context) (ipc.DoctorCheck, bool) {
+func (a *app) checkDaemon(ctx context.Context) (ipc.DoctorCheck, ipc.HealthResponse, bool) {
 	c := ipc.DoctorCheck{Name: "daemon"}
 	h, err := a.c.Health(ctx)
 	switch {
 	case errors.Is(err, client.ErrDaemonNotRunning):
 		c.Detail = "sandboxd is not running"
 		c.Fix = "any sbx command starts it (unless SANDBOXD_NO_AUTOSTART=1); or run `sandboxd`, or `systemctl --user enable --now sandboxd.socket`"
-		return c, false
+		return c, h, false
 	case err != nil:
 		c.Detail = fmt.Sprintf("sandboxd does not answer properly: %v", err)
 		c.Fix = "`sbx daemon stop`, then any sbx command starts a fresh one; see its log"
-		return c, false
+		return c, h, false
 	}
 	v := a.c.DaemonVersion()
 	c.Detail = fmt.Sprintf("sandboxd %s running, store %s, %d sessions", v, h.Store, h.Sessions)
@@ -93,7 +96,22 @@ func (a *app) checkDaemon(ctx context.Context) (ipc.DoctorCheck, bool) {
 	case !c.OK:
 		c.Fix = "see `sbx daemon status` and sandboxd's log"
 	}
-	return c, true
+	return c, h, true
+}
+
+// checkConfig reports the daemon's view of its config file as it is now.
+func checkConfig(h ipc.HealthResponse) ipc.DoctorCheck {
+	c := ipc.DoctorCheck{Name: "config"}
+	switch h.Config {
+	case "":
+		c.OK, c.Detail = true, "not checked (sandboxd predates the check)"
+	case "ok":
+		c.OK, c.Detail = true, "the config file is valid (or absent: defaults)"
+	default:
+		c.Detail = h.Config
+		c.Fix = "fix the file (`sbx config` names it), then reload sandboxd (kill -HUP its pid, or `sbx daemon stop`)"
+	}
+	return c
 }
 
 // checkSocket checks the socket's path and permissions: a directory only

@@ -42,7 +42,7 @@ func (a *app) exec(ctx context.Context) int {
 	if err != nil {
 		return a.fail(err)
 	}
-	req := ipc.ExecRequest{Target: t, Argv: a.p.argv, NoSync: a.p.bools["no-sync"], Reset: a.p.bools["reset"]}
+	req := ipc.ExecRequest{Target: t, Argv: a.p.argv, NoSync: a.p.bools["no-sync"], Reset: a.p.bools["reset"], Root: a.p.bools["root"]}
 	ctx, disconnect := context.WithCancel(ctx)
 	defer disconnect()
 

@@ -52,17 +52,44 @@ func errorRecord(err error) errorJSON {
 }
 
 // splitHint separates what to do from what failed: the lines after the
-// first, or else the last ": "-separated part when it names a command
-// (sbx's messages end with ": run `sbx reset` ..." and the like).
+// first; else the last ": "-separated part when it is advice (it starts
+// with a verb such as run, add or create) or names a command (sbx's
+// messages end with ": run `sbx reset` ..." and the like); else, within
+// that last part, what follows a "; " that starts with such a verb.
 func splitHint(s string) (msg, hint string) {
 	s = strings.TrimSpace(strings.TrimPrefix(s, "sbx: "))
 	if first, rest, ok := strings.Cut(s, "\n"); ok {
 		return strings.TrimSpace(first), strings.TrimSpace(rest)
 	}
-	if i := strings.LastIndex(s, ": "); i > 0 && strings.Contains(s[i:], "`") {
+	i := strings.LastIndex(s, ": ")
+	if i > 0 && (advice(s[i+2:]) || strings.Contains(s[i:], "`")) {
 		return s[:i], s[i+2:]
 	}
+	for j := i + 1; ; {
+		k := strings.Index(s[j:], "; ")
+		if k < 0 {
+			break
+		}
+		if advice(s[j+k+2:]) {
+			return s[:j+k], s[j+k+2:]
+		}
+		j += k + 2
+	}
 	return s, ""
+}
+
+// adviceVerbs start the sentences of sbx's and sandboxd's messages that
+// say what to do.
+var adviceVerbs = map[string]bool{
+	"add": true, "attach": true, "cd": true, "check": true, "commit": true, "configure": true, "create": true,
+	"delete": true, "fix": true, "install": true, "pass": true, "push": true, "remove": true, "resolve": true,
+	"restart": true, "run": true, "see": true, "set": true, "start": true, "stop": true, "try": true, "use": true,
+	"wait": true,
+}
+
+func advice(s string) bool {
+	word, _, _ := strings.Cut(s, " ")
+	return adviceVerbs[word]
 }
 
 // defaultHints are the hints of errors that carry none of their own.

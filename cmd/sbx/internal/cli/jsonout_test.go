@@ -33,6 +33,10 @@ func TestSplitHint(t *testing.T) {
 		{"no session for run x: attach to it with `sbx start --id x`", "no session for run x", "attach to it with `sbx start --id x`"},
 		{"sandboxd is not running\nstart it with `sandboxd`", "sandboxd is not running", "start it with `sandboxd`"},
 		{"create the sandbox run: remote said no", "create the sandbox run: remote said no", ""},
+		{"/tmp is not inside a git repository: run sbx from your project's checkout", "/tmp is not inside a git repository", "run sbx from your project's checkout"},
+		{"the repository /r has no `origin` remote: a cloud sandbox clones from origin; add one (git remote add origin URL) and push",
+			"the repository /r has no `origin` remote: a cloud sandbox clones from origin", "add one (git remote add origin URL) and push"},
+		{"sync your changes: push the patch: exit 1", "sync your changes: push the patch: exit 1", ""},
 	} {
 		msg, hint := splitHint(c.in)
 		if msg != c.msg || hint != c.hint {

@@ -75,7 +75,14 @@ func (a *app) daemonStatus(ctx context.Context) int {
 		return a.printJSON(out)
 	}
 	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "sandboxd\trunning (%s), version %s, up %s\n", h.Status, out.Version, (time.Duration(h.UptimeSeconds) * time.Second).String())
+	state := h.Status
+	if h.Config != "" && h.Config != "ok" {
+		state += ", but its config file has errors"
+	}
+	fmt.Fprintf(tw, "sandboxd\trunning (%s), version %s, up %s\n", state, out.Version, (time.Duration(h.UptimeSeconds) * time.Second).String())
+	if h.Config != "" && h.Config != "ok" {
+		fmt.Fprintf(tw, "config\t%s\n", h.Config)
+	}
 	fmt.Fprintf(tw, "socket\t%s%s\n", a.layout.Socket, map[bool]string{true: " (socket-activated)"}[h.Activated])
 	fmt.Fprintf(tw, "store\t%s (%s)\n", h.Store, h.Database)
 	fmt.Fprintf(tw, "sessions\t%d, %d connected, %d open streams\n", h.Sessions, h.Connections, h.LiveStreams)

@@ -36,12 +36,28 @@ func (t osTerminal) MakeRaw() (func() error, error) {
 
 func (t osTerminal) Size() (int, int, error) { return term.GetSize(t.fd) }
 
-// shellArgv starts the sandbox user's login shell.
-var shellArgv = []string{"sh", "-c", `exec "${SHELL:-/bin/sh}" -l`}
+// shellScript starts, in the sandbox, the caller's login shell ($1: its
+// path, else its name on PATH) where the sandbox has it, else bash, else
+// sh, with SHELL naming it. The shell is interactive, not a login shell:
+// a login shell reads /etc/profile, which on Debian and others sets PATH
+// anew and so drops the sandbox's (toolchains, the config's env). ssh to a
+// sandbox opens the same kind of shell.
+const shellScript = `for c in "$1" "${1##*/}" bash sh; do
+	[ -n "$c" ] || continue
+	if p=$(command -v -- "$c" 2>/dev/null) && [ -x "$p" ]; then SHELL=$p; export SHELL; exec "$p" -i; fi
+done
+echo "sbx: the sandbox has no shell (not $1, bash or sh)" >&2; exit 127`
 
-// shell is `sbx shell`: exec -t of the remote login shell.
+// shellArgv is the remote command of sbx shell for the caller's login
+// shell (the local $SHELL).
+func shellArgv(login string) []string {
+	return []string{"sh", "-c", shellScript, "sbx-shell", login}
+}
+
+// shell is `sbx shell`: exec -t of the remote interactive shell.
 func (a *app) shell(ctx context.Context) int {
-	a.p.argv = shellArgv
+	login, _ := a.sys.Env("SHELL")
+	a.p.argv = shellArgv(login)
 	a.p.bools["tty"] = true
 	return a.exec(ctx)
 }

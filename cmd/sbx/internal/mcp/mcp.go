@@ -141,7 +141,7 @@ func NewServer(opts Options) *sdk.Server {
 
 const instructions = `sbx runs commands in a remote sandbox (an RWX sandbox run) for a git checkout on this machine, through the sandboxd daemon.
 Use the exec tool to build, test or run anything in the sandbox: your uncommitted changes are synced to it first and its file changes come back after, so edit files locally and exec to run them.
-The checkout is the directory given as "cwd" in each call (default: the directory this server was started in).`
+The checkout is the directory given as "cwd" in each call (default: the directory this server was started in); exec runs the command in the sandbox's directory that corresponds to cwd (root: true runs it at the checkout's root).`
 
 // Where is the part of every tool's input that picks the sandbox.
 type Where struct {
@@ -153,10 +153,11 @@ type Where struct {
 // ExecInput is the exec tool's input.
 type ExecInput struct {
 	Where
-	Command string   `json:"command,omitempty" jsonschema:"a shell command line, run with sh -c in the sandbox's checkout, e.g. 'go test ./... 2>&1 | tail -50'"`
+	Command string   `json:"command,omitempty" jsonschema:"a shell command line, run with sh -c in the sandbox's directory that corresponds to cwd, e.g. 'go test ./... 2>&1 | tail -50'"`
 	Argv    []string `json:"argv,omitempty" jsonschema:"the program and its arguments, passed exactly (no shell), e.g. [\"make\", \"test\"]; give this or command"`
 	NoSync  bool     `json:"noSync,omitempty" jsonschema:"do not sync local changes to the sandbox before, nor the sandbox's changes back after (default false: sync both ways)"`
 	Stdin   string   `json:"stdin,omitempty" jsonschema:"text given to the command's standard input (default: empty)"`
+	Root    bool     `json:"root,omitempty" jsonschema:"run at the root of the sandbox's checkout instead of the directory that corresponds to cwd (default false)"`
 }
 
 // ExecOutput is the exec tool's result.
@@ -295,7 +296,7 @@ func (h *handlers) exec(ctx context.Context, _ *sdk.CallToolRequest, in ExecInpu
 	}
 	// Cancelling the MCP call cancels ctx, which disconnects the exec
 	// stream: the daemon then stops the remote command.
-	res, err := h.opts.Client.Exec(ctx, ipc.ExecRequest{Target: t, Argv: argv, NoSync: in.NoSync}, opts)
+	res, err := h.opts.Client.Exec(ctx, ipc.ExecRequest{Target: t, Argv: argv, NoSync: in.NoSync, Root: in.Root}, opts)
 	if err != nil {
 		return nil, ExecOutput{}, err
 	}
