@@ -230,6 +230,12 @@ var (
 	ErrSandboxGit       = errors.New("a git command failed in the sandbox")
 	ErrTransfer         = errors.New("the patch from the sandbox arrived incomplete")
 	ErrPushCommits      = errors.New("git push to the sandbox failed")
+	// ErrForgedReport: the sandbox's answer broke the protocol in a way
+	// only the command could (a report after the command started that
+	// says it did not run).
+	ErrForgedReport = errors.New("the sandbox's report was forged by the command")
+	// ErrUnsafeGit: the local git's `git apply` has known escapes.
+	ErrUnsafeGit = errors.New("the local git is too old to apply the sandbox's changes safely")
 )
 
 // syncError is an error with its own message that matches a sentinel and
