@@ -50,6 +50,12 @@ const (
 // DefaultMaxPatchBytes bounds a patch in either direction.
 const DefaultMaxPatchBytes int64 = 64 << 20
 
+// DefaultMaxSavedPatchBytes bounds a patch from the sandbox that is over
+// the patch limit and so is copied to a file under .git/sandboxd/pulls/
+// instead of applied: a larger one is not copied (it stays in the
+// sandbox).
+const DefaultMaxSavedPatchBytes int64 = 1 << 30
+
 // Runner runs one command in the sandbox: an SSH exec request on a persistent
 // connection. Commands run under /bin/sh -c in the root of the sandbox's git
 // checkout. Each Run is one round trip.
@@ -64,6 +70,9 @@ type Options struct {
 	// MaxPatchBytes bounds the patch pushed and the patch pulled; default
 	// DefaultMaxPatchBytes. Errors state the limit.
 	MaxPatchBytes int64
+	// MaxSavedPatchBytes bounds the copy of a patch over MaxPatchBytes
+	// (saved, not applied); default DefaultMaxSavedPatchBytes.
+	MaxSavedPatchBytes int64
 	// Now stamps snapshot commits and saved patch files; default time.Now.
 	Now func() time.Time
 	// Logger receives debug records (sizes, durations); default discards.
@@ -86,6 +95,10 @@ type Options struct {
 type Syncer struct {
 	git      string
 	maxBytes int64
+	maxSaved int64
+	// saveWait is the base of the deadline of a saved patch's copy;
+	// tests lower it.
+	saveWait time.Duration
 	now      func() time.Time
 	log      *slog.Logger
 	pause    func(string)
@@ -107,7 +120,7 @@ type Syncer struct {
 
 // New returns a Syncer.
 func New(o Options) *Syncer {
-	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, now: o.Now, log: o.Logger, pause: o.Pause, changes: o.Changes,
+	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, maxSaved: o.MaxSavedPatchBytes, saveWait: time.Minute, now: o.Now, log: o.Logger, pause: o.Pause, changes: o.Changes,
 		pushed: map[string]string{}, prep: map[string]*prepState{}, native: map[string]string{}, largeIndex: largeIndexBytes}
 	if s.pause == nil {
 		s.pause = func(string) {}
@@ -117,6 +130,9 @@ func New(o Options) *Syncer {
 	}
 	if s.maxBytes <= 0 {
 		s.maxBytes = DefaultMaxPatchBytes
+	}
+	if s.maxSaved <= 0 {
+		s.maxSaved = DefaultMaxSavedPatchBytes
 	}
 	if s.now == nil {
 		s.now = time.Now

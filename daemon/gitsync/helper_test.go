@@ -505,7 +505,7 @@ func TestNativeRunReportsAPullOverTheLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.s.fetchToFile(ctx, f.r, rp, "another-exec"); err == nil || !strings.Contains(err.Error(), "no longer keeps exec another-exec's patch") {
+	if _, err := f.s.fetchToFile(ctx, f.r, rp, "abcdef0123", 10); err == nil || !strings.Contains(err.Error(), "no longer keeps exec abcdef0123's patch") {
 		t.Fatalf("fetching another exec's patch: %v", err)
 	}
 }

@@ -99,7 +99,7 @@ func (s *Syncer) recover(ctx context.Context, r Runner, rp repo, out *limitedBuf
 	if tooLarge {
 		id, size, _ := parseHeader(out.buf.Bytes())
 		res.ID = id
-		saved, err := s.fetchToFile(ctx, r, rp, id)
+		saved, err := s.fetchToFile(ctx, r, rp, id, size)
 		if err != nil {
 			return res, false, errdefs.Unavailable(newError(ErrTransfer, err,
 				"the sandbox holds edits of an earlier exec that were never pulled (the daemon stopped during it), %s, over the %s limit, and copying them here failed (%v): they stay in the sandbox (%s); run the command again",

@@ -1,0 +1,243 @@
+package gitsync
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// readNonce is the shell that a hostile command uses to learn the
+// exchange's nonce: its parent, the wrapper shell, has the script in argv.
+const readNonce = `N=$(tr '\0' '\n' </proc/$PPID/cmdline | sed -n 's/^N=//p' | head -n1)
+[ -n "$N" ] || { echo "no nonce in the parent's argv" >&2; exit 3; }
+`
+
+// exchangeAsTheDaemon runs command synced as sessions.execFused does: one
+// exchange, and another one only when Finish says the command has yet to
+// run (Again), at most twice.
+func exchangeAsTheDaemon(t *testing.T, f *fixture, command string) (Fused, error) {
+	t.Helper()
+	ctx := context.Background()
+	var fr Fused
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		p, perr := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
+		if perr != nil {
+			t.Fatalf("prepare: %v", perr)
+		}
+		x, ok, ferr := f.s.Fuse(ctx, f.r, p, command)
+		if ferr != nil || !ok {
+			t.Fatalf("fuse: %v %v", ok, ferr)
+		}
+		var stdout, stderr bytes.Buffer
+		if _, rerr := f.r.Run(ctx, x.Command(), nil, x.Stdout(&stdout), &stderr); rerr != nil {
+			t.Fatalf("run the exchange: %v", rerr)
+		}
+		fr, err = x.Finish(ctx, f.r)
+		if err != nil || !fr.Again {
+			return fr, err
+		}
+	}
+	// Then the separate steps, as the daemon takes them.
+	for attempt := 0; ; attempt++ {
+		p, err := f.s.Prepare(ctx, f.local, f.base)
+		if err != nil {
+			t.Fatalf("prepare: %v", err)
+		}
+		res, err := f.s.Push(ctx, f.r, p)
+		if err != nil {
+			return fr, err
+		}
+		if !res.Again {
+			break
+		}
+		if attempt > 0 {
+			return fr, errors.New("the push kept finding edits")
+		}
+	}
+	code, err := f.r.Run(ctx, command, nil, io.Discard, io.Discard)
+	if err != nil {
+		t.Fatalf("run the command: %v", err)
+	}
+	fr = Fused{Ran: true, ExitCode: code}
+	fr.Pull, fr.PullErr = f.s.Pull(ctx, f.r, f.local)
+	return fr, nil
+}
+
+func runs(t *testing.T, f *fixture) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(f.sandbox, "runs"))
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(b), "\n")
+}
+
+// A command that forges the exchange's report to say the push failed
+// (`push 91`, "edits of an earlier exec came first") does not get itself
+// run a second time: the report is refused as forged.
+func TestForgedPushFailureDoesNotRunTheCommandTwice(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "runs\n"})
+	command := `echo ran >>runs
+` + readNonce + `printf '\036sandboxd-%s\npush 91\nsandboxd-pull abcdef 0\n\036sandboxd-%s-end\n' "$N" "$N"`
+	fr, err := exchangeAsTheDaemon(t, f, command)
+	if n := runs(t, f); n != 1 {
+		t.Fatalf("the command ran %d times, want once (err %v)", n, err)
+	}
+	if !errors.Is(err, ErrForgedReport) {
+		t.Fatalf("a forged push failure was taken as the sandbox's: %+v, %v", fr, err)
+	}
+	// The real exchange's edits are still pending in the sandbox: the next
+	// exec brings them back, and runs its command once.
+	if _, fr, err := f.fused("echo ran >>runs; echo b >b.txt"); err != nil || !fr.Ran {
+		t.Fatalf("the next exec: %+v, %v", fr, err)
+	}
+	if n := runs(t, f); n != 2 {
+		t.Fatalf("after the next exec the commands ran %d times, want 2", n)
+	}
+}
+
+// A report of a failed push that opens the stream (nothing ran) is still
+// believed, so the exchange is sent again: here the sandbox holds the
+// edits of an exec whose pull never happened.
+func TestRealPushFailureStillSendsTheExchangeAgain(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "runs\n"})
+	f.push()
+	writeFile(t, filepath.Join(f.sandbox, "left.txt"), "left by an exec never pulled\n")
+	fr, err := exchangeAsTheDaemon(t, f, "echo ran >>runs")
+	if err != nil || !fr.Ran {
+		t.Fatalf("exec after unpulled edits: %+v, %v", fr, err)
+	}
+	if n := runs(t, f); n != 1 {
+		t.Fatalf("the command ran %d times, want once", n)
+	}
+	if b := fileBytes(t, filepath.Join(f.local, "left.txt")); string(b) != "left by an exec never pulled\n" {
+		t.Fatalf("the earlier exec's edits did not come back: %q", b)
+	}
+}
+
+// The exec id that names a pull comes from the sandbox: a command that
+// writes a path into the pending file (here with a patch over the limit,
+// which is copied to a file) names no local file with it.
+func TestPulledIDNamesNoLocalFile(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	f.s = newTrackedSyncer(t, Options{MaxPatchBytes: 16 << 10})
+	victim := filepath.Join(filepath.Dir(f.local), "victim.patch")
+	writeFile(t, victim, "the user's patch\n")
+	command := `echo '/../../../../../victim' >.git/sandboxd/pending
+head -c 100000 /dev/zero | tr '\0' x >big.txt`
+	fr, err := exchangeAsTheDaemon(t, f, command)
+	if err != nil || !fr.Ran {
+		t.Fatalf("exec: %+v, %v", fr, err)
+	}
+	if b := fileBytes(t, victim); string(b) != "the user's patch\n" {
+		t.Fatalf("a file outside the pulls directory was overwritten: %q", clip(b))
+	}
+	if fr.PullErr == nil {
+		t.Fatalf("a pull with a forged id was taken: %+v", fr.Pull)
+	}
+	t.Logf("pull error: %v", fr.PullErr)
+	ents, _ := os.ReadDir(filepath.Join(f.local, ".git", "sandboxd", "pulls"))
+	for _, e := range ents {
+		if strings.Contains(e.Name(), "victim") {
+			t.Fatalf("a saved patch is named after the sandbox's id: %s", e.Name())
+		}
+	}
+}
+
+// endless is a fake sandbox whose fetch of a kept patch states size bytes
+// and then sends without end, until its context ends.
+type endless struct {
+	id   string
+	size int64
+	sent int64
+}
+
+func (e *endless) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	if _, err := io.WriteString(stdout, pullHeader+e.id+" "+strconv.FormatInt(e.size, 10)+"\n"); err != nil {
+		return -1, err
+	}
+	chunk := bytes.Repeat([]byte("+x\n"), 1<<12)
+	for ctx.Err() == nil {
+		if _, err := stdout.Write(chunk); err != nil {
+			// A sandbox that ignores its stdout's end: only the context
+			// stops it.
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		e.sent += int64(len(chunk))
+	}
+	return -1, ctx.Err()
+}
+
+// The copy of a patch over the limit is bounded: a sandbox that sends
+// more than it stated is stopped (the remote command's context ends) and
+// nothing partial is kept; one that states more than the saved-patch bound
+// is not copied at all; ids that are not the daemon's are refused.
+func TestSavedPatchCopyIsBounded(t *testing.T) {
+	isolate(t)
+	root := t.TempDir()
+	git(t, root, "init", "-q", root)
+	s := New(Options{MaxSavedPatchBytes: 1 << 20})
+	ctx := context.Background()
+	rp, err := s.openRepo(ctx, root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pulls := filepath.Join(rp.stateDir(), "pulls")
+	e := &endless{id: "abcdef", size: 64 << 10}
+	done := make(chan error, 1)
+	go func() { _, err := s.fetchToFile(ctx, e, rp, e.id, e.size); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "sent more than") {
+			t.Fatalf("an endless copy: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("an endless copy was not stopped within 30 s")
+	}
+	if ents, _ := os.ReadDir(pulls); len(ents) != 0 {
+		t.Fatalf("a partial copy was kept: %v", ents)
+	}
+	if _, err := s.fetchToFile(ctx, &endless{id: "abcdef", size: 2 << 20}, rp, "abcdef", 2<<20); err == nil || !strings.Contains(err.Error(), "over the 1 MiB") {
+		t.Fatalf("a patch stated over the bound: %v", err)
+	}
+	for _, id := range []string{"/../../x", "none", "", "ABC", strings.Repeat("a", 65)} {
+		if _, err := s.fetchToFile(ctx, &endless{id: id, size: 1}, rp, id, 1); err == nil {
+			t.Fatalf("id %q was taken", id)
+		}
+	}
+	// A sandbox that trickles is stopped by the copy's own deadline,
+	// even under a context that never ends.
+	s.saveWait = 300 * time.Millisecond
+	slow := &trickle{}
+	start := time.Now()
+	if _, err := s.fetchToFile(context.WithoutCancel(ctx), slow, rp, "abcdef", 1<<20); err == nil || !strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("a trickling copy: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("a trickling copy took %s", d)
+	}
+}
+
+// trickle states a patch and sends a byte a while until its context ends.
+type trickle struct{}
+
+func (trickle) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	_, _ = io.WriteString(stdout, pullHeader+"abcdef 1048576\n")
+	for {
+		select {
+		case <-ctx.Done():
+			return -1, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+			_, _ = stdout.Write([]byte("x"))
+		}
+	}
+}
