@@ -227,7 +227,12 @@ type PullResult struct {
 	RejectFiles []string
 	// SkippedLFS are Git LFS files the sandbox changed, not applied locally.
 	SkippedLFS []string
-	Warnings   []string
+	// Refused are the sandbox's changes that were not applied: content
+	// the user's tools would execute or misread (a directory git would
+	// take for a repository, a symlink out of the checkout, a name with
+	// control characters) or a path sandboxd owns. SavedPatch keeps them.
+	Refused  []Refused
+	Warnings []string
 }
 
 // Sentinel errors, for errors.Is. Errors returned by this package also carry

@@ -241,3 +241,107 @@ func (trickle) Run(ctx context.Context, command string, stdin io.Reader, stdout,
 		}
 	}
 }
+
+// hostileEdits plants, in the sandbox, what the user's tools would run or
+// misread once pulled, beside one ordinary edit (good.txt).
+const hostileEdits = `mkdir -p tools/objects/ab tools/refs/heads .rwx/sandboxes
+echo 'ref: refs/heads/main' >tools/HEAD
+printf '[core]\n\tfsmonitor = "touch /tmp/sandboxd-pwned"\n\tworktree = .\n' >tools/config
+echo x >tools/objects/ab/cd
+echo 0000000000000000000000000000000000000000 >tools/refs/heads/main
+ln -s /etc/passwd passwd-link
+ln -s ../../.. up-link
+ln -s tools/../../x up-link2
+ln -s .git/config gitconfig-link
+printf 'x\n' >"$(printf 'new\nline.txt')"
+printf 'x\n' >"$(printf 'esc\033[2J.txt')"
+echo '{"sandboxes":{}}' >.rwx/sandboxes/sandboxes.json
+echo fine >good.txt
+`
+
+// hostilePaths are the paths hostileEdits makes that must not land.
+var hostilePaths = []string{"tools/HEAD", "tools/config", "tools/objects/ab/cd", "tools/refs/heads/main", "passwd-link", "up-link", "up-link2",
+	"gitconfig-link", "new\nline.txt", "esc\033[2J.txt", ".rwx/sandboxes/sandboxes.json"}
+
+// Pulled content that local tools would execute or misread, and paths
+// the daemon owns, are refused: not applied, kept in the saved patch and
+// reported with the reason; the rest of the pull applies.
+func TestPullRefusesWhatLocalToolsWouldRunOrMisread(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	_, pr, err := f.exec(hostileEdits)
+	if err != nil {
+		t.Fatalf("pull: %v", err)
+	}
+	for _, p := range hostilePaths {
+		if _, err := os.Lstat(filepath.Join(f.local, p)); err == nil {
+			t.Errorf("%q was applied", p)
+		}
+	}
+	if b := fileBytes(t, filepath.Join(f.local, "good.txt")); string(b) != "fine\n" {
+		t.Fatalf("the ordinary edit did not land: %q", b)
+	}
+	got := map[string]string{}
+	for _, r := range pr.Refused {
+		got[r.Path] = r.Reason
+	}
+	for _, p := range hostilePaths {
+		if got[p] == "" {
+			t.Errorf("%q is not reported as refused (refused: %v)", p, pr.Refused)
+		}
+	}
+	if pr.SavedPatch == "" || !strings.Contains(string(fileBytes(t, pr.SavedPatch)), "fsmonitor") {
+		t.Fatalf("the refused entries are not in a saved patch: %q", pr.SavedPatch)
+	}
+	if len(pr.Warnings) == 0 || !strings.Contains(strings.Join(pr.Warnings, "\n"), "refused") {
+		t.Fatalf("the user is not told: %q", pr.Warnings)
+	}
+	t.Logf("warning: %s", strings.Join(pr.Warnings, "\n"))
+	for _, f := range pr.Files {
+		if f != "good.txt" {
+			t.Errorf("the pull reports %q as applied", f)
+		}
+	}
+}
+
+// parsePulled never panics on what a sandbox sends, and what it cannot
+// read it reports.
+func FuzzParsePulled(f *testing.F) {
+	f.Add([]byte("diff --git a/l b/l\nnew file mode 120000\nindex 0000000..1111111\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n+/etc/passwd\n\\ No newline at end of file\n"))
+	f.Add([]byte("diff --git \"a/x\\ny\" \"b/x\\ny\"\nnew file mode 100644\n--- /dev/null\n+++ \"b/x\\ny\"\n@@ -0,0 +1 @@\n+x\n"))
+	f.Add([]byte("diff --git a/a b/b\nsimilarity index 100%\nrename from a\nrename to b\n"))
+	f.Add([]byte("diff --git a/x b/x\n@@ -1,2 +1,2 @@\n-a\n+b\n"))
+	f.Fuzz(func(t *testing.T, patch []byte) {
+		entries, err := parsePulled(patch)
+		if err == nil {
+			_ = screenEntries(t.TempDir(), entries)
+		}
+	})
+}
+
+// parsePulled reads names, modes and link targets as git apply does.
+func TestParsePulledReadsNamesModesAndTargets(t *testing.T) {
+	patch := "diff --git a/l b/l\nnew file mode 120000\nindex 0000000..1111111\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n+../x\n\\ No newline at end of file\n" +
+		"diff --git \"a/x\\ny\" \"b/x\\ny\"\nnew file mode 100644\nindex 0000000..1111111\n--- /dev/null\n+++ \"b/x\\ny\"\n@@ -0,0 +1 @@\n+x\n" +
+		"diff --git a/a b/b\nsimilarity index 100%\nrename from a\nrename to b\n" +
+		"diff --git a/d b/d\ndeleted file mode 100644\nindex 1111111..0000000\n--- a/d\n+++ /dev/null\n@@ -1 +0,0 @@\n-d\n" +
+		"diff --git a/m m b/m m\nold mode 100644\nnew mode 120000\n"
+	got, err := parsePulled([]byte(patch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []pulledEntry{
+		{new: "l", mode: "120000", target: "../x", known: true},
+		{new: "x\ny", mode: "100644"},
+		{old: "a", new: "b", rename: true},
+		{old: "d", deleted: true},
+		{old: "m m", new: "m m", mode: "120000"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d entries, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("entry %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
