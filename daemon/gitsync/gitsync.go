@@ -35,7 +35,11 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/gitversion"
 )
 
 // Refs the sync keeps in the sandbox's repository.
@@ -111,6 +115,10 @@ type Syncer struct {
 	// working tree by a patch of what differs (see Patch.LargeTree);
 	// tests lower it.
 	largeIndex int64
+
+	// gitSafe says the local git's version was checked and its `git
+	// apply` has no known escapes (checkGit).
+	gitSafe atomic.Bool
 
 	mu     sync.Mutex
 	pushed map[string]string     // sandbox key → commit known to be there
@@ -255,8 +263,9 @@ var (
 	// only the command could (a report after the command started that
 	// says it did not run).
 	ErrForgedReport = errors.New("the sandbox's report was forged by the command")
-	// ErrUnsafeGit: the local git's `git apply` has known escapes.
-	ErrUnsafeGit = errors.New("the local git is too old to apply the sandbox's changes safely")
+	// ErrUnsafeGit: the local git's `git apply` has known escapes
+	// (gitversion.ErrUnsafe): nothing from a sandbox is applied with it.
+	ErrUnsafeGit = gitversion.ErrUnsafe
 )
 
 // syncError is an error with its own message that matches a sentinel and
@@ -313,3 +322,19 @@ func (e *ConflictError) Error() string {
 
 // Is makes errors.Is(err, ErrConflict) true.
 func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// checkGit refuses a local git whose `git apply` has known escapes; a
+// good answer is kept, a bad one asked again (git may be upgraded).
+func (s *Syncer) checkGit(ctx context.Context) error {
+	if s.gitSafe.Load() {
+		return nil
+	}
+	if _, err := gitversion.Check(ctx, s.git); err != nil {
+		if errors.Is(err, gitversion.ErrUnsafe) {
+			return errdefs.Conflict(err)
+		}
+		return err
+	}
+	s.gitSafe.Store(true)
+	return nil
+}

@@ -160,6 +160,9 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 	if len(patch) == 0 {
 		return nil
 	}
+	if err := s.checkGit(ctx); err != nil {
+		return s.saveFailed(rp, patch, res, fmt.Errorf("nothing was applied: %w", err))
+	}
 	entries, refused, err := s.screenPulled(ctx, rp, patch)
 	if err != nil {
 		return s.saveFailed(rp, patch, res, fmt.Errorf("nothing was applied: %w", err))

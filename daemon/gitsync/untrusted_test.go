@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -343,5 +344,32 @@ func TestParsePulledReadsNamesModesAndTargets(t *testing.T) {
 		if got[i] != want[i] {
 			t.Errorf("entry %d: %+v, want %+v", i, got[i], want[i])
 		}
+	}
+}
+
+// With a local git whose `git apply` has known escapes, nothing from the
+// sandbox is applied: the patch is saved and the error says which git to
+// install.
+func TestPullRefusesToApplyWithAnUnsafeGit(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	real, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := filepath.Join(t.TempDir(), "git")
+	writeFile(t, fake, "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'git version 2.39.2'; exit 0; fi\nexec "+real+" \"$@\"\n")
+	if err := os.Chmod(fake, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f.s = newTrackedSyncer(t, Options{Git: fake})
+	_, pr, err := f.exec("echo edited >a.txt")
+	if !errors.Is(err, ErrUnsafeGit) || !strings.Contains(err.Error(), "install git 2.39.3") {
+		t.Fatalf("a pull with git 2.39.2: %v", err)
+	}
+	if b := fileBytes(t, filepath.Join(f.local, "a.txt")); string(b) != "a\n" {
+		t.Fatalf("the sandbox's edit was applied with an unsafe git: %q", b)
+	}
+	if pr.SavedPatch == "" || !strings.Contains(string(fileBytes(t, pr.SavedPatch)), "+edited") {
+		t.Fatalf("the patch was not saved: %q", pr.SavedPatch)
 	}
 }
