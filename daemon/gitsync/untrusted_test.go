@@ -1,13 +1,16 @@
 package gitsync
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -371,5 +374,71 @@ func TestPullRefusesToApplyWithAnUnsafeGit(t *testing.T) {
 	}
 	if pr.SavedPatch == "" || !strings.Contains(string(fileBytes(t, pr.SavedPatch)), "+edited") {
 		t.Fatalf("the patch was not saved: %q", pr.SavedPatch)
+	}
+}
+
+// advert generates a receive-pack ref advertisement of n refs without
+// holding it: pkt-lines made as they are read, the PushRef last.
+type advert struct {
+	n, i int
+	buf  []byte
+}
+
+func (a *advert) Read(p []byte) (int, error) {
+	for len(a.buf) < len(p) && a.i <= a.n {
+		var line string
+		switch {
+		case a.i == 0:
+			line = strings.Repeat("0", 40) + " capabilities^{}\x00report-status ofs-delta\n"
+		case a.i == a.n:
+			line = strings.Repeat("e", 40) + " " + PushRef + "\n"
+		default:
+			line = fmt.Sprintf("%040x refs/tags/flood-%d\n", a.i, a.i)
+		}
+		a.buf = fmt.Appendf(a.buf, "%04x%s", len(line)+4, line)
+		a.i++
+		if a.i > a.n {
+			a.buf = append(a.buf, "0000"...)
+		}
+	}
+	if len(a.buf) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, a.buf)
+	a.buf = a.buf[n:]
+	return n, nil
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
+}
+
+// A sandbox's ref advertisement is read into bounded memory: what the
+// push needs (its ref, a bounded set of bases) is kept, not every ref;
+// past the bound in refs or bytes it is refused.
+func TestRefAdvertisementIsReadIntoBoundedMemory(t *testing.T) {
+	n := 300_000
+	if os.Getenv("SANDBOXD_TEST_LONG") != "" {
+		n = maxAdvertRefs
+	}
+	before := heapInUse()
+	adv, err := readAdvertisement(bufio.NewReader(&advert{n: n}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	grew := int64(heapInUse()) - int64(before)
+	runtime.KeepAlive(adv)
+	t.Logf("%d refs: the heap grew by %d KiB, %d bases kept", n, grew>>10, len(adv.haves))
+	if adv.pushRef != strings.Repeat("e", 40) || !adv.caps["ofs-delta"] {
+		t.Fatalf("the push's ref or the capabilities were not read: %q %v", adv.pushRef, adv.caps)
+	}
+	if grew > 8<<20 || len(adv.haves) > maxHaves {
+		t.Fatalf("%d refs kept %d bases and %d KiB of heap", n, len(adv.haves), grew>>10)
+	}
+	if _, err := readAdvertisement(bufio.NewReader(&advert{n: maxAdvertRefs + 10})); err == nil {
+		t.Fatalf("an advertisement over the bound: %v", err)
 	}
 }
