@@ -229,7 +229,7 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		return res, nil
 	}
 	snap := ""
-	if len(f) > 2 {
+	if len(f) > 2 && shaPattern.MatchString(f[2]) {
 		snap = f[2]
 	}
 	res.Native = len(f) > 3 && f[3] == "1"

@@ -332,6 +332,9 @@ func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, erro
 		}
 		if code == 0 {
 			snap, _, _ := strings.Cut(strings.TrimSpace(stdout.String()), "\n")
+			if !shaPattern.MatchString(snap) {
+				snap = ""
+			}
 			s.pushDone(p, pend, snap, &res)
 			s.log.Debug("sync pushed", "bytes", res.Bytes, "files", res.Files, "commits", res.Commits, "snapshot", res.Snapshot, "took", time.Since(start))
 			return res, nil

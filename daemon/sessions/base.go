@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -16,8 +18,11 @@ import (
 // CLI, or adopted after its record was lost), the commit the sandbox has
 // checked out as the base of the sync: one command on the first synced exec.
 func (m *Manager) learnBase(ctx context.Context, r gitsync.Runner, s *store.Session) (string, error) {
+	// The answer is the sandbox's: bounded in size and time, and checked.
 	var out, errb bytes.Buffer
-	code, err := r.Run(ctx, "git rev-parse --verify HEAD^{commit}", nil, &out, &errb)
+	ctx, cancel := context.WithTimeout(ctx, learnBaseTimeout)
+	defer cancel()
+	code, err := r.Run(ctx, "git rev-parse --verify HEAD^{commit}", nil, &capped{w: &out, n: 256}, &capped{w: &errb, n: 4096})
 	if err != nil {
 		return "", errdefs.Unavailable(fmt.Errorf("ask the sandbox for its commit: %w", err))
 	}
@@ -40,3 +45,21 @@ func (m *Manager) learnBase(ctx context.Context, r gitsync.Runner, s *store.Sess
 }
 
 var fullSHA = regexp.MustCompile(`^[0-9a-f]{40}([0-9a-f]{24})?$`)
+
+// learnBaseTimeout bounds the sandbox's answer to learnBase.
+const learnBaseTimeout = 30 * time.Second
+
+// capped keeps the first n bytes written to it: an answer from the
+// sandbox is no larger than what it can mean.
+type capped struct {
+	w io.Writer
+	n int
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	if k := min(len(p), c.n); k > 0 {
+		_, _ = c.w.Write(p[:k])
+		c.n -= k
+	}
+	return len(p), nil
+}

@@ -471,7 +471,7 @@ func (m *Manager) probeConnection(ctx context.Context, s *store.Session) (bool, 
 	}
 	var out bytes.Buffer
 	cmd := "git rev-parse -q --verify " + gitsync.SnapshotRef + " >/dev/null 2>&1 && echo yes || echo no"
-	if _, err := conn.Exec(ctx, cmd, sshpool.Stdio{Stdout: &out}); err != nil {
+	if _, err := conn.Exec(ctx, cmd, sshpool.Stdio{Stdout: &capped{w: &out, n: 16}}); err != nil {
 		return false, fmt.Errorf("run a probe command: %w", err)
 	}
 	return bytes.HasPrefix(out.Bytes(), []byte("yes")), nil
