@@ -200,32 +200,35 @@ type advertisement struct {
 }
 
 // readAdvertisement reads receive-pack's ref advertisement, keeping only
-// what the push needs: a sandbox can advertise any number of refs.
+// what the push needs: a sandbox can advertise any number of refs. Lines
+// are read into one buffer; only what is kept becomes a string.
 func readAdvertisement(br *bufio.Reader) (advertisement, error) {
 	adv := advertisement{caps: map[string]bool{}}
 	seen := map[string]bool{}
+	buf := make([]byte, maxPkt)
+	push := []byte(PushRef)
 	first := true
-	var bytes int64
+	var total int64
 	for refs := 0; ; refs++ {
 		if refs > maxAdvertRefs {
 			return adv, fmt.Errorf("the sandbox advertises more than %d refs: remove refs there (git for-each-ref | wc -l), or run `sbx reset`", maxAdvertRefs)
 		}
-		line, flush, err := readPkt(br)
+		line, flush, err := readPktInto(br, buf)
 		if err != nil {
 			return adv, err
 		}
 		if flush {
 			return adv, nil
 		}
-		if bytes += int64(len(line)) + 4; bytes > maxAdvertBytes {
+		if total += int64(len(line)) + 4; total > maxAdvertBytes {
 			return adv, fmt.Errorf("the sandbox's ref advertisement is over %s: remove refs there, or run `sbx reset`", formatBytes(maxAdvertBytes))
 		}
-		line = strings.TrimSuffix(line, "\n")
+		line = bytes.TrimSuffix(line, []byte("\n"))
 		if first {
 			first = false
-			var c string
-			line, c, _ = strings.Cut(line, "\x00")
-			for i, f := range strings.Fields(c) {
+			var c []byte
+			line, c, _ = bytes.Cut(line, []byte{0})
+			for i, f := range strings.Fields(string(c)) {
 				if i >= 64 {
 					break
 				}
@@ -233,19 +236,19 @@ func readAdvertisement(br *bufio.Reader) (advertisement, error) {
 				adv.caps[name] = true
 			}
 		}
-		sha, name, ok := strings.Cut(line, " ")
+		sha, name, ok := bytes.Cut(line, []byte(" "))
 		if !ok {
-			return adv, fmt.Errorf("unexpected advertisement line %q", clip([]byte(line)))
+			return adv, fmt.Errorf("unexpected advertisement line %q", clip(line))
 		}
-		if !shaPattern.MatchString(sha) {
+		if len(sha) != 40 && len(sha) != 64 || !shaPattern.Match(sha) {
 			continue
 		}
-		if name == PushRef {
-			adv.pushRef = sha
+		if bytes.Equal(name, push) {
+			adv.pushRef = string(sha)
 		}
-		if len(adv.haves) < maxHaves && !seen[sha] && name != "capabilities^{}" {
-			seen[sha] = true
-			adv.haves = append(adv.haves, sha)
+		if len(adv.haves) < maxHaves && !seen[string(sha)] && string(name) != "capabilities^{}" {
+			seen[string(sha)] = true
+			adv.haves = append(adv.haves, string(sha))
 		}
 	}
 }
@@ -275,30 +278,39 @@ func drain(br *bufio.Reader, stop func()) {
 	stop()
 }
 
+// maxPkt is the largest pkt-line.
+const maxPkt = 65520
+
 // readPkt reads one pkt-line; flush is true for "0000".
 func readPkt(br *bufio.Reader) (string, bool, error) {
+	line, flush, err := readPktInto(br, make([]byte, maxPkt))
+	return string(line), flush, err
+}
+
+// readPktInto reads one pkt-line into buf (maxPkt bytes) and returns it.
+func readPktInto(br *bufio.Reader, buf []byte) ([]byte, bool, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(br, hdr[:]); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return "", false, fmt.Errorf("read a pkt-line: %w", err)
+		return nil, false, fmt.Errorf("read a pkt-line: %w", err)
 	}
 	n, err := strconv.ParseUint(string(hdr[:]), 16, 16)
 	if err != nil {
-		return "", false, fmt.Errorf("bad pkt-line length %q (is git installed in the sandbox?)", hdr[:])
+		return nil, false, fmt.Errorf("bad pkt-line length %q (is git installed in the sandbox?)", hdr[:])
 	}
 	if n == 0 {
-		return "", true, nil
+		return nil, true, nil
 	}
-	if n < 4 {
-		return "", false, fmt.Errorf("bad pkt-line length %d", n)
+	if n < 4 || int(n-4) > len(buf) {
+		return nil, false, fmt.Errorf("bad pkt-line length %d", n)
 	}
-	buf := make([]byte, n-4)
+	buf = buf[:n-4]
 	if _, err := io.ReadFull(br, buf); err != nil {
-		return "", false, fmt.Errorf("read a pkt-line: %w", err)
+		return nil, false, fmt.Errorf("read a pkt-line: %w", err)
 	}
-	return string(buf), false, nil
+	return buf, false, nil
 }
 
 func writePkt(w *bytes.Buffer, line string) {
