@@ -112,7 +112,7 @@ darwin:
 # The long forms of the reliability suites (load, faults, crashes); make
 # test runs their short forms.
 test-long:
-	SANDBOXD_TEST_LONG=1 $(GO) test -race -count=1 -timeout 40m -run 'Load|Fault|Crash' ./cmd/e2e/
+	SANDBOXD_TEST_LONG=1 $(GO) test -race -count=1 -timeout 40m -run 'Load|Fault|Crash|Untrusted' ./cmd/e2e/
 	SANDBOXD_TEST_LONG=1 $(GO) test -count=1 -timeout 10m ./packaging/build/
 
 fuzz:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -311,5 +312,61 @@ git for-each-ref refs/tags | wc -l`, runs, n))
 	// grew the peak by 70 MiB, read into bounded memory by about 31.
 	if grew := after - before; grew > 50<<10 {
 		t.Fatalf("the daemon's peak RSS grew by %d MiB reading %d refs", grew>>10, n)
+	}
+}
+
+// fakeOldGit puts, first on PATH, a git that says it is 2.39.2 (whose
+// `git apply` has known escapes) and otherwise is the real one.
+func (e *env) fakeOldGit(t *testing.T) []string {
+	t.Helper()
+	real, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(e.root, "oldgit")
+	writeFile(t, filepath.Join(dir, "git"), "#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'git version 2.39.2'; exit 0; fi\nexec "+real+" \"$@\"\n")
+	must(t, os.Chmod(filepath.Join(dir, "git"), 0o755))
+	return []string{"PATH=" + dir + ":" + e.get("PATH")}
+}
+
+// TestUntrustedOldGitIsRefused: with a git whose `git apply` has known
+// escapes, sbx doctor's git check fails naming the version to install,
+// and the daemon applies nothing from a sandbox: the patch is saved and
+// the user told.
+func TestUntrustedOldGitIsRefused(t *testing.T) {
+	e := newEnv(t)
+	old := e.fakeOldGit(t)
+	cmd := e.sbxCmd(e.root, "doctor", "--json")
+	cmd.Env = append(cmd.Env, old...)
+	out, _ := cmd.Output()
+	type doctorOut struct {
+		Checks []struct {
+			Name, Detail, Fix string
+			OK                bool
+		}
+	}
+	d := decode[doctorOut](t, string(out))
+	found := false
+	for _, c := range d.Checks {
+		if c.Name == "git" {
+			found = true
+			if c.OK || !strings.Contains(c.Detail, "install git 2.39.3") || c.Fix == "" {
+				t.Errorf("doctor's git check with git 2.39.2: %+v", c)
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("doctor has no git check: %s", out)
+	}
+
+	e.startDaemon(old...)
+	repo := e.newRepo("oldgit", defaultConfig)
+	e.startSandbox(repo)
+	r := e.sbx(repo, "exec", "--", "sh", "-c", "echo edited >README.md")
+	if !strings.Contains(r.stderr, "install git 2.39.3") || !strings.Contains(r.stderr, "saved at") {
+		t.Errorf("a pull with git 2.39.2 did not say what to install: %s", r)
+	}
+	if got := readFile(t, filepath.Join(repo, "README.md")); got != "hello\n" {
+		t.Fatalf("the sandbox's edit was applied with git 2.39.2: %q", got)
 	}
 }
