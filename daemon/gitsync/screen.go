@@ -251,7 +251,7 @@ func matchNumstat(entries []pulledEntry, f []string) error {
 			ok = i+2 < len(f) && e.rename && f[i+1] == e.old && f[i+2] == e.new
 			i += 3
 		} else {
-			ok = !e.rename && parts[2] == e.path()
+			ok = parts[2] == e.path()
 			i++
 		}
 		if !ok {
@@ -376,15 +376,15 @@ func parsePulled(patch []byte) ([]pulledEntry, error) {
 			_, name, _ := strings.Cut(l, " to ")
 			e.rename, e.new = true, unquoteName(name)
 		case strings.HasPrefix(l, "--- "):
-			if n := strings.TrimPrefix(l, "--- "); n == "/dev/null" {
+			if n := lineName(strings.TrimPrefix(l, "--- ")); n == "/dev/null" {
 				e.old = ""
-			} else if name, ok := strings.CutPrefix(unquoteName(n), "a/"); ok {
+			} else if name, ok := strings.CutPrefix(n, "a/"); ok {
 				e.old = name
 			}
 		case strings.HasPrefix(l, "+++ "):
-			if n := strings.TrimPrefix(l, "+++ "); n == "/dev/null" {
+			if n := lineName(strings.TrimPrefix(l, "+++ ")); n == "/dev/null" {
 				e.new, e.deleted = "", true
-			} else if name, ok := strings.CutPrefix(unquoteName(n), "b/"); ok {
+			} else if name, ok := strings.CutPrefix(n, "b/"); ok {
 				e.new = name
 			}
 		}
@@ -419,6 +419,16 @@ func splitGitHeader(rest string) (a, b string, ok bool) {
 	a, okA := strings.CutPrefix(a, "a/")
 	b, okB := strings.CutPrefix(b, "b/")
 	return a, b, okA && okB
+}
+
+// lineName is the name of a ---/+++ line: C-quoted, or up to a tab (git
+// ends a name that has a space with one).
+func lineName(s string) string {
+	if strings.HasPrefix(s, `"`) {
+		return unquoteName(s)
+	}
+	name, _, _ := strings.Cut(s, "\t")
+	return name
 }
 
 // quotedEnd is the index of the quote that closes s's opening one.
