@@ -222,7 +222,7 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		}
 		out := &limitedBuffer{max: x.s.maxBytes + 64, buf: bytes.NewBuffer(body), overflow: x.out.trailer.overflow}
 		// Whether or not the local tree changed, the command has yet to run.
-		if _, err := x.s.pushFailed(ctx, r, x.rp, x.p, code, out, strings.TrimSpace(msg), 0, &res.Push); err != nil {
+		if _, err := x.s.pushFailed(ctx, r, x.rp, x.p, code, out, sandboxText(msg), 0, &res.Push); err != nil {
 			return res, err
 		}
 		res.Again = true
@@ -270,7 +270,7 @@ func (x *Exchange) pulled(ctx context.Context, r Runner, rest, end []byte) (id s
 	case cerr != nil:
 		return x.s.fetchPull(ctx, r, x.rp)
 	case code != 0:
-		return x.s.pullFailed(ctx, r, x.rp, code, out, strings.TrimSpace(string(msg)))
+		return x.s.pullFailed(ctx, r, x.rp, code, out, sandboxText(string(msg)))
 	}
 	return x.s.pullOutput(ctx, r, x.rp, out, 0, nil)
 }

@@ -52,7 +52,7 @@ func (s *Syncer) pushCommits(ctx context.Context, r Runner, rp repo, head string
 		cancel()
 		go func() { _, _ = io.Copy(io.Discard, outR) }()
 		rr := <-done
-		msg := strings.TrimSpace(stderr.String())
+		msg := sandboxText(stderr.String())
 		switch {
 		case rr.err != nil && !errors.Is(rr.err, context.Canceled):
 			err = fmt.Errorf("%w (%v)", err, rr.err)

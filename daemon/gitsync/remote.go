@@ -339,7 +339,7 @@ func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, erro
 			s.log.Debug("sync pushed", "bytes", res.Bytes, "files", res.Files, "commits", res.Commits, "snapshot", res.Snapshot, "took", time.Since(start))
 			return res, nil
 		}
-		again, err := s.pushFailed(ctx, r, rp, p, code, out, strings.TrimSpace(stderr.String()), attempt, &res)
+		again, err := s.pushFailed(ctx, r, rp, p, code, out, sandboxText(stderr.String()), attempt, &res)
 		if err != nil || again {
 			return res, err
 		}
@@ -447,7 +447,7 @@ func (s *Syncer) Revert(ctx context.Context, r Runner) error {
 	case exitNoGit:
 		return errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox"))
 	}
-	return errdefs.Unavailable(newError(ErrSandboxGit, nil, "revert the sandbox (exit %d): %s", code, strings.TrimSpace(stderr.String())))
+	return errdefs.Unavailable(newError(ErrSandboxGit, nil, "revert the sandbox (exit %d): %s", code, sandboxText(stderr.String())))
 }
 
 // fetchPull runs the pull script and returns the exec's id and its patch.
@@ -459,7 +459,7 @@ func (s *Syncer) fetchPull(ctx context.Context, r Runner, rp repo) (id string, p
 	out := &limitedBuffer{max: s.maxBytes + 128, buf: &bytes.Buffer{}}
 	code, runErr := r.Run(ctx, pullScript(helperVars(r), s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	if runErr == nil && code != 0 {
-		return s.pullFailed(ctx, r, rp, code, out, strings.TrimSpace(stderr.String()))
+		return s.pullFailed(ctx, r, rp, code, out, sandboxText(stderr.String()))
 	}
 	return s.pullOutput(ctx, r, rp, out, code, runErr)
 }
@@ -558,7 +558,7 @@ func (s *Syncer) fetchToFile(ctx context.Context, r Runner, rp repo, id string, 
 	var stderr bytes.Buffer
 	code, err := r.Run(ctx, fetchScript(id), nil, hw, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	cerr := f.Close()
-	switch msg := strings.TrimSpace(stderr.String()); {
+	switch msg := sandboxText(stderr.String()); {
 	case hw.err != nil:
 		err = hw.err
 	case err != nil && ctx.Err() == context.DeadlineExceeded:

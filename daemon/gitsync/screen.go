@@ -483,3 +483,29 @@ func hunkHeader(l string) (oldLines, newLines, newStart int, ok bool) {
 	ns, n, ok2 := side(f[2][1:])
 	return o, n, ns, ok1 && ok2
 }
+
+// maxSandboxText bounds what the sandbox said that goes into a message.
+const maxSandboxText = 2 << 10
+
+// sandboxText is what the sandbox said (a script's stderr), made fit for
+// a message to the user's terminal: trimmed, at most maxSandboxText bytes,
+// control characters but newlines and tabs shown escaped (no terminal
+// escape from the sandbox reaches the terminal).
+func sandboxText(s string) string {
+	s = strings.TrimSpace(s)
+	if len(s) > maxSandboxText {
+		s = s[:maxSandboxText] + "…"
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r == utf8.RuneError:
+			b.WriteString(`\ufffd`)
+		case r == '\n' || r == '\t' || !unicode.IsControl(r):
+			b.WriteRune(r)
+		default:
+			fmt.Fprintf(&b, "\\x%02x", r)
+		}
+	}
+	return b.String()
+}

@@ -442,3 +442,11 @@ func TestRefAdvertisementIsReadIntoBoundedMemory(t *testing.T) {
 		t.Fatalf("an advertisement over the bound: %v", err)
 	}
 }
+
+// What the sandbox says reaches the user's terminal without its escapes.
+func TestSandboxTextShowsNoTerminalEscape(t *testing.T) {
+	got := sandboxText("  fatal: \x1b]0;owned\x07\x1b[2J bad\nnext\tline\x9b " + strings.Repeat("x", 5000))
+	if strings.ContainsAny(got, "\x1b\x07\u009b") || !strings.Contains(got, `\x1b]0;owned\x07`) || !strings.Contains(got, "\nnext\tline") || len(got) > maxSandboxText+64 {
+		t.Fatalf("sandboxText = %q", got[:min(len(got), 200)])
+	}
+}
