@@ -98,7 +98,10 @@ func (s *Syncer) Save(ctx context.Context, r Runner, repoRoot string) (PullResul
 func (s *Syncer) recover(ctx context.Context, r Runner, rp repo, out *limitedBuffer, tooLarge bool) (*PullResult, bool, error) {
 	res := &PullResult{Files: []string{}}
 	if tooLarge {
-		id, size, _ := parseHeader(out.buf.Bytes())
+		id, size, ok := parseHeader(out.buf.Bytes())
+		if !ok {
+			return res, false, errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox holds edits of an earlier exec that were never pulled, but its answer does not name a valid exec (something in the sandbox wrote .git/sandboxd/pending?): they stay in the sandbox; `sbx reset` drops them"))
+		}
 		res.ID = id
 		saved, err := s.fetchToFile(ctx, r, rp, id, size)
 		if err != nil {

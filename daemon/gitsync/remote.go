@@ -475,7 +475,10 @@ func (s *Syncer) pullFailed(ctx context.Context, r Runner, rp repo, code int, ou
 	case exitNoSnapshot:
 		return "", nil, "", errdefs.Conflict(newError(ErrNoSnapshot, nil, "the sandbox has no sync snapshot, so there is no baseline to pull against: push first"))
 	case exitTooLarge:
-		id, size, _ := parseHeader(out.buf.Bytes())
+		id, size, ok := parseHeader(out.buf.Bytes())
+		if !ok {
+			return "", nil, "", errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox's answer to the pull does not name a valid exec (something in the sandbox wrote .git/sandboxd/pending?): its changes were not pulled and stay in the sandbox; `sbx reset` drops them"))
+		}
 		saved, err := s.fetchToFile(ctx, r, rp, id, size)
 		if err != nil {
 			return "", nil, "", errdefs.TooLarge(newError(ErrPatchTooLarge, err,

@@ -148,6 +148,18 @@ head -c 100000 /dev/zero | tr '\0' x >big.txt`
 		t.Fatalf("a pull with a forged id was taken: %+v", fr.Pull)
 	}
 	t.Logf("pull error: %v", fr.PullErr)
+	// The next exec's push finds that exec's edits unacknowledged and sends
+	// them back under the same id (the push's exit 92, "over the limit"):
+	// refused there too, and the command does not run on a sandbox whose
+	// edits could not be brought back.
+	fr, err = exchangeAsTheDaemon(t, f, "echo ran >>runs")
+	t.Logf("next exec: %+v, %v", fr, err)
+	if err == nil || fr.Ran {
+		t.Fatalf("the next exec ran over edits it could not bring back: %+v", fr)
+	}
+	if b := fileBytes(t, victim); string(b) != "the user's patch\n" {
+		t.Fatalf("a file outside the pulls directory was overwritten: %q", clip(b))
+	}
 	ents, _ := os.ReadDir(filepath.Join(f.local, ".git", "sandboxd", "pulls"))
 	for _, e := range ents {
 		if strings.Contains(e.Name(), "victim") {
