@@ -233,7 +233,10 @@ func TestSavedPatchCopyIsBounded(t *testing.T) {
 	// A sandbox that trickles is stopped by the copy's own deadline,
 	// even under a context that never ends.
 	s.saveWait = 300 * time.Millisecond
-	go func() { _, err := s.fetchToFile(context.WithoutCancel(ctx), trickle{}, rp, "abcdef", 1<<20); done <- err }()
+	go func() {
+		_, err := s.fetchToFile(context.WithoutCancel(ctx), trickle{}, rp, "abcdef", 1<<20)
+		done <- err
+	}()
 	select {
 	case err := <-done:
 		if err == nil || !strings.Contains(err.Error(), "deadline") {
