@@ -80,10 +80,11 @@ func (m *Manager) checkSandbox(ctx context.Context, s *store.Session) []ipc.Doct
 	}
 	var out, errb bytes.Buffer
 	before := m.now()
-	st, err := conn.Exec(ctx, "date +%s", sshpool.Stdio{Stdout: &out, Stderr: &errb})
+	// The sandbox's answer: no larger than what it can mean.
+	st, err := conn.Exec(ctx, "date +%s", sshpool.Stdio{Stdout: &capped{w: &out, n: 64}, Stderr: &capped{w: &errb, n: 1024}})
 	after := m.now()
 	if err != nil || exitCode(st) != 0 {
-		return []ipc.DoctorCheck{{Name: name, Detail: fmt.Sprintf("a command over SSH failed: %v %s", err, strings.TrimSpace(errb.String())),
+		return []ipc.DoctorCheck{{Name: name, Detail: fmt.Sprintf("a command over SSH failed: %v %q", err, strings.TrimSpace(errb.String())),
 			Fix: "see sandboxd's log; `sbx reset` starts a new sandbox"}}
 	}
 	checks := []ipc.DoctorCheck{{Name: name, OK: true, Detail: fmt.Sprintf("%s (%s) answers in %s", s.RunID, s.Branch, after.Sub(before).Round(time.Millisecond))}}
