@@ -121,8 +121,11 @@ func screenEntry(root string, e pulledEntry) string {
 				return reasonGitPath
 			}
 		}
+		// Lower case: on a case-insensitive file system .RWX/Sandboxes is
+		// the same directory.
+		lower := strings.ToLower(name)
 		for _, d := range daemonOwned {
-			if name == d || strings.HasPrefix(name, d+"/") {
+			if lower == d || strings.HasPrefix(lower, d+"/") {
 				return reasonDaemon
 			}
 		}

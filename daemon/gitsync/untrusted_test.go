@@ -359,6 +359,14 @@ func TestParsePulledReadsNamesModesAndTargets(t *testing.T) {
 	if len(got) != len(want) {
 		t.Fatalf("%d entries, want %d: %+v", len(got), len(want), got)
 	}
+	for name, reason := range map[string]string{
+		".RWX/Sandboxes/sandboxes.json": reasonDaemon, "sub/.Git/config": reasonGitPath, "x/GIT~1/HEAD": reasonGitPath,
+		"ok/.gitignore": "", "a\tb": reasonControl, "caf\xe9": reasonControl,
+	} {
+		if got := screenEntry(t.TempDir(), pulledEntry{new: name, mode: "100644"}); got != reason {
+			t.Errorf("%q: refused for %q, want %q", name, got, reason)
+		}
+	}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("entry %d: %+v, want %+v", i, got[i], want[i])
