@@ -100,7 +100,7 @@ func screenEntries(root string, entries []pulledEntry) []Refused {
 	}
 	for _, d := range gitLikeDirs(root, entries) {
 		for _, e := range entries {
-			if !e.deleted && strings.HasPrefix(e.new, d+"/") {
+			if !e.deleted && strings.HasPrefix(strings.ToLower(e.new), strings.ToLower(d)+"/") {
 				refuse(e, fmt.Sprintf(reasonGitDir, d))
 			}
 		}
@@ -194,13 +194,14 @@ func gitLikeDirs(root string, entries []pulledEntry) []string {
 		}
 		parts := strings.Split(e.new, "/")
 		for i := 1; i < len(parts); i++ {
-			pulled[strings.Join(parts[:i], "/")] = true
+			pulled[strings.ToLower(strings.Join(parts[:i], "/"))] = true
 			cands[strings.Join(parts[:i], "/")] = true
 		}
-		pulled[e.new] = true
+		pulled[strings.ToLower(e.new)] = true
 	}
+	// Without case, as a case-insensitive file system finds them.
 	has := func(p string) bool {
-		if pulled[p] {
+		if pulled[strings.ToLower(p)] {
 			return true
 		}
 		_, err := os.Lstat(filepath.Join(root, filepath.FromSlash(p)))

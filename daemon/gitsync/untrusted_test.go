@@ -367,6 +367,15 @@ func TestParsePulledReadsNamesModesAndTargets(t *testing.T) {
 			t.Errorf("%q: refused for %q, want %q", name, got, reason)
 		}
 	}
+	// A git directory made of names that differ only in case, as a
+	// case-insensitive file system takes them.
+	var mixed []pulledEntry
+	for _, n := range []string{"Tools/head", "tools/OBJECTS/x", "TOOLS/refs/y", "tools/config"} {
+		mixed = append(mixed, pulledEntry{new: n, mode: "100644"})
+	}
+	if r := screenEntries(t.TempDir(), mixed); len(r) != 4 {
+		t.Errorf("a git directory spelt in mixed case: refused %v", r)
+	}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Errorf("entry %d: %+v, want %+v", i, got[i], want[i])
