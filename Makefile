@@ -142,7 +142,7 @@ darwin:
 # The long forms of the reliability suites (load, faults, crashes); make
 # test runs their short forms.
 test-long: test-bin
-	$(TEST_ENV) SANDBOXD_TEST_LONG=1 $(GO) test -race -count=1 -timeout 40m -run 'Load|Fault|Crash' ./cmd/e2e/
+	$(TEST_ENV) SANDBOXD_TEST_LONG=1 $(GO) test -race -count=1 -timeout 40m -run 'Load|Fault|Crash|Untrusted' ./cmd/e2e/
 	cd packaging && $(TEST_ENV) SANDBOXD_TEST_LONG=1 $(GO) test -count=1 -timeout 10m ./build/
 
 fuzz:

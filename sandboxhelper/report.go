@@ -24,6 +24,13 @@ const (
 // the line that ends its pull part.
 func Boundary(nonce string) string { return "\x1esandboxd-" + nonce }
 
+// StartMark is the line an exchange prints first, before the user's
+// command starts, once the push is done: it opens the exchange's stdout,
+// where nothing of the command's output can come before it. The daemon
+// believes a report that the push failed (so the command did not run) only
+// when that report, not this mark, opens the stream.
+func StartMark(nonce string) string { return Boundary(nonce) + "-go\n" }
+
 // Report is what run prints itself once its pull is done, sparing the
 // wrapper shell its part (reading what run did, the pull's header, wc and
 // cat on an edit).

@@ -107,6 +107,12 @@ func Run(ctx context.Context, log io.Writer, o RunOptions, entries []byte, stdin
 		return 128 + int(s.(syscall.Signal))
 	default:
 	}
+	if o.Report != nil {
+		// Before the command, so that nothing it prints can come first.
+		if _, err := io.WriteString(stdout, StartMark(o.Report.Nonce)); err != nil {
+			fmt.Fprintf(log, "%s run: %v\n", Name, err)
+		}
+	}
 
 	status := runCommand(o, stdin, stdout, stderr)
 	o.Pull.Tree = a.Tree

@@ -190,6 +190,10 @@ func query(ctx context.Context, state, instance string) (answer, error) {
 }
 
 // ask sends the question line and, when body is not nil, its JSON body.
+// askTimeout bounds a question to the server when the caller set no
+// deadline: a native push or pull of a large tree takes seconds.
+const askTimeout = 10 * time.Minute
+
 func ask(ctx context.Context, state, instance, line string, body any) (answer, error) {
 	var a answer
 	if instance == "" || strings.ContainsAny(instance, "/.") {
@@ -206,9 +210,12 @@ func ask(ctx context.Context, state, instance, line string, body any) (answer, e
 		return a, err
 	}
 	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
+	// A server that never answers must not hold the exchange forever.
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(askTimeout)
 	}
+	_ = c.SetDeadline(dl)
 	req := []byte(line + "\n")
 	if body != nil {
 		b, err := json.Marshal(body)

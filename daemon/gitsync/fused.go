@@ -35,8 +35,15 @@ const MaxFusedPatch = 48 << 10
 // The pull output is the pull script's header and patch, whose size the
 // header states, so the end line is found by counting, not by searching a
 // patch the command wrote. A command that reads the nonce (it is in the
-// script) can forge the trailer, but that only lets it choose what comes
-// back, which it can do by editing files anyway.
+// script, so in its parent's argv) can forge the trailer: that lets it
+// choose what comes back, which it can do by editing files anyway, and
+// what comes back is checked as any pull is (refused entries, ids). It
+// cannot make the command run again: once the push is done, the wrapper
+// prints S ("\x1esandboxd-<nonce>-go\n", sandboxhelper.StartMark) before
+// the command starts, so it opens the stream; a report that the push
+// failed is believed only when it, not S, opens the stream (nothing of the
+// command's output can come first). Any other "push <code>" is the
+// command's forgery: the exec ends with an error and is not run again.
 //
 // The wrapper shell catches HUP, INT, QUIT and TERM with a handler (never
 // ignores them: the command would inherit that), so a signal to the process
@@ -149,6 +156,7 @@ func (x *Exchange) Command() string { return x.script }
 func (x *Exchange) Stdout(w io.Writer) io.Writer {
 	x.out = &trailerWriter{
 		w:       w,
+		start:   []byte(sandboxhelper.StartMark(x.nonce)),
 		mark:    []byte(boundary(x.nonce) + "\n"),
 		trailer: limitedBuffer{max: x.s.maxBytes + 64<<10, buf: &bytes.Buffer{}},
 	}
@@ -193,6 +201,12 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	if err != nil {
 		return res, errdefs.Unavailable(fmt.Errorf("%w: it began with %q", errNoReport, clip(line)))
 	}
+	if code != 0 && !x.out.first {
+		// The command may have run: only the report that opens the stream
+		// can say it did not, and this one came after something else.
+		return res, errdefs.Unavailable(newError(ErrForgedReport, nil,
+			"the sandbox's answer says the push failed (exit %d) after the command had started, so the command wrote it: the command may have run and is not run again; what it changed stays in the sandbox and the next exec brings it back", code))
+	}
 	if code == exitNeedPatch && x.p.lazy {
 		// The helper did not push: the next Prepare makes the patch.
 		x.s.nativeServed(x.rp.root, "")
@@ -208,14 +222,14 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		}
 		out := &limitedBuffer{max: x.s.maxBytes + 64, buf: bytes.NewBuffer(body), overflow: x.out.trailer.overflow}
 		// Whether or not the local tree changed, the command has yet to run.
-		if _, err := x.s.pushFailed(ctx, r, x.rp, x.p, code, out, strings.TrimSpace(msg), 0, &res.Push); err != nil {
+		if _, err := x.s.pushFailed(ctx, r, x.rp, x.p, code, out, sandboxText(msg), 0, &res.Push); err != nil {
 			return res, err
 		}
 		res.Again = true
 		return res, nil
 	}
 	snap := ""
-	if len(f) > 2 {
+	if len(f) > 2 && shaPattern.MatchString(f[2]) {
 		snap = f[2]
 	}
 	res.Native = len(f) > 3 && f[3] == "1"
@@ -256,7 +270,7 @@ func (x *Exchange) pulled(ctx context.Context, r Runner, rest, end []byte) (id s
 	case cerr != nil:
 		return x.s.fetchPull(ctx, r, x.rp)
 	case code != 0:
-		return x.s.pullFailed(ctx, r, x.rp, code, out, strings.TrimSpace(string(msg)))
+		return x.s.pullFailed(ctx, r, x.rp, code, out, sandboxText(string(msg)))
 	}
 	return x.s.pullOutput(ctx, r, x.rp, out, 0, nil)
 }
@@ -391,6 +405,7 @@ if [ "$pc" -ne 0 ]; then
 fi
 { read -r snap; read -r ptree; read -r nat; } <"$st/f.out" || true
 trap : HUP INT QUIT TERM
+printf '\036sandboxd-%%s-go\n' "$N"
 PATH=$P0 sh -c %s
 s=$?
 `, shellWord(command))
@@ -404,8 +419,16 @@ s=$?
 // until the next write tells. When w fails (the caller went away) it keeps
 // reading: the trailer still says what became of the command's edits.
 type trailerWriter struct {
-	w       io.Writer
-	werr    error
+	w    io.Writer
+	werr error
+	// start is the mark the wrapper prints before the command (see
+	// Exchange); lead holds the stream's first bytes until they tell
+	// whether it opens with start (then dropped), with the report's mark
+	// (first), or with neither.
+	start   []byte
+	lead    []byte
+	decided bool
+	first   bool
 	mark    []byte
 	held    []byte
 	found   bool
@@ -413,6 +436,28 @@ type trailerWriter struct {
 }
 
 func (t *trailerWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	if !t.decided && len(t.start) > 0 {
+		t.lead = append(t.lead, p...)
+		k := min(len(t.lead), len(t.start))
+		if len(t.lead) < len(t.start) && bytes.Equal(t.lead, t.start[:k]) {
+			return n, nil
+		}
+		t.decided = true
+		p, t.lead = t.lead, nil
+		switch {
+		case bytes.HasPrefix(p, t.start):
+			p = p[len(t.start):]
+		case bytes.HasPrefix(p, t.mark):
+			t.first = true
+		}
+		_, err := t.write(p)
+		return n, err
+	}
+	return t.write(p)
+}
+
+func (t *trailerWriter) write(p []byte) (int, error) {
 	n := len(p)
 	if t.found {
 		_, _ = t.trailer.Write(p)
@@ -439,6 +484,11 @@ func (t *trailerWriter) Write(p []byte) (int, error) {
 
 // flush passes on what was held back, when the mark never came.
 func (t *trailerWriter) flush() {
+	if !t.decided {
+		t.decided = true
+		t.emit(t.lead)
+		t.lead = nil
+	}
 	held := t.held
 	t.held = nil
 	t.emit(held)

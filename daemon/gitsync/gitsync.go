@@ -35,7 +35,11 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/gitversion"
 )
 
 // Refs the sync keeps in the sandbox's repository.
@@ -49,6 +53,12 @@ const (
 
 // DefaultMaxPatchBytes bounds a patch in either direction.
 const DefaultMaxPatchBytes int64 = 64 << 20
+
+// DefaultMaxSavedPatchBytes bounds a patch from the sandbox that is over
+// the patch limit and so is copied to a file under .git/sandboxd/pulls/
+// instead of applied: a larger one is not copied (it stays in the
+// sandbox).
+const DefaultMaxSavedPatchBytes int64 = 1 << 30
 
 // Runner runs one command in the sandbox: an SSH exec request on a persistent
 // connection. Commands run under /bin/sh -c in the root of the sandbox's git
@@ -64,6 +74,9 @@ type Options struct {
 	// MaxPatchBytes bounds the patch pushed and the patch pulled; default
 	// DefaultMaxPatchBytes. Errors state the limit.
 	MaxPatchBytes int64
+	// MaxSavedPatchBytes bounds the copy of a patch over MaxPatchBytes
+	// (saved, not applied); default DefaultMaxSavedPatchBytes.
+	MaxSavedPatchBytes int64
 	// Now stamps snapshot commits and saved patch files; default time.Now.
 	Now func() time.Time
 	// Logger receives debug records (sizes, durations); default discards.
@@ -86,6 +99,10 @@ type Options struct {
 type Syncer struct {
 	git      string
 	maxBytes int64
+	maxSaved int64
+	// saveWait is the base of the deadline of a saved patch's copy;
+	// tests lower it.
+	saveWait time.Duration
 	now      func() time.Time
 	log      *slog.Logger
 	pause    func(string)
@@ -99,6 +116,10 @@ type Syncer struct {
 	// tests lower it.
 	largeIndex int64
 
+	// gitSafe says the local git's version was checked and its `git
+	// apply` has no known escapes (checkGit).
+	gitSafe atomic.Bool
+
 	mu     sync.Mutex
 	pushed map[string]string     // sandbox key → commit known to be there
 	prep   map[string]*prepState // repository root → its last Prepare
@@ -107,7 +128,7 @@ type Syncer struct {
 
 // New returns a Syncer.
 func New(o Options) *Syncer {
-	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, now: o.Now, log: o.Logger, pause: o.Pause, changes: o.Changes,
+	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, maxSaved: o.MaxSavedPatchBytes, saveWait: time.Minute, now: o.Now, log: o.Logger, pause: o.Pause, changes: o.Changes,
 		pushed: map[string]string{}, prep: map[string]*prepState{}, native: map[string]string{}, largeIndex: largeIndexBytes}
 	if s.pause == nil {
 		s.pause = func(string) {}
@@ -117,6 +138,9 @@ func New(o Options) *Syncer {
 	}
 	if s.maxBytes <= 0 {
 		s.maxBytes = DefaultMaxPatchBytes
+	}
+	if s.maxSaved <= 0 {
+		s.maxSaved = DefaultMaxSavedPatchBytes
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -210,7 +234,12 @@ type PullResult struct {
 	RejectFiles []string
 	// SkippedLFS are Git LFS files the sandbox changed, not applied locally.
 	SkippedLFS []string
-	Warnings   []string
+	// Refused are the sandbox's changes that were not applied: content
+	// the user's tools would execute or misread (a directory git would
+	// take for a repository, a symlink out of the checkout, a name with
+	// control characters) or a path sandboxd owns. SavedPatch keeps them.
+	Refused  []Refused
+	Warnings []string
 }
 
 // Sentinel errors, for errors.Is. Errors returned by this package also carry
@@ -229,6 +258,13 @@ var (
 	ErrSandboxGit       = errors.New("a git command failed in the sandbox")
 	ErrTransfer         = errors.New("the patch from the sandbox arrived incomplete")
 	ErrPushCommits      = errors.New("git push to the sandbox failed")
+	// ErrForgedReport: the sandbox's answer broke the protocol in a way
+	// only the command could (a report after the command started that
+	// says it did not run).
+	ErrForgedReport = errors.New("the sandbox's report was forged by the command")
+	// ErrUnsafeGit: the local git's `git apply` has known escapes
+	// (gitversion.ErrUnsafe): nothing from a sandbox is applied with it.
+	ErrUnsafeGit = gitversion.ErrUnsafe
 )
 
 // syncError is an error with its own message that matches a sentinel and
@@ -285,3 +321,19 @@ func (e *ConflictError) Error() string {
 
 // Is makes errors.Is(err, ErrConflict) true.
 func (e *ConflictError) Is(target error) bool { return target == ErrConflict }
+
+// checkGit refuses a local git whose `git apply` has known escapes; a
+// good answer is kept, a bad one asked again (git may be upgraded).
+func (s *Syncer) checkGit(ctx context.Context) error {
+	if s.gitSafe.Load() {
+		return nil
+	}
+	if _, err := gitversion.Check(ctx, s.git); err != nil {
+		if errors.Is(err, gitversion.ErrUnsafe) {
+			return errdefs.Conflict(err)
+		}
+		return err
+	}
+	s.gitSafe.Store(true)
+	return nil
+}

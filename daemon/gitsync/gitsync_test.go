@@ -214,8 +214,10 @@ func TestModeChangeBothWays(t *testing.T) {
 	}
 }
 
+// (A name with a control character, a tab included, is refused on the way
+// back: TestPullRefusesWhatLocalToolsWouldRunOrMisread.)
 func TestHostileNamesBothWays(t *testing.T) {
-	names := []string{"with space.txt", `qu'o"te.txt`, "ünï cødé/名前.txt", "tab\there.txt", "star*[x]?.txt", "-dash.txt"}
+	names := []string{"with space.txt", `qu'o"te.txt`, "ünï cødé/名前.txt", "star*[x]?.txt", "-dash.txt"}
 	f := newFixture(t, map[string]string{names[0]: "tracked\n"})
 	for i, n := range names {
 		writeFile(t, filepath.Join(f.local, n), "local "+n+"\n"+randomBytes(i, byte(i)))

@@ -175,7 +175,8 @@ func workingTree(t *testing.T, dir string) string {
 
 // End to end, a directory the command made, filled and replaced by a
 // symbolic link to somewhere else comes back as git sees it: the link
-// alone, the files behind it untouched. (The tracker reports the directory
+// alone, the files behind it untouched; and since the link points out of
+// the checkout, it is refused and reported, not applied. (The tracker reports the directory
 // here, which the move's own checks catch; sandboxhelper's
 // TestNativePullDoesNotReadThroughASymlink names a file under the link to
 // prove the check of a path beyond a link.)
@@ -188,11 +189,18 @@ func TestNativeExecBringsBackALinkThatReplacedADirectory(t *testing.T) {
 	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
 		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
 	}
-	if _, fr, err := f.fused("mkdir dir && echo c > dir/c.txt && rm -r dir && ln -s " + outside + " dir"); err != nil || !fr.Native {
+	_, fr, err := f.fused("mkdir dir && echo c > dir/c.txt && rm -r dir && ln -s " + outside + " dir")
+	if err != nil || !fr.Native {
 		t.Fatalf("second exec: native %v, err %v", fr.Native, err)
 	}
-	if target, err := os.Readlink(filepath.Join(f.local, "dir")); err != nil || target != outside {
-		t.Fatalf("dir is not the link locally: %q, %v", target, err)
+	if len(fr.Pull.Refused) != 1 || fr.Pull.Refused[0].Path != "dir" || fr.Pull.SavedPatch == "" {
+		t.Fatalf("the link out of the checkout was not refused: %+v", fr.Pull)
+	}
+	if _, err := os.Lstat(filepath.Join(f.local, "dir")); err == nil {
+		t.Fatal("the link out of the checkout was applied")
+	}
+	if !strings.Contains(string(fileBytes(t, fr.Pull.SavedPatch)), "+"+outside) {
+		t.Fatalf("the saved patch lacks the link")
 	}
 	if got := string(fileBytes(t, filepath.Join(outside, "c.txt"))); got != "outside\n" {
 		t.Fatalf("the file behind the link is %q", got)
@@ -506,7 +514,7 @@ func TestNativeRunReportsAPullOverTheLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.s.fetchToFile(ctx, f.r, rp, "another-exec"); err == nil || !strings.Contains(err.Error(), "no longer keeps exec another-exec's patch") {
+	if _, err := f.s.fetchToFile(ctx, f.r, rp, "abcdef0123", 10); err == nil || !strings.Contains(err.Error(), "no longer keeps exec abcdef0123's patch") {
 		t.Fatalf("fetching another exec's patch: %v", err)
 	}
 }

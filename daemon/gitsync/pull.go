@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -97,9 +98,12 @@ func (s *Syncer) Save(ctx context.Context, r Runner, repoRoot string) (PullResul
 func (s *Syncer) recover(ctx context.Context, r Runner, rp repo, out *limitedBuffer, tooLarge bool) (*PullResult, bool, error) {
 	res := &PullResult{Files: []string{}}
 	if tooLarge {
-		id, size, _ := parseHeader(out.buf.Bytes())
+		id, size, ok := parseHeader(out.buf.Bytes())
+		if !ok {
+			return res, false, errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox holds edits of an earlier exec that were never pulled, but its answer does not name a valid exec (something in the sandbox wrote .git/sandboxd/pending?): they stay in the sandbox; `sbx reset` drops them"))
+		}
 		res.ID = id
-		saved, err := s.fetchToFile(ctx, r, rp, id)
+		saved, err := s.fetchToFile(ctx, r, rp, id, size)
 		if err != nil {
 			return res, false, errdefs.Unavailable(newError(ErrTransfer, err,
 				"the sandbox holds edits of an earlier exec that were never pulled (the daemon stopped during it), %s, over the %s limit, and copying them here failed (%v): they stay in the sandbox (%s); run the command again",
@@ -159,9 +163,29 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 	if len(patch) == 0 {
 		return nil
 	}
-	files, err := s.patchFiles(ctx, rp.root, patch)
+	if err := s.checkGit(ctx); err != nil {
+		return s.saveFailed(rp, patch, res, fmt.Errorf("nothing was applied: %w", err))
+	}
+	entries, refused, err := s.screenPulled(ctx, rp, patch)
 	if err != nil {
-		return s.saveFailed(rp, patch, res, fmt.Errorf("read the sandbox's patch: %w", err))
+		return s.saveFailed(rp, patch, res, fmt.Errorf("nothing was applied: %w", err))
+	}
+	var exclude, files []string
+	skip := map[string]bool{}
+	for _, r := range refused {
+		skip[r.Path] = true
+		exclude = append(exclude, "--exclude="+globEscape(r.Path))
+	}
+	for _, e := range entries {
+		if !skip[e.path()] {
+			files = append(files, e.path())
+		}
+	}
+	sort.Strings(files)
+	if len(refused) > 0 {
+		if err := s.refuse(rp, patch, res, refused); err != nil {
+			return err
+		}
 	}
 	lfs, err := s.lfsFiles(ctx, rp.root, files)
 	if err != nil {
@@ -169,10 +193,13 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 	}
 	res.Files = without(files, lfs)
 	res.SkippedLFS = lfs
-	var exclude []string
 	for _, f := range lfs {
 		exclude = append(exclude, "--exclude="+globEscape(f))
 	}
+	if len(files) == 0 {
+		return nil
+	}
+	defer s.recheckApplied(rp, patch, res)
 	if len(lfs) > 0 {
 		if res.SavedPatch, err = s.savePatch(rp, patch); err != nil {
 			return err
@@ -210,7 +237,7 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 	}
 	if conflicts != nil && len(conflicts) == 0 {
 		// Merged cleanly: nothing to resolve, the saved copy is not needed.
-		if len(lfs) == 0 {
+		if len(lfs) == 0 && len(refused) == 0 {
 			_ = os.Remove(res.SavedPatch)
 			res.SavedPatch = ""
 		}
@@ -222,8 +249,10 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 		rejStart := time.Now().Add(-time.Second) // file times are wall-clock
 		msg, err := apply("", "--reject")
 		if err == nil {
-			_ = os.Remove(res.SavedPatch)
-			res.SavedPatch = ""
+			if len(lfs) == 0 && len(refused) == 0 {
+				_ = os.Remove(res.SavedPatch)
+				res.SavedPatch = ""
+			}
 			return nil
 		}
 		ce.RejectFiles = rejFiles(rp.root, files, rejStart)
@@ -237,6 +266,64 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 		s.log.Warn("record unresolved pull", "err", err)
 	}
 	return errdefs.Conflict(ce)
+}
+
+// refuse saves the patch (when not yet saved) and tells the user which of
+// its entries were not applied, and why.
+func (s *Syncer) refuse(rp repo, patch []byte, res *PullResult, refused []Refused) error {
+	if res.SavedPatch == "" {
+		saved, err := s.savePatch(rp, patch)
+		if err != nil {
+			return err
+		}
+		res.SavedPatch = saved
+	}
+	res.Refused = append(res.Refused, refused...)
+	parts := make([]string, 0, len(refused))
+	for _, r := range refused {
+		parts = append(parts, fmt.Sprintf("%s (%s)", strconv.QuoteToGraphic(r.Path), r.Reason))
+	}
+	res.Warnings = append(res.Warnings, fmt.Sprintf("sandboxd refused %d of the sandbox's changes, not applied here: %s; the full patch is saved at %s",
+		len(refused), strings.Join(parts, "; "), res.SavedPatch))
+	return nil
+}
+
+// recheckApplied looks at the symlinks the pull wrote, in case git read
+// the patch otherwise than screenPulled: one that points out of the
+// checkout is removed and reported.
+func (s *Syncer) recheckApplied(rp repo, patch []byte, res *PullResult) {
+	var refused []Refused
+	for _, f := range res.Files {
+		p := filepath.Join(rp.root, filepath.FromSlash(f))
+		fi, err := os.Lstat(p)
+		if err != nil || fi.Mode()&os.ModeSymlink == 0 {
+			continue
+		}
+		t, err := os.Readlink(p)
+		if err != nil {
+			continue
+		}
+		if why := screenLink(rp.root, pulledEntry{new: f, mode: "120000", target: t, known: true}); why != "" {
+			if err := os.Remove(p); err != nil {
+				s.log.Warn("remove a refused symlink", "path", p, "err", err)
+			}
+			refused = append(refused, Refused{Path: f, Reason: why})
+		}
+	}
+	if len(refused) > 0 {
+		res.Files = without(res.Files, refusedPaths(refused))
+		if err := s.refuse(rp, patch, res, refused); err != nil {
+			s.log.Warn("report refused symlinks", "err", err)
+		}
+	}
+}
+
+func refusedPaths(r []Refused) []string {
+	out := make([]string, len(r))
+	for i, x := range r {
+		out[i] = x.Path
+	}
+	return out
 }
 
 // applyThreeWay runs `git apply --3way` against a temporary index holding

@@ -52,7 +52,7 @@ func (s *Syncer) pushCommits(ctx context.Context, r Runner, rp repo, head string
 		cancel()
 		go func() { _, _ = io.Copy(io.Discard, outR) }()
 		rr := <-done
-		msg := strings.TrimSpace(stderr.String())
+		msg := sandboxText(stderr.String())
 		switch {
 		case rr.err != nil && !errors.Is(rr.err, context.Canceled):
 			err = fmt.Errorf("%w (%v)", err, rr.err)
@@ -65,14 +65,21 @@ func (s *Syncer) pushCommits(ctx context.Context, r Runner, rp repo, head string
 		return errdefs.Unavailable(newError(ErrPushCommits, err, "push your commits to the sandbox (git push of %s): %s: %v; run `sbx reset` if this persists, or use --no-sync", short(head), step, err))
 	}
 	br := bufio.NewReaderSize(outR, 64<<10)
-	refs, caps, err := readAdvertisement(br)
+	// The advertisement comes before anything is sent: bounded in time
+	// as it is in size (readAdvertisement).
+	slow := time.AfterFunc(advertTimeout, cancel)
+	adv, err := readAdvertisement(br)
+	if !slow.Stop() {
+		err = fmt.Errorf("the sandbox's git-receive-pack did not advertise its refs within %s", advertTimeout)
+	}
 	if err != nil {
 		return fail("read the sandbox's refs", err)
 	}
+	caps := adv.caps
 	zero := strings.Repeat("0", len(head))
 	old := zero
-	if v, ok := refs[PushRef]; ok {
-		old = v
+	if adv.pushRef != "" {
+		old = adv.pushRef
 	}
 	var req bytes.Buffer
 	if old != head {
@@ -91,13 +98,13 @@ func (s *Syncer) pushCommits(ctx context.Context, r Runner, rp repo, head string
 	}
 	if old == head {
 		_ = inW.Close()
-		_, _ = io.Copy(io.Discard, br)
+		drain(br, cancel)
 		if rr := <-done; rr.err != nil {
 			return errdefs.Unavailable(newError(ErrPushCommits, rr.err, "push your commits to the sandbox: %v", rr.err))
 		}
 		return nil
 	}
-	haves, err := s.localCommits(ctx, rp, refs)
+	haves, err := s.localCommits(ctx, rp, adv.haves)
 	if err != nil {
 		return fail("list the commits the sandbox has", err)
 	}
@@ -114,11 +121,11 @@ func (s *Syncer) pushCommits(ctx context.Context, r Runner, rp repo, head string
 		return fail("pack the commits", err)
 	}
 	_ = inW.Close()
-	report, err := readPkts(br)
+	report, err := readPkts(br, maxReportLines)
 	if err != nil {
 		return fail("read the sandbox's report", err)
 	}
-	_, _ = io.Copy(io.Discard, br)
+	drain(br, cancel)
 	rr := <-done
 	var problems []string
 	for _, l := range report {
@@ -143,10 +150,10 @@ func (s *Syncer) pushCommits(ctx context.Context, r Runner, rp repo, head string
 
 // localCommits returns the advertised commits this repository has, the
 // bases of the thin pack (a commit this side lacks cannot be one).
-func (s *Syncer) localCommits(ctx context.Context, rp repo, refs map[string]string) ([]string, error) {
+func (s *Syncer) localCommits(ctx context.Context, rp repo, shas []string) ([]string, error) {
 	seen := map[string]bool{}
 	var in strings.Builder
-	for _, sha := range refs {
+	for _, sha := range shas {
 		if !seen[sha] && shaPattern.MatchString(sha) && strings.Trim(sha, "0") != "" {
 			seen[sha] = true
 			in.WriteString(sha + "\n")
@@ -168,45 +175,86 @@ func (s *Syncer) localCommits(ctx context.Context, rp repo, refs map[string]stri
 	return haves, nil
 }
 
-// readAdvertisement reads receive-pack's ref advertisement: refs by name
-// (".have" entries keyed by their id) and the capabilities.
-func readAdvertisement(br *bufio.Reader) (map[string]string, map[string]bool, error) {
-	refs := map[string]string{}
-	caps := map[string]bool{}
+// Bounds on what git-receive-pack in the sandbox sends: its ref
+// advertisement (in refs, bytes and time) and its report.
+const (
+	maxAdvertRefs  = 1 << 20
+	maxAdvertBytes = 64 << 20
+	advertTimeout  = time.Minute
+	// maxHaves bounds the advertised commits offered to pack-objects as
+	// the thin pack's bases: past it the pack may only be larger.
+	maxHaves       = 4096
+	maxReportLines = 1024
+	// maxDrain bounds what is read after the report, to let the remote
+	// command end on its own before it is stopped.
+	maxDrain = 1 << 20
+)
+
+// advertisement is what the push needs of receive-pack's refs: the value
+// of PushRef, distinct advertised ids (at most maxHaves), the
+// capabilities.
+type advertisement struct {
+	pushRef string
+	haves   []string
+	caps    map[string]bool
+}
+
+// readAdvertisement reads receive-pack's ref advertisement, keeping only
+// what the push needs: a sandbox can advertise any number of refs. Lines
+// are read into one buffer; only what is kept becomes a string.
+func readAdvertisement(br *bufio.Reader) (advertisement, error) {
+	adv := advertisement{caps: map[string]bool{}}
+	seen := map[string]bool{}
+	buf := make([]byte, maxPkt)
+	push := []byte(PushRef)
 	first := true
-	for {
-		line, flush, err := readPkt(br)
+	var total int64
+	for refs := 0; ; refs++ {
+		if refs > maxAdvertRefs {
+			return adv, fmt.Errorf("the sandbox advertises more than %d refs: remove refs there (git for-each-ref | wc -l), or run `sbx reset`", maxAdvertRefs)
+		}
+		line, flush, err := readPktInto(br, buf)
 		if err != nil {
-			return nil, nil, err
+			return adv, err
 		}
 		if flush {
-			return refs, caps, nil
+			return adv, nil
 		}
-		line = strings.TrimSuffix(line, "\n")
+		if total += int64(len(line)) + 4; total > maxAdvertBytes {
+			return adv, fmt.Errorf("the sandbox's ref advertisement is over %s: remove refs there, or run `sbx reset`", formatBytes(maxAdvertBytes))
+		}
+		line = bytes.TrimSuffix(line, []byte("\n"))
 		if first {
 			first = false
-			var c string
-			line, c, _ = strings.Cut(line, "\x00")
-			for _, f := range strings.Fields(c) {
+			var c []byte
+			line, c, _ = bytes.Cut(line, []byte{0})
+			for i, f := range strings.Fields(string(c)) {
+				if i >= 64 {
+					break
+				}
 				name, _, _ := strings.Cut(f, "=")
-				caps[name] = true
+				adv.caps[name] = true
 			}
 		}
-		sha, name, ok := strings.Cut(line, " ")
+		sha, name, ok := bytes.Cut(line, []byte(" "))
 		if !ok {
-			return nil, nil, fmt.Errorf("unexpected advertisement line %q", line)
+			return adv, fmt.Errorf("unexpected advertisement line %q", clip(line))
 		}
-		if name == ".have" {
-			name = ".have " + sha
+		if len(sha) != 40 && len(sha) != 64 || !shaPattern.Match(sha) {
+			continue
 		}
-		if name != "capabilities^{}" {
-			refs[name] = sha
+		if bytes.Equal(name, push) {
+			adv.pushRef = string(sha)
+		}
+		if len(adv.haves) < maxHaves && !seen[string(sha)] && string(name) != "capabilities^{}" {
+			seen[string(sha)] = true
+			adv.haves = append(adv.haves, string(sha))
 		}
 	}
 }
 
-// readPkts reads pkt-lines until a flush.
-func readPkts(br *bufio.Reader) ([]string, error) {
+// readPkts reads pkt-lines until a flush, at most max of them.
+func readPkts(br *bufio.Reader, max int) ([]string, error) {
 	var lines []string
 	for {
 		line, flush, err := readPkt(br)
@@ -216,34 +264,53 @@ func readPkts(br *bufio.Reader) ([]string, error) {
 		if flush {
 			return lines, nil
 		}
+		if len(lines) >= max {
+			return lines, fmt.Errorf("more than %d lines in the sandbox's answer", max)
+		}
 		lines = append(lines, strings.TrimSuffix(line, "\n"))
 	}
 }
 
+// drain reads what follows the exchange, at most maxDrain bytes, then
+// stops the remote command (stop).
+func drain(br *bufio.Reader, stop func()) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(br, maxDrain))
+	stop()
+}
+
+// maxPkt is the largest pkt-line.
+const maxPkt = 65520
+
 // readPkt reads one pkt-line; flush is true for "0000".
 func readPkt(br *bufio.Reader) (string, bool, error) {
+	line, flush, err := readPktInto(br, make([]byte, maxPkt))
+	return string(line), flush, err
+}
+
+// readPktInto reads one pkt-line into buf (maxPkt bytes) and returns it.
+func readPktInto(br *bufio.Reader, buf []byte) ([]byte, bool, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(br, hdr[:]); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return "", false, fmt.Errorf("read a pkt-line: %w", err)
+		return nil, false, fmt.Errorf("read a pkt-line: %w", err)
 	}
 	n, err := strconv.ParseUint(string(hdr[:]), 16, 16)
 	if err != nil {
-		return "", false, fmt.Errorf("bad pkt-line length %q (is git installed in the sandbox?)", hdr[:])
+		return nil, false, fmt.Errorf("bad pkt-line length %q (is git installed in the sandbox?)", hdr[:])
 	}
 	if n == 0 {
-		return "", true, nil
+		return nil, true, nil
 	}
-	if n < 4 {
-		return "", false, fmt.Errorf("bad pkt-line length %d", n)
+	if n < 4 || int(n-4) > len(buf) {
+		return nil, false, fmt.Errorf("bad pkt-line length %d", n)
 	}
-	buf := make([]byte, n-4)
+	buf = buf[:n-4]
 	if _, err := io.ReadFull(br, buf); err != nil {
-		return "", false, fmt.Errorf("read a pkt-line: %w", err)
+		return nil, false, fmt.Errorf("read a pkt-line: %w", err)
 	}
-	return string(buf), false, nil
+	return buf, false, nil
 }
 
 func writePkt(w *bytes.Buffer, line string) {

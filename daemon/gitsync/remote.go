@@ -362,11 +362,14 @@ func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, erro
 		}
 		if code == 0 {
 			snap, _, _ := strings.Cut(strings.TrimSpace(stdout.String()), "\n")
+			if !shaPattern.MatchString(snap) {
+				snap = ""
+			}
 			s.pushDone(p, pend, snap, &res)
 			s.log.Debug("sync pushed", "bytes", res.Bytes, "files", res.Files, "commits", res.Commits, "snapshot", res.Snapshot, "took", time.Since(start))
 			return res, nil
 		}
-		again, err := s.pushFailed(ctx, r, rp, p, code, out, strings.TrimSpace(stderr.String()), attempt, &res)
+		again, err := s.pushFailed(ctx, r, rp, p, code, out, sandboxText(stderr.String()), attempt, &res)
 		if err != nil || again {
 			return res, err
 		}
@@ -474,7 +477,7 @@ func (s *Syncer) Revert(ctx context.Context, r Runner) error {
 	case exitNoGit:
 		return errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox"))
 	}
-	return errdefs.Unavailable(newError(ErrSandboxGit, nil, "revert the sandbox (exit %d): %s", code, strings.TrimSpace(stderr.String())))
+	return errdefs.Unavailable(newError(ErrSandboxGit, nil, "revert the sandbox (exit %d): %s", code, sandboxText(stderr.String())))
 }
 
 // fetchPull runs the pull script and returns the exec's id and its patch.
@@ -486,7 +489,7 @@ func (s *Syncer) fetchPull(ctx context.Context, r Runner, rp repo) (id string, p
 	out := &limitedBuffer{max: s.maxBytes + 128, buf: &bytes.Buffer{}}
 	code, runErr := r.Run(ctx, pullScript(helperVars(r), s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	if runErr == nil && code != 0 {
-		return s.pullFailed(ctx, r, rp, code, out, strings.TrimSpace(stderr.String()))
+		return s.pullFailed(ctx, r, rp, code, out, sandboxText(stderr.String()))
 	}
 	return s.pullOutput(ctx, r, rp, out, code, runErr)
 }
@@ -502,8 +505,11 @@ func (s *Syncer) pullFailed(ctx context.Context, r Runner, rp repo, code int, ou
 	case exitNoSnapshot:
 		return "", nil, "", errdefs.Conflict(newError(ErrNoSnapshot, nil, "the sandbox has no sync snapshot, so there is no baseline to pull against: push first"))
 	case exitTooLarge:
-		id, size, _ := parseHeader(out.buf.Bytes())
-		saved, err := s.fetchToFile(ctx, r, rp, id)
+		id, size, ok := parseHeader(out.buf.Bytes())
+		if !ok {
+			return "", nil, "", errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox's answer to the pull does not name a valid exec (something in the sandbox wrote .git/sandboxd/pending?): its changes were not pulled and stay in the sandbox; `sbx reset` drops them"))
+		}
+		saved, err := s.fetchToFile(ctx, r, rp, id, size)
 		if err != nil {
 			return "", nil, "", errdefs.TooLarge(newError(ErrPatchTooLarge, err,
 				"the sandbox's changes make a patch over the %s limit (%s), so they were not pulled, and copying them here failed (%v); they stay in the sandbox (its files and %s) until an exec after the next one",
@@ -554,25 +560,42 @@ func (s *Syncer) pullOutput(ctx context.Context, r Runner, rp repo, out *limited
 }
 
 // fetchToFile streams the kept pull patch of exec id into a new file under
-// <git dir>/sandboxd/pulls/, with no size limit.
-func (s *Syncer) fetchToFile(ctx context.Context, r Runner, rp repo, id string) (string, error) {
-	if id == "" {
-		return "", errors.New("no exec id in the sandbox's answer")
+// <git dir>/sandboxd/pulls/. The file's name is the daemon's own (a time and
+// a random id), never the sandbox's. The copy is bounded: by the size the
+// header stated, and at most MaxSavedPatchBytes (a patch stated larger is
+// not copied at all; one that grows past what it stated is cut off, and
+// the partial file removed); and by a deadline of its own, so that it ends
+// even when its caller's context was detached to outlive the caller. Over
+// a bound nothing is acknowledged: the sandbox keeps the edits.
+func (s *Syncer) fetchToFile(ctx context.Context, r Runner, rp repo, id string, size int64) (string, error) {
+	if !validPullID(id) || id == noPullID {
+		return "", errors.New("no valid exec id in the sandbox's answer")
+	}
+	if size > s.maxSaved {
+		return "", fmt.Errorf("the sandbox states a patch of %s, over the %s a saved patch may be (fetch it yourself: it is the sandbox's %s; or `sbx reset` to drop it)",
+			formatBytes(size), formatBytes(s.maxSaved), keptPatch)
 	}
 	dir := filepath.Join(rp.stateDir(), "pulls")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	name := filepath.Join(dir, s.now().UTC().Format("20060102T150405Z")+"-"+id+".patch")
-	f, err := os.Create(name)
+	name := filepath.Join(dir, s.now().UTC().Format("20060102T150405Z")+"-"+newID()[:12]+".patch")
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if err != nil {
 		return "", err
 	}
-	hw := &headerSkipper{w: f}
+	deadline := s.saveDeadline(size)
+	ctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	hw := &headerSkipper{w: f, id: id, max: size, stop: cancel}
 	var stderr bytes.Buffer
 	code, err := r.Run(ctx, fetchScript(id), nil, hw, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	cerr := f.Close()
-	switch msg := strings.TrimSpace(stderr.String()); {
+	switch msg := sandboxText(stderr.String()); {
+	case hw.err != nil:
+		err = hw.err
+	case err != nil && ctx.Err() == context.DeadlineExceeded:
+		err = fmt.Errorf("the copy took longer than its %s deadline: %w", deadline, err)
 	case err != nil:
 	case code == exitNoPullPatch:
 		err = fmt.Errorf("the sandbox no longer keeps exec %s's patch: another exec's replaced it", id)
@@ -584,7 +607,7 @@ func (s *Syncer) fetchToFile(ctx context.Context, r Runner, rp repo, id string) 
 	if err == nil {
 		err = cerr
 	}
-	if err == nil && hw.size >= 0 && hw.written != hw.size {
+	if err == nil && hw.written != hw.size {
 		err = fmt.Errorf("%d of %d bytes arrived", hw.written, hw.size)
 	}
 	if err != nil {
@@ -594,39 +617,82 @@ func (s *Syncer) fetchToFile(ctx context.Context, r Runner, rp repo, id string) 
 	return name, nil
 }
 
-// headerSkipper writes what follows the first line (the pull header) and
-// counts it against the size the header states.
+// saveDeadline bounds the copy of a saved patch of size bytes: a minute
+// (saveWait), plus a second for each MiB.
+func (s *Syncer) saveDeadline(size int64) time.Duration {
+	return s.saveWait + time.Duration(size>>20)*time.Second
+}
+
+// headerSkipper writes what follows the first line (the pull header, which
+// must name exec id) and at most the size the header states, and no more
+// than max, the size stated before. Past a bound it records err and calls
+// stop, which ends the remote command.
 type headerSkipper struct {
 	w       io.Writer
+	id      string
+	max     int64
+	stop    func()
 	line    []byte
 	past    bool
 	size    int64
 	written int64
+	err     error
+}
+
+func (h *headerSkipper) fail(err error) (int, error) {
+	if h.err == nil {
+		h.err = err
+		h.stop()
+	}
+	return 0, err
 }
 
 func (h *headerSkipper) Write(p []byte) (int, error) {
 	n := len(p)
+	if h.err != nil {
+		return 0, h.err
+	}
 	if !h.past {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
+			if len(h.line)+len(p) > maxHeaderLine {
+				return h.fail(errors.New("the sandbox's answer has no valid header"))
+			}
 			h.line = append(h.line, p...)
 			return n, nil
 		}
 		h.line = append(h.line, p[:i+1]...)
 		h.past = true
-		h.size = -1
-		if _, size, ok := parseHeader(h.line); ok {
-			h.size = size
+		id, size, ok := parseHeader(h.line)
+		switch {
+		case !ok || id != h.id:
+			return h.fail(fmt.Errorf("the sandbox's answer does not name exec %s's patch", h.id))
+		case size > h.max:
+			return h.fail(fmt.Errorf("the sandbox's patch grew to %s since it stated %s: not copied", formatBytes(size), formatBytes(h.max)))
 		}
+		h.size = size
 		p = p[i+1:]
+	}
+	if int64(len(p)) > h.size-h.written {
+		return h.fail(fmt.Errorf("the sandbox sent more than the %s its patch has: the copy was stopped", formatBytes(h.size)))
 	}
 	w, err := h.w.Write(p)
 	h.written += int64(w)
 	if err != nil {
-		return 0, err
+		return h.fail(err)
 	}
 	return n, nil
 }
+
+// maxHeaderLine bounds the pull header line.
+const maxHeaderLine = 256
+
+// noPullID is the id a pull names when the sandbox has no pending exec.
+const noPullID = "none"
+
+// validPullID accepts the ids the daemon makes (newID: hex) and noPullID:
+// an id from the sandbox names nothing else, and never a local path.
+func validPullID(id string) bool { return id == noPullID || isID(id) }
 
 // parseHeader reads "sandboxd-pull <id> <size>\n".
 func parseHeader(b []byte) (id string, size int64, ok bool) {
@@ -635,8 +701,11 @@ func parseHeader(b []byte) (id string, size int64, ok bool) {
 	if !found || !has {
 		return "", 0, false
 	}
+	if len(line) > maxHeaderLine {
+		return "", 0, false
+	}
 	f := strings.Fields(string(rest))
-	if len(f) != 2 {
+	if len(f) != 2 || !validPullID(f[0]) {
 		return "", 0, false
 	}
 	n, err := strconv.ParseInt(f[1], 10, 64)

@@ -222,6 +222,15 @@ func hashOf(b []byte) string {
 // errPlatform: the sandbox is not of the helper's platform.
 var errPlatform = errors.New("another platform")
 
+// Deadlines of the helper's steps in a sandbox, which may never answer:
+// each failure is tried again later, the scripts meanwhile stage the
+// whole tree.
+const (
+	probeTimeout   = 30 * time.Second
+	installTimeout = 2 * time.Minute
+	readyTimeout   = 30 * time.Second
+)
+
 // Exit codes of the probe.
 const (
 	probeMissing = 3 // not installed (or damaged): its platform follows
@@ -238,7 +247,9 @@ func (m *Manager) serve(ctx context.Context, c Conn, st *state) error {
 	probe := gitsync.InCheckout(`f=` + file + `
 if [ -x "$f" ] && v=$("$f" version 2>/dev/null) && [ "$v" = "` + sandboxhelper.Name + ` ` + b.sum + `" ]; then exit 0; fi
 uname -sm; exit ` + fmt.Sprint(probeMissing) + "\n")
-	status, err := c.ExecOnce(ctx, probe, sshpool.Stdio{Stdout: &limited{w: &out, n: 4096}, Stderr: io.Discard})
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	status, err := c.ExecOnce(pctx, probe, sshpool.Stdio{Stdout: &limited{w: &out, n: 4096}, Stderr: io.Discard})
+	cancel()
 	if err != nil {
 		return fmt.Errorf("probe: %w", err)
 	}
@@ -274,6 +285,9 @@ uname -sm; exit ` + fmt.Sprint(probeMissing) + "\n")
 		m.log.Debug("sandbox helper serving", "instance", inst)
 	case err := <-done:
 		return fmt.Errorf("the helper's server ended before answering: %v", err)
+	case <-time.After(readyTimeout):
+		// Its stdin closes (pw) and the request ends: tried again later.
+		return fmt.Errorf("the helper's server did not say it was ready within %s", readyTimeout)
 	case <-ctx.Done():
 		// The exec request ends with ctx (TERM, which the server obeys).
 		<-done
@@ -301,6 +315,8 @@ cat >"$t" && chmod 755 "$t" && v=$("$t" version) && [ "$v" = "` + sandboxhelper.
 for o in "$st"/bin/` + sandboxhelper.Name + `-*; do [ "$o" = "$f" ] || rm -f "$o"; done
 `)
 	var stderr bytes.Buffer
+	ctx, cancel := context.WithTimeout(ctx, installTimeout)
+	defer cancel()
 	status, err := c.ExecOnce(ctx, script, sshpool.Stdio{Stdin: bytes.NewReader(bin), Stdout: io.Discard, Stderr: &limited{w: &stderr, n: 4096}})
 	if err != nil {
 		return fmt.Errorf("install: %w", err)

@@ -146,7 +146,9 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 			m.opts.Pause("exec-after-command")
 		}
 		m.mark(ctx, lc, directiveSyncStart)
-		pull, err := m.opts.Sync.Pull(context.WithoutCancel(ctx), runner, s.RepoRoot)
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pullTimeout)
+		pull, err := m.opts.Sync.Pull(pctx, runner, s.RepoRoot)
+		cancel()
 		m.mark(ctx, lc, directiveSyncEnd)
 		if err != nil {
 			warn(fmt.Sprintf("pulling the sandbox's changes failed: %v", err))

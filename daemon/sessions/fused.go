@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -16,6 +17,11 @@ import (
 // command (edits of an earlier exec, a commit to push); after them the exec
 // takes the separate steps, which handle every case.
 const fusedAttempts = 2
+
+// pullTimeout bounds bringing a command's edits back once it ran: the
+// pull outlives its caller (nothing made in the sandbox is lost), but not
+// for longer than this, whatever the sandbox answers.
+const pullTimeout = 20 * time.Minute
 
 // execFused runs a synced exec as one exchange with the sandbox: push,
 // command and pull in one remote command (gitsync.Exchange). done false,
@@ -54,7 +60,9 @@ func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Sessio
 		if m.opts.Pause != nil {
 			m.opts.Pause("exec-after-command")
 		}
-		fr, err := ex.Finish(context.WithoutCancel(ctx), runner)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pullTimeout)
+		fr, err := ex.Finish(fctx, runner)
+		cancel()
 		for _, w := range fr.Push.Warnings {
 			warn(w)
 		}

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/sandboxd/sandboxd/internal/gitversion"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
 )
@@ -162,5 +163,11 @@ func checkGit() ipc.DoctorCheck {
 		return c
 	}
 	c.OK, c.Detail = true, strings.TrimSpace(string(out))
+	// A sandbox's changes are applied with git apply: not with a version
+	// that has known escapes.
+	if _, err := gitversion.Check(context.Background(), "git"); errors.Is(err, gitversion.ErrUnsafe) {
+		c.OK, c.Detail = false, err.Error()
+		c.Fix = "upgrade git (apt install git, brew upgrade git): until then sandboxd saves the sandbox's changes under .git/sandboxd/pulls/ instead of applying them"
+	}
 	return c
 }
