@@ -168,6 +168,9 @@ func TestUntrustedCommandForgesTheExchangeReport(t *testing.T) {
 	if r.code == 0 || !strings.Contains(r.stderr, "not run again") {
 		t.Errorf("a forged report was not refused with a message: %s", r)
 	}
+	if strings.Contains(r.stderr, "safe to retry") {
+		t.Errorf("the command ran, yet the error calls it safe to retry: %s", r)
+	}
 
 	// A pull over the limit whose id is a path: "copy me to a file".
 	r = e.sbx(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\necho made2 >made2.txt\n"+findNonce+
