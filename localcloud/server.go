@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/paths"
-	"github.com/sandboxd/sandboxd/localcloud/delayline"
 	"github.com/sandboxd/sandboxd/localcloud/runs"
 	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
@@ -137,6 +136,7 @@ type Server struct {
 
 	faultsMu sync.Mutex
 	faults   Faults
+	silence  silencer
 
 	apiRequests atomic.Int64
 
@@ -273,16 +273,14 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.log.Info("sandbox isolation", "isolation", s.sandboxes.Report().Summary())
 	s.runs, err = runs.Open(runs.Config{
-		Sandboxes:   s.sandboxes,
-		Dir:         s.cfg.Dir,
-		Clock:       s.cfg.Clock,
-		IdleTimeout: s.cfg.IdleTimeout,
-		MaxLifetime: s.cfg.MaxLifetime,
-		RefuseSSH:   func() bool { return s.Faults().DropSSH },
-		Logger:      s.log,
-		WrapListener: func(ln net.Listener) net.Listener {
-			return delayline.Listener(ln, s.oneWayDelay)
-		},
+		Sandboxes:    s.sandboxes,
+		Dir:          s.cfg.Dir,
+		Clock:        s.cfg.Clock,
+		IdleTimeout:  s.cfg.IdleTimeout,
+		MaxLifetime:  s.cfg.MaxLifetime,
+		RefuseSSH:    func() bool { return s.Faults().DropSSH },
+		Logger:       s.log,
+		WrapListener: s.wrapListener,
 	})
 	if err != nil {
 		return fail(err)
@@ -297,12 +295,12 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	handler := s.routes()
 	serve := func(ln net.Listener, tlsCfg *tls.Config) {
-		srv := &http.Server{Handler: handler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+		srv := &http.Server{Handler: handler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug), ConnContext: withConn}
 		s.servers = append(s.servers, srv)
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			ln = delayline.Listener(ln, s.oneWayDelay)
+			ln = s.wrapListener(ln)
 			if tlsCfg != nil {
 				ln = tls.NewListener(ln, tlsCfg)
 			}
