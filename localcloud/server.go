@@ -114,6 +114,12 @@ type Config struct {
 	// sandboxd as if the remote were far away (Faults.OneWayDelayMS; whole
 	// milliseconds). Zero adds nothing.
 	OneWayDelay time.Duration
+	// AgentKeepaliveInterval and AgentKeepaliveCount: each agent asks its
+	// clients for a sign of life every interval and disconnects one that
+	// answered none for count intervals, releasing its lock (agent
+	// defaults when zero; a negative interval sends none).
+	AgentKeepaliveInterval time.Duration
+	AgentKeepaliveCount    int
 	// Sandbox configures the isolation of every run's commands (namespaces
 	// with a loopback-only network by default); Start fails when the
 	// machine cannot provide it, unless Sandbox.Isolation is "none".
@@ -281,6 +287,9 @@ func (s *Server) Start(ctx context.Context) error {
 		RefuseSSH:    func() bool { return s.Faults().DropSSH },
 		Logger:       s.log,
 		WrapListener: s.wrapListener,
+
+		AgentKeepaliveInterval: s.cfg.AgentKeepaliveInterval,
+		AgentKeepaliveCount:    s.cfg.AgentKeepaliveCount,
 	})
 	if err != nil {
 		return fail(err)

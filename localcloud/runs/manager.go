@@ -56,6 +56,10 @@ type Config struct {
 	WrapListener func(net.Listener) net.Listener
 	// Sandboxes isolates each run's commands; plain processes when nil.
 	Sandboxes *sandbox.Provider
+	// AgentKeepaliveInterval and AgentKeepaliveCount: how agents detect
+	// silent clients (agent.Config.KeepaliveInterval, KeepaliveCount).
+	AgentKeepaliveInterval time.Duration
+	AgentKeepaliveCount    int
 }
 
 // Manager owns every run.
@@ -495,6 +499,9 @@ func (m *Manager) startAgentLocked(e *entry) error {
 		OnActivity:    func() { m.touch(id) },
 		Refuse:        m.cfg.RefuseSSH,
 		WrapListener:  m.cfg.WrapListener,
+
+		KeepaliveInterval: m.cfg.AgentKeepaliveInterval,
+		KeepaliveCount:    m.cfg.AgentKeepaliveCount,
 	}
 	if sb != nil {
 		cfg.Sandbox = sb
