@@ -17,6 +17,10 @@ const (
 	PhaseProvisioning   = "provisioning"    // the remote sets it up (Message: its current step, when it says)
 	PhaseConnecting     = "connecting"      // sandboxable: opening the SSH connection
 	PhaseReady          = "ready"
+	// PhaseWaiting: a ready sandbox's exec waits (for the agent's lock, for
+	// a silent connection to be replaced); Message says for what and since
+	// when.
+	PhaseWaiting = "waiting"
 )
 
 // Progress is the data of a session.progress event.

@@ -233,7 +233,8 @@ func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Op
 }
 
 func daemonConfig(cfg config.Config) sessions.DaemonConfig {
-	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention}
+	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention,
+		LockTimeout: cfg.LockTimeout, ProbeTimeout: cfg.SSHProbeTimeout}
 }
 
 func fileExists(p string) bool {

@@ -77,8 +77,12 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 		return ipc.ExecResult{}, endedError(s)
 	}
 	// The lock is leased: held across a burst of execs, released after a
-	// short idle time, never on this caller's path.
-	conn, leaseDone, err := m.lockSandbox(ctx, s)
+	// short idle time, never on this caller's path. A wait for it says
+	// what it waits for.
+	conn, leaseDone, err := m.lockSandbox(withLockProgress(ctx, func(msg string) {
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
+		m.progress(s, ipc.PhaseWaiting, msg)
+	}), s)
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}

@@ -133,6 +133,12 @@ type DaemonConfig struct {
 	ReconcileInterval time.Duration
 	// HistoryRetention is how long ended sessions stay listed (0: forever).
 	HistoryRetention time.Duration
+	// LockTimeout bounds an exec's wait for the agent lock
+	// (DefaultLockTimeout when zero); ProbeTimeout is how long a connection
+	// may leave a keepalive unanswered while a lock request waits on it
+	// (DefaultProbeTimeout when zero).
+	LockTimeout  time.Duration
+	ProbeTimeout time.Duration
 }
 
 // Manager implements server.SessionBackend.

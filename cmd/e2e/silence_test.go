@@ -1,0 +1,125 @@
+package e2e
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// Bounds of the silence tests: the agent frees a silent client's lock
+// after agentKeepalive x agentKeepaliveCount; the daemon replaces a
+// connection that leaves a probe unanswered for probeTimeout.
+const (
+	agentKeepalive      = 500 * time.Millisecond
+	agentKeepaliveCount = 8
+	probeTimeout        = time.Second
+	silenceFor          = 2 * time.Second
+)
+
+// startSilentLocalcloud starts a local remote at 20 ms RTT whose agents
+// detect silent clients after agentKeepalive x agentKeepaliveCount.
+func (e *env) startSilentLocalcloud() *localcloud {
+	return e.startLocalcloud("--one-way-delay", "10ms",
+		"--agent-keepalive-interval", agentKeepalive.String(),
+		"--agent-keepalive-count", "8")
+}
+
+// TestExecAfterASilenceDuringTheLeaseRunsWithinTheKeepaliveBound: the
+// network goes silent for good for the connections open while the daemon
+// holds the sandbox's lock (a laptop's change of network right after an
+// exec): the unlock is lost and the agent keeps the lock for the silent
+// connection. An exec started during the silence and one started after it
+// both run, once each, and the latter completes within the agent's
+// keepalive timeout plus a handshake and a round trip (with margin),
+// saying on stderr that it waits for the lock of this machine's connection
+// that went silent; the daemon's own keepalive (10 s + 15 s) is not waited
+// for.
+func TestExecAfterASilenceDuringTheLeaseRunsWithinTheKeepaliveBound(t *testing.T) {
+	e := newEnv(t)
+	lc := e.startSilentLocalcloud()
+	e.writeConfig(map[string]any{"ssh_probe_timeout": probeTimeout.String()})
+	e.startDaemon()
+	repo := e.newRepo("silence", defaultConfig)
+	e.startSandbox(repo)
+	counter := counterFile(t, "silence")
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+
+	// Within the lease (250 ms): the lock is held by the connection that
+	// goes silent.
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	silenced := time.Now()
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": silenceFor.Milliseconds(), "drop": true})
+
+	// Case 3: started during the silence, once the lease has ended (a
+	// command sent within it goes out on the connection that holds the
+	// lock, which went silent: it may or may not run, as any command
+	// that is running when the network goes away).
+	time.Sleep(500 * time.Millisecond)
+	during := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo during >> "+counter)
+	time.Sleep(time.Until(silenced.Add(silenceFor)))
+
+	// Case 2: the first exec after the network came back.
+	start := time.Now()
+	after := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo after >> "+counter)
+	took := time.Since(start)
+	rd := during.wait(t, 2*time.Minute)
+
+	if after.code != 0 {
+		t.Fatalf("the first exec after the silence: %s", after)
+	}
+	if rd.code != 0 {
+		t.Errorf("an exec started during the silence: %s", rd)
+	}
+	ran := strings.Fields(readFileOr(counter))
+	if strings.Count(strings.Join(ran, " "), "after") != 1 || strings.Count(strings.Join(ran, " "), "during") != 1 {
+		t.Errorf("commands that ran: %q, want during and after once each", ran)
+	}
+	// The agent frees the lock at most agentKeepalive x count after the
+	// silence began; then a handshake and a few round trips at 20 ms.
+	bound := agentKeepalive*agentKeepaliveCount - silenceFor + 2*time.Second
+	if took > bound {
+		t.Errorf("the first exec after %v of silence took %v, want at most %v (the agent's keepalive timeout %v after the silence began, plus a handshake and a round trip, with margin)",
+			silenceFor, took, bound, agentKeepalive*agentKeepaliveCount)
+	}
+	both := after.stderr + rd.stderr
+	if !strings.Contains(both, "waiting for the sandbox's lock") || !strings.Contains(both, "went silent") {
+		t.Errorf("no word on stderr of what the execs waited for:\nduring: %s\nafter: %s", rd.stderr, after.stderr)
+	}
+	t.Logf("first exec after %v of silence (20 ms RTT, agent keepalive %v x %d, probe %v): %v", silenceFor, agentKeepalive, agentKeepaliveCount, probeTimeout, took.Round(time.Millisecond))
+	t.Logf("stderr of the exec started during the silence:\n%s", rd.stderr)
+}
+
+// TestLockWaitEndsAtItsBoundWithAReport: against an agent that keeps a
+// silent connection (and its lock) for ever, as RWX's may, the first exec
+// after the silence waits for the lock only until lock_timeout, then fails
+// with exit 125 and a report saying that the command did not run, who
+// holds the lock and what to do; nothing ran.
+func TestLockWaitEndsAtItsBoundWithAReport(t *testing.T) {
+	const lockTimeout = 2 * time.Second
+	e := newEnv(t)
+	lc := e.startLocalcloud("--agent-keepalive-interval", "-1s")
+	e.writeConfig(map[string]any{"ssh_probe_timeout": probeTimeout.String(), "lock_timeout": lockTimeout.String()})
+	e.startDaemon()
+	repo := e.newRepo("lockbound", defaultConfig)
+	e.startSandbox(repo)
+	counter := counterFile(t, "lockbound")
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": 500, "drop": true})
+	time.Sleep(time.Second)
+
+	start := time.Now()
+	r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
+	took := time.Since(start)
+	checkFailure(t, "an exec behind a lock that is never freed", r)
+	if !strings.Contains(r.stderr, "lock") || !strings.Contains(r.stderr, "went silent") || !strings.Contains(r.stderr, "lock_timeout") {
+		t.Errorf("the report does not say what it waited for and how it is bounded: %s", r.stderr)
+	}
+	if got := readFileOr(counter); got != "" {
+		t.Errorf("the command ran: %q", got)
+	}
+	if took > lockTimeout+probeTimeout+3*time.Second {
+		t.Errorf("the exec gave up after %v, want about lock_timeout %v (plus the probe of the silent connection %v)", took, lockTimeout, probeTimeout)
+	}
+	t.Logf("gave up after %v: %s", took.Round(time.Millisecond), strings.TrimSpace(r.stderr))
+}
