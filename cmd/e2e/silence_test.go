@@ -123,3 +123,37 @@ func TestLockWaitEndsAtItsBoundWithAReport(t *testing.T) {
 	}
 	t.Logf("gave up after %v: %s", took.Round(time.Millisecond), strings.TrimSpace(r.stderr))
 }
+
+// TestQueueWaitSaysSinceWhenAndEndsAtItsBound: an exec behind a long
+// command says on stderr that it waits in the sandbox's queue and since
+// when, and gives up at queue_timeout with exit 125 and a report that the
+// command did not run; the command ahead is not disturbed.
+func TestQueueWaitSaysSinceWhenAndEndsAtItsBound(t *testing.T) {
+	const queueTimeout = time.Second
+	e := newEnv(t)
+	e.writeConfig(map[string]any{"queue_timeout": queueTimeout.String()})
+	e.startDaemon()
+	repo := e.newRepo("queuebound", defaultConfig)
+	e.startSandbox(repo)
+	counter := counterFile(t, "queuebound")
+	long := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo long >> "+counter+"; sleep 4")
+	waitUntil(t, 30*time.Second, "the long command to start", func() bool { return strings.Contains(readFileOr(counter), "long") })
+
+	start := time.Now()
+	r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo behind >> "+counter)
+	took := time.Since(start)
+	checkFailure(t, "an exec behind a long command", r)
+	if !strings.Contains(r.stderr, "ahead in its queue) since ") || !strings.Contains(r.stderr, "queue_timeout") {
+		t.Errorf("the exec did not say what it waited for, since when, and how it is bounded: %s", r.stderr)
+	}
+	if took > queueTimeout+3*time.Second {
+		t.Errorf("the exec gave up after %v, want about queue_timeout %v", took, queueTimeout)
+	}
+	if rl := long.wait(t, time.Minute); rl.code != 0 {
+		t.Errorf("the command ahead: %s", rl)
+	}
+	if got := strings.Fields(readFileOr(counter)); len(got) != 1 {
+		t.Errorf("commands that ran: %q, want only the long one", got)
+	}
+	t.Logf("gave up after %v: %s", took.Round(time.Millisecond), strings.TrimSpace(r.stderr))
+}

@@ -37,6 +37,7 @@ const (
 	DefaultAPITimeout        = 30 * time.Second
 	DefaultLockTimeout       = 10 * time.Minute
 	DefaultSSHProbeTimeout   = 5 * time.Second
+	DefaultQueueTimeout      = time.Hour
 	DefaultLogLevel          = slog.LevelInfo
 )
 
@@ -95,6 +96,9 @@ type Config struct {
 	// SSHProbeTimeout is how long a connection may leave a keepalive
 	// unanswered, while an exec waits on it, before it is replaced.
 	SSHProbeTimeout time.Duration
+	// QueueTimeout bounds an exec's wait for its turn in the sandbox's
+	// queue.
+	QueueTimeout time.Duration
 
 	// File is the config file this was loaded from (it may not exist).
 	File string
@@ -119,6 +123,7 @@ func Default() Config {
 		APITimeout:        DefaultAPITimeout,
 		LockTimeout:       DefaultLockTimeout,
 		SSHProbeTimeout:   DefaultSSHProbeTimeout,
+		QueueTimeout:      DefaultQueueTimeout,
 	}
 }
 
@@ -134,7 +139,8 @@ func (c Config) Equal(o Config) bool {
 		c.LocalcloudBinary == o.LocalcloudBinary && c.SyncHelper == o.SyncHelper && c.IdleTimeout == o.IdleTimeout &&
 		c.ShutdownTimeout == o.ShutdownTimeout && c.ReconcileInterval == o.ReconcileInterval &&
 		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout &&
-		c.LockTimeout == o.LockTimeout && c.SSHProbeTimeout == o.SSHProbeTimeout
+		c.LockTimeout == o.LockTimeout && c.SSHProbeTimeout == o.SSHProbeTimeout &&
+		c.QueueTimeout == o.QueueTimeout
 }
 
 // LogValue makes the configuration safe to log: the token is left out.
@@ -154,6 +160,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("api_timeout", c.APITimeout),
 		slog.Duration("lock_timeout", c.LockTimeout),
 		slog.Duration("ssh_probe_timeout", c.SSHProbeTimeout),
+		slog.Duration("queue_timeout", c.QueueTimeout),
 	)
 }
 
@@ -179,6 +186,7 @@ type file struct {
 	APITimeout        *string `json:"api_timeout"`
 	LockTimeout       *string `json:"lock_timeout"`
 	SSHProbeTimeout   *string `json:"ssh_probe_timeout"`
+	QueueTimeout      *string `json:"queue_timeout"`
 }
 
 // Load reads the configuration: defaults, then the config file
@@ -292,6 +300,7 @@ func (c *Config) apply(raw []byte) error {
 		{"api_timeout", f.APITimeout, &c.APITimeout, 100 * time.Millisecond, ""},
 		{"lock_timeout", f.LockTimeout, &c.LockTimeout, 100 * time.Millisecond, ""},
 		{"ssh_probe_timeout", f.SSHProbeTimeout, &c.SSHProbeTimeout, 10 * time.Millisecond, ""},
+		{"queue_timeout", f.QueueTimeout, &c.QueueTimeout, 100 * time.Millisecond, ""},
 	}
 	for _, d := range durations {
 		if d.src == nil {
@@ -360,7 +369,7 @@ func describeDecodeError(raw []byte, err error) error {
 		return errors.New("invalid JSON: the file ends before the object does")
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, sync_helper, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout, lock_timeout, ssh_probe_timeout", msg)
+		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, sync_helper, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout, lock_timeout, ssh_probe_timeout, queue_timeout", msg)
 	}
 	return err
 }

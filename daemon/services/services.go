@@ -234,7 +234,7 @@ func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Op
 
 func daemonConfig(cfg config.Config) sessions.DaemonConfig {
 	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention,
-		LockTimeout: cfg.LockTimeout, ProbeTimeout: cfg.SSHProbeTimeout}
+		LockTimeout: cfg.LockTimeout, ProbeTimeout: cfg.SSHProbeTimeout, QueueTimeout: cfg.QueueTimeout}
 }
 
 func fileExists(p string) bool {

@@ -62,10 +62,18 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 			m.publish(eventExecFinished, s, map[string]any{"error": err.Error(), "durationMs": m.now().Sub(started).Milliseconds()})
 		}
 	}()
-	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(position int) {
+	queueTimeout := m.queueTimeout()
+	qctx, qcancel := context.WithTimeout(ctx, queueTimeout)
+	ahead := 0
+	release, err := m.opts.Queue.Acquire(qctx, s.RunID, func(position int) {
+		ahead = position
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Position: position})
 	})
+	qcancel()
 	if err != nil {
+		if ctx.Err() == nil {
+			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("waited %s for the sandbox (%d ahead in its queue); the command did not run: retry once the commands ahead are over, or run `sbx reset` to start a new sandbox (queue_timeout in sandboxd's config sets this bound)", queueTimeout, ahead))
+		}
 		return ipc.ExecResult{}, errdefs.Canceled(fmt.Errorf("waiting for the sandbox: %w", err))
 	}
 	defer release()

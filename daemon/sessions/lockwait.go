@@ -20,6 +20,9 @@ const (
 	// unanswered while a lock request waits on it before it is taken for
 	// dead and replaced.
 	DefaultProbeTimeout = 5 * time.Second
+	// DefaultQueueTimeout bounds the wait for one's turn in a sandbox's
+	// queue: the commands ahead may legitimately run for long.
+	DefaultQueueTimeout = time.Hour
 )
 
 // waitBounds returns the bounds of the lock wait: the wait itself and the
@@ -35,6 +38,17 @@ func (m *Manager) waitBounds() (lock, probe time.Duration) {
 		probe = DefaultProbeTimeout
 	}
 	return lock, probe
+}
+
+// queueTimeout returns the bound of the wait in a sandbox's queue.
+func (m *Manager) queueTimeout() time.Duration {
+	m.mu.Lock()
+	d := m.daemonCfg.QueueTimeout
+	m.mu.Unlock()
+	if d <= 0 {
+		d = DefaultQueueTimeout
+	}
+	return d
 }
 
 // probeEvery is how often a connection waiting for the lock is probed

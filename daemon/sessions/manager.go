@@ -139,6 +139,9 @@ type DaemonConfig struct {
 	// (DefaultProbeTimeout when zero).
 	LockTimeout  time.Duration
 	ProbeTimeout time.Duration
+	// QueueTimeout bounds an exec's wait for its turn in the sandbox's
+	// queue (DefaultQueueTimeout when zero).
+	QueueTimeout time.Duration
 }
 
 // Manager implements server.SessionBackend.
