@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"encoding/json"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -156,4 +158,64 @@ func TestQueueWaitSaysSinceWhenAndEndsAtItsBound(t *testing.T) {
 		t.Errorf("commands that ran: %q, want only the long one", got)
 	}
 	t.Logf("gave up after %v: %s", took.Round(time.Millisecond), strings.TrimSpace(r.stderr))
+}
+
+// agentConnections is how many SSH connections the run's agent accepted.
+func (lc *localcloud) agentConnections(t testing.TB, run string) int64 {
+	t.Helper()
+	var st struct {
+		Connections int64 `json:"connections"`
+	}
+	if err := json.Unmarshal(lc.call(t, "GET", "/admin/runs/"+run+"/ssh-stats", nil), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Connections
+}
+
+// TestDaemonThatWasStoppedReplacesSilentConnectionsAtOnce: sandboxd stopped
+// (SIGSTOP, as in a laptop's sleep) while the network drops its
+// connections silently; once it runs again (SIGCONT) it notices the jump
+// of its clock and probes its connections at once: the silent one is
+// replaced within the probe timeout, not at the keepalive timeout
+// (10 s + 15 s), and the next exec runs at once.
+func TestDaemonThatWasStoppedReplacesSilentConnectionsAtOnce(t *testing.T) {
+	const stopped = 4 * time.Second
+	e := newEnv(t)
+	lc := e.startLocalcloud("--one-way-delay", "10ms")
+	e.writeConfig(map[string]any{"ssh_probe_timeout": probeTimeout.String()})
+	d := e.startDaemon()
+	t.Cleanup(func() { _ = d.cmd.Process.Signal(syscall.SIGCONT) })
+	repo := e.newRepo("sleepwake", defaultConfig)
+	run := e.startSandbox(repo)
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	time.Sleep(500 * time.Millisecond) // the lease ends: no lock held
+	before := lc.agentConnections(t, run)
+
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": stopped.Milliseconds(), "drop": true})
+	if err := d.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(stopped)
+	if err := d.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	woke := time.Now()
+	bound := probeTimeout + 3*time.Second
+	deadline := time.Now().Add(bound)
+	for lc.agentConnections(t, run) <= before {
+		if time.Now().After(deadline) {
+			d.stop(t)
+			t.Fatalf("no new connection to the sandbox %v after the wake\n%s", bound, d.logs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	reconnected := time.Since(woke)
+	start := time.Now()
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	took := time.Since(start)
+	if took > 2*time.Second {
+		t.Errorf("the first exec after the wake took %v", took)
+	}
+	t.Logf("stopped %v with the network silent: reconnected %v after SIGCONT (probe timeout %v); first exec then took %v",
+		stopped, reconnected.Round(time.Millisecond), probeTimeout, took.Round(time.Millisecond))
 }

@@ -42,3 +42,39 @@ func (c *Conn) Probe(ctx context.Context, timeout time.Duration) error {
 		return ctx.Err()
 	}
 }
+
+// ProbeAll probes every open connection at once, for when they may all
+// have gone silent without a sign (the machine slept, its network
+// changed): the silent ones are closed within timeout instead of at their
+// keepalive timeout, and every kept sandbox reconnects without waiting for
+// its backoff. It returns how many connections were found dead.
+func (p *Pool) ProbeAll(ctx context.Context, timeout time.Duration) int {
+	p.mu.Lock()
+	conns := make([]*Conn, 0, len(p.conns))
+	for c := range p.conns {
+		conns = append(conns, c)
+	}
+	p.mu.Unlock()
+	dead := make(chan bool, len(conns))
+	for _, c := range conns {
+		go func() {
+			err := c.Probe(ctx, timeout)
+			dead <- err != nil && ctx.Err() == nil
+		}()
+	}
+	n := 0
+	for range conns {
+		if <-dead {
+			n++
+		}
+	}
+	p.mu.Lock()
+	for _, e := range p.entries {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
+	p.mu.Unlock()
+	return n
+}
