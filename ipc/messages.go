@@ -1,6 +1,22 @@
 package ipc
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
+
+// Beginnings of the messages of an exec that waits on a ready sandbox
+// (queued frames, session.progress phase waiting): sbx shows them as they
+// come, without following the sandbox's start phases.
+const (
+	WaitingForLock = "waiting for the sandbox's lock"
+	WaitingSilent  = "the connection to the sandbox went silent"
+)
+
+// IsWaitOnReady reports whether msg is one of those.
+func IsWaitOnReady(msg string) bool {
+	return strings.HasPrefix(msg, WaitingForLock) || strings.HasPrefix(msg, WaitingSilent)
+}
 
 // DriftWarning is the one wording of the config-drift warning, shared by the
 // daemon (exec warnings) and sbx (status), so that users see one message.

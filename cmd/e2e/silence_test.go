@@ -2,28 +2,46 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// Bounds of the silence tests: the agent frees a silent client's lock
-// after agentKeepalive x agentKeepaliveCount; the daemon replaces a
-// connection that leaves a probe unanswered for probeTimeout.
-const (
-	agentKeepalive      = 500 * time.Millisecond
-	agentKeepaliveCount = 8
-	probeTimeout        = time.Second
-	silenceFor          = 2 * time.Second
+// silenceBounds are the figures of a silence test: the agent frees a
+// silent client's lock after agentKeepalive x agentKeepaliveCount; the
+// daemon replaces a connection that leaves a probe unanswered for
+// probeTimeout.
+type silenceBounds struct {
+	agentKeepalive      time.Duration
+	agentKeepaliveCount int
+	probeTimeout        time.Duration
+	silence             time.Duration
+}
+
+// Short figures for make test; SANDBOXD_TEST_LONG uses the (8 s of
+// silence, the agent's and the daemon's defaults).
+var (
+	shortSilence = silenceBounds{agentKeepalive: 500 * time.Millisecond, agentKeepaliveCount: 8, probeTimeout: time.Second, silence: 2 * time.Second}
+	longSilence  = silenceBounds{agentKeepalive: 5 * time.Second, agentKeepaliveCount: 3, probeTimeout: 5 * time.Second, silence: 8 * time.Second}
 )
 
+const probeTimeout = time.Second
+
+func currentSilence() silenceBounds {
+	if long() {
+		return longSilence
+	}
+	return shortSilence
+}
+
 // startSilentLocalcloud starts a local remote at 20 ms RTT whose agents
-// detect silent clients after agentKeepalive x agentKeepaliveCount.
-func (e *env) startSilentLocalcloud() *localcloud {
+// detect silent clients as b says.
+func (e *env) startSilentLocalcloud(b silenceBounds) *localcloud {
 	return e.startLocalcloud("--one-way-delay", "10ms",
-		"--agent-keepalive-interval", agentKeepalive.String(),
-		"--agent-keepalive-count", "8")
+		"--agent-keepalive-interval", b.agentKeepalive.String(),
+		"--agent-keepalive-count", fmt.Sprint(b.agentKeepaliveCount))
 }
 
 // TestExecAfterASilenceDuringTheLeaseRunsWithinTheKeepaliveBound: the
@@ -37,9 +55,11 @@ func (e *env) startSilentLocalcloud() *localcloud {
 // that went silent; the daemon's own keepalive (10 s + 15 s) is not waited
 // for.
 func TestExecAfterASilenceDuringTheLeaseRunsWithinTheKeepaliveBound(t *testing.T) {
+	b := currentSilence()
+	silenceFor, agentTimeout := b.silence, b.agentKeepalive*time.Duration(b.agentKeepaliveCount)
 	e := newEnv(t)
-	lc := e.startSilentLocalcloud()
-	e.writeConfig(map[string]any{"ssh_probe_timeout": probeTimeout.String()})
+	lc := e.startSilentLocalcloud(b)
+	e.writeConfig(map[string]any{"ssh_probe_timeout": b.probeTimeout.String()})
 	e.startDaemon()
 	repo := e.newRepo("silence", defaultConfig)
 	e.startSandbox(repo)
@@ -78,16 +98,16 @@ func TestExecAfterASilenceDuringTheLeaseRunsWithinTheKeepaliveBound(t *testing.T
 	}
 	// The agent frees the lock at most agentKeepalive x count after the
 	// silence began; then a handshake and a few round trips at 20 ms.
-	bound := agentKeepalive*agentKeepaliveCount - silenceFor + 2*time.Second
+	bound := agentTimeout - silenceFor + 2*time.Second
 	if took > bound {
 		t.Errorf("the first exec after %v of silence took %v, want at most %v (the agent's keepalive timeout %v after the silence began, plus a handshake and a round trip, with margin)",
-			silenceFor, took, bound, agentKeepalive*agentKeepaliveCount)
+			silenceFor, took, bound, agentTimeout)
 	}
 	both := after.stderr + rd.stderr
 	if !strings.Contains(both, "waiting for the sandbox's lock") || !strings.Contains(both, "went silent") {
 		t.Errorf("no word on stderr of what the execs waited for:\nduring: %s\nafter: %s", rd.stderr, after.stderr)
 	}
-	t.Logf("first exec after %v of silence (20 ms RTT, agent keepalive %v x %d, probe %v): %v", silenceFor, agentKeepalive, agentKeepaliveCount, probeTimeout, took.Round(time.Millisecond))
+	t.Logf("first exec after %v of silence (20 ms RTT, agent keepalive %v x %d, probe %v): %v", silenceFor, b.agentKeepalive, b.agentKeepaliveCount, b.probeTimeout, took.Round(time.Millisecond))
 	t.Logf("stderr of the exec started during the silence:\n%s", rd.stderr)
 }
 
@@ -218,4 +238,42 @@ func TestDaemonThatWasStoppedReplacesSilentConnectionsAtOnce(t *testing.T) {
 	}
 	t.Logf("stopped %v with the network silent: reconnected %v after SIGCONT (probe timeout %v); first exec then took %v",
 		stopped, reconnected.Round(time.Millisecond), probeTimeout, took.Round(time.Millisecond))
+}
+
+// TestCommandRunsAcrossASilenceThatHoldsItsBytes: a silence that holds
+// the bytes (a short sleep: TCP resumes) shorter than the keepalive
+// timeouts leaves a running command alone: every line arrives, in order,
+// with the command's own exit status, and it ran once.
+func TestCommandRunsAcrossASilenceThatHoldsItsBytes(t *testing.T) {
+	lines, every, silence := 6, 500*time.Millisecond, 2*time.Second
+	if long() {
+		lines, every, silence = 20, time.Second, 8*time.Second
+	}
+	e := newEnv(t)
+	lc := e.startLocalcloud("--one-way-delay", "10ms")
+	e.startDaemon()
+	repo := e.newRepo("across", defaultConfig)
+	e.startSandbox(repo)
+	counter := counterFile(t, "across")
+	script := fmt.Sprintf("echo ran >> %s; i=1; while [ $i -le %d ]; do echo line $i; i=$((i+1)); sleep %s; done; exit 7", counter, lines, fmt.Sprint(every.Seconds()))
+	cmd := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", script)
+	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
+	time.Sleep(every)
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": silence.Milliseconds()})
+	start := time.Now()
+	r := cmd.wait(t, 2*time.Minute)
+	if r.code != 7 {
+		t.Fatalf("the command across %v of silence: %s", silence, r)
+	}
+	var want []string
+	for i := 1; i <= lines; i++ {
+		want = append(want, fmt.Sprintf("line %d", i))
+	}
+	if got := strings.TrimSpace(r.stdout); got != strings.Join(want, "\n") {
+		t.Errorf("output across the silence:\n%s\nwant %d lines in order", got, lines)
+	}
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		t.Errorf("the command ran %d times", n)
+	}
+	t.Logf("a %d-line command across %v of silence: exit %d, all lines, ended %v after the silence began", lines, silence, r.code, time.Since(start).Round(time.Millisecond))
 }

@@ -103,6 +103,7 @@ const lockAttempts = 3
 // takeLock returns a connection holding the agent lock for lease l.
 func (m *Manager) takeLock(ctx context.Context, s *store.Session, l *lease) (*sshpool.Conn, error) {
 	lockTimeout, _ := m.waitBounds()
+	since := m.now()
 	deadline := time.Now().Add(lockTimeout)
 	for attempt := 0; ; attempt++ {
 		conn, err := m.connect(ctx, s)
@@ -120,7 +121,7 @@ func (m *Manager) takeLock(ctx context.Context, s *store.Session, l *lease) (*ss
 		if held {
 			return conn, nil
 		}
-		err = m.requestLock(ctx, s, l, conn, deadline)
+		err = m.requestLock(ctx, s, l, conn, since, deadline)
 		if err == nil {
 			l.mu.Lock()
 			l.conn, l.since, l.lost = conn, m.now(), nil

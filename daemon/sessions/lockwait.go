@@ -7,6 +7,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -51,9 +52,14 @@ func (m *Manager) queueTimeout() time.Duration {
 	return d
 }
 
-// probeEvery is how often a connection waiting for the lock is probed
-// again, and the progress message renewed.
-const probeEvery = 5 * time.Second
+// A lock wait probes its connection after probeAfter, then every
+// probeEvery; it says what it waits for after sayAfter, then with every
+// answered probe.
+const (
+	probeAfter = 200 * time.Millisecond
+	probeEvery = 5 * time.Second
+	sayAfter   = time.Second
+)
 
 // lostHolder is a connection of this daemon that held the lock and was
 // lost without its unlock being confirmed (it went silent, or broke): the
@@ -107,36 +113,46 @@ func (m *Manager) lockHolderText(l *lease) string {
 // silent fails the request (ErrKeepaliveTimeout, safe to retry on a new
 // connection) instead of leaving it waiting for ever; on a live one the
 // wait is reported, with whom it waits for, through ctx's lock progress.
-func (m *Manager) requestLock(ctx context.Context, s *store.Session, l *lease, conn *sshpool.Conn, deadline time.Time) error {
+// since is when the caller began to wait for the lock.
+func (m *Manager) requestLock(ctx context.Context, s *store.Session, l *lease, conn *sshpool.Conn, since, deadline time.Time) error {
 	say := lockProgress(ctx)
 	lockTimeout, probeTimeout := m.waitBounds()
-	started := m.now()
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	granted := make(chan error, 1)
 	go func() { granted <- m.directive(lctx, conn, directiveLock) }()
 	probed := make(chan error, 1)
 	probe := func() { go func() { probed <- conn.Probe(lctx, probeTimeout) }() }
-	probe()
-	var again <-chan time.Time
+	waiting := func() {
+		say(fmt.Sprintf("%s since %s (%s), %s", ipc.WaitingForLock, since.Local().Format("15:04:05"),
+			m.now().Sub(since).Round(time.Second), m.lockHolderText(l)))
+	}
+	// A lock granted at once (the common case) costs neither a probe nor
+	// a word.
+	again := time.After(probeAfter)
+	sayNow := time.After(sayAfter)
 	timeout := time.NewTimer(max(time.Until(deadline), 0))
 	defer timeout.Stop()
 	for {
 		select {
 		case err := <-granted:
 			return err
+		case <-sayNow:
+			sayNow = nil
+			waiting()
 		case err := <-probed:
 			if err != nil && ctx.Err() == nil {
 				// Probe closed the connection: the request ends with it and
 				// is retried on a new one (taking the lock is safe to
 				// repeat).
-				say(fmt.Sprintf("the connection to the sandbox went silent (no answer within %s); reconnecting", probeTimeout))
+				say(fmt.Sprintf("%s (no answer within %s); reconnecting", ipc.WaitingSilent, probeTimeout))
 				cancel()
 				<-granted
 				return fmt.Errorf("%w: %w", sshpool.ErrConnectionLost, err)
 			}
-			say(fmt.Sprintf("waiting for the sandbox's lock since %s (%s), %s", started.Local().Format("15:04:05"),
-				m.now().Sub(started).Round(time.Second), m.lockHolderText(l)))
+			if sayNow == nil {
+				waiting()
+			}
 			again = time.After(probeEvery)
 		case <-again:
 			again = nil

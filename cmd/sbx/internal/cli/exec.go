@@ -95,6 +95,8 @@ func (a *app) exec(ctx context.Context) int {
 				a.warn(f.Message)
 			case ipc.ExecQueued:
 				switch {
+				case ipc.IsWaitOnReady(f.Message):
+					a.prog.show(ipc.Progress{Message: f.Message})
 				case f.Message != "":
 					// The sandbox is being started: show its phases,
 					// replaying those published since this exec began.
