@@ -11,11 +11,12 @@ import (
 const (
 	WaitingForLock = "waiting for the sandbox's lock"
 	WaitingSilent  = "the connection to the sandbox went silent"
+	WaitingConnect = "connecting to the sandbox since"
 )
 
 // IsWaitOnReady reports whether msg is one of those.
 func IsWaitOnReady(msg string) bool {
-	return strings.HasPrefix(msg, WaitingForLock) || strings.HasPrefix(msg, WaitingSilent)
+	return strings.HasPrefix(msg, WaitingForLock) || strings.HasPrefix(msg, WaitingSilent) || strings.HasPrefix(msg, WaitingConnect)
 }
 
 // DriftWarning is the one wording of the config-drift warning, shared by the

@@ -33,16 +33,19 @@ func (x *silencer) get() delayline.Silence {
 // drop, lost and those connections stay silent for good. Connections made
 // from now on work. A new silence replaces the current one; d of zero ends
 // it.
-func (s *Server) Silence(d time.Duration, dir delayline.Direction, drop bool) (delayline.Silence, error) {
+//
+// With newToo, connections made during the silence are held as well (the
+// network is down rather than changed).
+func (s *Server) Silence(d time.Duration, dir delayline.Direction, drop, newToo bool) (delayline.Silence, error) {
 	if d < 0 || d > maxSilence {
 		return delayline.Silence{}, fmt.Errorf("silence of %v is out of range 0..%v", d, maxSilence)
 	}
 	now := time.Now()
-	sl := delayline.Silence{From: now, Until: now.Add(d), Dir: dir, Drop: drop}
+	sl := delayline.Silence{From: now, Until: now.Add(d), Dir: dir, Drop: drop, New: newToo}
 	s.silence.mu.Lock()
 	s.silence.s = sl
 	s.silence.mu.Unlock()
-	s.log.Info("silence injected", "duration", d, "direction", dir.String(), "drop", drop)
+	s.log.Info("silence injected", "duration", d, "direction", dir.String(), "drop", drop, "new_connections_too", newToo)
 	return sl, nil
 }
 
@@ -79,6 +82,8 @@ type SilenceRequest struct {
 	// Drop loses the bytes instead of holding them: the open connections
 	// stay silent for good.
 	Drop bool `json:"drop,omitempty"`
+	// New holds the connections made during the silence too.
+	New bool `json:"new,omitempty"`
 }
 
 // SilenceAnswer says what was injected.
@@ -87,6 +92,7 @@ type SilenceAnswer struct {
 	Until     time.Time `json:"until"`
 	Direction string    `json:"direction"`
 	Drop      bool      `json:"drop"`
+	New       bool      `json:"new"`
 }
 
 func (s *Server) setSilence(w http.ResponseWriter, r *http.Request, p principal) error {
@@ -99,9 +105,9 @@ func (s *Server) setSilence(w http.ResponseWriter, r *http.Request, p principal)
 		return errorf(http.StatusBadRequest, "%v", err)
 	}
 	exemptRequestConn(r)
-	sl, err := s.Silence(time.Duration(req.DurationMS)*time.Millisecond, dir, req.Drop)
+	sl, err := s.Silence(time.Duration(req.DurationMS)*time.Millisecond, dir, req.Drop, req.New)
 	if err != nil {
 		return errorf(http.StatusBadRequest, "%v", err)
 	}
-	return writeJSON(w, http.StatusOK, SilenceAnswer{From: sl.From, Until: sl.Until, Direction: dir.String(), Drop: sl.Drop})
+	return writeJSON(w, http.StatusOK, SilenceAnswer{From: sl.From, Until: sl.Until, Direction: dir.String(), Drop: sl.Drop, New: sl.New})
 }

@@ -277,3 +277,41 @@ func TestCommandRunsAcrossASilenceThatHoldsItsBytes(t *testing.T) {
 	}
 	t.Logf("a %d-line command across %v of silence: exit %d, all lines, ended %v after the silence began", lines, silence, r.code, time.Since(start).Round(time.Millisecond))
 }
+
+// TestExecDuringANetworkOutageSaysWhatItWaitsForAndRuns: the network is
+// down for a while (every connection held, new ones too): an exec started
+// meanwhile finds its connection silent, says so, says that it waits for
+// the handshake of a new one and since when, and runs once the network is
+// back.
+func TestExecDuringANetworkOutageSaysWhatItWaitsForAndRuns(t *testing.T) {
+	const outage = 3 * time.Second
+	e := newEnv(t)
+	lc := e.startLocalcloud("--one-way-delay", "10ms")
+	e.writeConfig(map[string]any{"ssh_probe_timeout": probeTimeout.String()})
+	e.startDaemon()
+	repo := e.newRepo("outage", defaultConfig)
+	e.startSandbox(repo)
+	counter := counterFile(t, "outage")
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	time.Sleep(500 * time.Millisecond) // the lease ends: no lock held
+
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": outage.Milliseconds(), "new": true})
+	start := time.Now()
+	r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
+	took := time.Since(start)
+	if r.code != 0 {
+		t.Fatalf("an exec during an outage of %v: %s", outage, r)
+	}
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		t.Errorf("the command ran %d times", n)
+	}
+	for _, want := range []string{"the connection to the sandbox went silent", "connecting to the sandbox since"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr does not say %q:\n%s", want, r.stderr)
+		}
+	}
+	if took > outage+3*time.Second {
+		t.Errorf("the exec took %v after an outage of %v", took, outage)
+	}
+	t.Logf("exec during an outage of %v: %v\n%s", outage, took.Round(time.Millisecond), r.stderr)
+}

@@ -106,7 +106,7 @@ func (m *Manager) takeLock(ctx context.Context, s *store.Session, l *lease) (*ss
 	since := m.now()
 	deadline := time.Now().Add(lockTimeout)
 	for attempt := 0; ; attempt++ {
-		conn, err := m.connect(ctx, s)
+		conn, err := m.connectSaying(ctx, s)
 		if err != nil {
 			return nil, err
 		}

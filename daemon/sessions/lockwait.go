@@ -123,9 +123,14 @@ func (m *Manager) requestLock(ctx context.Context, s *store.Session, l *lease, c
 	go func() { granted <- m.directive(lctx, conn, directiveLock) }()
 	probed := make(chan error, 1)
 	probe := func() { go func() { probed <- conn.Probe(lctx, probeTimeout) }() }
+	answered := false // the connection answered a probe: it is alive
 	waiting := func() {
+		who := "the connection has not answered a probe yet"
+		if answered {
+			who = m.lockHolderText(l)
+		}
 		say(fmt.Sprintf("%s since %s (%s), %s", ipc.WaitingForLock, since.Local().Format("15:04:05"),
-			m.now().Sub(since).Round(time.Second), m.lockHolderText(l)))
+			m.now().Sub(since).Round(time.Second), who))
 	}
 	// A lock granted at once (the common case) costs neither a probe nor
 	// a word.
@@ -150,6 +155,7 @@ func (m *Manager) requestLock(ctx context.Context, s *store.Session, l *lease, c
 				<-granted
 				return fmt.Errorf("%w: %w", sshpool.ErrConnectionLost, err)
 			}
+			answered = true
 			if sayNow == nil {
 				waiting()
 			}
@@ -173,6 +179,24 @@ func (m *Manager) requestLock(ctx context.Context, s *store.Session, l *lease, c
 			return fmt.Errorf("acquire the sandbox lock: %w", ctx.Err())
 		}
 	}
+}
+
+// connectSaying is connect, telling the lock progress of ctx what it waits
+// for when it takes long (a handshake, then maybe a runs API call, each
+// bounded by its own timeout).
+func (m *Manager) connectSaying(ctx context.Context, s *store.Session) (*sshpool.Conn, error) {
+	say := lockProgress(ctx)
+	since := m.now()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-done:
+		case <-time.After(sayAfter):
+			say(fmt.Sprintf("%s %s (SSH handshake; if it fails, the remote is asked about the sandbox)", ipc.WaitingConnect, since.Local().Format("15:04:05")))
+		}
+	}()
+	return m.connect(ctx, s)
 }
 
 // lockTimeoutError is a lock wait that reached its bound.

@@ -45,11 +45,14 @@ func (d Direction) String() string {
 // are held (none is lost; they go on at Until, as TCP does after a short
 // sleep) or, with Drop, are lost and those connections stay silent for
 // good, their closes included (as after a change of network). Connections
-// accepted from From on are not touched. The zero value holds nothing.
+// accepted from From on are not touched, unless New: then those accepted
+// before Until are held too (the network is down, not only changed). The
+// zero value holds nothing.
 type Silence struct {
 	From, Until time.Time
 	Dir         Direction
 	Drop        bool
+	New         bool
 }
 
 // Options of a delayed listener.
@@ -103,7 +106,8 @@ func (c *conn) gate(dir Direction) (drop bool) {
 		}
 		s := c.silence()
 		now := time.Now()
-		if s.Until.IsZero() || !s.holds(dir) || !c.born.Before(s.From) || now.Before(s.From) {
+		affected := c.born.Before(s.From) || s.New && c.born.Before(s.Until)
+		if s.Until.IsZero() || !s.holds(dir) || !affected || now.Before(s.From) {
 			return false
 		}
 		if s.Drop {

@@ -206,3 +206,25 @@ func TestSilenceThatDropsKeepsOpenConnectionsDeadEvenTheirClose(t *testing.T) {
 		t.Fatalf("a live connection did not see the server's close: %v", err)
 	}
 }
+
+// TestSilenceOfNewConnectionsHoldsThoseMadeDuringIt: with New, a
+// connection made during the silence waits for its end too, and one made
+// after it works at once.
+func TestSilenceOfNewConnectionsHoldsThoseMadeDuringIt(t *testing.T) {
+	const silence = 500 * time.Millisecond
+	ln, w := silentListener(t)
+	echoServer(t, ln)
+	w.mu.Lock()
+	now := time.Now()
+	w.s = delayline.Silence{From: now, Until: now.Add(silence), New: true}
+	w.mu.Unlock()
+	during, duringR := dialLine(t, ln.Addr().String())
+	took, err := echo(during, duringR, 5*time.Second)
+	if err != nil || took < silence-150*time.Millisecond {
+		t.Fatalf("a connection made during a silence of new connections: echo after %v, %v", took, err)
+	}
+	after, afterR := dialLine(t, ln.Addr().String())
+	if took, err := echo(after, afterR, time.Second); err != nil || took > silence/2 {
+		t.Fatalf("a connection made after the silence: echo after %v, %v", took, err)
+	}
+}
