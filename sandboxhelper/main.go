@@ -40,7 +40,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			fmt.Fprintf(stderr, "%s: %v\n", Name, err)
 			return exitFailed
 		}
-		return hold.Main(ctx, self, args[1:], stdout, stderr)
+		return hold.Main(ctx, self, args[1:], stdin, stdout, stderr)
 	}
 	fs := flag.NewFlagSet(Name+" "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -314,4 +315,68 @@ func TestExecDuringANetworkOutageSaysWhatItWaitsForAndRuns(t *testing.T) {
 		t.Errorf("the exec took %v after an outage of %v", took, outage)
 	}
 	t.Logf("exec during an outage of %v: %v\n%s", outage, took.Round(time.Millisecond), r.stderr)
+}
+
+// waitHelper waits until the sandbox helper serves in run's sandbox (a
+// held exec needs it).
+func (e *env) waitHelper(t *testing.T, run string) {
+	t.Helper()
+	data := e.get("XDG_DATA_HOME")
+	if data == "" {
+		data = filepath.Join(e.get("HOME"), ".local", "share")
+	}
+	pattern := filepath.Join(data, "sandboxd", "localcloud", "runs", run, "workspace", ".git", "sandboxd", "helper", "*.sock")
+	waitUntil(t, time.Minute, "the sandbox helper to serve", func() bool {
+		m, _ := filepath.Glob(pattern)
+		return len(m) > 0
+	})
+}
+
+// TestHeldCommandSurvivesASilenceThatDropsItsConnection: a command running
+// when the network changes under it (its connection silent for good) goes
+// on in the sandbox under the helper's holder; the daemon finds the
+// connection dead, takes the lock on a new one and reattaches: every line
+// arrives once, in order, with the command's own exit status, a notice
+// says the connection dropped, and the command ran once.
+func TestHeldCommandSurvivesASilenceThatDropsItsConnection(t *testing.T) {
+	lines, every, silence := 8, 500*time.Millisecond, 2*time.Second
+	if long() {
+		lines, every, silence = 20, time.Second, 8*time.Second
+	}
+	b := currentSilence()
+	e := newEnv(t)
+	lc := e.startSilentLocalcloud(b)
+	e.writeConfig(map[string]any{"ssh_probe_timeout": b.probeTimeout.String(), "durable_exec": true})
+	d := e.startDaemon()
+	repo := e.newRepo("held", defaultConfig)
+	run := e.startSandbox(repo)
+	e.mustSbx(repo, "exec", "--", "true")
+	e.waitHelper(t, run)
+	e.mustSbx(repo, "exec", "--", "true")
+	counter := counterFile(t, "held")
+	script := fmt.Sprintf("echo ran >> %s; i=1; while [ $i -le %d ]; do echo line $i; i=$((i+1)); sleep %s; done; exit 7", counter, lines, fmt.Sprint(every.Seconds()))
+	cmd := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", script)
+	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
+	time.Sleep(every)
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": silence.Milliseconds(), "drop": true})
+	start := time.Now()
+	r := cmd.wait(t, 2*time.Minute)
+	if r.code != 7 {
+		d.stop(t)
+		t.Fatalf("the command across %v of silence that dropped its connection: %s\n%s", silence, r, d.logs)
+	}
+	var want []string
+	for i := 1; i <= lines; i++ {
+		want = append(want, fmt.Sprintf("line %d", i))
+	}
+	if got := strings.TrimSpace(r.stdout); got != strings.Join(want, "\n") {
+		t.Errorf("output across the reattach:\n%s\nwant %d lines once each, in order", got, lines)
+	}
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		t.Errorf("the command ran %d times", n)
+	}
+	if !strings.Contains(r.stderr, "is reattached") {
+		t.Errorf("no notice of the reattach on stderr:\n%s", r.stderr)
+	}
+	t.Logf("a %d-line command across %v of silence that dropped its connection: exit %d, ended %v after the silence began\n%s", lines, silence, r.code, time.Since(start).Round(time.Millisecond), r.stderr)
 }

@@ -99,6 +99,9 @@ type Config struct {
 	// QueueTimeout bounds an exec's wait for its turn in the sandbox's
 	// queue.
 	QueueTimeout time.Duration
+	// DurableExec runs commands under the sandbox helper's holder, so
+	// that they survive a lost connection (docs/durable-exec.md).
+	DurableExec bool
 
 	// File is the config file this was loaded from (it may not exist).
 	File string
@@ -140,7 +143,7 @@ func (c Config) Equal(o Config) bool {
 		c.ShutdownTimeout == o.ShutdownTimeout && c.ReconcileInterval == o.ReconcileInterval &&
 		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout &&
 		c.LockTimeout == o.LockTimeout && c.SSHProbeTimeout == o.SSHProbeTimeout &&
-		c.QueueTimeout == o.QueueTimeout
+		c.QueueTimeout == o.QueueTimeout && c.DurableExec == o.DurableExec
 }
 
 // LogValue makes the configuration safe to log: the token is left out.
@@ -161,6 +164,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("lock_timeout", c.LockTimeout),
 		slog.Duration("ssh_probe_timeout", c.SSHProbeTimeout),
 		slog.Duration("queue_timeout", c.QueueTimeout),
+		slog.Bool("durable_exec", c.DurableExec),
 	)
 }
 
@@ -187,6 +191,7 @@ type file struct {
 	LockTimeout       *string `json:"lock_timeout"`
 	SSHProbeTimeout   *string `json:"ssh_probe_timeout"`
 	QueueTimeout      *string `json:"queue_timeout"`
+	DurableExec       *bool   `json:"durable_exec"`
 }
 
 // Load reads the configuration: defaults, then the config file
@@ -273,6 +278,9 @@ func (c *Config) apply(raw []byte) error {
 		if fi, err := os.Stat(c.File); err == nil && fi.Mode().Perm()&0o077 != 0 {
 			c.Warnings = append(c.Warnings, fmt.Sprintf("%s holds an access token and is readable by other users (mode %04o); run chmod 600 %s", c.File, fi.Mode().Perm(), c.File))
 		}
+	}
+	if f.DurableExec != nil {
+		c.DurableExec = *f.DurableExec
 	}
 	if f.SyncHelper != nil {
 		c.SyncHelper = *f.SyncHelper
@@ -369,7 +377,7 @@ func describeDecodeError(raw []byte, err error) error {
 		return errors.New("invalid JSON: the file ends before the object does")
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, sync_helper, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout, lock_timeout, ssh_probe_timeout, queue_timeout", msg)
+		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, sync_helper, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout, lock_timeout, ssh_probe_timeout, queue_timeout, durable_exec", msg)
 	}
 	return err
 }

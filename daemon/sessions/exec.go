@@ -134,7 +134,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 	m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 	_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 	pushed := m.now()
-	status, runErr := m.run(ctx, lc, req, stream, commandLine(req.Env, req.Argv), stream.Stdout())
+	status, runErr := m.run(ctx, s, lc, req, stream, commandLine(req.Env, req.Argv), stream.Stdout())
 	if runErr != nil {
 		if sync && ctx.Err() != nil {
 			// The caller went away and the command was stopped: what it
@@ -308,8 +308,10 @@ func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, 
 }
 
 // run runs the user's command with the caller's streams and signals.
-// command is the remote command line, stdout where its output goes.
-func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest, stream server.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
+// command is the remote command line, stdout where its output goes. With
+// s, the command is held by the sandbox helper where it can be (no
+// terminal): it then survives a lost connection.
+func (m *Manager) run(ctx context.Context, s *store.Session, conn *lockedConn, req ipc.ExecRequest, stream server.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
 	signals := make(chan ssh.Signal, 4)
 	done := make(chan struct{})
 	defer close(done)
@@ -340,7 +342,13 @@ func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest
 		stdio.PTY = &sshpool.PTY{Term: req.TTY.Term, Cols: uint32(req.TTY.Cols), Rows: uint32(req.TTY.Rows)}
 		stdio.Resizes = resizes(stream, done)
 	}
-	st, err := conn.exec(ctx, command, stdio)
+	var st sshpool.ExitStatus
+	var err error
+	if helper := m.holderOn(conn.conn); s != nil && helper != "" && req.TTY == nil {
+		st, err = m.runHeld(ctx, s, conn, helper, stdio, command, stream)
+	} else {
+		st, err = conn.exec(ctx, command, stdio)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return st, errdefs.Canceled(fmt.Errorf("the command was cancelled because the client went away: %w", err))

@@ -142,6 +142,9 @@ type DaemonConfig struct {
 	// QueueTimeout bounds an exec's wait for its turn in the sandbox's
 	// queue (DefaultQueueTimeout when zero).
 	QueueTimeout time.Duration
+	// DurableExec holds commands under the sandbox helper where it runs
+	// (docs/durable-exec.md).
+	DurableExec bool
 }
 
 // Manager implements server.SessionBackend.

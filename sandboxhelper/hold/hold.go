@@ -29,6 +29,8 @@ const DefaultCap = 64 << 20
 const (
 	outFile    = "out"
 	errFile    = "err"
+	inFile     = "in"     // a FIFO: the command's stdin, fed by the attach
+	inEOFFile  = "in.eof" // the caller's stdin ended
 	stateFile  = "state"
 	statusFile = "status"
 )
@@ -112,6 +114,9 @@ func (h *Holder) Start(id string, argv []string) error {
 	if err := os.WriteFile(filepath.Join(dir, "argv"), args, 0o600); err != nil {
 		return fmt.Errorf("record the command: %w", err)
 	}
+	if err := syscall.Mkfifo(filepath.Join(dir, inFile), 0o600); err != nil {
+		return fmt.Errorf("create the command's stdin: %w", err)
+	}
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return err
@@ -164,13 +169,24 @@ func (h *Holder) Keep(id string) error {
 	// A process group of its own: signals reach the command and what it
 	// started, not the keeper that writes its status.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
 	if err := cmd.Start(); err != nil {
 		code := 127
 		fmt.Fprintf(errf, "hold: %v\n", err)
 		return writeJSON(filepath.Join(dir, statusFile), status{ExitCode: code})
 	}
 	_ = writeJSON(filepath.Join(dir, stateFile), procState{PID: cmd.Process.Pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)})
+	relayDone, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(relayDone)
+		relayStdin(dir, stdin, exited)
+	}()
 	werr := cmd.Wait()
+	close(exited)
+	<-relayDone
 	st := status{ExitCode: cmd.ProcessState.ExitCode(), Truncated: ow.over || ew.over}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		st.ExitCode, st.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
@@ -347,4 +363,108 @@ func signalName(s syscall.Signal) string {
 		return n
 	}
 	return "UNKNOWN"
+}
+
+// relayStdin copies what the attaches write into the FIFO to the command's
+// stdin, and closes it once the caller's stdin ended and the FIFO is
+// drained, or the command exited. The FIFO is opened read-write and
+// non-blocking: an attach that goes away is no end of the input, and one
+// goroutine polls both the data and the end.
+func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}) {
+	defer stdin.Close()
+	fd, err := syscall.Open(filepath.Join(dir, inFile), syscall.O_RDWR|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer syscall.Close(fd)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := syscall.Read(fd, buf)
+		if n > 0 {
+			if _, werr := stdin.Write(buf[:n]); werr != nil {
+				return // the command closed its stdin or exited
+			}
+			continue
+		}
+		if err != nil && err != syscall.EAGAIN && err != syscall.EINTR {
+			return
+		}
+		if _, serr := os.Stat(filepath.Join(dir, inEOFFile)); serr == nil {
+			return
+		}
+		select {
+		case <-exited:
+			return
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+// Feed copies r into the exec's stdin until r ends or ctx ends; either
+// way a later attach may feed more. The end of the caller's input is told
+// apart (EOF): a channel that is lost also ends r.
+func (h *Holder) Feed(ctx context.Context, id string, r io.Reader) error {
+	dir, err := h.dir(id)
+	if err != nil {
+		return err
+	}
+	// Non-blocking: with no reader (the keeper has not opened it yet, or
+	// the command ended) the open fails at once instead of waiting.
+	var f *os.File
+	for {
+		f, err = os.OpenFile(filepath.Join(dir, inFile), os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.ENXIO) {
+			return err
+		}
+		if _, serr := os.Stat(filepath.Join(dir, statusFile)); serr == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pollEvery):
+		}
+	}
+	defer f.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, rerr := r.Read(buf)
+		for b := buf[:n]; len(b) > 0; {
+			w, err := f.Write(b)
+			b = b[w:]
+			if err != nil && !errors.Is(err, syscall.EAGAIN) {
+				return err
+			}
+			if len(b) > 0 {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				time.Sleep(pollEvery)
+			}
+		}
+		if rerr != nil {
+			if rerr == io.EOF {
+				return nil
+			}
+			return rerr
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// EOF ends the exec's stdin once the command read what was fed before.
+func (h *Holder) EOF(id string) error {
+	dir, err := h.dir(id)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return ErrUnknown
+	}
+	return os.WriteFile(filepath.Join(dir, inEOFFile), nil, 0o600)
 }

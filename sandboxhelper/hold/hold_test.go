@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -143,5 +144,43 @@ func TestStateSignalAndBounds(t *testing.T) {
 	}
 	if _, err := h.Attach(ctx, id, int64(out.Len())+1, 0, &out, &bytes.Buffer{}); err == nil {
 		t.Error("an offset past the output was accepted")
+	}
+}
+
+// TestStdinReachesTheCommandAcrossFeeds: what one attach feeds and then
+// what a later one feeds reach the command in order, and the end of the
+// last one's input ends the command's stdin.
+func TestStdinReachesTheCommandAcrossFeeds(t *testing.T) {
+	h := newHolder(t)
+	id := newID(t)
+	if err := h.Start(id, []string{"sh", "-c", "read a; echo got $a; cat; echo end"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	fed := make(chan error, 1)
+	go func() { fed <- h.Feed(ctx, id, pr) }()
+	if _, err := pw.Write([]byte("one\n")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first line to be read", func() bool { s, _ := h.State(id); return s.OutLen >= int64(len("got one\n")) })
+	cancel() // this attach's channel is gone
+	pw.Close()
+	<-fed
+	if err := h.Feed(context.Background(), id, strings.NewReader("two\nthree\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.EOF(id); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer acancel()
+	code, err := h.Attach(actx, id, 0, 0, &out, &bytes.Buffer{})
+	if err != nil || code != 0 {
+		t.Fatalf("exit %d, %v", code, err)
+	}
+	if out.String() != "got one\ntwo\nthree\nend\n" {
+		t.Errorf("output %q", out.String())
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -31,9 +32,11 @@ func DefaultRoot() (string, error) {
 }
 
 // Main is `hold start ID -- ARGV...`, `hold attach ID OUT ERR`, `hold
-// state ID`, `hold signal ID SIGNAL` and `hold keep ID` (the keeper;
-// started by start). self is the argv that runs this program.
-func Main(ctx context.Context, self string, args []string, stdout, stderr io.Writer) int {
+// state ID`, `hold signal ID SIGNAL`, `hold eof ID` (the caller's stdin
+// ended) and `hold keep ID` (the keeper; started by start). self is the
+// argv that runs this program. start and attach feed their stdin to the
+// command's.
+func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	usage := func() int {
 		fmt.Fprintln(stderr, "usage: hold start ID -- ARGV... | attach ID OUT ERR | state ID | signal ID SIGNAL")
 		return ExitUsage
@@ -49,13 +52,37 @@ func Main(ctx context.Context, self string, args []string, stdout, stderr io.Wri
 	h := &Holder{Root: root, Keeper: []string{self, "hold", "keep"}}
 	id := args[1]
 	fail := func(err error) int {
-		if ctx.Err() != nil {
+		if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 			// The channel is gone (the attach was cut): nothing to say on
 			// what are the command's streams.
 			return ExitFailed
 		}
 		fmt.Fprintf(stderr, "hold %s: %v\n", args[0], err)
 		return ExitFailed
+	}
+	// start and attach live as long as the channel that runs them: a hang-up
+	// (the channel or its connection is gone) ends them and leaves the
+	// command running; any other signal the client sends goes to the
+	// command.
+	attached := func() (context.Context, func()) {
+		actx, cancel := context.WithCancel(context.Background())
+		sigs := make(chan os.Signal, 4)
+		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGHUP)
+		go func() {
+			for {
+				select {
+				case <-actx.Done():
+					return
+				case sig := <-sigs:
+					if sig == syscall.SIGHUP {
+						cancel()
+						return
+					}
+					_ = h.Signal(id, sig.(syscall.Signal))
+				}
+			}
+		}()
+		return actx, func() { signal.Stop(sigs); cancel() }
 	}
 	switch args[0] {
 	case "start":
@@ -69,7 +96,10 @@ func Main(ctx context.Context, self string, args []string, stdout, stderr io.Wri
 			}
 			return fail(err)
 		}
-		code, err := h.Attach(ctx, id, 0, 0, stdout, stderr)
+		actx, stop := attached()
+		defer stop()
+		go func() { _ = h.Feed(actx, id, stdin) }()
+		code, err := h.Attach(actx, id, 0, 0, stdout, stderr)
 		if err != nil {
 			return fail(err)
 		}
@@ -83,7 +113,10 @@ func Main(ctx context.Context, self string, args []string, stdout, stderr io.Wri
 		if err1 != nil || err2 != nil || out < 0 || errOff < 0 {
 			return usage()
 		}
-		code, err := h.Attach(ctx, id, out, errOff, stdout, stderr)
+		actx, stop := attached()
+		defer stop()
+		go func() { _ = h.Feed(actx, id, stdin) }()
+		code, err := h.Attach(actx, id, out, errOff, stdout, stderr)
 		if err != nil {
 			return fail(err)
 		}
@@ -104,6 +137,11 @@ func Main(ctx context.Context, self string, args []string, stdout, stderr io.Wri
 			return fail(fmt.Errorf("signal %q is not one of INT, TERM, KILL, HUP, QUIT, USR1, USR2", args[2]))
 		}
 		if err := h.Signal(id, sig); err != nil {
+			return fail(err)
+		}
+		return 0
+	case "eof":
+		if err := h.EOF(id); err != nil {
 			return fail(err)
 		}
 		return 0
