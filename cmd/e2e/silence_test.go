@@ -8,6 +8,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/ssh"
 )
 
 // silenceBounds are the figures of a silence test: the agent frees a
@@ -112,11 +114,12 @@ func TestExecAfterASilenceDuringTheLeaseRunsWithinTheKeepaliveBound(t *testing.T
 	t.Logf("stderr of the exec started during the silence:\n%s", rd.stderr)
 }
 
-// TestLockWaitEndsAtItsBoundWithAReport: against an agent that keeps a
-// silent connection (and its lock) for ever, as RWX's may, the first exec
-// after the silence waits for the lock only until lock_timeout, then fails
-// with exit 125 and a report saying that the command did not run, who
-// holds the lock and what to do; nothing ran.
+// TestLockWaitEndsAtItsBoundWithAReport: against a lock that is never
+// freed (another client took it and went silent, on an agent that keeps
+// silent connections for ever, as RWX's may) an exec waits for the lock
+// only until lock_timeout, then fails with exit 125 and a report saying
+// that the command did not run, what it waited for and what to do; nothing
+// ran.
 func TestLockWaitEndsAtItsBoundWithAReport(t *testing.T) {
 	const lockTimeout = 2 * time.Second
 	e := newEnv(t)
@@ -124,18 +127,47 @@ func TestLockWaitEndsAtItsBoundWithAReport(t *testing.T) {
 	e.writeConfig(map[string]any{"ssh_probe_timeout": probeTimeout.String(), "lock_timeout": lockTimeout.String()})
 	e.startDaemon()
 	repo := e.newRepo("lockbound", defaultConfig)
-	e.startSandbox(repo)
+	run := e.startSandbox(repo)
 	counter := counterFile(t, "lockbound")
 	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
-	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": 500, "drop": true})
-	time.Sleep(time.Second)
+	time.Sleep(500 * time.Millisecond) // the daemon's lease ends
+
+	// Another client takes the lock, then its network goes away.
+	var ci struct {
+		Address        string `json:"address"`
+		PublicHostKey  string `json:"public_host_key"`
+		PrivateUserKey string `json:"private_user_key"`
+	}
+	if err := json.Unmarshal(lc.call(t, "GET", "/mint/api/sandbox_connection_info?sandbox_key="+run, nil), &ci); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostKey, _, _, _, err := ssh.ParseAuthorizedKey([]byte(ci.PublicHostKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := ssh.Dial("tcp", ci.Address, &ssh.ClientConfig{User: "rwx-cli", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hostKey), Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	sess, err := other.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sess.Run("__rwx_sandbox_lock_requested__"); err != nil {
+		t.Fatal(err)
+	}
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": 60_000, "drop": true})
 
 	start := time.Now()
 	r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
 	took := time.Since(start)
 	checkFailure(t, "an exec behind a lock that is never freed", r)
-	if !strings.Contains(r.stderr, "lock") || !strings.Contains(r.stderr, "went silent") || !strings.Contains(r.stderr, "lock_timeout") {
+	if !strings.Contains(r.stderr, "waiting for the sandbox's lock since") || !strings.Contains(r.stderr, "held by another client") || !strings.Contains(r.stderr, "lock_timeout") {
 		t.Errorf("the report does not say what it waited for and how it is bounded: %s", r.stderr)
 	}
 	if got := readFileOr(counter); got != "" {
