@@ -1,6 +1,23 @@
 package ipc
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
+
+// Beginnings of the messages of an exec that waits on a ready sandbox
+// (queued frames, session.progress phase waiting): sbx shows them as they
+// come, without following the sandbox's start phases.
+const (
+	WaitingForLock = "waiting for the sandbox's lock"
+	WaitingSilent  = "the connection to the sandbox went silent"
+	WaitingConnect = "connecting to the sandbox since"
+)
+
+// IsWaitOnReady reports whether msg is one of those.
+func IsWaitOnReady(msg string) bool {
+	return strings.HasPrefix(msg, WaitingForLock) || strings.HasPrefix(msg, WaitingSilent) || strings.HasPrefix(msg, WaitingConnect)
+}
 
 // DriftWarning is the one wording of the config-drift warning, shared by the
 // daemon (exec warnings) and sbx (status), so that users see one message.
@@ -17,6 +34,10 @@ const (
 	PhaseProvisioning   = "provisioning"    // the remote sets it up (Message: its current step, when it says)
 	PhaseConnecting     = "connecting"      // sandboxable: opening the SSH connection
 	PhaseReady          = "ready"
+	// PhaseWaiting: a ready sandbox's exec waits (for the agent's lock, for
+	// a silent connection to be replaced); Message says for what and since
+	// when.
+	PhaseWaiting = "waiting"
 )
 
 // Progress is the data of a session.progress event.

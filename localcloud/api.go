@@ -80,6 +80,7 @@ func (s *Server) routes() http.Handler {
 		admin(http.MethodGet, "/admin/faults", s.getFaults)
 		admin(http.MethodPost, "/admin/faults", s.setFaults)
 		admin(http.MethodPost, "/admin/runs/{id}/drop-connections", s.dropConnections)
+		admin(http.MethodPost, "/admin/silence", s.setSilence)
 	}
 	admin(http.MethodPost, "/admin/sweep", s.sweep)
 	admin(http.MethodGet, "/admin/runs/{id}/ssh-stats", s.sshStats)

@@ -25,7 +25,6 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/paths"
-	"github.com/sandboxd/sandboxd/localcloud/delayline"
 	"github.com/sandboxd/sandboxd/localcloud/runs"
 	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
@@ -115,6 +114,12 @@ type Config struct {
 	// sandboxd as if the remote were far away (Faults.OneWayDelayMS; whole
 	// milliseconds). Zero adds nothing.
 	OneWayDelay time.Duration
+	// AgentKeepaliveInterval and AgentKeepaliveCount: each agent asks its
+	// clients for a sign of life every interval and disconnects one that
+	// answered none for count intervals, releasing its lock (agent
+	// defaults when zero; a negative interval sends none).
+	AgentKeepaliveInterval time.Duration
+	AgentKeepaliveCount    int
 	// Sandbox configures the isolation of every run's commands (namespaces
 	// with a loopback-only network by default); Start fails when the
 	// machine cannot provide it, unless Sandbox.Isolation is "none".
@@ -137,6 +142,7 @@ type Server struct {
 
 	faultsMu sync.Mutex
 	faults   Faults
+	silence  silencer
 
 	apiRequests atomic.Int64
 
@@ -273,17 +279,18 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.log.Info("sandbox isolation", "isolation", s.sandboxes.Report().Summary())
 	s.runs, err = runs.Open(runs.Config{
-		Sandboxes:   s.sandboxes,
-		Toolchains:  s.cfg.Sandbox.Toolchains,
-		Dir:         s.cfg.Dir,
-		Clock:       s.cfg.Clock,
-		IdleTimeout: s.cfg.IdleTimeout,
-		MaxLifetime: s.cfg.MaxLifetime,
-		RefuseSSH:   func() bool { return s.Faults().DropSSH },
-		Logger:      s.log,
-		WrapListener: func(ln net.Listener) net.Listener {
-			return delayline.Listener(ln, s.oneWayDelay)
-		},
+		Sandboxes:    s.sandboxes,
+		Toolchains:   s.cfg.Sandbox.Toolchains,
+		Dir:          s.cfg.Dir,
+		Clock:        s.cfg.Clock,
+		IdleTimeout:  s.cfg.IdleTimeout,
+		MaxLifetime:  s.cfg.MaxLifetime,
+		RefuseSSH:    func() bool { return s.Faults().DropSSH },
+		Logger:       s.log,
+		WrapListener: s.wrapListener,
+
+		AgentKeepaliveInterval: s.cfg.AgentKeepaliveInterval,
+		AgentKeepaliveCount:    s.cfg.AgentKeepaliveCount,
 	})
 	if err != nil {
 		return fail(err)
@@ -298,12 +305,12 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	handler := s.routes()
 	serve := func(ln net.Listener, tlsCfg *tls.Config) {
-		srv := &http.Server{Handler: handler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)}
+		srv := &http.Server{Handler: handler, TLSConfig: tlsCfg, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug), ConnContext: withConn}
 		s.servers = append(s.servers, srv)
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			ln = delayline.Listener(ln, s.oneWayDelay)
+			ln = s.wrapListener(ln)
 			if tlsCfg != nil {
 				ln = tls.NewListener(ln, tlsCfg)
 			}

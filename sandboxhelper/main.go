@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"time"
+
+	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
 )
 
 // Exit codes of stage beyond 0: the caller stages the whole tree itself.
@@ -30,6 +32,15 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "usage: sandboxd-helper serve|stage|version [flags]")
 		return exitUsage
+	}
+	if args[0] == "hold" {
+		// Durable execs (docs/durable-exec.md).
+		self, err := os.Executable()
+		if err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", Name, err)
+			return exitFailed
+		}
+		return hold.Main(ctx, self, args[1:], stdin, stdout, stderr)
 	}
 	fs := flag.NewFlagSet(Name+" "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/paths"
 	"github.com/sandboxd/sandboxd/localcloud"
+	"github.com/sandboxd/sandboxd/localcloud/agent"
 	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
 
@@ -114,6 +115,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	inotifyWatches := fs.Int("max-inotify-watches", 0, fmt.Sprintf("inotify watches of each run; 0: %d, at most a quarter of the host's", sandbox.DefaultInotifyWatches))
 	share := fs.String("share", os.Getenv(ShareEnv), "comma-separated directories every sandbox also sees, writable, at the same paths (none by default; tests share their scratch directory); default from $"+ShareEnv)
 	toolchains := fs.String("toolchain", os.Getenv(ToolchainEnv), "comma-separated directories every sandbox sees read-only at the same paths, their bin directory first on PATH (toolchains under your home: ~/.cargo, a Node version of nvm); default from $"+ToolchainEnv)
+	keepalive := fs.Duration("agent-keepalive-interval", agent.DefaultKeepaliveInterval, "how often each sandbox agent asks its SSH clients for a sign of life (negative: never)")
+	keepaliveCount := fs.Int("agent-keepalive-count", agent.DefaultKeepaliveCount, "a client that answers no keepalive for this many intervals is disconnected and its sandbox lock released")
 	verbose := fs.Bool("verbose", false, "debug logging")
 	asJSON := fs.Bool("json", false, "log as JSON lines")
 	if err := fs.Parse(args); err != nil {
@@ -142,6 +145,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		Sandbox: sandbox.Options{Isolation: *isolation, Network: *network, MemoryBytes: *memLimit, MaxProcs: *maxProcs,
 			DiskBytes: *diskLimit, FileBytes: *fileLimit, InotifyInstances: *inotifyInstances, InotifyWatches: *inotifyWatches,
 			Share: splitList(*share), Toolchains: splitList(*toolchains)},
+
+		AgentKeepaliveInterval: *keepalive,
+		AgentKeepaliveCount:    *keepaliveCount,
 
 		EnableFaultInjection: *enableFaults,
 		AllowRemote:          *allowRemote,

@@ -37,6 +37,9 @@ const (
 	DefaultReconcileInterval = 30 * time.Second
 	DefaultHistoryRetention  = 7 * 24 * time.Hour
 	DefaultAPITimeout        = 30 * time.Second
+	DefaultLockTimeout       = 10 * time.Minute
+	DefaultSSHProbeTimeout   = 5 * time.Second
+	DefaultQueueTimeout      = time.Hour
 	DefaultLogLevel          = slog.LevelInfo
 )
 
@@ -90,6 +93,17 @@ type Config struct {
 	LogLevel slog.Level
 	// APITimeout bounds each call to the remote's runs API.
 	APITimeout time.Duration
+	// LockTimeout bounds an exec's wait for the sandbox agent's lock.
+	LockTimeout time.Duration
+	// SSHProbeTimeout is how long a connection may leave a keepalive
+	// unanswered, while an exec waits on it, before it is replaced.
+	SSHProbeTimeout time.Duration
+	// QueueTimeout bounds an exec's wait for its turn in the sandbox's
+	// queue.
+	QueueTimeout time.Duration
+	// DurableExec runs commands under the sandbox helper's holder, so
+	// that they survive a lost connection (docs/durable-exec.md).
+	DurableExec bool
 
 	// File is the config file this was loaded from (it may not exist).
 	File string
@@ -112,6 +126,9 @@ func Default() Config {
 		HistoryRetention:  DefaultHistoryRetention,
 		LogLevel:          DefaultLogLevel,
 		APITimeout:        DefaultAPITimeout,
+		LockTimeout:       DefaultLockTimeout,
+		SSHProbeTimeout:   DefaultSSHProbeTimeout,
+		QueueTimeout:      DefaultQueueTimeout,
 	}
 }
 
@@ -126,7 +143,9 @@ func (c Config) Equal(o Config) bool {
 	return c.Remote == o.Remote && c.RWXHost == o.RWXHost && c.RWXAccessToken == o.RWXAccessToken &&
 		c.LocalcloudBinary == o.LocalcloudBinary && c.SyncHelper == o.SyncHelper && c.IdleTimeout == o.IdleTimeout &&
 		c.ShutdownTimeout == o.ShutdownTimeout && c.ReconcileInterval == o.ReconcileInterval &&
-		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout
+		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout &&
+		c.LockTimeout == o.LockTimeout && c.SSHProbeTimeout == o.SSHProbeTimeout &&
+		c.QueueTimeout == o.QueueTimeout && c.DurableExec == o.DurableExec
 }
 
 // LogValue makes the configuration safe to log: the token is left out.
@@ -144,6 +163,10 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("history_retention", c.HistoryRetention),
 		slog.String("log_level", c.LogLevel.String()),
 		slog.Duration("api_timeout", c.APITimeout),
+		slog.Duration("lock_timeout", c.LockTimeout),
+		slog.Duration("ssh_probe_timeout", c.SSHProbeTimeout),
+		slog.Duration("queue_timeout", c.QueueTimeout),
+		slog.Bool("durable_exec", c.DurableExec),
 	)
 }
 
@@ -167,6 +190,10 @@ type file struct {
 	HistoryRetention  *string `json:"history_retention"`
 	LogLevel          *string `json:"log_level"`
 	APITimeout        *string `json:"api_timeout"`
+	LockTimeout       *string `json:"lock_timeout"`
+	SSHProbeTimeout   *string `json:"ssh_probe_timeout"`
+	QueueTimeout      *string `json:"queue_timeout"`
+	DurableExec       *bool   `json:"durable_exec"`
 }
 
 // Load reads the configuration: defaults, then the config file
@@ -293,6 +320,9 @@ func (c *Config) apply(raw []byte) error {
 			c.Warnings = append(c.Warnings, fmt.Sprintf("%s holds an access token and is readable by other users (mode %04o); run chmod 600 %s", c.File, fi.Mode().Perm(), c.File))
 		}
 	}
+	if f.DurableExec != nil {
+		c.DurableExec = *f.DurableExec
+	}
 	if f.SyncHelper != nil {
 		c.SyncHelper = *f.SyncHelper
 		if c.SyncHelper != "" && c.SyncHelper != SyncHelperOff && c.SyncHelper != SyncHelperOn && !filepath.IsAbs(c.SyncHelper) {
@@ -317,6 +347,9 @@ func (c *Config) apply(raw []byte) error {
 		{"reconcile_interval", f.ReconcileInterval, &c.ReconcileInterval, minReconcileInterval, ""},
 		{"history_retention", f.HistoryRetention, &c.HistoryRetention, 0, "keep forever"},
 		{"api_timeout", f.APITimeout, &c.APITimeout, 100 * time.Millisecond, ""},
+		{"lock_timeout", f.LockTimeout, &c.LockTimeout, 100 * time.Millisecond, ""},
+		{"ssh_probe_timeout", f.SSHProbeTimeout, &c.SSHProbeTimeout, 10 * time.Millisecond, ""},
+		{"queue_timeout", f.QueueTimeout, &c.QueueTimeout, 100 * time.Millisecond, ""},
 	}
 	for _, d := range durations {
 		if d.src == nil {
@@ -437,7 +470,7 @@ func describeDecodeError(raw []byte, err error) error {
 		return errors.New("invalid JSON: the file ends before the object does")
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, sync_helper, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout", msg)
+		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, sync_helper, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout, lock_timeout, ssh_probe_timeout, queue_timeout, durable_exec", msg)
 	}
 	return err
 }

@@ -170,3 +170,14 @@ func processAlive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || err == syscall.EPERM
 }
+
+// CloseIdleConnections closes the runs API client's idle connections (see
+// runsapi.Client.CloseIdleConnections), if there is a client.
+func (p *Provider) CloseIdleConnections() {
+	p.mu.Lock()
+	c := p.client
+	p.mu.Unlock()
+	if c != nil {
+		c.CloseIdleConnections()
+	}
+}

@@ -408,3 +408,8 @@ func isLoopback(host string) bool {
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
+
+// CloseIdleConnections closes the kept-alive connections not in use: after
+// a sleep or a change of network they may be silent, and a call sent on
+// one would wait for its whole timeout.
+func (c *Client) CloseIdleConnections() { c.http.CloseIdleConnections() }

@@ -14,6 +14,8 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/sandboxd/sandboxd/daemon"
 	"github.com/sandboxd/sandboxd/daemon/config"
@@ -27,6 +29,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/remote"
 	"github.com/sandboxd/sandboxd/daemon/sessions"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/daemon/wake"
 	"github.com/sandboxd/sandboxd/daemon/watch"
 	"github.com/sandboxd/sandboxd/ipc/server"
 	"github.com/sandboxd/sandboxd/sandboxhelper"
@@ -48,6 +51,8 @@ type Services struct {
 	log      *slog.Logger
 
 	stopConfigWatch func()
+	// probeTimeout is ssh_probe_timeout (reloadable).
+	probeTimeout atomic.Int64
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -161,6 +166,12 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		defer s.wg.Done()
 		s.loop.Run(runCtx)
 	}()
+	s.probeTimeout.Store(int64(deps.Config.SSHProbeTimeout))
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.watchWakes(runCtx)
+	}()
 	return s, nil
 }
 
@@ -233,7 +244,9 @@ func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Op
 }
 
 func daemonConfig(cfg config.Config) sessions.DaemonConfig {
-	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention}
+	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention,
+		LockTimeout: cfg.LockTimeout, ProbeTimeout: cfg.SSHProbeTimeout, QueueTimeout: cfg.QueueTimeout,
+		DurableExec: cfg.DurableExec}
 }
 
 func fileExists(p string) bool {
@@ -273,6 +286,7 @@ func (s *Services) Reload(ctx context.Context, cfg config.Config) error {
 	s.helpers.SetBinary(helperOptions(cfg, nil, s.exeDir).Binary)
 	s.manager.SetDaemonConfig(daemonConfig(cfg))
 	s.loop.SetInterval(cfg.ReconcileInterval)
+	s.probeTimeout.Store(int64(cfg.SSHProbeTimeout))
 	s.loop.Trigger()
 	return nil
 }
@@ -327,4 +341,24 @@ func testPause(spec string, log *slog.Logger) func(string) {
 		_ = os.WriteFile(file, []byte(p), 0o600)
 		select {}
 	}
+}
+
+// watchWakes probes every sandbox connection as soon as the machine wakes
+// up, sandboxd runs again after a stop, or the network changes: those
+// connections may have gone silent, and their keepalives would take up to
+// interval + timeout to tell.
+func (s *Services) watchWakes(ctx context.Context) {
+	wake.New(wake.Options{
+		Network: wake.InterfaceAddrs,
+		Logger:  s.log,
+		OnWake: func(reason string) {
+			timeout := time.Duration(s.probeTimeout.Load())
+			if timeout <= 0 {
+				timeout = sessions.DefaultProbeTimeout
+			}
+			s.remote.CloseIdleConnections()
+			dead := s.pool.ProbeAll(ctx, timeout)
+			s.log.Info("probed the sandbox connections after a wake", "reason", reason, "silent", dead)
+		},
+	}).Run(ctx)
 }

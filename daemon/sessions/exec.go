@@ -67,10 +67,18 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 			m.publish(eventExecFinished, s, map[string]any{"error": err.Error(), "durationMs": m.now().Sub(started).Milliseconds()})
 		}
 	}()
-	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(position int) {
+	queueTimeout := m.queueTimeout()
+	qctx, qcancel := context.WithTimeout(ctx, queueTimeout)
+	ahead := 0
+	release, err := m.opts.Queue.Acquire(qctx, s.RunID, func(position int) {
+		ahead = position
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Position: position})
 	})
+	qcancel()
 	if err != nil {
+		if ctx.Err() == nil {
+			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("waited %s for the sandbox (%d ahead in its queue); the command did not run: retry once the commands ahead are over, or run `sbx reset` to start a new sandbox (queue_timeout in sandboxd's config sets this bound)", queueTimeout, ahead))
+		}
 		return ipc.ExecResult{}, errdefs.Canceled(fmt.Errorf("waiting for the sandbox: %w", err))
 	}
 	defer release()
@@ -83,8 +91,12 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 	}
 	s = bindCheckout(s, p)
 	// The lock is leased: held across a burst of execs, released after a
-	// short idle time, never on this caller's path.
-	conn, leaseDone, err := m.lockSandbox(ctx, s)
+	// short idle time, never on this caller's path. A wait for it says
+	// what it waits for.
+	conn, leaseDone, err := m.lockSandbox(withLockProgress(ctx, func(msg string) {
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
+		m.progress(s, ipc.PhaseWaiting, msg)
+	}), s)
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}
@@ -129,7 +141,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.E
 	m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 	_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 	pushed := m.now()
-	status, runErr := m.run(ctx, lc, req, stream, remoteCommand(dir, req.Env, req.Argv), stream.Stdout())
+	status, runErr := m.run(ctx, s, lc, req, stream, remoteCommand(dir, req.Env, req.Argv), stream.Stdout())
 	if runErr != nil {
 		if sync && ctx.Err() != nil {
 			// The caller went away and the command was stopped: what it
@@ -305,8 +317,10 @@ func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, 
 }
 
 // run runs the user's command with the caller's streams and signals.
-// command is the remote command line, stdout where its output goes.
-func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest, stream server.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
+// command is the remote command line, stdout where its output goes. With
+// s, the command is held by the sandbox helper where it can be (no
+// terminal): it then survives a lost connection.
+func (m *Manager) run(ctx context.Context, s *store.Session, conn *lockedConn, req ipc.ExecRequest, stream server.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
 	signals := make(chan ssh.Signal, 4)
 	done := make(chan struct{})
 	defer close(done)
@@ -337,7 +351,13 @@ func (m *Manager) run(ctx context.Context, conn *lockedConn, req ipc.ExecRequest
 		stdio.PTY = &sshpool.PTY{Term: req.TTY.Term, Cols: uint32(req.TTY.Cols), Rows: uint32(req.TTY.Rows)}
 		stdio.Resizes = resizes(stream, done)
 	}
-	st, err := conn.exec(ctx, command, stdio)
+	var st sshpool.ExitStatus
+	var err error
+	if helper := m.holderOn(conn.conn); s != nil && helper != "" && req.TTY == nil {
+		st, err = m.runHeld(ctx, s, conn, helper, stdio, command, stream)
+	} else {
+		st, err = conn.exec(ctx, command, stdio)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return st, errdefs.Canceled(fmt.Errorf("the command was cancelled because the client went away: %w", err))

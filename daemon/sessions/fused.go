@@ -47,7 +47,7 @@ func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Sessio
 			m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 			_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 		}
-		status, runErr := m.run(ctx, lc, req, stream, ex.Command(), ex.Stdout(stream.Stdout()))
+		status, runErr := m.run(ctx, nil, lc, req, stream, ex.Command(), ex.Stdout(stream.Stdout()))
 		if runErr != nil && (ctx.Err() != nil || !ex.Reported()) {
 			ex.Abandon()
 			if ctx.Err() != nil {

@@ -34,6 +34,10 @@ type lease struct {
 	// answered (or given up); cancelAcquire gives it up.
 	acquiring     chan struct{}
 	cancelAcquire context.CancelFunc
+	// lost is this daemon's connection that held the lock and was lost
+	// without a confirmed unlock (nil when none): what a lock request may
+	// wait for.
+	lost *lostHolder
 }
 
 // leaseFor returns the lease of a run, creating it on first use.
@@ -98,23 +102,34 @@ const lockAttempts = 3
 
 // takeLock returns a connection holding the agent lock for lease l.
 func (m *Manager) takeLock(ctx context.Context, s *store.Session, l *lease) (*sshpool.Conn, error) {
+	lockTimeout, _ := m.waitBounds()
+	since := m.now()
+	deadline := time.Now().Add(lockTimeout)
 	for attempt := 0; ; attempt++ {
-		conn, err := m.connect(ctx, s)
+		conn, err := m.connectSaying(ctx, s)
 		if err != nil {
 			return nil, err
 		}
 		l.mu.Lock()
 		held := l.conn == conn
+		if !held {
+			// The pool has another connection than the one that held the
+			// lock: that one is gone, maybe without the agent knowing.
+			m.noteLostHolderLocked(l)
+		}
 		l.mu.Unlock()
 		if held {
 			return conn, nil
 		}
-		err = m.directive(ctx, conn, directiveLock)
+		err = m.requestLock(ctx, s, l, conn, since, deadline)
 		if err == nil {
 			l.mu.Lock()
-			l.conn, l.since = conn, m.now()
+			l.conn, l.since, l.lost = conn, m.now(), nil
 			l.mu.Unlock()
 			return conn, nil
+		}
+		if lt := (*lockTimeoutError)(nil); errors.As(err, &lt) {
+			return nil, err // the message says it all
 		}
 		if attempt >= lockAttempts-1 || ctx.Err() != nil || !(errors.Is(err, sshpool.ErrConnectionLost) || errors.Is(err, sshpool.ErrNotSent)) {
 			return nil, fmt.Errorf("acquire the sandbox lock: %w", err)
@@ -206,16 +221,22 @@ func (m *Manager) release(l *lease, runID string, gen uint64) {
 		l.mu.Unlock()
 		return
 	}
-	conn := l.conn
+	conn, since := l.conn, l.since
 	l.conn, l.timer = nil, nil
 	ch := make(chan struct{})
 	l.releasing = ch
 	l.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
+	// A connection that went silent gets no unlock through: the probe
+	// closes it, which ends the unlock, instead of the next exec waiting
+	// for unlockTimeout.
+	_, probeTimeout := m.waitBounds()
+	go func() { _ = conn.Probe(ctx, probeTimeout) }()
 	// On this connection only: the lock is this connection's, and a closed
 	// connection has released it already.
 	st, err := conn.ExecOnce(ctx, directiveUnlock, sshpool.Stdio{})
 	cancel()
+	lost := err != nil
 	if err == nil && st.Code != 0 {
 		err = fmt.Errorf("agent refused %s (exit %d)", directiveUnlock, st.Code)
 	}
@@ -223,6 +244,11 @@ func (m *Manager) release(l *lease, runID string, gen uint64) {
 		m.log.Debug("release the sandbox lock", "run", runID, "err", err)
 	}
 	l.mu.Lock()
+	if lost && l.lost == nil {
+		// The unlock did not get through: the agent may hold the lock for
+		// that connection until it notices it is gone.
+		l.lost = &lostHolder{since: since, lost: m.now()}
+	}
 	l.releasing = nil
 	l.mu.Unlock()
 	close(ch)

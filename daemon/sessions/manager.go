@@ -133,6 +133,18 @@ type DaemonConfig struct {
 	ReconcileInterval time.Duration
 	// HistoryRetention is how long ended sessions stay listed (0: forever).
 	HistoryRetention time.Duration
+	// LockTimeout bounds an exec's wait for the agent lock
+	// (DefaultLockTimeout when zero); ProbeTimeout is how long a connection
+	// may leave a keepalive unanswered while a lock request waits on it
+	// (DefaultProbeTimeout when zero).
+	LockTimeout  time.Duration
+	ProbeTimeout time.Duration
+	// QueueTimeout bounds an exec's wait for its turn in the sandbox's
+	// queue (DefaultQueueTimeout when zero).
+	QueueTimeout time.Duration
+	// DurableExec holds commands under the sandbox helper where it runs
+	// (docs/durable-exec.md).
+	DurableExec bool
 }
 
 // Manager implements server.SessionBackend.

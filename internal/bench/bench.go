@@ -44,7 +44,7 @@ type Options struct {
 // Groups are the scenario groups, as -only names them: the round-trip
 // ones, then those run once at the end.
 func Groups() []string {
-	return []string{"no-sync", "synced", "burst", "agent", "baseline-a", "baseline-b", "callers", "start", "rss", "list", "ready"}
+	return []string{"no-sync", "synced", "burst", "agent", "baseline-a", "baseline-b", "callers", "start", "silence", "rss", "list", "ready"}
 }
 
 // Row is one line of the table.

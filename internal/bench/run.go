@@ -209,6 +209,8 @@ func (r *runner) perRTT(ctx context.Context) error {
 		{"baseline-b", func(ctx context.Context) error { return r.baselineB(ctx, small) }},
 		{"callers", func(ctx context.Context) error { return r.concurrent(ctx) }},
 		{"start", func(ctx context.Context) error { return r.startWait(ctx) }},
+		// Last: it replaces the small sandbox's connection.
+		{"silence", func(ctx context.Context) error { return r.silenceRows(ctx, small) }},
 	}
 	for _, step := range steps {
 		if !r.wants(step.group) {

@@ -69,6 +69,12 @@ type Config struct {
 	// for background processes that keep its stdout or stderr open; 2s
 	// when zero.
 	OutputGrace time.Duration
+	// KeepaliveInterval is how often the agent asks each client for a sign
+	// of life; a client that answers none for KeepaliveCount intervals is
+	// disconnected and its lock released. DefaultKeepaliveInterval and
+	// DefaultKeepaliveCount when zero; a negative interval sends none.
+	KeepaliveInterval time.Duration
+	KeepaliveCount    int
 	// WrapListener, when set, wraps the listener (latency injection).
 	WrapListener func(net.Listener) net.Listener
 	// ProcessDir holds the logs of managed background processes (see
@@ -242,6 +248,12 @@ func Start(cfg Config) (*Agent, error) {
 	if cfg.OutputGrace == 0 {
 		cfg.OutputGrace = 2 * time.Second
 	}
+	if cfg.KeepaliveInterval == 0 {
+		cfg.KeepaliveInterval = DefaultKeepaliveInterval
+	}
+	if cfg.KeepaliveCount <= 0 {
+		cfg.KeepaliveCount = DefaultKeepaliveCount
+	}
 	if cfg.ProcessDir == "" {
 		if l, ok := cfg.Sandbox.(interface{ LogDir() string }); ok {
 			cfg.ProcessDir = l.LogDir()
@@ -395,6 +407,7 @@ func (a *Agent) serveConn(nc net.Conn) {
 		delete(a.conns, id)
 		a.mu.Unlock()
 	}()
+	go a.keepalive(ctx, conn, id)
 	go func() {
 		for req := range reqs {
 			// keepalive@openssh.com and friends: answer so that clients see

@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,7 +26,7 @@ const queueChunks = 1024
 // each way; d is asked for each chunk, so the delay can change while
 // connections live (a zero delay still passes through the line).
 func Listener(ln net.Listener, d func() time.Duration) net.Listener {
-	return &listener{Listener: ln, d: d}
+	return ListenerWith(ln, Options{Delay: d})
 }
 
 // Fixed returns a delay function of constant d.
@@ -33,7 +34,8 @@ func Fixed(d time.Duration) func() time.Duration { return func() time.Duration {
 
 type listener struct {
 	net.Listener
-	d func() time.Duration
+	d       func() time.Duration
+	silence func() Silence
 }
 
 func (l *listener) Accept() (net.Conn, error) {
@@ -41,18 +43,25 @@ func (l *listener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return Conn(c, l.d), nil
+	return newConn(c, l.d, l.silence), nil
 }
 
 // Conn wraps c so that what it reads and what it writes are each delayed by
 // d().
 func Conn(c net.Conn, d func() time.Duration) net.Conn {
+	return newConn(c, d, nil)
+}
+
+func newConn(c net.Conn, d func() time.Duration, silence func() Silence) net.Conn {
 	dc := &conn{
 		Conn:     c,
 		d:        d,
+		silence:  silence,
+		born:     time.Now(),
 		in:       make(chan chunk, queueChunks),
 		out:      make(chan chunk, queueChunks),
 		closed:   make(chan struct{}),
+		readDone: make(chan struct{}),
 		deadline: make(chan struct{}),
 	}
 	go dc.readLoop()
@@ -69,6 +78,12 @@ type chunk struct {
 type conn struct {
 	net.Conn
 	d func() time.Duration
+
+	silence  func() Silence
+	born     time.Time
+	exempt   atomic.Bool
+	dropped  [3]atomic.Bool // by Direction: lost for good
+	readDone chan struct{}  // closed when readLoop returns
 
 	in  chan chunk // arrived from the peer, not yet due
 	out chan chunk // written by us, not yet sent
@@ -89,9 +104,16 @@ type conn struct {
 
 // readLoop reads the peer's bytes as they arrive and stamps them.
 func (c *conn) readLoop() {
+	defer close(c.readDone)
 	for {
 		buf := make([]byte, 32<<10)
 		n, err := c.Conn.Read(buf)
+		if c.gate(Up) {
+			if err != nil {
+				return
+			}
+			continue // lost in the silence, the end of stream too
+		}
 		now := time.Now()
 		if n > 0 {
 			select {
@@ -114,7 +136,17 @@ func (c *conn) readLoop() {
 // delivers what was written before (a response followed by a close must
 // arrive whole), then closes the connection.
 func (c *conn) writeLoop() {
-	defer c.Conn.Close()
+	defer func() {
+		// A silence holds the close like any byte; one for good keeps the
+		// socket until the client gives up on it.
+		if c.gate(Down) {
+			select {
+			case <-c.readDone:
+			case <-time.After(dropLinger):
+			}
+		}
+		c.Conn.Close()
+	}()
 	for {
 		var ch chunk
 		select {
@@ -129,7 +161,7 @@ func (c *conn) writeLoop() {
 		if wait := time.Until(ch.due); wait > 0 {
 			time.Sleep(wait)
 		}
-		if c.failed() != nil {
+		if c.failed() != nil || c.gate(Down) {
 			continue // drain: writers must not block on a dead connection
 		}
 		_ = c.Conn.SetWriteDeadline(time.Now().Add(30 * time.Second))

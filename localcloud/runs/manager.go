@@ -58,6 +58,10 @@ type Config struct {
 	Sandboxes *sandbox.Provider
 	// Toolchains go first on the sandbox's PATH (sandbox.ToolchainPath).
 	Toolchains []string
+	// AgentKeepaliveInterval and AgentKeepaliveCount: how agents detect
+	// silent clients (agent.Config.KeepaliveInterval, KeepaliveCount).
+	AgentKeepaliveInterval time.Duration
+	AgentKeepaliveCount    int
 }
 
 // Manager owns every run.
@@ -506,6 +510,9 @@ func (m *Manager) startAgentLocked(e *entry) error {
 		OnActivity:    func() { m.touch(id) },
 		Refuse:        m.cfg.RefuseSSH,
 		WrapListener:  m.cfg.WrapListener,
+
+		KeepaliveInterval: m.cfg.AgentKeepaliveInterval,
+		KeepaliveCount:    m.cfg.AgentKeepaliveCount,
 	}
 	if sb != nil {
 		cfg.Sandbox = sb

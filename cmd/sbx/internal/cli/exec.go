@@ -61,6 +61,7 @@ func (a *app) exec(ctx context.Context) int {
 	began := a.sys.Now()
 	var follow sync.Once
 	var followMu sync.Mutex
+	var queuedSince time.Time // when this exec first waited in the queue
 	stopFollow := func() {}
 	endProgress := func() {
 		followMu.Lock()
@@ -94,6 +95,8 @@ func (a *app) exec(ctx context.Context) int {
 				a.warn(f.Message)
 			case ipc.ExecQueued:
 				switch {
+				case ipc.IsWaitOnReady(f.Message):
+					a.prog.show(ipc.Progress{Message: f.Message})
 				case f.Message != "":
 					// The sandbox is being started: show its phases,
 					// replaying those published since this exec began.
@@ -106,7 +109,10 @@ func (a *app) exec(ctx context.Context) int {
 						followMu.Unlock()
 					})
 				case f.Position > 0:
-					a.prog.show(ipc.Progress{Message: fmt.Sprintf("waiting for the sandbox (%d ahead in its queue)", f.Position)})
+					if queuedSince.IsZero() {
+						queuedSince = a.sys.Now()
+					}
+					a.prog.show(ipc.Progress{Message: fmt.Sprintf("waiting for the sandbox (%d ahead in its queue) since %s", f.Position, queuedSince.Format("15:04:05"))})
 				}
 			case ipc.ExecStarted:
 				fwd.commandStarted()

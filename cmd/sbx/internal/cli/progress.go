@@ -53,6 +53,8 @@ func phaseText(p ipc.Progress) string {
 		return "connecting to the sandbox"
 	case ipc.PhaseReady:
 		return "sandbox ready"
+	case ipc.PhaseWaiting:
+		return p.Message
 	}
 	if p.Phase == "" {
 		return p.Message

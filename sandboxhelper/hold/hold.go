@@ -1,0 +1,470 @@
+// Package hold is the holder of durable execs (docs/durable-exec.md): it
+// runs a command in the sandbox apart from the SSH channel that asked for
+// it, keeps its output and exit status in files, and lets a later channel
+// attach from given offsets. The daemon chooses each exec's id; the
+// directory of an id is created once, which is what keeps a command from
+// running twice.
+package hold
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// DefaultCap bounds what is kept of each of a command's streams; past it
+// the bytes are counted, not kept.
+const DefaultCap = 64 << 20
+
+// Files of an id's directory.
+const (
+	outFile    = "out"
+	errFile    = "err"
+	inFile     = "in"     // a FIFO: the command's stdin, fed by the attach
+	inEOFFile  = "in.eof" // the caller's stdin ended
+	stateFile  = "state"
+	statusFile = "status"
+)
+
+// pollEvery is how often an attach looks for new output.
+const pollEvery = 10 * time.Millisecond
+
+// ErrStarted: the id was started before; the command is not run again.
+var ErrStarted = errors.New("this exec was started before: it is not run again")
+
+// ErrUnknown: no exec of that id was started here.
+var ErrUnknown = errors.New("no exec of that id was started here")
+
+var idPattern = regexp.MustCompile(`^[0-9a-f]{16,64}$`)
+
+// Holder keeps the execs under Root.
+type Holder struct {
+	Root string
+	// Keeper is the argv that runs Keep in a new process (the helper's own
+	// `hold keep`), to which the id is appended.
+	Keeper []string
+	// Cap bounds each kept stream (DefaultCap when zero).
+	Cap int64
+}
+
+// State is what `hold state` answers.
+type State struct {
+	Started   bool   `json:"started"`
+	PID       int    `json:"pid,omitempty"`
+	OutLen    int64  `json:"out_len"`
+	ErrLen    int64  `json:"err_len"`
+	Ended     bool   `json:"ended"`
+	ExitCode  *int   `json:"exit_code,omitempty"`
+	Signal    string `json:"signal,omitempty"`
+	Truncated bool   `json:"truncated,omitempty"`
+}
+
+type procState struct {
+	PID     int      `json:"pid"`
+	Argv    []string `json:"argv"`
+	Started string   `json:"started"`
+}
+
+type status struct {
+	ExitCode  int    `json:"exit_code"`
+	Signal    string `json:"signal,omitempty"`
+	Truncated bool   `json:"truncated,omitempty"`
+}
+
+func (h *Holder) dir(id string) (string, error) {
+	if !idPattern.MatchString(id) {
+		return "", fmt.Errorf("exec id %q is not 16 to 64 lowercase hex digits", id)
+	}
+	return filepath.Join(h.Root, id), nil
+}
+
+// Start runs argv under id once: the first Start of an id creates its
+// directory and has a keeper, in a session of its own, run the command;
+// any later one returns ErrStarted and runs nothing.
+func (h *Holder) Start(id string, argv []string) error {
+	if len(argv) == 0 {
+		return errors.New("no command to hold")
+	}
+	dir, err := h.dir(id)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(h.Root, 0o700); err != nil {
+		return fmt.Errorf("create the holder's directory: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return ErrStarted
+		}
+		return fmt.Errorf("create the exec's directory: %w", err)
+	}
+	args, err := json.Marshal(argv)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "argv"), args, 0o600); err != nil {
+		return fmt.Errorf("record the command: %w", err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, inFile), 0o600); err != nil {
+		return fmt.Errorf("create the command's stdin: %w", err)
+	}
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer devnull.Close()
+	k := exec.Command(h.Keeper[0], append(append([]string(nil), h.Keeper[1:]...), id)...)
+	k.Stdin, k.Stdout, k.Stderr = devnull, devnull, devnull
+	// Its own session: the hang-up of the channel that started it does not
+	// reach it.
+	k.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := k.Start(); err != nil {
+		return fmt.Errorf("start the keeper: %w", err)
+	}
+	return k.Process.Release()
+}
+
+// Keep runs the command recorded for id, keeps its streams (up to Cap
+// each) and writes its status; it is what the keeper process does.
+func (h *Holder) Keep(id string) error {
+	dir, err := h.dir(id)
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "argv"))
+	if err != nil {
+		return err
+	}
+	var argv []string
+	if err := json.Unmarshal(b, &argv); err != nil || len(argv) == 0 {
+		return fmt.Errorf("the recorded command is unreadable: %v", err)
+	}
+	limit := h.Cap
+	if limit <= 0 {
+		limit = DefaultCap
+	}
+	out, err := os.OpenFile(filepath.Join(dir, outFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	errf, err := os.OpenFile(filepath.Join(dir, errFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer errf.Close()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir, _ = os.Getwd()
+	ow, ew := &capped{w: out, left: limit}, &capped{w: errf, left: limit}
+	cmd.Stdout, cmd.Stderr = ow, ew
+	// A process group of its own: signals reach the command and what it
+	// started, not the keeper that writes its status.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		code := 127
+		fmt.Fprintf(errf, "hold: %v\n", err)
+		return writeJSON(filepath.Join(dir, statusFile), status{ExitCode: code})
+	}
+	_ = writeJSON(filepath.Join(dir, stateFile), procState{PID: cmd.Process.Pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)})
+	relayDone, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(relayDone)
+		relayStdin(dir, stdin, exited)
+	}()
+	werr := cmd.Wait()
+	close(exited)
+	<-relayDone
+	st := status{ExitCode: cmd.ProcessState.ExitCode(), Truncated: ow.over || ew.over}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		st.ExitCode, st.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
+	}
+	var exitErr *exec.ExitError
+	if werr != nil && !errors.As(werr, &exitErr) {
+		fmt.Fprintf(errf, "hold: %v\n", werr)
+	}
+	return writeJSON(filepath.Join(dir, statusFile), st)
+}
+
+// capped writes up to left bytes and drops the rest, so that the command
+// never blocks on a full disk quota of its own making.
+type capped struct {
+	w    io.Writer
+	left int64
+	over bool
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	n := int64(len(p))
+	if n > c.left {
+		c.over = true
+		p = p[:c.left]
+	}
+	if len(p) > 0 {
+		if _, err := c.w.Write(p); err != nil {
+			c.over = true
+		}
+		c.left -= int64(len(p))
+	}
+	return int(n), nil
+}
+
+// State reports the exec of id.
+func (h *Holder) State(id string) (State, error) {
+	dir, err := h.dir(id)
+	if err != nil {
+		return State{}, err
+	}
+	if _, err := os.Stat(dir); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return State{}, nil
+		}
+		return State{}, err
+	}
+	s := State{Started: true, OutLen: size(filepath.Join(dir, outFile)), ErrLen: size(filepath.Join(dir, errFile))}
+	var ps procState
+	if readJSON(filepath.Join(dir, stateFile), &ps) == nil {
+		s.PID = ps.PID
+	}
+	var st status
+	if readJSON(filepath.Join(dir, statusFile), &st) == nil {
+		s.Ended, s.ExitCode, s.Signal, s.Truncated = true, &st.ExitCode, st.Signal, st.Truncated
+	}
+	return s, nil
+}
+
+// Attach copies the exec's stdout from byte outOff and stderr from errOff
+// until it has ended and both are drained, and returns its exit code. It
+// returns when ctx ends, the command going on.
+func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, stdout, stderr io.Writer) (int, error) {
+	dir, err := h.dir(id)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return 0, ErrUnknown
+	}
+	for {
+		// The status first: once it exists, the streams are complete.
+		var st status
+		ended := readJSON(filepath.Join(dir, statusFile), &st) == nil
+		if outOff, err = copyFrom(filepath.Join(dir, outFile), outOff, stdout); err != nil {
+			return 0, err
+		}
+		if errOff, err = copyFrom(filepath.Join(dir, errFile), errOff, stderr); err != nil {
+			return 0, err
+		}
+		if ended {
+			return st.ExitCode, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+// Signal sends sig to the exec's command and its process group.
+func (h *Holder) Signal(id string, sig syscall.Signal) error {
+	s, err := h.State(id)
+	if err != nil {
+		return err
+	}
+	if !s.Started || s.PID <= 1 {
+		return ErrUnknown
+	}
+	if s.Ended {
+		return nil
+	}
+	return syscall.Kill(-s.PID, sig)
+}
+
+// copyFrom writes what path holds past off to w and returns the new
+// offset; a file shorter than off is an error, never a rewind.
+func copyFrom(path string, off int64, w io.Writer) (int64, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		if off > 0 {
+			return off, fmt.Errorf("%s is gone past offset %d", filepath.Base(path), off)
+		}
+		return off, nil
+	}
+	if err != nil {
+		return off, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return off, err
+	}
+	if fi.Size() < off {
+		return off, fmt.Errorf("%s holds %d bytes, fewer than the offset %d", filepath.Base(path), fi.Size(), off)
+	}
+	n, err := io.Copy(w, io.NewSectionReader(f, off, fi.Size()-off))
+	return off + n, err
+}
+
+func size(path string) int64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// maxJSON bounds the holder's own files when read back.
+const maxJSON = 64 << 10
+
+func readJSON(path string, v any) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxJSON+1))
+	if err != nil {
+		return err
+	}
+	if len(b) > maxJSON {
+		return fmt.Errorf("%s is larger than %d bytes", filepath.Base(path), maxJSON)
+	}
+	return json.Unmarshal(b, v)
+}
+
+// writeJSON writes v to path by rename: a reader sees all of it or none.
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp" + strconv.Itoa(os.Getpid())
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func signalName(s syscall.Signal) string {
+	names := map[syscall.Signal]string{syscall.SIGHUP: "HUP", syscall.SIGINT: "INT", syscall.SIGQUIT: "QUIT", syscall.SIGKILL: "KILL", syscall.SIGTERM: "TERM", syscall.SIGPIPE: "PIPE", syscall.SIGUSR1: "USR1", syscall.SIGUSR2: "USR2", syscall.SIGSEGV: "SEGV", syscall.SIGABRT: "ABRT"}
+	if n, ok := names[s]; ok {
+		return n
+	}
+	return "UNKNOWN"
+}
+
+// relayStdin copies what the attaches write into the FIFO to the command's
+// stdin, and closes it once the caller's stdin ended and the FIFO is
+// drained, or the command exited. The FIFO is opened read-write and
+// non-blocking: an attach that goes away is no end of the input, and one
+// goroutine polls both the data and the end.
+func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}) {
+	defer stdin.Close()
+	fd, err := syscall.Open(filepath.Join(dir, inFile), syscall.O_RDWR|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer syscall.Close(fd)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := syscall.Read(fd, buf)
+		if n > 0 {
+			if _, werr := stdin.Write(buf[:n]); werr != nil {
+				return // the command closed its stdin or exited
+			}
+			continue
+		}
+		if err != nil && err != syscall.EAGAIN && err != syscall.EINTR {
+			return
+		}
+		if _, serr := os.Stat(filepath.Join(dir, inEOFFile)); serr == nil {
+			return
+		}
+		select {
+		case <-exited:
+			return
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+// Feed copies r into the exec's stdin until r ends or ctx ends; either
+// way a later attach may feed more. The end of the caller's input is told
+// apart (EOF): a channel that is lost also ends r.
+func (h *Holder) Feed(ctx context.Context, id string, r io.Reader) error {
+	dir, err := h.dir(id)
+	if err != nil {
+		return err
+	}
+	// Non-blocking: with no reader (the keeper has not opened it yet, or
+	// the command ended) the open fails at once instead of waiting.
+	var f *os.File
+	for {
+		f, err = os.OpenFile(filepath.Join(dir, inFile), os.O_WRONLY|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.ENXIO) {
+			return err
+		}
+		if _, serr := os.Stat(filepath.Join(dir, statusFile)); serr == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pollEvery):
+		}
+	}
+	defer f.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, rerr := r.Read(buf)
+		for b := buf[:n]; len(b) > 0; {
+			w, err := f.Write(b)
+			b = b[w:]
+			if err != nil && !errors.Is(err, syscall.EAGAIN) {
+				return err
+			}
+			if len(b) > 0 {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				time.Sleep(pollEvery)
+			}
+		}
+		if rerr != nil {
+			if rerr == io.EOF {
+				return nil
+			}
+			return rerr
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+}
+
+// EOF ends the exec's stdin once the command read what was fed before.
+func (h *Holder) EOF(id string) error {
+	dir, err := h.dir(id)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return ErrUnknown
+	}
+	return os.WriteFile(filepath.Join(dir, inEOFFile), nil, 0o600)
+}

@@ -1,0 +1,186 @@
+package hold
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// keeperEnv makes the test binary the keeper (the helper's `hold keep`).
+const keeperEnv = "HOLD_TEST_KEEPER"
+
+func TestMain(m *testing.M) {
+	if root := os.Getenv(keeperEnv); root != "" {
+		h := &Holder{Root: root, Cap: 1 << 10}
+		if err := h.Keep(os.Args[len(os.Args)-1]); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func newHolder(t *testing.T) *Holder {
+	t.Helper()
+	root := t.TempDir()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(keeperEnv, root)
+	return &Holder{Root: root, Keeper: []string{self}, Cap: 1 << 10}
+}
+
+func newID(t *testing.T) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestCommandOutlivesItsAttachAndRunsOnce: an attach that ends (its
+// channel was lost) leaves the command running; a new attach from the
+// offsets received gets the rest and the command's own exit code; a
+// second start of the same id runs nothing.
+func TestCommandOutlivesItsAttachAndRunsOnce(t *testing.T) {
+	h := newHolder(t)
+	id := newID(t)
+	counter := filepath.Join(t.TempDir(), "ran")
+	script := "echo ran >> " + counter + "; echo one; echo warn >&2; sleep 0.5; echo two; exit 3"
+	if err := h.Start(id, []string{"sh", "-c", script}); err != nil {
+		t.Fatal(err)
+	}
+	// The first attach is cut off once "one" arrived, as a lost channel.
+	var out1, err1 bytes.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.Attach(ctx, id, 0, 0, &out1, &err1)
+		done <- err
+	}()
+	waitFor(t, "the first line", func() bool {
+		s, _ := h.State(id)
+		return s.OutLen >= int64(len("one\n"))
+	})
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cut attach: %v", err)
+	}
+	if err := h.Start(id, []string{"sh", "-c", script}); !errors.Is(err, ErrStarted) {
+		t.Fatalf("a second start of the same id: %v, want ErrStarted", err)
+	}
+	var out2, err2 bytes.Buffer
+	code, err := h.Attach(context.Background(), id, int64(out1.Len()), int64(err1.Len()), &out2, &err2)
+	if err != nil || code != 3 {
+		t.Fatalf("reattach: exit %d, %v", code, err)
+	}
+	if got := out1.String() + out2.String(); got != "one\ntwo\n" {
+		t.Errorf("stdout across the reattach: %q", got)
+	}
+	if got := err1.String() + err2.String(); got != "warn\n" {
+		t.Errorf("stderr across the reattach: %q", got)
+	}
+	if b, _ := os.ReadFile(counter); string(b) != "ran\n" {
+		t.Errorf("the command ran %d times", strings.Count(string(b), "ran"))
+	}
+	s, err := h.State(id)
+	if err != nil || !s.Started || !s.Ended || s.ExitCode == nil || *s.ExitCode != 3 {
+		t.Errorf("state %+v, %v", s, err)
+	}
+}
+
+// TestStateSignalAndBounds: an unknown id is not started; a signal ends
+// the command with 128+n; output past the cap is counted as truncated; an
+// id the daemon did not make is refused; an offset past the output is an
+// error, not a rewind.
+func TestStateSignalAndBounds(t *testing.T) {
+	h := newHolder(t)
+	if s, err := h.State(newID(t)); err != nil || s.Started {
+		t.Fatalf("unknown id: %+v, %v", s, err)
+	}
+	if err := h.Start("../../etc", []string{"true"}); err == nil {
+		t.Fatal("an id that names a path was accepted")
+	}
+	id := newID(t)
+	if err := h.Start(id, []string{"sh", "-c", "head -c 5000 /dev/zero; sleep 30"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the command to start", func() bool { s, _ := h.State(id); return s.PID > 0 && s.OutLen > 0 })
+	if err := h.Signal(id, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, err := h.Attach(ctx, id, 0, 0, &out, &bytes.Buffer{})
+	if err != nil || code != 128+int(syscall.SIGTERM) {
+		t.Fatalf("after TERM: exit %d, %v", code, err)
+	}
+	s, _ := h.State(id)
+	if s.Signal != "TERM" || !s.Truncated || out.Len() != 1<<10 {
+		t.Errorf("state %+v, %d bytes kept; want TERM, truncated, 1024 bytes", s, out.Len())
+	}
+	if _, err := h.Attach(ctx, id, int64(out.Len())+1, 0, &out, &bytes.Buffer{}); err == nil {
+		t.Error("an offset past the output was accepted")
+	}
+}
+
+// TestStdinReachesTheCommandAcrossFeeds: what one attach feeds and then
+// what a later one feeds reach the command in order, and the end of the
+// last one's input ends the command's stdin.
+func TestStdinReachesTheCommandAcrossFeeds(t *testing.T) {
+	h := newHolder(t)
+	id := newID(t)
+	if err := h.Start(id, []string{"sh", "-c", "read a; echo got $a; cat; echo end"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	fed := make(chan error, 1)
+	go func() { fed <- h.Feed(ctx, id, pr) }()
+	if _, err := pw.Write([]byte("one\n")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first line to be read", func() bool { s, _ := h.State(id); return s.OutLen >= int64(len("got one\n")) })
+	cancel() // this attach's channel is gone
+	pw.Close()
+	<-fed
+	if err := h.Feed(context.Background(), id, strings.NewReader("two\nthree\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.EOF(id); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer acancel()
+	code, err := h.Attach(actx, id, 0, 0, &out, &bytes.Buffer{})
+	if err != nil || code != 0 {
+		t.Fatalf("exit %d, %v", code, err)
+	}
+	if out.String() != "got one\ntwo\nthree\nend\n" {
+		t.Errorf("output %q", out.String())
+	}
+}

@@ -1,0 +1,157 @@
+package hold
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+)
+
+// Exit codes of the hold commands themselves; a command's own exit code
+// is what attach and start return once it ended.
+const (
+	ExitUsage   = 2
+	ExitFailed  = 124
+	ExitStarted = 123 // start: the id was started before; nothing ran again
+)
+
+// DefaultRoot is where the execs are kept: the user's cache, outside any
+// workspace (a sync never carries it).
+func DefaultRoot() (string, error) {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "sandboxd", "hold"), nil
+}
+
+// Main is `hold start ID -- ARGV...`, `hold attach ID OUT ERR`, `hold
+// state ID`, `hold signal ID SIGNAL`, `hold eof ID` (the caller's stdin
+// ended) and `hold keep ID` (the keeper; started by start). self is the
+// argv that runs this program. start and attach feed their stdin to the
+// command's.
+func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	usage := func() int {
+		fmt.Fprintln(stderr, "usage: hold start ID -- ARGV... | attach ID OUT ERR | state ID | signal ID SIGNAL")
+		return ExitUsage
+	}
+	if len(args) < 2 {
+		return usage()
+	}
+	root, err := DefaultRoot()
+	if err != nil {
+		fmt.Fprintf(stderr, "hold: %v\n", err)
+		return ExitFailed
+	}
+	h := &Holder{Root: root, Keeper: []string{self, "hold", "keep"}}
+	id := args[1]
+	fail := func(err error) int {
+		if errors.Is(err, context.Canceled) || ctx.Err() != nil {
+			// The channel is gone (the attach was cut): nothing to say on
+			// what are the command's streams.
+			return ExitFailed
+		}
+		fmt.Fprintf(stderr, "hold %s: %v\n", args[0], err)
+		return ExitFailed
+	}
+	// start and attach live as long as the channel that runs them: a hang-up
+	// (the channel or its connection is gone) ends them and leaves the
+	// command running; any other signal the client sends goes to the
+	// command.
+	attached := func() (context.Context, func()) {
+		actx, cancel := context.WithCancel(context.Background())
+		sigs := make(chan os.Signal, 4)
+		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGHUP)
+		go func() {
+			for {
+				select {
+				case <-actx.Done():
+					return
+				case sig := <-sigs:
+					if sig == syscall.SIGHUP {
+						cancel()
+						return
+					}
+					_ = h.Signal(id, sig.(syscall.Signal))
+				}
+			}
+		}()
+		return actx, func() { signal.Stop(sigs); cancel() }
+	}
+	switch args[0] {
+	case "start":
+		if len(args) < 4 || args[2] != "--" {
+			return usage()
+		}
+		if err := h.Start(id, args[3:]); err != nil {
+			if errors.Is(err, ErrStarted) {
+				fmt.Fprintf(stderr, "hold start: %v\n", err)
+				return ExitStarted
+			}
+			return fail(err)
+		}
+		actx, stop := attached()
+		defer stop()
+		go func() { _ = h.Feed(actx, id, stdin) }()
+		code, err := h.Attach(actx, id, 0, 0, stdout, stderr)
+		if err != nil {
+			return fail(err)
+		}
+		return code
+	case "attach":
+		if len(args) != 4 {
+			return usage()
+		}
+		out, err1 := strconv.ParseInt(args[2], 10, 64)
+		errOff, err2 := strconv.ParseInt(args[3], 10, 64)
+		if err1 != nil || err2 != nil || out < 0 || errOff < 0 {
+			return usage()
+		}
+		actx, stop := attached()
+		defer stop()
+		go func() { _ = h.Feed(actx, id, stdin) }()
+		code, err := h.Attach(actx, id, out, errOff, stdout, stderr)
+		if err != nil {
+			return fail(err)
+		}
+		return code
+	case "state":
+		s, err := h.State(id)
+		if err != nil {
+			return fail(err)
+		}
+		_ = json.NewEncoder(stdout).Encode(s)
+		return 0
+	case "signal":
+		if len(args) != 3 {
+			return usage()
+		}
+		sig, ok := signals[args[2]]
+		if !ok {
+			return fail(fmt.Errorf("signal %q is not one of INT, TERM, KILL, HUP, QUIT, USR1, USR2", args[2]))
+		}
+		if err := h.Signal(id, sig); err != nil {
+			return fail(err)
+		}
+		return 0
+	case "eof":
+		if err := h.EOF(id); err != nil {
+			return fail(err)
+		}
+		return 0
+	case "keep":
+		if err := h.Keep(id); err != nil {
+			return fail(err)
+		}
+		return 0
+	}
+	return usage()
+}
+
+var signals = map[string]syscall.Signal{"INT": syscall.SIGINT, "TERM": syscall.SIGTERM, "KILL": syscall.SIGKILL, "HUP": syscall.SIGHUP, "QUIT": syscall.SIGQUIT, "USR1": syscall.SIGUSR1, "USR2": syscall.SIGUSR2}
