@@ -19,7 +19,8 @@ func TestIDInsideACheckoutSyncsIt(t *testing.T) {
 	sub := filepath.Join(repo, "sub")
 	writeFile(t, filepath.Join(sub, "f.txt"), "one\n")
 
-	r := e.mustSbx(sub, "exec", "--id", run, "--", "sh", "-c", "cat sub/f.txt; echo made > sub/back.txt")
+	// It runs in the sandbox's sub, the caller's directory.
+	r := e.mustSbx(sub, "exec", "--id", run, "--", "sh", "-c", "cat f.txt; echo made > back.txt")
 	if r.stdout != "one\n" {
 		t.Fatalf("exec --id ran on a tree without the caller's edit: %s", r)
 	}

@@ -335,9 +335,11 @@ mv .git/packed-refs.new .git/packed-refs`, runs, n))
 	if n := lines(t, runs); n != want {
 		t.Fatalf("the commands ran %d times, want %d", n, want)
 	}
-	// Measured under -race: at most 11 MB live while 300,000 refs stream
-	// through, 46 when they were kept in a map.
-	if live == 0 || live > 18 {
+	// The bound sits between what the streamed read keeps (docs/performance.md)
+	// and what the map of every ref kept; it leaves room for the floating
+	// garbage a long concurrent mark counts as live when the suite's
+	// parallel tests load the machine.
+	if live == 0 || live > 32 {
 		t.Fatalf("the daemon held %d MB of live heap (%d GC cycles) reading %d refs", live, cycles, n)
 	}
 }
