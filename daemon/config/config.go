@@ -274,6 +274,12 @@ func (c *Config) apply(raw []byte) error {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
+		if strings.EqualFold(k, "durable_exec") {
+			if err := json.Unmarshal(obj[k], &f.DurableExec); err != nil {
+				errs = append(errs, fmt.Errorf("field %q: want true or false", k))
+			}
+			continue
+		}
 		dst := fieldFor(fields, k)
 		if dst == nil {
 			unknown = append(unknown, strconv.Quote(k))
@@ -378,7 +384,7 @@ func (c *Config) apply(raw []byte) error {
 }
 
 // fieldNames are the config file's fields, in the order of file.
-var fieldNames = []string{"remote", "rwx_host", "rwx_access_token", "localcloud_binary", "sync_helper", "idle_timeout", "shutdown_timeout", "reconcile_interval", "history_retention", "log_level", "api_timeout"}
+var fieldNames = []string{"remote", "rwx_host", "rwx_access_token", "localcloud_binary", "sync_helper", "idle_timeout", "shutdown_timeout", "reconcile_interval", "history_retention", "log_level", "api_timeout", "lock_timeout", "ssh_probe_timeout", "queue_timeout", "durable_exec"}
 
 // fields maps each field name of the file to where it is decoded.
 func (f *file) fields() map[string]**string {
@@ -387,6 +393,7 @@ func (f *file) fields() map[string]**string {
 		"localcloud_binary": &f.LocalcloudBinary, "sync_helper": &f.SyncHelper, "idle_timeout": &f.IdleTimeout,
 		"shutdown_timeout": &f.ShutdownTimeout, "reconcile_interval": &f.ReconcileInterval,
 		"history_retention": &f.HistoryRetention, "log_level": &f.LogLevel, "api_timeout": &f.APITimeout,
+		"lock_timeout": &f.LockTimeout, "ssh_probe_timeout": &f.SSHProbeTimeout, "queue_timeout": &f.QueueTimeout,
 	}
 }
 
@@ -470,7 +477,7 @@ func describeDecodeError(raw []byte, err error) error {
 		return errors.New("invalid JSON: the file ends before the object does")
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, sync_helper, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout, lock_timeout, ssh_probe_timeout, queue_timeout, durable_exec", msg)
+		return fmt.Errorf("unknown field %s; known fields: %s", msg, strings.Join(fieldNames, ", "))
 	}
 	return err
 }
