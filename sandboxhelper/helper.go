@@ -4,7 +4,7 @@
 //
 // It runs twice over. `serve` lives as long as the daemon's connection (one
 // exec request that never ends): it tracks the checkout's working tree with
-// inotify (daemon/watch.Trees) and answers, on a Unix socket under
+// inotify (internal/watch.Trees) and answers, on a Unix socket under
 // .git/sandboxd/helper, which paths changed since the previous question.
 // `stage`, run by the sync scripts in place of `git add -A`, asks it and
 // stages only those paths into the sync index; when anything is uncertain

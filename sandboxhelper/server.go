@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/daemon/watch"
+	"github.com/sandboxd/sandboxd/internal/watch"
 )
 
 // Ready starts the line serve prints once it answers: "ready <instance>".

@@ -18,7 +18,7 @@ import (
 )
 
 // ChangeTracker tells which paths of a working tree changed since its
-// previous answer for that tree (daemon/watch.Trees). full says it does not
+// previous answer for that tree (internal/watch.Trees). full says it does not
 // know: the whole tree must be looked at.
 type ChangeTracker interface {
 	// Changes returns the changed paths (slash-separated, relative to

@@ -17,8 +17,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/daemon/watch"
 	"github.com/sandboxd/sandboxd/internal/testutil"
+	"github.com/sandboxd/sandboxd/internal/watch"
 	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 

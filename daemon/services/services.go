@@ -30,7 +30,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/sessions"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/daemon/wake"
-	"github.com/sandboxd/sandboxd/daemon/watch"
+	"github.com/sandboxd/sandboxd/internal/watch"
 	"github.com/sandboxd/sandboxd/ipc/server"
 	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
