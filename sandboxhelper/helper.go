@@ -22,9 +22,6 @@ import (
 	"path/filepath"
 )
 
-// Name is the program's file name; the installed copy carries its hash.
-const Name = "sandboxd-helper"
-
 // dirName is the helper's directory under the sync state directory
 // (.git/sandboxd): sockets and the tracker's marker files.
 const dirName = "helper"

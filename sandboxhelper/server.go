@@ -18,9 +18,6 @@ import (
 	"github.com/sandboxd/sandboxd/internal/watch"
 )
 
-// Ready starts the line serve prints once it answers: "ready <instance>".
-const Ready = "ready "
-
 // answer is the server's reply to "changes": the paths changed since the
 // previous question (see watch.Trees.Changes), or Full when it cannot tell.
 type answer struct {

@@ -14,7 +14,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/internal/gitobj"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // ChangeTracker tells which paths of a working tree changed since its
@@ -387,7 +387,7 @@ func stagesAsIs(r repo, files []string, ix *indexPaths, recs []rawRec, hashLen i
 		if err != nil {
 			return mustExist || !errors.Is(err, fs.ErrNotExist)
 		}
-		return sandboxhelper.ConvertingAttribute(b) != ""
+		return helperproto.ConvertingAttribute(b) != ""
 	}
 	for _, f := range files {
 		if filepath.Base(f) == "attributes" && converts(f, false) {

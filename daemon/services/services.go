@@ -30,9 +30,9 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/sessions"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/daemon/wake"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/internal/watch"
 	"github.com/sandboxd/sandboxd/ipc/server"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // Services is the running set; it implements daemon.Services.
@@ -220,7 +220,7 @@ func (s *Services) remoteSettings(cfg config.Config) remote.Settings {
 func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Options {
 	o := helper.Options{Logger: log, Platform: helper.Platform(runtime.GOOS, runtime.GOARCH)}
 	next := func() string {
-		if cand := filepath.Join(exeDir, sandboxhelper.Name); exeDir != "" && fileExists(cand) {
+		if cand := filepath.Join(exeDir, helperproto.Name); exeDir != "" && fileExists(cand) {
 			return cand
 		}
 		return ""
