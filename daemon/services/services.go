@@ -32,7 +32,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/wake"
 	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/internal/watch"
-	"github.com/sandboxd/sandboxd/ipc/server"
+	"github.com/sandboxd/sandboxd/ipc/backend"
 )
 
 // Services is the running set; it implements daemon.Services.
@@ -255,13 +255,13 @@ func fileExists(p string) bool {
 }
 
 // Sessions implements daemon.Services.
-func (s *Services) Sessions() server.SessionBackend { return s.manager }
+func (s *Services) Sessions() backend.SessionBackend { return s.manager }
 
 // Events implements daemon.Services.
-func (s *Services) Events() server.EventSource { return s.bus }
+func (s *Services) Events() backend.EventSource { return s.bus }
 
 // SSH is OpenSSH access to the sandboxes (sbx ssh-config, sbx proxy).
-func (s *Services) SSH() server.SSHBackend { return s.manager }
+func (s *Services) SSH() backend.SSHBackend { return s.manager }
 
 // sshDir holds the key files written for OpenSSH; none without a state
 // directory.
