@@ -4,7 +4,8 @@
 // service manager (READY, STATUS, STOPPING, WATCHDOG), reloads its
 // configuration on SIGHUP, exits when idle if socket-activated, and shuts
 // down gracefully on SIGTERM/SIGINT. The working parts (sessions, events)
-// are plugged in through Options.NewServices.
+// are plugged in through Options.NewServices, the socket API's server
+// (ipc/server) through Options.NewServer.
 package daemon
 
 import (
