@@ -4,7 +4,8 @@
 // service manager (READY, STATUS, STOPPING, WATCHDOG), reloads its
 // configuration on SIGHUP, exits when idle if socket-activated, and shuts
 // down gracefully on SIGTERM/SIGINT. The working parts (sessions, events)
-// are plugged in through Options.NewServices.
+// are plugged in through Options.NewServices, the socket API's server
+// (ipc/server) through Options.NewServer.
 package daemon
 
 import (
@@ -30,7 +31,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/config"
 	"github.com/sandboxd/sandboxd/daemon/paths"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/server"
+	"github.com/sandboxd/sandboxd/ipc/backend"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -42,8 +43,8 @@ const DefaultStoreLockTimeout = 250 * time.Millisecond
 // Services are the working parts of the daemon behind the socket API.
 type Services interface {
 	// Sessions and Events are served on the socket; nil answers 503.
-	Sessions() server.SessionBackend
-	Events() server.EventSource
+	Sessions() backend.SessionBackend
+	Events() backend.EventSource
 	// Live counts live SSH connections to sandboxes; a daemon with any is
 	// not idle.
 	Live() int
@@ -51,6 +52,29 @@ type Services interface {
 	Reload(ctx context.Context, cfg config.Config) error
 	// Close stops background work and closes connections, within ctx.
 	Close(ctx context.Context) error
+}
+
+// Server is the socket API's server (ipc/server's), which the command
+// plugs in (Options.NewServer) so that the daemon links no transport.
+type Server interface {
+	Serve(ln net.Listener) error
+	// Shutdown stops accepting and waits, within ctx, for the requests in
+	// flight.
+	Shutdown(ctx context.Context) error
+	ActiveRequests() int
+	ActiveStreams() int
+}
+
+// ServerConfig is what the daemon gives Options.NewServer.
+type ServerConfig struct {
+	Backends backend.Backends
+	Version  string
+	Logger   *slog.Logger
+	// AllowedUID is the only peer UID served.
+	AllowedUID int
+	StartedAt  time.Time
+	// Warning, when not nil, is sent on every answer.
+	Warning func() string
 }
 
 // SessionCounter is optionally implemented by Services to report the number
@@ -97,6 +121,8 @@ type Options struct {
 	// NewServices builds the working parts once the store is open; nil
 	// serves only /v1/version and /v1/health.
 	NewServices func(ctx context.Context, deps Deps) (Services, error)
+	// NewServer makes the socket API's server (required).
+	NewServer func(ServerConfig) Server
 
 	// Notify sends an sd_notify state; default: $NOTIFY_SOCKET.
 	Notify func(state string) error
@@ -145,7 +171,7 @@ type daemon struct {
 	startedAt  time.Time
 	store      *store.Store
 	services   Services
-	srv        *server.Server
+	srv        Server
 	listeners  []net.Listener
 	socketPath string
 	ownSocket  bool // created by us, so removed by us
@@ -158,6 +184,9 @@ type daemon struct {
 }
 
 func newDaemon(opts Options) (*daemon, error) {
+	if opts.NewServer == nil {
+		return nil, errors.New("start the daemon: no socket API server given (Options.NewServer)")
+	}
 	d := &daemon{opts: opts, env: opts.Env, now: opts.Now, level: new(slog.LevelVar), stopReq: make(chan string, 1), reloadReq: make(chan struct{}, 1)}
 	if d.env == nil {
 		d.env = paths.OSEnv
@@ -260,19 +289,18 @@ func (d *daemon) run(ctx context.Context) (err error) {
 		d.services = svc
 	}
 
-	backends := server.Backends{Daemon: d}
+	backends := backend.Backends{Daemon: d}
 	if d.services != nil {
 		backends.Sessions, backends.Events = d.services.Sessions(), d.services.Events()
-		if sp, ok := d.services.(interface{ SSH() server.SSHBackend }); ok {
+		if sp, ok := d.services.(interface{ SSH() backend.SSHBackend }); ok {
 			backends.SSH = sp.SSH()
 		}
 	}
-	uid := os.Getuid()
-	srvOpts := server.Options{Version: d.opts.Version, Logger: d.log, AllowedUID: &uid, StartedAt: d.startedAt}
+	srvOpts := ServerConfig{Backends: backends, Version: d.opts.Version, Logger: d.log, AllowedUID: os.Getuid(), StartedAt: d.startedAt}
 	if w, ok := d.services.(interface{ Warning() string }); ok {
 		srvOpts.Warning = w.Warning
 	}
-	d.srv = server.New(backends, srvOpts)
+	d.srv = d.opts.NewServer(srvOpts)
 	serveErr := make(chan error, len(d.listeners))
 	for _, ln := range d.listeners {
 		go func(ln net.Listener) {

@@ -63,6 +63,11 @@ func (f *fakeServices) Reload(_ context.Context, c config.Config) error {
 	return nil
 }
 
+// testServer is the socket API's server, as cmd/sandboxd plugs it in.
+func testServer(c ServerConfig) Server {
+	return server.New(c.Backends, server.Options{Version: c.Version, Logger: c.Logger, AllowedUID: &c.AllowedUID, StartedAt: c.StartedAt, Warning: c.Warning})
+}
+
 // inProcess is a daemon run inside the test process.
 type inProcess struct {
 	e       *testEnv
@@ -83,6 +88,7 @@ func (e *testEnv) runInProcess(t *testing.T, mod func(*Options)) *inProcess {
 		Signals:   ip.signals,
 		Notify:    func(s string) error { ip.notes <- s; return nil },
 		Watchdog:  func() (time.Duration, error) { return 0, nil },
+		NewServer: testServer,
 		NewServices: func(_ context.Context, d Deps) (Services, error) {
 			ip.svc.deps = d
 			return ip.svc, nil
@@ -306,7 +312,7 @@ func TestNewServicesFailure(t *testing.T) {
 	e := newTestEnv(t)
 	logs := &testutil.LockedBuffer{}
 	err := Run(context.Background(), Options{
-		Env: e.lookup, LogOutput: logs, Signals: make(chan os.Signal), Notify: func(string) error { return nil },
+		Env: e.lookup, LogOutput: logs, Signals: make(chan os.Signal), Notify: func(string) error { return nil }, NewServer: testServer,
 		NewServices: func(context.Context, Deps) (Services, error) { return nil, errors.New("boom") },
 	})
 	if err == nil || !strings.Contains(err.Error(), "boom") {
@@ -342,7 +348,7 @@ func TestContextCancelStops(t *testing.T) {
 	done := make(chan error, 1)
 	notes := make(chan string, 16)
 	go func() {
-		done <- Run(ctx, Options{Env: e.lookup, LogOutput: &testutil.LockedBuffer{}, Signals: make(chan os.Signal),
+		done <- Run(ctx, Options{Env: e.lookup, LogOutput: &testutil.LockedBuffer{}, Signals: make(chan os.Signal), NewServer: testServer,
 			Notify: func(s string) error { notes <- s; return nil }})
 	}()
 	eventually(t, 10*time.Second, "the socket", func() bool {

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/paths"
+	"github.com/sandboxd/sandboxd/localcloud/discovery"
 	"github.com/sandboxd/sandboxd/localcloud/runs"
 	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
@@ -38,10 +39,10 @@ const (
 
 // Files inside the state directory.
 const (
-	DiscoveryFile = "localcloud.json"
+	DiscoveryFile = discovery.File
 	LockFile      = "localcloud.lock"
 	TokenFile     = "token"
-	LogFile       = "localcloud.log"
+	LogFile       = discovery.LogFile
 	certDir       = "tls"
 )
 

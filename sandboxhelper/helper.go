@@ -4,7 +4,7 @@
 //
 // It runs twice over. `serve` lives as long as the daemon's connection (one
 // exec request that never ends): it tracks the checkout's working tree with
-// inotify (daemon/watch.Trees) and answers, on a Unix socket under
+// inotify (internal/watch.Trees) and answers, on a Unix socket under
 // .git/sandboxd/helper, which paths changed since the previous question.
 // `stage`, run by the sync scripts in place of `git add -A`, asks it and
 // stages only those paths into the sync index; when anything is uncertain
@@ -21,9 +21,6 @@ import (
 	"encoding/hex"
 	"path/filepath"
 )
-
-// Name is the program's file name; the installed copy carries its hash.
-const Name = "sandboxd-helper"
 
 // dirName is the helper's directory under the sync state directory
 // (.git/sandboxd): sockets and the tracker's marker files.

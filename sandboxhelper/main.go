@@ -14,16 +14,11 @@ import (
 	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
 )
 
-// Exit codes of stage beyond 0: the caller stages the whole tree itself.
+// Exit codes of stage beyond 0 (and helperproto.ExitDeclined...): the
+// caller stages the whole tree itself.
 const (
 	exitFailed = 1
 	exitUsage  = 2
-	// ExitDeclined: push or pull does not apply here (nothing was
-	// changed); the scripts take the plain way.
-	ExitDeclined = 75
-	// ExitDeclinedForGood: declined for a setting of the repository or
-	// attributes in head's tree, which hold until head changes.
-	ExitDeclinedForGood = 76
 )
 
 // Main is the program: `serve -state DIR`, `stage -state DIR -instance ID

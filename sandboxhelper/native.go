@@ -45,16 +45,6 @@ func declineForGood(format string, a ...any) error {
 	return fmt.Errorf("%w (%w): %s", errDecline, errForGood, fmt.Sprintf(format, a...))
 }
 
-// PushEntry is one path of the pushed tree that differs from head: its
-// mode and blob (Mode 0: the path is absent), with the blob's content when
-// the sandbox may lack it.
-type PushEntry struct {
-	Path string `json:"path"`
-	Mode uint32 `json:"mode"`
-	OID  string `json:"oid,omitempty"`
-	Data []byte `json:"data"`
-}
-
 // pushRequest asks the server for a native push.
 type pushRequest struct {
 	Head    string      `json:"head"`
@@ -218,50 +208,6 @@ func (n *nativeState) checkHead(ctx context.Context, s *gitobj.Store, head gitob
 	return tree, err
 }
 
-// ConvertingAttribute is the first attribute an attributes file sets that
-// can make a file in the working tree differ from its blob (line ends,
-// filters, ident expansion, encodings), or that git's own conversions may
-// follow (a macro of the file's own); "" when there is none. Unsetting one
-// (-text, binary) converts nothing.
-func ConvertingAttribute(data []byte) string {
-	for _, line := range strings.Split(string(data), "\n") {
-		line = strings.TrimLeft(line, " \t")
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		if strings.HasPrefix(line, "[attr]") {
-			return "a macro"
-		}
-		// The pattern, C-quoted when it holds spaces, then the attributes.
-		rest := ""
-		if line[0] == '"' {
-			i := 1
-			for i < len(line) && line[i] != '"' {
-				if line[i] == '\\' {
-					i++
-				}
-				i++
-			}
-			if i < len(line) {
-				rest = line[i+1:]
-			}
-		} else if _, after, ok := strings.Cut(strings.ReplaceAll(line, "\t", " "), " "); ok {
-			rest = after
-		}
-		for _, a := range strings.Fields(rest) {
-			if strings.HasPrefix(a, "-") || strings.HasPrefix(a, "!") {
-				continue
-			}
-			name, _, _ := strings.Cut(a, "=")
-			switch name {
-			case "text", "eol", "crlf", "filter", "ident", "working-tree-encoding":
-				return a
-			}
-		}
-	}
-	return ""
-}
-
 // rulesFile says a path's name makes other paths' meaning: the plain way,
 // which rereads them, handles changes to those.
 func rulesFile(p string) bool {
@@ -270,20 +216,6 @@ func rulesFile(p string) bool {
 		return true
 	}
 	return false
-}
-
-// ValidPath refuses what no tree entry may be: the caller checks the
-// daemon's paths before writing a file by them.
-func ValidPath(p string) bool {
-	if p == "" || strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") || strings.ContainsRune(p, 0) {
-		return false
-	}
-	for _, c := range strings.Split(p, "/") {
-		if c == "" || c == "." || c == ".." || strings.EqualFold(c, ".git") {
-			return false
-		}
-	}
-	return true
 }
 
 // beyondSymlink says a directory on the way to p is a symbolic link: git

@@ -8,39 +8,6 @@ import (
 	"strings"
 )
 
-// The report of a fused exchange (gitsync.Exchange), which run prints
-// itself after a native pull: the layout is the daemon's, kept here so that
-// both sides read one definition.
-const (
-	// PullHeader starts the pull output; the exec's id and the patch's
-	// size follow, so a truncated transfer is noticed.
-	PullHeader = "sandboxd-pull "
-	// ExitPullTooLarge ends the pull part of a patch over the limit: the
-	// header is sent, not the patch.
-	ExitPullTooLarge = 89
-)
-
-// Boundary is the line that begins an exchange's report, and with "-end"
-// the line that ends its pull part.
-func Boundary(nonce string) string { return "\x1esandboxd-" + nonce }
-
-// StartMark is the line an exchange prints first, before the user's
-// command starts, once the push is done: it opens the exchange's stdout,
-// where nothing of the command's output can come before it. The daemon
-// believes a report that the push failed (so the command did not run) only
-// when that report, not this mark, opens the stream.
-func StartMark(nonce string) string { return Boundary(nonce) + "-go\n" }
-
-// Report is what run prints itself once its pull is done, sparing the
-// wrapper shell its part (reading what run did, the pull's header, wc and
-// cat on an edit).
-type Report struct {
-	// Nonce is the exchange's (see Boundary).
-	Nonce string
-	// Max bounds the patch sent (ExitPullTooLarge above it).
-	Max int64
-}
-
 // report prints the exchange's report after a native pull: the push's
 // snapshot, the command's status, the pull's header and patch (written to
 // o.Pull.Out by the server), the end line. It names the patch in pull.id

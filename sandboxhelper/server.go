@@ -15,11 +15,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sandboxd/sandboxd/daemon/watch"
+	"github.com/sandboxd/sandboxd/internal/watch"
 )
-
-// Ready starts the line serve prints once it answers: "ready <instance>".
-const Ready = "ready "
 
 // answer is the server's reply to "changes": the paths changed since the
 // previous question (see watch.Trees.Changes), or Full when it cannot tell.

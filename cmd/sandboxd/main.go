@@ -15,6 +15,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/paths"
 	"github.com/sandboxd/sandboxd/daemon/services"
 	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
 // Version is set at build time: -ldflags "-X main.Version=..."; empty means
@@ -74,6 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		LogLevel:    *logLevel,
 		LogOutput:   stderr,
 		NewServices: services.New,
+		NewServer:   newServer,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, prefixed("sandboxd", err))
@@ -83,6 +85,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// newServer is the socket API's server over the daemon's backends.
+func newServer(c daemon.ServerConfig) daemon.Server {
+	return server.New(c.Backends, server.Options{Version: c.Version, Logger: c.Logger, AllowedUID: &c.AllowedUID, StartedAt: c.StartedAt, Warning: c.Warning})
 }
 
 // exitAlreadyRunning is sandboxd's status when another sandboxd of the

@@ -15,7 +15,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/server"
+	"github.com/sandboxd/sandboxd/ipc/backend"
 )
 
 // Event is the wire event (ipc.Event).
@@ -202,7 +202,7 @@ type GapData struct {
 // stream.gap saying which events were lost. The subscription ends when ctx
 // ends, when Close is called, or when the subscriber falls behind by more
 // than its buffer (a final stream.closed event says so).
-func (b *Bus) Subscribe(ctx context.Context, since *uint64) (server.EventSubscription, error) {
+func (b *Bus) Subscribe(ctx context.Context, since *uint64) (backend.EventSubscription, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, errdefs.Canceled(fmt.Errorf("subscribe to events: %w", err))
 	}
@@ -294,7 +294,7 @@ func (b *Bus) Close() {
 	}
 }
 
-// subscription implements server.EventSubscription. Its fields are guarded by
+// subscription implements backend.EventSubscription. Its fields are guarded by
 // bus.mu; only the bus sends on ch, always without blocking.
 type subscription struct {
 	bus     *Bus

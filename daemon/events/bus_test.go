@@ -12,17 +12,17 @@ import (
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/server"
+	"github.com/sandboxd/sandboxd/ipc/backend"
 )
 
-var _ server.EventSource = (*Bus)(nil)
+var _ backend.EventSource = (*Bus)(nil)
 
 const waitLimit = 10 * time.Second
 
 func seqp(v uint64) *uint64 { return &v }
 
 // next receives one event or fails the test after a generous timeout.
-func next(t *testing.T, sub server.EventSubscription) ipc.Event {
+func next(t *testing.T, sub backend.EventSubscription) ipc.Event {
 	t.Helper()
 	select {
 	case ev, ok := <-sub.Events():
@@ -37,7 +37,7 @@ func next(t *testing.T, sub server.EventSubscription) ipc.Event {
 }
 
 // waitClosed drains sub until its channel is closed and returns what it read.
-func waitClosed(t *testing.T, sub server.EventSubscription) []ipc.Event {
+func waitClosed(t *testing.T, sub backend.EventSubscription) []ipc.Event {
 	t.Helper()
 	var got []ipc.Event
 	deadline := time.After(waitLimit)
@@ -54,7 +54,7 @@ func waitClosed(t *testing.T, sub server.EventSubscription) []ipc.Event {
 	}
 }
 
-func assertNoEvent(t *testing.T, sub server.EventSubscription) {
+func assertNoEvent(t *testing.T, sub backend.EventSubscription) {
 	t.Helper()
 	select {
 	case ev, ok := <-sub.Events():

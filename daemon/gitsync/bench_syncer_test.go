@@ -3,7 +3,7 @@ package gitsync
 import (
 	"testing"
 
-	"github.com/sandboxd/sandboxd/daemon/watch"
+	"github.com/sandboxd/sandboxd/internal/watch"
 )
 
 // newBenchSyncer is a Syncer as the daemon builds it, with its working

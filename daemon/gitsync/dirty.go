@@ -14,11 +14,11 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/internal/gitobj"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // ChangeTracker tells which paths of a working tree changed since its
-// previous answer for that tree (daemon/watch.Trees). full says it does not
+// previous answer for that tree (internal/watch.Trees). full says it does not
 // know: the whole tree must be looked at.
 type ChangeTracker interface {
 	// Changes returns the changed paths (slash-separated, relative to
@@ -387,7 +387,7 @@ func stagesAsIs(r repo, files []string, ix *indexPaths, recs []rawRec, hashLen i
 		if err != nil {
 			return mustExist || !errors.Is(err, fs.ErrNotExist)
 		}
-		return sandboxhelper.ConvertingAttribute(b) != ""
+		return helperproto.ConvertingAttribute(b) != ""
 	}
 	for _, f := range files {
 		if filepath.Base(f) == "attributes" && converts(f, false) {

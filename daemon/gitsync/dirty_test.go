@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/daemon/watch"
 	"github.com/sandboxd/sandboxd/internal/testutil"
+	"github.com/sandboxd/sandboxd/internal/watch"
 )
 
 // Each case changes the working tree (or what git makes of it) in a way

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // MaxFusedPatch bounds the patch that travels inside a fused exchange's
@@ -39,7 +39,7 @@ const MaxFusedPatch = 48 << 10
 // choose what comes back, which it can do by editing files anyway, and
 // what comes back is checked as any pull is (refused entries, ids). It
 // cannot make the command run again: once the push is done, the wrapper
-// prints S ("\x1esandboxd-<nonce>-go\n", sandboxhelper.StartMark) before
+// prints S ("\x1esandboxd-<nonce>-go\n", helperproto.StartMark) before
 // the command starts, so it opens the stream; a report that the push
 // failed is believed only when it, not S, opens the stream (nothing of the
 // command's output can come first). Any other "push <code>" is the
@@ -156,7 +156,7 @@ func (x *Exchange) Command() string { return x.script }
 func (x *Exchange) Stdout(w io.Writer) io.Writer {
 	x.out = &trailerWriter{
 		w:       w,
-		start:   []byte(sandboxhelper.StartMark(x.nonce)),
+		start:   []byte(helperproto.StartMark(x.nonce)),
 		mark:    []byte(boundary(x.nonce) + "\n"),
 		trailer: limitedBuffer{max: x.s.maxBytes + 64<<10, buf: &bytes.Buffer{}},
 	}
@@ -309,7 +309,7 @@ func clip(b []byte) string {
 	return string(b)
 }
 
-func boundary(nonce string) string { return sandboxhelper.Boundary(nonce) }
+func boundary(nonce string) string { return helperproto.Boundary(nonce) }
 
 func newNonce() string {
 	var b [16]byte
@@ -320,7 +320,7 @@ func newNonce() string {
 // fusedScript is the exchange's command; see Exchange. With a bundle (the
 // helper's push entries, see nativeBundle) the helper's run does the push,
 // the command and the pull in one process when it can, and prints the
-// report (sandboxhelper.Report); otherwise, or when it declines before the
+// report (helperproto.Report); otherwise, or when it declines before the
 // command, the script pushes the patch and runs the command itself. lazy
 // says there is no patch: the script then ends with exitNeedPatch instead,
 // before anything changed.
@@ -363,7 +363,7 @@ if [ -z "$p" ] && [ -n "$HI" ] && [ "$off" != "$HI %s" ] && : >"$st/run"; then
 	esac
 fi
 `, strings.Join(acks, " "), head, head, now.Unix(), pend, shellWord(command), max, shellWord(bundle), strings.Join(diffOptions, " "),
-			sandboxhelper.ExitDeclinedForGood, head)
+			helperproto.ExitDeclinedForGood, head)
 		b.WriteString("if [ -z \"$ran\" ]; then\n")
 	}
 	if lazy {

@@ -83,7 +83,7 @@ type Options struct {
 	Logger *slog.Logger
 	// Changes, when set, tells Prepare which paths changed since its
 	// previous call for a repository, so it looks only at those and starts
-	// no process when nothing changed (daemon/watch.Trees). Without it,
+	// no process when nothing changed (internal/watch.Trees). Without it,
 	// every Prepare scans the whole working tree.
 	Changes ChangeTracker
 	// Pause, for crash tests only, is called at named phases of a pull:

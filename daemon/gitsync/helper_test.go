@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/internal/testutil"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
 )
 
 // The sync's scenarios again, with the sandbox helper serving on the
@@ -348,7 +348,7 @@ func TestNativeRunReportsTheCommandsOwnStatus(t *testing.T) {
 	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
 		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
 	}
-	for _, code := range []int{sandboxhelper.ExitDeclined, sandboxhelper.ExitDeclinedForGood, 1} {
+	for _, code := range []int{helperproto.ExitDeclined, helperproto.ExitDeclinedForGood, 1} {
 		_, fr, err := f.fused(fmt.Sprintf("echo run >> count; exit %d", code))
 		if err != nil || !fr.Native || fr.ExitCode != code {
 			t.Fatalf("exit %d: native %v, reported %d, err %v", code, fr.Native, fr.ExitCode, err)

@@ -17,9 +17,9 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/sandboxd/sandboxd/daemon/watch"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/internal/testutil"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/watch"
 )
 
 // isolate points HOME and XDG_* at temp dirs and gives git a fixed identity,
@@ -496,7 +496,7 @@ func helperBinary(t *testing.T) string {
 func (r *sandboxRunner) startHelper(t *testing.T) {
 	t.Helper()
 	state := filepath.Join(r.dir, ".git", "sandboxd")
-	name := sandboxhelper.Name + "-0123456789abcdef"
+	name := helperproto.Name + "-0123456789abcdef"
 	b, err := os.ReadFile(helperBinary(t))
 	if err != nil {
 		t.Fatal(err)
@@ -528,7 +528,7 @@ func (r *sandboxRunner) startHelper(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the helper did not answer: %v", err)
 	}
-	r.helperName, r.helperInstance = name, strings.TrimSpace(strings.TrimPrefix(line, sandboxhelper.Ready))
+	r.helperName, r.helperInstance = name, strings.TrimSpace(strings.TrimPrefix(line, helperproto.Ready))
 }
 
 // SyncHelper offers the helper when startHelper ran (HelperRunner).

@@ -8,7 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/internal/gitobj"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // nativeEntries are the paths the patch changes as the sandbox helper's
@@ -18,11 +18,11 @@ import (
 // native push does not take (a submodule, an unmerged path, LFS files left
 // out, a file changed since it was staged, contents over max bytes): the
 // sandbox then applies the patch.
-func nativeEntries(root string, recs []rawRec, lfs []string, max int) (entries []sandboxhelper.PushEntry, ok bool) {
+func nativeEntries(root string, recs []rawRec, lfs []string, max int) (entries []helperproto.PushEntry, ok bool) {
 	if len(lfs) > 0 {
 		return nil, false
 	}
-	entries = []sandboxhelper.PushEntry{}
+	entries = []helperproto.PushEntry{}
 	size := 0
 	for _, r := range recs {
 		// JSON would carry other bytes as U+FFFD.
@@ -31,10 +31,10 @@ func nativeEntries(root string, recs []rawRec, lfs []string, max int) (entries [
 		}
 		switch r.status {
 		case 'D':
-			entries = append(entries, sandboxhelper.PushEntry{Path: r.dst})
+			entries = append(entries, helperproto.PushEntry{Path: r.dst})
 			continue
 		case 'R':
-			entries = append(entries, sandboxhelper.PushEntry{Path: r.src})
+			entries = append(entries, helperproto.PushEntry{Path: r.src})
 		case 'A', 'M', 'T', 'C':
 		default:
 			return nil, false
@@ -66,14 +66,14 @@ func nativeEntries(root string, recs []rawRec, lfs []string, max int) (entries [
 		if data == nil {
 			data = []byte{}
 		}
-		entries = append(entries, sandboxhelper.PushEntry{Path: r.dst, Mode: uint32(mode), OID: r.dstSHA, Data: data})
+		entries = append(entries, helperproto.PushEntry{Path: r.dst, Mode: uint32(mode), OID: r.dstSHA, Data: data})
 	}
 	return entries, true
 }
 
 // nativeBundle is entries as the fused script carries them to the
 // helper's run: their JSON, one argument (file contents are base64 in it).
-func nativeBundle(entries []sandboxhelper.PushEntry) (string, bool) {
+func nativeBundle(entries []helperproto.PushEntry) (string, bool) {
 	raw, err := json.Marshal(entries)
 	if err != nil {
 		return "", false

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/errdefs"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // Exit codes of the sandbox scripts. They sit above git's own codes (0, 1,
@@ -32,7 +32,7 @@ const (
 	exitNoSnapshot  = 86
 	exitDiff        = 87
 	exitRevert      = 88 // only the revert failed
-	exitTooLarge    = sandboxhelper.ExitPullTooLarge
+	exitTooLarge    = helperproto.ExitPullTooLarge
 	exitNoPullPatch = 90
 	// exitNeedPatch: the fused exchange left the patch out for the
 	// helper, which did not push; nothing changed in the sandbox.
@@ -253,7 +253,7 @@ echo "$snap"; echo "${tree:-}"; echo "${nat:-}"
 
 // pullHeader starts the pull output: the exec's id and the patch's size
 // follow, so a truncated transfer is noticed.
-const pullHeader = sandboxhelper.PullHeader
+const pullHeader = helperproto.PullHeader
 
 // pullScript writes the sandbox's changes since the snapshot to
 // $st/pull.patch (kept until the next pull, tagged with the exec's id in

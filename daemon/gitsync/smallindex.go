@@ -14,7 +14,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/internal/gitobj"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // The sync index of the changed paths, staged in-process: where git add
@@ -79,7 +79,7 @@ func (m memIndex) stage(root string, feed, remove []string) (map[string]blob, er
 	var out []staged
 	blobs := map[string]blob{}
 	for _, p := range feed {
-		if !sandboxhelper.ValidPath(p) {
+		if !helperproto.ValidPath(p) {
 			return nil, errToGit
 		}
 		abs := filepath.Join(root, filepath.FromSlash(p))

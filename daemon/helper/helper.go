@@ -22,7 +22,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // Conn is the connection the helper runs over (*sshpool.Conn).
@@ -206,7 +206,7 @@ func (m *Manager) loadBinary(b *binFile) error {
 			return
 		}
 		b.sum = hashOf(data)
-		b.name = sandboxhelper.Name + "-" + b.sum[:16]
+		b.name = helperproto.Name + "-" + b.sum[:16]
 	})
 	if b.sum == "" {
 		return fmt.Errorf("no helper binary at %s", b.path)
@@ -245,7 +245,7 @@ func (m *Manager) serve(ctx context.Context, c Conn, st *state) error {
 	// Probe: is the helper there, whole? If not, what platform is this?
 	var out bytes.Buffer
 	probe := gitsync.InCheckout(`f=` + file + `
-if [ -x "$f" ] && v=$("$f" version 2>/dev/null) && [ "$v" = "` + sandboxhelper.Name + ` ` + b.sum + `" ]; then exit 0; fi
+if [ -x "$f" ] && v=$("$f" version 2>/dev/null) && [ "$v" = "` + helperproto.Name + ` ` + b.sum + `" ]; then exit 0; fi
 uname -sm; exit ` + fmt.Sprint(probeMissing) + "\n")
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	status, err := c.ExecOnce(pctx, probe, sshpool.Stdio{Stdout: &limited{w: &out, n: 4096}, Stderr: io.Discard})
@@ -311,8 +311,8 @@ func (m *Manager) install(ctx context.Context, c Conn, b *binFile, file string) 
 	script := gitsync.InCheckout(`f=` + file + `
 mkdir -p "$st/bin" || exit 1
 t="$st/bin/.install.$$"
-cat >"$t" && chmod 755 "$t" && v=$("$t" version) && [ "$v" = "` + sandboxhelper.Name + ` ` + b.sum + `" ] && mv -f "$t" "$f" || { rm -f "$t"; exit 1; }
-for o in "$st"/bin/` + sandboxhelper.Name + `-*; do [ "$o" = "$f" ] || rm -f "$o"; done
+cat >"$t" && chmod 755 "$t" && v=$("$t" version) && [ "$v" = "` + helperproto.Name + ` ` + b.sum + `" ] && mv -f "$t" "$f" || { rm -f "$t"; exit 1; }
+for o in "$st"/bin/` + helperproto.Name + `-*; do [ "$o" = "$f" ] || rm -f "$o"; done
 `)
 	var stderr bytes.Buffer
 	ctx, cancel := context.WithTimeout(ctx, installTimeout)
@@ -345,7 +345,7 @@ func (l *lineWatcher) Write(p []byte) (int, error) {
 		return len(p), nil
 	}
 	l.seen = true
-	if inst, ok := strings.CutPrefix(string(line), sandboxhelper.Ready); complete && ok && validInstance(inst) {
+	if inst, ok := strings.CutPrefix(string(line), helperproto.Ready); complete && ok && validInstance(inst) {
 		l.ready <- inst
 	}
 	return len(p), nil

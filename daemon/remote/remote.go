@@ -18,7 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/daemon/sessions"
 	"github.com/sandboxd/sandboxd/errdefs"
-	"github.com/sandboxd/sandboxd/localcloud"
+	"github.com/sandboxd/sandboxd/localcloud/discovery"
 	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
 
@@ -136,7 +136,7 @@ func (p *Provider) connectRWX() error {
 }
 
 func (p *Provider) connectLocal(ctx context.Context) error {
-	d, err := localcloud.EnsureRunning(ctx, localcloud.EnsureOptions{Dir: p.settings.LocalcloudDir, Binary: p.settings.LocalcloudBinary, Logger: p.log})
+	d, err := discovery.EnsureRunning(ctx, discovery.EnsureOptions{Dir: p.settings.LocalcloudDir, Binary: p.settings.LocalcloudBinary, Logger: p.log})
 	if err != nil {
 		return errdefs.Unavailable(fmt.Errorf("start the local remote (sandboxd-localcloud): %w", err))
 	}

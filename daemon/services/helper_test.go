@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/sandboxd/sandboxd/daemon/config"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // The helper next to sandboxd serves the local remote's sandboxes by
@@ -17,7 +17,7 @@ func TestHelperOptions(t *testing.T) {
 		t.Skip("the helper serves Linux on amd64 and arm64 only")
 	}
 	dir := t.TempDir()
-	next := filepath.Join(dir, sandboxhelper.Name)
+	next := filepath.Join(dir, helperproto.Name)
 	if err := os.WriteFile(next, []byte("x"), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -30,9 +30,9 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/sessions"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/daemon/wake"
-	"github.com/sandboxd/sandboxd/daemon/watch"
-	"github.com/sandboxd/sandboxd/ipc/server"
-	"github.com/sandboxd/sandboxd/sandboxhelper"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
+	"github.com/sandboxd/sandboxd/internal/watch"
+	"github.com/sandboxd/sandboxd/ipc/backend"
 )
 
 // Services is the running set; it implements daemon.Services.
@@ -220,7 +220,7 @@ func (s *Services) remoteSettings(cfg config.Config) remote.Settings {
 func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Options {
 	o := helper.Options{Logger: log, Platform: helper.Platform(runtime.GOOS, runtime.GOARCH)}
 	next := func() string {
-		if cand := filepath.Join(exeDir, sandboxhelper.Name); exeDir != "" && fileExists(cand) {
+		if cand := filepath.Join(exeDir, helperproto.Name); exeDir != "" && fileExists(cand) {
 			return cand
 		}
 		return ""
@@ -255,13 +255,13 @@ func fileExists(p string) bool {
 }
 
 // Sessions implements daemon.Services.
-func (s *Services) Sessions() server.SessionBackend { return s.manager }
+func (s *Services) Sessions() backend.SessionBackend { return s.manager }
 
 // Events implements daemon.Services.
-func (s *Services) Events() server.EventSource { return s.bus }
+func (s *Services) Events() backend.EventSource { return s.bus }
 
 // SSH is OpenSSH access to the sandboxes (sbx ssh-config, sbx proxy).
-func (s *Services) SSH() server.SSHBackend { return s.manager }
+func (s *Services) SSH() backend.SSHBackend { return s.manager }
 
 // sshDir holds the key files written for OpenSSH; none without a state
 // directory.

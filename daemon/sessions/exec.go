@@ -11,7 +11,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/server"
+	"github.com/sandboxd/sandboxd/ipc/backend"
 	"github.com/sandboxd/sandboxd/store"
 	"golang.org/x/crypto/ssh"
 )
@@ -35,7 +35,7 @@ const unlockTimeout = 10 * time.Second
 // the session, wait for its turn in the sandbox's FIFO, hold the agent lock,
 // push the working tree, run the command with the caller's streams, pull the
 // sandbox's edits back, release the lock.
-func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream server.ExecStream) (_ ipc.ExecResult, err error) {
+func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.ExecStream) (_ ipc.ExecResult, err error) {
 	started := m.now()
 	if len(req.Argv) == 0 {
 		return ipc.ExecResult{}, errdefs.Invalidf("no command given: pass it after --, for example `sbx exec -- make test`")
@@ -320,7 +320,7 @@ func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, 
 // command is the remote command line, stdout where its output goes. With
 // s, the command is held by the sandbox helper where it can be (no
 // terminal): it then survives a lost connection.
-func (m *Manager) run(ctx context.Context, s *store.Session, conn *lockedConn, req ipc.ExecRequest, stream server.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
+func (m *Manager) run(ctx context.Context, s *store.Session, conn *lockedConn, req ipc.ExecRequest, stream backend.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
 	signals := make(chan ssh.Signal, 4)
 	done := make(chan struct{})
 	defer close(done)
@@ -373,8 +373,8 @@ func (m *Manager) run(ctx context.Context, s *store.Session, conn *lockedConn, r
 
 // resizes relays the caller's window sizes, when its stream carries them,
 // until done.
-func resizes(stream server.ExecStream, done <-chan struct{}) <-chan sshpool.WindowSize {
-	rs, ok := stream.(server.ExecResizer)
+func resizes(stream backend.ExecStream, done <-chan struct{}) <-chan sshpool.WindowSize {
+	rs, ok := stream.(backend.ExecResizer)
 	if !ok {
 		return nil
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/server"
+	"github.com/sandboxd/sandboxd/ipc/backend"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -84,7 +84,7 @@ func newExecID() string {
 // from the bytes received, so the caller gets the rest of the output and
 // the command's own exit code. The command is started once: after a loss
 // it is started again only if the holder never heard of it.
-func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn, helper string, stdio sshpool.Stdio, command string, stream server.ExecStream) (sshpool.ExitStatus, error) {
+func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn, helper string, stdio sshpool.Stdio, command string, stream backend.ExecStream) (sshpool.ExitStatus, error) {
 	id := newExecID()
 	out, errw := &counted{w: stdio.Stdout}, &counted{w: stdio.Stderr}
 	stdio.Stdout, stdio.Stderr = out, errw

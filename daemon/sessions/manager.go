@@ -2,7 +2,7 @@
 // session from its working directory, creates, adopts, stops and resets
 // sandbox runs on the remote, and runs commands in them over the persistent
 // SSH connections, one at a time per sandbox. It implements the socket API's
-// session backend (server.SessionBackend).
+// session backend (backend.SessionBackend).
 package sessions
 
 import (
@@ -147,7 +147,7 @@ type DaemonConfig struct {
 	DurableExec bool
 }
 
-// Manager implements server.SessionBackend.
+// Manager implements backend.SessionBackend.
 type Manager struct {
 	opts Options
 	st   *store.Store

@@ -18,7 +18,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
-	"github.com/sandboxd/sandboxd/ipc/server"
+	"github.com/sandboxd/sandboxd/ipc/backend"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -29,7 +29,7 @@ const sshUser = "rwx-cli"
 // sshDialTimeout bounds connecting to a sandbox's SSH server.
 const sshDialTimeout = 10 * time.Second
 
-var _ server.SSHBackend = (*Manager)(nil)
+var _ backend.SSHBackend = (*Manager)(nil)
 
 // sshHost is a live session that OpenSSH can reach.
 type sshHost struct {

@@ -1,7 +1,8 @@
 // Package server serves sandboxd's socket API (package ipc is its wire
 // contract, ipc/client the client): HTTP/1.1 over a Unix socket, routes
 // under /v1 (routes.go), NDJSON streams for exec and events, each handler
-// returning its error, mapped to a status once (errors.go).
+// returning its error, mapped to a status once (errors.go). What it calls
+// are ipc/backend's interfaces, which the daemon implements.
 package server
 
 import (

@@ -14,17 +14,6 @@ import (
 	"github.com/sandboxd/sandboxd/ipc"
 )
 
-// SSHBackend gives OpenSSH (and what runs over it: scp, rsync, git,
-// editors' Remote-SSH) a way to the sandboxes through the daemon.
-type SSHBackend interface {
-	// SSHHosts writes the files OpenSSH needs for each live sandbox (its
-	// pinned host key, its user key, 0600 under the daemon's state
-	// directory) and describes them.
-	SSHHosts(ctx context.Context) (ipc.SSHHostsResponse, error)
-	// DialSSH connects to the SSH server of the sandbox req names.
-	DialSSH(ctx context.Context, req ipc.SSHProxyRequest) (net.Conn, error)
-}
-
 func (s *Server) sshBackend() (SSHBackend, error) {
 	if s.b.SSH == nil {
 		return nil, errdefs.Unavailable(errors.New("SSH access is not available in this daemon: the daemon has not finished starting (or failed to); see `sbx daemon status`"))

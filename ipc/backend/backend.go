@@ -1,8 +1,14 @@
-package server
+// Package backend is what the socket API serves: the interfaces the daemon's
+// parts implement (sessions, exec with its streams, signals and resizes,
+// events, SSH access, the daemon process) and ipc/server calls. The daemon
+// imports it, not the server, so that its domain does not depend on the
+// transport.
+package backend
 
 import (
 	"context"
 	"io"
+	"net"
 
 	"github.com/sandboxd/sandboxd/ipc"
 )
@@ -90,4 +96,15 @@ type Backends struct {
 	Sessions SessionBackend
 	Events   EventSource
 	SSH      SSHBackend
+}
+
+// SSHBackend gives OpenSSH (and what runs over it: scp, rsync, git,
+// editors' Remote-SSH) a way to the sandboxes through the daemon.
+type SSHBackend interface {
+	// SSHHosts writes the files OpenSSH needs for each live sandbox (its
+	// pinned host key, its user key, 0600 under the daemon's state
+	// directory) and describes them.
+	SSHHosts(ctx context.Context) (ipc.SSHHostsResponse, error)
+	// DialSSH connects to the SSH server of the sandbox req names.
+	DialSSH(ctx context.Context, req ipc.SSHProxyRequest) (net.Conn, error)
 }

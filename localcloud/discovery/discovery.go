@@ -1,4 +1,8 @@
-package localcloud
+// Package discovery is how a client finds, starts and stops the local
+// runs API (sandboxd-localcloud) of a state directory: the discovery file,
+// the pid and health check, the start command. It is all the daemon links
+// of localcloud; the server itself stays in package localcloud.
+package discovery
 
 import (
 	"bytes"
@@ -19,7 +23,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandboxd/sandboxd/localcloud/runs"
 	"github.com/sandboxd/sandboxd/localcloud/sandbox"
 )
 
@@ -42,6 +45,12 @@ type Discovery struct {
 // Host is host:port of the API (what RWX_HOST takes).
 func (d Discovery) Host() string { return strings.TrimPrefix(d.APIURL, "https://") }
 
+// Files inside the state directory.
+const (
+	File    = "localcloud.json"
+	LogFile = "localcloud.log"
+)
+
 // ErrNotRunning means no live server was found.
 var ErrNotRunning = errors.New("sandboxd-localcloud is not running")
 
@@ -49,35 +58,10 @@ var ErrNotRunning = errors.New("sandboxd-localcloud is not running")
 // the state directory.
 const ExitAlreadyRunning = 3
 
-func (s *Server) writeDiscovery() error {
-	d := Discovery{
-		APIURL: s.APIURL(), HTTPURL: s.HTTPURL(), CertFile: s.CertFile(), TokenFile: s.TokenFile(),
-		PID: os.Getpid(), Version: s.cfg.Version, StartedAt: s.started, StateDir: s.cfg.Dir,
-		Isolation: s.isolationReport(),
-		LogFile:   filepath.Join(s.cfg.Dir, LogFile),
-	}
-	b, err := json.MarshalIndent(d, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encode the discovery file: %w", err)
-	}
-	if err := runs.WriteFileAtomic(filepath.Join(s.cfg.Dir, DiscoveryFile), append(b, '\n'), 0o600); err != nil {
-		return fmt.Errorf("write the discovery file: %w", err)
-	}
-	return nil
-}
-
-// removeDiscovery deletes the discovery file if it is ours.
-func (s *Server) removeDiscovery() {
-	path := filepath.Join(s.cfg.Dir, DiscoveryFile)
-	if d, err := ReadDiscovery(s.cfg.Dir); err == nil && d.PID == os.Getpid() {
-		_ = os.Remove(path)
-	}
-}
-
-// ReadDiscovery reads the discovery file of state directory dir. A missing
+// Read reads the discovery file of state directory dir. A missing
 // file is ErrNotRunning.
-func ReadDiscovery(dir string) (Discovery, error) {
-	path := filepath.Join(dir, DiscoveryFile)
+func Read(dir string) (Discovery, error) {
+	path := filepath.Join(dir, File)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return Discovery{}, fmt.Errorf("%w (no %s)", ErrNotRunning, path)
@@ -137,7 +121,9 @@ func (d Discovery) Check(ctx context.Context) error {
 		return fmt.Errorf("%w: its API at %s does not answer: %v", ErrNotRunning, d.APIURL, err)
 	}
 	defer resp.Body.Close()
-	var h Health
+	var h struct {
+		PID int `json:"pid"`
+	}
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&h) != nil {
 		return fmt.Errorf("%w: its API at %s answered %s", ErrNotRunning, d.APIURL, resp.Status)
 	}
@@ -150,7 +136,7 @@ func (d Discovery) Check(ctx context.Context) error {
 // Status returns the discovery of a live server in dir, or an error
 // wrapping ErrNotRunning.
 func Status(ctx context.Context, dir string) (Discovery, error) {
-	d, err := ReadDiscovery(dir)
+	d, err := Read(dir)
 	if err != nil {
 		return Discovery{}, err
 	}
@@ -292,7 +278,7 @@ func logTail(path string, offset int64) string {
 // Stop asks the server of dir to stop (SIGTERM: agents stopped, state
 // kept) and waits up to timeout for it to exit.
 func Stop(ctx context.Context, dir string, timeout time.Duration) (Discovery, error) {
-	d, err := ReadDiscovery(dir)
+	d, err := Read(dir)
 	if err != nil {
 		return Discovery{}, err
 	}

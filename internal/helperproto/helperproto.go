@@ -1,0 +1,126 @@
+// Package helperproto is the contract between the daemon and the program
+// it installs in a sandbox (sandboxd-helper, package sandboxhelper): the
+// program's name and ready line, its exit codes, the native push's entries,
+// the layout of a fused exchange's report, and the path and attribute rules
+// both sides apply. Both import it, so that the daemon links none of the
+// helper's implementation.
+package helperproto
+
+import "strings"
+
+// Name is the program's file name; the installed copy carries its hash.
+const Name = "sandboxd-helper"
+
+// Exit codes with which the helper declines (beyond its failures).
+const (
+	// ExitDeclined: push or pull does not apply here (nothing was
+	// changed); the scripts take the plain way.
+	ExitDeclined = 75
+	// ExitDeclinedForGood: declined for a setting of the repository or
+	// attributes in head's tree, which hold until head changes.
+	ExitDeclinedForGood = 76
+)
+
+// PushEntry is one path of the pushed tree that differs from head: its
+// mode and blob (Mode 0: the path is absent), with the blob's content when
+// the sandbox may lack it.
+type PushEntry struct {
+	Path string `json:"path"`
+	Mode uint32 `json:"mode"`
+	OID  string `json:"oid,omitempty"`
+	Data []byte `json:"data"`
+}
+
+// ConvertingAttribute is the first attribute an attributes file sets that
+// can make a file in the working tree differ from its blob (line ends,
+// filters, ident expansion, encodings), or that git's own conversions may
+// follow (a macro of the file's own); "" when there is none. Unsetting one
+// (-text, binary) converts nothing.
+func ConvertingAttribute(data []byte) string {
+	for _, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimLeft(line, " \t")
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if strings.HasPrefix(line, "[attr]") {
+			return "a macro"
+		}
+		// The pattern, C-quoted when it holds spaces, then the attributes.
+		rest := ""
+		if line[0] == '"' {
+			i := 1
+			for i < len(line) && line[i] != '"' {
+				if line[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			if i < len(line) {
+				rest = line[i+1:]
+			}
+		} else if _, after, ok := strings.Cut(strings.ReplaceAll(line, "\t", " "), " "); ok {
+			rest = after
+		}
+		for _, a := range strings.Fields(rest) {
+			if strings.HasPrefix(a, "-") || strings.HasPrefix(a, "!") {
+				continue
+			}
+			name, _, _ := strings.Cut(a, "=")
+			switch name {
+			case "text", "eol", "crlf", "filter", "ident", "working-tree-encoding":
+				return a
+			}
+		}
+	}
+	return ""
+}
+
+// ValidPath refuses what no tree entry may be: the caller checks the
+// daemon's paths before writing a file by them.
+func ValidPath(p string) bool {
+	if p == "" || strings.HasPrefix(p, "/") || strings.HasSuffix(p, "/") || strings.ContainsRune(p, 0) {
+		return false
+	}
+	for _, c := range strings.Split(p, "/") {
+		if c == "" || c == "." || c == ".." || strings.EqualFold(c, ".git") {
+			return false
+		}
+	}
+	return true
+}
+
+// The report of a fused exchange (gitsync.Exchange), which run prints
+// itself after a native pull: the layout is the daemon's, shared so that
+// both sides read one definition.
+const (
+	// PullHeader starts the pull output; the exec's id and the patch's
+	// size follow, so a truncated transfer is noticed.
+	PullHeader = "sandboxd-pull "
+	// ExitPullTooLarge ends the pull part of a patch over the limit: the
+	// header is sent, not the patch.
+	ExitPullTooLarge = 89
+)
+
+// Boundary is the line that begins an exchange's report, and with "-end"
+// the line that ends its pull part.
+func Boundary(nonce string) string { return "\x1esandboxd-" + nonce }
+
+// StartMark is the line an exchange prints first, before the user's
+// command starts, once the push is done: it opens the exchange's stdout,
+// where nothing of the command's output can come before it. The daemon
+// believes a report that the push failed (so the command did not run) only
+// when that report, not this mark, opens the stream.
+func StartMark(nonce string) string { return Boundary(nonce) + "-go\n" }
+
+// Report is what run prints itself once its pull is done, sparing the
+// wrapper shell its part (reading what run did, the pull's header, wc and
+// cat on an edit).
+type Report struct {
+	// Nonce is the exchange's (see Boundary).
+	Nonce string
+	// Max bounds the patch sent (ExitPullTooLarge above it).
+	Max int64
+}
+
+// Ready starts the line serve prints once it answers: "ready <instance>".
+const Ready = "ready "

@@ -1,0 +1,31 @@
+package sandboxhelper
+
+import "github.com/sandboxd/sandboxd/internal/helperproto"
+
+// The contract with the daemon is package helperproto's, which both sides
+// import; these names keep the helper's code as it reads.
+const (
+	Name                = helperproto.Name
+	Ready               = helperproto.Ready
+	ExitDeclined        = helperproto.ExitDeclined
+	ExitDeclinedForGood = helperproto.ExitDeclinedForGood
+	PullHeader          = helperproto.PullHeader
+	ExitPullTooLarge    = helperproto.ExitPullTooLarge
+)
+
+type (
+	PushEntry = helperproto.PushEntry
+	Report    = helperproto.Report
+)
+
+// Boundary is helperproto.Boundary.
+func Boundary(nonce string) string { return helperproto.Boundary(nonce) }
+
+// StartMark is helperproto.StartMark.
+func StartMark(nonce string) string { return helperproto.StartMark(nonce) }
+
+// ValidPath is helperproto.ValidPath.
+func ValidPath(p string) bool { return helperproto.ValidPath(p) }
+
+// ConvertingAttribute is helperproto.ConvertingAttribute.
+func ConvertingAttribute(data []byte) string { return helperproto.ConvertingAttribute(data) }
