@@ -1,0 +1,35 @@
+package ipc
+
+// PruneRequest is POST /v1/sessions/prune: end and forget the sessions whose
+// checkout is gone or whose run ended.
+type PruneRequest struct {
+	// DryRun lists what would be pruned and changes nothing.
+	DryRun bool `json:"dryRun,omitempty"`
+}
+
+// Validate accepts every prune request.
+func (r *PruneRequest) Validate() error { return nil }
+
+// PruneResponse lists what was (or, with DryRun, would be) pruned.
+type PruneResponse struct {
+	DryRun bool            `json:"dryRun,omitempty"`
+	Pruned []PrunedSession `json:"pruned"`
+	// Warnings name sessions that could not be pruned and why.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// PrunedSession is one pruned session and why it was.
+type PrunedSession struct {
+	Session SessionInfo `json:"session"`
+	// Why is "checkout_gone" or "run_ended".
+	Why    string `json:"why"`
+	Detail string `json:"detail"`
+	// Stopped is true when the session's run was still live and was ended.
+	Stopped bool `json:"stopped,omitempty"`
+}
+
+// Reasons of a prune.
+const (
+	PruneCheckoutGone = "checkout_gone"
+	PruneRunEnded     = "run_ended"
+)
