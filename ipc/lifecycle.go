@@ -1,5 +1,7 @@
 package ipc
 
+import "time"
+
 // PruneRequest is POST /v1/sessions/prune: end and forget the sessions whose
 // checkout is gone or whose run ended.
 type PruneRequest struct {
@@ -33,3 +35,25 @@ const (
 	PruneCheckoutGone = "checkout_gone"
 	PruneRunEnded     = "run_ended"
 )
+
+// KeepRequest is POST /v1/sessions/keep: pin the target's sandbox so that
+// the idle stop leaves it, or unpin it (Off).
+type KeepRequest struct {
+	Target
+	Off bool `json:"off,omitempty"`
+}
+
+// Validate checks the target.
+func (r *KeepRequest) Validate() error { return r.Target.Validate() }
+
+// KeepResponse is the session as pinned (or unpinned).
+type KeepResponse struct {
+	Session SessionInfo `json:"session"`
+}
+
+// IdleWarning is the data of a session.idle_warning event: the sandbox
+// will be stopped at StopsAt unless it is used (or kept) before.
+type IdleWarning struct {
+	IdleSeconds int64     `json:"idleSeconds"`
+	StopsAt     time.Time `json:"stopsAt"`
+}

@@ -94,6 +94,15 @@ type SessionInfo struct {
 	ConfigDrift bool       `json:"configDrift,omitempty"`
 	// Forwards are the local ports the daemon forwards to the sandbox.
 	Forwards []Forward `json:"forwards,omitempty"`
+	// IdleSeconds is how long a ready sandbox has been unused (no exec,
+	// shell, SSH session, forward traffic or background process); absent
+	// while it works.
+	IdleSeconds *int64 `json:"idleSeconds,omitempty"`
+	// IdleStopAt is when the idle stop would stop it (absent when no
+	// idle_stop applies, while it works, or when it is kept).
+	IdleStopAt *time.Time `json:"idleStopAt,omitempty"`
+	// Kept is true when `sbx keep` pinned it: the idle stop leaves it.
+	Kept bool `json:"kept,omitempty"`
 }
 
 // StartResponse answers start and reset.

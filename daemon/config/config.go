@@ -36,7 +36,14 @@ const (
 	DefaultHistoryRetention  = 7 * 24 * time.Hour
 	DefaultAPITimeout        = 30 * time.Second
 	DefaultLogLevel          = slog.LevelInfo
+	// DefaultRWXIdleStop is idle_stop on RWX Cloud when the file says
+	// nothing (docs/daemon.md says why); the local remote has none.
+	DefaultRWXIdleStop = 30 * time.Minute
 )
+
+// IdleStopAuto is Config.IdleStop when the file does not set idle_stop: the
+// remote's default applies (EffectiveIdleStop).
+const IdleStopAuto time.Duration = -1
 
 // Environment variables that override the file.
 const (
@@ -88,6 +95,9 @@ type Config struct {
 	LogLevel slog.Level
 	// APITimeout bounds each call to the remote's runs API.
 	APITimeout time.Duration
+	// IdleStop stops a sandbox nobody used for that long (0: never;
+	// IdleStopAuto: the remote's default, see EffectiveIdleStop).
+	IdleStop time.Duration
 
 	// File is the config file this was loaded from (it may not exist).
 	File string
@@ -110,7 +120,21 @@ func Default() Config {
 		HistoryRetention:  DefaultHistoryRetention,
 		LogLevel:          DefaultLogLevel,
 		APITimeout:        DefaultAPITimeout,
+		IdleStop:          IdleStopAuto,
 	}
+}
+
+// EffectiveIdleStop is the idle stop in force: the configured one, else
+// none on the local remote (its sandboxes cost nothing idle) and
+// DefaultRWXIdleStop on RWX Cloud.
+func (c Config) EffectiveIdleStop() time.Duration {
+	switch {
+	case c.IdleStop >= 0:
+		return c.IdleStop
+	case c.Remote == RemoteRWX:
+		return DefaultRWXIdleStop
+	}
+	return 0
 }
 
 // TokenSource says where RWXAccessToken came from, never the token itself:
@@ -124,7 +148,8 @@ func (c Config) Equal(o Config) bool {
 	return c.Remote == o.Remote && c.RWXHost == o.RWXHost && c.RWXAccessToken == o.RWXAccessToken &&
 		c.LocalcloudBinary == o.LocalcloudBinary && c.SyncHelper == o.SyncHelper && c.IdleTimeout == o.IdleTimeout &&
 		c.ShutdownTimeout == o.ShutdownTimeout && c.ReconcileInterval == o.ReconcileInterval &&
-		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout
+		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout &&
+		c.IdleStop == o.IdleStop
 }
 
 // LogValue makes the configuration safe to log: the token is left out.
@@ -142,6 +167,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("history_retention", c.HistoryRetention),
 		slog.String("log_level", c.LogLevel.String()),
 		slog.Duration("api_timeout", c.APITimeout),
+		slog.Duration("idle_stop", c.EffectiveIdleStop()),
 	)
 }
 
@@ -165,6 +191,7 @@ type file struct {
 	HistoryRetention  *string `json:"history_retention"`
 	LogLevel          *string `json:"log_level"`
 	APITimeout        *string `json:"api_timeout"`
+	IdleStop          *string `json:"idle_stop"`
 }
 
 // Load reads the configuration: defaults, then the config file
@@ -276,6 +303,7 @@ func (c *Config) apply(raw []byte) error {
 		{"reconcile_interval", f.ReconcileInterval, &c.ReconcileInterval, minReconcileInterval, ""},
 		{"history_retention", f.HistoryRetention, &c.HistoryRetention, 0, "keep forever"},
 		{"api_timeout", f.APITimeout, &c.APITimeout, 100 * time.Millisecond, ""},
+		{"idle_stop", f.IdleStop, &c.IdleStop, time.Second, "never stop an idle sandbox"},
 	}
 	for _, d := range durations {
 		if d.src == nil {
@@ -344,7 +372,7 @@ func describeDecodeError(raw []byte, err error) error {
 		return errors.New("invalid JSON: the file ends before the object does")
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, sync_helper, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout", msg)
+		return fmt.Errorf("unknown field %s; known fields: remote, rwx_host, rwx_access_token, localcloud_binary, sync_helper, idle_timeout, shutdown_timeout, reconcile_interval, history_retention, log_level, api_timeout, idle_stop", msg)
 	}
 	return err
 }

@@ -76,7 +76,8 @@ func TestLoadFullFile(t *testing.T) {
 		"reconcile_interval": "1m",
 		"history_retention": "48h",
 		"log_level": "debug",
-		"api_timeout": "2s"
+		"api_timeout": "2s",
+		"idle_stop": "45m"
 	}`, 0o600)
 	c, err := Load(l, env)
 	if err != nil {
@@ -87,6 +88,7 @@ func TestLoadFullFile(t *testing.T) {
 		LocalcloudBinary: "/opt/bin/sandboxd-localcloud", IdleTimeout: 90 * time.Second,
 		ShutdownTimeout: 5 * time.Second, ReconcileInterval: time.Minute,
 		HistoryRetention: 48 * time.Hour, LogLevel: slog.LevelDebug, APITimeout: 2 * time.Second,
+		IdleStop: 45 * time.Minute,
 	}
 	if !c.Equal(want) {
 		t.Fatalf("got %v, want %v", c, want)

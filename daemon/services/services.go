@@ -156,10 +156,14 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	s.cancel = cancel
 	m.Rehydrate(runCtx)
 	s.loop = reconcile.New(passer{m}, reconcile.Options{Interval: deps.Config.ReconcileInterval, Logger: log})
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
 		s.loop.Run(runCtx)
+	}()
+	go func() {
+		defer s.wg.Done()
+		m.RunIdleStop(runCtx)
 	}()
 	return s, nil
 }
@@ -233,7 +237,7 @@ func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Op
 }
 
 func daemonConfig(cfg config.Config) sessions.DaemonConfig {
-	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention}
+	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention, IdleStop: cfg.EffectiveIdleStop()}
 }
 
 func fileExists(p string) bool {

@@ -133,6 +133,8 @@ type DaemonConfig struct {
 	ReconcileInterval time.Duration
 	// HistoryRetention is how long ended sessions stay listed (0: forever).
 	HistoryRetention time.Duration
+	// IdleStop stops a ready sandbox unused for that long (0: never).
+	IdleStop time.Duration
 }
 
 // Manager implements server.SessionBackend.
@@ -185,6 +187,8 @@ type sessionRuntime struct {
 	// row: waiters report them instead of waiting in silence.
 	pollErr  error
 	pollErrs int
+	// idle is what the idle stop knows of the session's use (idle.go).
+	idle idleState
 }
 
 // New returns a Manager. Call Rehydrate once after New to re-learn the
@@ -312,6 +316,8 @@ func (m *Manager) info(s *store.Session) ipc.SessionInfo {
 	if !s.State.Terminal() {
 		in.Forwards = m.forwardInfos(s)
 	}
+	in.Kept = s.Kept
+	m.idleInfo(s, &in)
 	m.mu.Lock()
 	if r, ok := m.runtime[s.ID]; ok {
 		in.ConfigDrift = r.drift

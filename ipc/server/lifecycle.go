@@ -34,3 +34,20 @@ func pruneSessions(p Pruner, ctx context.Context, req ipc.PruneRequest) (ipc.Pru
 	}
 	return resp, err
 }
+
+// Keeper pins a sandbox against the idle stop (POST /v1/sessions/keep).
+type Keeper interface {
+	Keep(ctx context.Context, req ipc.KeepRequest) (ipc.KeepResponse, error)
+}
+
+func (s *Server) keeper() (Keeper, error) {
+	b, err := s.sessions()
+	if err != nil {
+		return nil, err
+	}
+	k, ok := b.(Keeper)
+	if !ok {
+		return nil, errdefs.Unavailable(errors.New("keeping sandboxes is not available in this daemon"))
+	}
+	return k, nil
+}

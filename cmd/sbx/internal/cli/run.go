@@ -233,13 +233,13 @@ func (a *app) list(ctx context.Context) int {
 		return ExitOK
 	}
 	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tSTATUS\tREPOSITORY\tBRANCH\tCONFIG\tLAST EXEC")
+	fmt.Fprintln(tw, "RUN\tSTATUS\tREPOSITORY\tBRANCH\tCONFIG\tLAST EXEC\tIDLE\tIDLE STOP")
 	for _, s := range resp.Sessions {
 		status := s.Status
 		if s.Reason != "" && a.p.bools["all"] {
 			status += " (" + s.Reason + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, status, s.RepoRoot, s.Branch, relConfig(s), a.ago(s.LastExecAt))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, status, s.RepoRoot, s.Branch, relConfig(s), a.ago(s.LastExecAt), idleColumn(s), a.stopColumn(s))
 	}
 	tw.Flush()
 	for _, s := range resp.Sessions {
