@@ -183,6 +183,8 @@ type ConfigResponse struct {
 	ConfigFile               string  `json:"configFile"`
 	CertFile                 string  `json:"certFile,omitempty"`
 	ReconcileIntervalSeconds float64 `json:"reconcileIntervalSeconds"`
+	// IdleStopSeconds is the idle stop in force (0: none).
+	IdleStopSeconds float64 `json:"idleStopSeconds"`
 }
 
 // DoctorCheck is one check of GET /v1/doctor (and `sbx doctor`).

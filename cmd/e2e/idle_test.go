@@ -75,6 +75,9 @@ func TestIdleSandboxStopsAfterIdleStopWithItsEditsPulled(t *testing.T) {
 			}
 		}
 	}
+	if cfg := e.mustSbx(repo, "config"); !strings.Contains(cfg.stdout, "idle stop after  4s") {
+		t.Fatalf("sbx config does not show the idle stop: %s", cfg)
+	}
 	text := e.mustSbx(repo, "list")
 	if !strings.Contains(text.stdout, "IDLE STOP") || !strings.Contains(text.stdout, "kept") {
 		t.Fatalf("sbx list shows no idle columns: %s", text)

@@ -354,6 +354,6 @@ func (m *Manager) Config(ctx context.Context) (ipc.ConfigResponse, error) {
 	m.mu.Unlock()
 	return ipc.ConfigResponse{
 		Remote: ri.Name, Host: ri.Host, TokenSource: ri.TokenSource, CertFile: ri.CertFile,
-		ConfigFile: dc.File, ReconcileIntervalSeconds: dc.ReconcileInterval.Seconds(),
+		ConfigFile: dc.File, ReconcileIntervalSeconds: dc.ReconcileInterval.Seconds(), IdleStopSeconds: dc.IdleStop.Seconds(),
 	}, nil
 }

@@ -136,6 +136,11 @@ func (a *app) config(ctx context.Context) int {
 		fmt.Fprintf(tw, "certificate\t%s\n", cfg.CertFile)
 	}
 	fmt.Fprintf(tw, "config file\t%s\n", cfg.ConfigFile)
+	if cfg.IdleStopSeconds > 0 {
+		fmt.Fprintf(tw, "idle stop after\t%s\n", time.Duration(cfg.IdleStopSeconds*float64(time.Second)))
+	} else {
+		fmt.Fprintf(tw, "idle stop\tnone\n")
+	}
 	if cfg.ReconcileIntervalSeconds > 0 {
 		fmt.Fprintf(tw, "reconcile every\t%s\n", time.Duration(cfg.ReconcileIntervalSeconds*float64(time.Second)))
 	}
