@@ -59,17 +59,13 @@ func diskFull(err error) bool {
 // in place, as git apply checks those itself.
 var errNotAside = errors.New("the patch is not applied aside")
 
-// applyAside applies the patch to copies of the files it touches, in a
-// scratch directory of the git directory, then moves the results into
-// the working tree by renames: a disk that fills up fails before the tree
-// is touched. It returns errNotAside when the patch must be applied in
+// applyAside applies the patch to copies of the files it touches (paths,
+// from numstatPaths), in a scratch directory of the git directory, then
+// moves the results into the working tree by renames: a disk that fills
+// up fails before the tree is touched. It returns errNotAside when the patch must be applied in
 // place, a *gitError when it does not apply (a conflict), a *DiskFullError
 // (Saved empty) when the disk is full.
-func (s *Syncer) applyAside(ctx context.Context, rp repo, patch []byte, skip []string) error {
-	paths, err := s.patchPaths(ctx, rp.root, patch)
-	if err != nil {
-		return errNotAside
-	}
+func (s *Syncer) applyAside(ctx context.Context, rp repo, patch []byte, paths, skip []string) error {
 	skipped := map[string]bool{}
 	for _, p := range skip {
 		skipped[p] = true
@@ -187,13 +183,10 @@ func (s *Syncer) asideFailed(rp repo, patch []byte, err error) error {
 	return de
 }
 
-// patchPaths lists every path the patch reads or writes, the sources of
-// renames and copies included (git apply --numstat names only targets).
-func (s *Syncer) patchPaths(ctx context.Context, dir string, patch []byte) ([]string, error) {
-	out, err := s.run(ctx, gitCall{dir: dir, stdin: bytes.NewReader(patch)}, "apply", "--numstat", "-z", "-")
-	if err != nil {
-		return nil, err
-	}
+// numstatPaths lists every path of `git apply --numstat -z` output, the
+// sources of renames and copies included (numstatFiles names only the
+// targets). Like numstatFiles it skips what does not parse.
+func numstatPaths(out []byte) []string {
 	set := map[string]bool{}
 	f := splitZ(out)
 	for i := 0; i < len(f); i++ {
@@ -216,7 +209,7 @@ func (s *Syncer) patchPaths(ctx context.Context, dir string, patch []byte) ([]st
 		paths = append(paths, p)
 	}
 	sort.Strings(paths)
-	return paths, nil
+	return paths
 }
 
 // asidePath reports whether p can be applied aside: relative, clean, not

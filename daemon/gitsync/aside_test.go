@@ -32,3 +32,13 @@ func TestDiskFullErrorIsNotCalledSafeToRetry(t *testing.T) {
 		t.Errorf("a saved patch is not named: %s", de)
 	}
 }
+
+// TestNumstatPathsNamesRenameSources: a rename's source is copied aside
+// too, so it must be listed; what does not parse is skipped.
+func TestNumstatPathsNamesRenameSources(t *testing.T) {
+	out := []byte("1\t0\ta.txt\x000\t0\t\x00old/b.txt\x00new/b.txt\x00garbage\x00")
+	got := strings.Join(numstatPaths(out), ",")
+	if got != "a.txt,new/b.txt,old/b.txt" {
+		t.Fatalf("numstatPaths = %s", got)
+	}
+}

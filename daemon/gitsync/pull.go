@@ -169,10 +169,11 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 	if len(patch) == 0 {
 		return nil
 	}
-	files, err := s.patchFiles(ctx, rp.root, patch)
+	numstat, err := s.run(ctx, gitCall{dir: rp.root, stdin: bytes.NewReader(patch)}, "apply", "--numstat", "-z", "-")
 	if err != nil {
 		return s.saveFailed(rp, patch, res, fmt.Errorf("read the sandbox's patch: %w", err))
 	}
+	files := numstatFiles(numstat)
 	lfs, err := s.lfsFiles(ctx, rp.root, files)
 	if err != nil {
 		return s.saveFailed(rp, patch, res, err)
@@ -204,7 +205,7 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 	}
 	// Applied aside first: a full disk fails before the tree is touched.
 	var de *DiskFullError
-	switch err := s.applyAside(ctx, rp, patch, lfs); {
+	switch err := s.applyAside(ctx, rp, patch, numstatPaths(numstat), lfs); {
 	case err == nil:
 		return nil
 	case errors.As(err, &de):
