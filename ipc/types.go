@@ -98,6 +98,15 @@ type SessionInfo struct {
 	ConfigDrift bool       `json:"configDrift,omitempty"`
 	// Forwards are the local ports the daemon forwards to the sandbox.
 	Forwards []Forward `json:"forwards,omitempty"`
+	// IdleSeconds is how long a ready sandbox has been unused (no exec,
+	// shell, SSH session, forward traffic or background process); absent
+	// while it works.
+	IdleSeconds *int64 `json:"idleSeconds,omitempty"`
+	// IdleStopAt is when the idle stop would stop it (absent when no
+	// idle_stop applies, while it works, or when it is kept).
+	IdleStopAt *time.Time `json:"idleStopAt,omitempty"`
+	// Kept is true when `sbx keep` pinned it: the idle stop leaves it.
+	Kept bool `json:"kept,omitempty"`
 }
 
 // StartResponse answers start and reset.
@@ -178,6 +187,8 @@ type ConfigResponse struct {
 	ConfigFile               string  `json:"configFile"`
 	CertFile                 string  `json:"certFile,omitempty"`
 	ReconcileIntervalSeconds float64 `json:"reconcileIntervalSeconds"`
+	// IdleStopSeconds is the idle stop in force (0: none).
+	IdleStopSeconds float64 `json:"idleStopSeconds"`
 }
 
 // DoctorCheck is one check of GET /v1/doctor (and `sbx doctor`).

@@ -92,6 +92,8 @@ type Session struct {
 	// Background are the background processes started through sandboxd
 	// and their port forwards, reopened when the daemon starts again.
 	Background []Background `json:"background,omitempty"`
+	// Kept pins the sandbox: the idle stop never stops it (`sbx keep`).
+	Kept bool `json:"kept,omitempty"`
 }
 
 // Background is a managed background process of a session.

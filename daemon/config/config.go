@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -41,7 +42,14 @@ const (
 	DefaultSSHProbeTimeout   = 5 * time.Second
 	DefaultQueueTimeout      = time.Hour
 	DefaultLogLevel          = slog.LevelInfo
+	// DefaultRWXIdleStop is idle_stop on RWX Cloud when the file says
+	// nothing (docs/daemon.md says why); the local remote has none.
+	DefaultRWXIdleStop = 30 * time.Minute
 )
+
+// IdleStopAuto is Config.IdleStop when the file does not set idle_stop: the
+// remote's default applies (EffectiveIdleStop).
+const IdleStopAuto time.Duration = -1
 
 // Environment variables that override the file.
 const (
@@ -104,6 +112,9 @@ type Config struct {
 	// DurableExec runs commands under the sandbox helper's holder, so
 	// that they survive a lost connection (docs/durable-exec.md).
 	DurableExec bool
+	// IdleStop stops a sandbox nobody used for that long (0: never;
+	// IdleStopAuto: the remote's default, see EffectiveIdleStop).
+	IdleStop time.Duration
 
 	// File is the config file this was loaded from (it may not exist).
 	File string
@@ -129,7 +140,21 @@ func Default() Config {
 		LockTimeout:       DefaultLockTimeout,
 		SSHProbeTimeout:   DefaultSSHProbeTimeout,
 		QueueTimeout:      DefaultQueueTimeout,
+		IdleStop:          IdleStopAuto,
 	}
+}
+
+// EffectiveIdleStop is the idle stop in force: the configured one, else
+// none on the local remote (its sandboxes cost nothing idle) and
+// DefaultRWXIdleStop on RWX Cloud.
+func (c Config) EffectiveIdleStop() time.Duration {
+	switch {
+	case c.IdleStop >= 0:
+		return c.IdleStop
+	case c.Remote == RemoteRWX:
+		return DefaultRWXIdleStop
+	}
+	return 0
 }
 
 // TokenSource says where RWXAccessToken came from, never the token itself:
@@ -145,7 +170,8 @@ func (c Config) Equal(o Config) bool {
 		c.ShutdownTimeout == o.ShutdownTimeout && c.ReconcileInterval == o.ReconcileInterval &&
 		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout &&
 		c.LockTimeout == o.LockTimeout && c.SSHProbeTimeout == o.SSHProbeTimeout &&
-		c.QueueTimeout == o.QueueTimeout && c.DurableExec == o.DurableExec
+		c.QueueTimeout == o.QueueTimeout && c.DurableExec == o.DurableExec &&
+		c.IdleStop == o.IdleStop
 }
 
 // LogValue makes the configuration safe to log: the token is left out.
@@ -167,6 +193,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("ssh_probe_timeout", c.SSHProbeTimeout),
 		slog.Duration("queue_timeout", c.QueueTimeout),
 		slog.Bool("durable_exec", c.DurableExec),
+		slog.Duration("idle_stop", c.EffectiveIdleStop()),
 	)
 }
 
@@ -194,6 +221,7 @@ type file struct {
 	SSHProbeTimeout   *string `json:"ssh_probe_timeout"`
 	QueueTimeout      *string `json:"queue_timeout"`
 	DurableExec       *bool   `json:"durable_exec"`
+	IdleStop          *string `json:"idle_stop"`
 }
 
 // Load reads the configuration: defaults, then the config file
@@ -302,7 +330,7 @@ func (c *Config) apply(raw []byte) error {
 		if len(unknown) > 1 {
 			word = "fields"
 		}
-		errs = append(errs, fmt.Errorf("unknown %s %s; known fields: %s", word, strings.Join(unknown, ", "), strings.Join(fieldNames, ", ")))
+		errs = append(errs, fmt.Errorf("unknown %s %s; known fields: %s", word, strings.Join(unknown, ", "), strings.Join(fieldNames(), ", ")))
 	}
 
 	if f.Remote != nil {
@@ -356,6 +384,7 @@ func (c *Config) apply(raw []byte) error {
 		{"lock_timeout", f.LockTimeout, &c.LockTimeout, 100 * time.Millisecond, ""},
 		{"ssh_probe_timeout", f.SSHProbeTimeout, &c.SSHProbeTimeout, 10 * time.Millisecond, ""},
 		{"queue_timeout", f.QueueTimeout, &c.QueueTimeout, 100 * time.Millisecond, ""},
+		{"idle_stop", f.IdleStop, &c.IdleStop, time.Second, "never stop an idle sandbox"},
 	}
 	for _, d := range durations {
 		if d.src == nil {
@@ -383,18 +412,28 @@ func (c *Config) apply(raw []byte) error {
 	return joinProblems(errs)
 }
 
-// fieldNames are the config file's fields, in the order of file.
-var fieldNames = []string{"remote", "rwx_host", "rwx_access_token", "localcloud_binary", "sync_helper", "idle_timeout", "shutdown_timeout", "reconcile_interval", "history_retention", "log_level", "api_timeout", "lock_timeout", "ssh_probe_timeout", "queue_timeout", "durable_exec"}
-
-// fields maps each field name of the file to where it is decoded.
-func (f *file) fields() map[string]**string {
-	return map[string]**string{
-		"remote": &f.Remote, "rwx_host": &f.RWXHost, "rwx_access_token": &f.RWXAccessToken,
-		"localcloud_binary": &f.LocalcloudBinary, "sync_helper": &f.SyncHelper, "idle_timeout": &f.IdleTimeout,
-		"shutdown_timeout": &f.ShutdownTimeout, "reconcile_interval": &f.ReconcileInterval,
-		"history_retention": &f.HistoryRetention, "log_level": &f.LogLevel, "api_timeout": &f.APITimeout,
-		"lock_timeout": &f.LockTimeout, "ssh_probe_timeout": &f.SSHProbeTimeout, "queue_timeout": &f.QueueTimeout,
+// fieldNames are the config file's fields, in the order of file: its
+// json tags, so that a field added to file is known everywhere at once.
+func fieldNames() []string {
+	t := reflect.TypeFor[file]()
+	names := make([]string, t.NumField())
+	for i := range names {
+		names[i] = t.Field(i).Tag.Get("json")
 	}
+	return names
+}
+
+// fields maps each string field of the file to where it is decoded (the
+// one boolean, durable_exec, is decoded apart).
+func (f *file) fields() map[string]**string {
+	v := reflect.ValueOf(f).Elem()
+	m := make(map[string]**string, v.NumField())
+	for i := range v.NumField() {
+		if p, ok := v.Field(i).Addr().Interface().(**string); ok {
+			m[v.Type().Field(i).Tag.Get("json")] = p
+		}
+	}
+	return m
 }
 
 // fieldFor finds key's field, case-insensitively as encoding/json does.
@@ -477,7 +516,7 @@ func describeDecodeError(raw []byte, err error) error {
 		return errors.New("invalid JSON: the file ends before the object does")
 	}
 	if msg, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-		return fmt.Errorf("unknown field %s; known fields: %s", msg, strings.Join(fieldNames, ", "))
+		return fmt.Errorf("unknown field %s; known fields: %s", msg, strings.Join(fieldNames(), ", "))
 	}
 	return err
 }

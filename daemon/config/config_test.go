@@ -79,7 +79,8 @@ func TestLoadFullFile(t *testing.T) {
 		"api_timeout": "2s",
 		"lock_timeout": "3m",
 		"ssh_probe_timeout": "2s",
-		"queue_timeout": "45m"
+		"queue_timeout": "45m",
+		"idle_stop": "45m"
 	}`, 0o600)
 	c, err := Load(l, env)
 	if err != nil {
@@ -91,6 +92,7 @@ func TestLoadFullFile(t *testing.T) {
 		ShutdownTimeout: 5 * time.Second, ReconcileInterval: time.Minute,
 		HistoryRetention: 48 * time.Hour, LogLevel: slog.LevelDebug, APITimeout: 2 * time.Second,
 		LockTimeout: 3 * time.Minute, SSHProbeTimeout: 2 * time.Second, QueueTimeout: 45 * time.Minute,
+		IdleStop: 45 * time.Minute,
 	}
 	if !c.Equal(want) {
 		t.Fatalf("got %v, want %v", c, want)

@@ -106,12 +106,12 @@ func (s *Syncer) recover(ctx context.Context, r Runner, rp repo, out *limitedBuf
 		saved, err := s.fetchToFile(ctx, r, rp, id, size)
 		if err != nil {
 			return res, false, errdefs.Unavailable(newError(ErrTransfer, err,
-				"the sandbox holds edits of an earlier exec that were never pulled (the daemon stopped during it), %s, over the %s limit, and copying them here failed (%v): they stay in the sandbox (%s); run the command again",
+				"the sandbox holds edits of an earlier exec that were never pulled (their pull failed, or the daemon stopped during it), %s, over the %s limit, and copying them here failed (%v): they stay in the sandbox (%s); run the command again",
 				formatBytes(size), formatBytes(s.maxBytes), err, keptPatch))
 		}
 		res.SavedPatch = saved
 		s.ack(rp, id)
-		res.Warnings = append(res.Warnings, fmt.Sprintf("the sandbox held edits of an earlier exec that were never pulled (the daemon stopped during it), %s, over the %s limit: not applied, saved at %s (apply with `git apply --3way %s`)",
+		res.Warnings = append(res.Warnings, fmt.Sprintf("the sandbox held edits of an earlier exec that were never pulled (their pull failed, or the daemon stopped during it), %s, over the %s limit: not applied, saved at %s (apply with `git apply --3way %s`)",
 			formatBytes(size), formatBytes(s.maxBytes), saved, saved))
 		return res, false, nil
 	}
@@ -143,6 +143,16 @@ func (s *Syncer) recover(ctx context.Context, r Runner, rp repo, out *limitedBuf
 		s.ack(rp, id)
 	}
 	msg := fmt.Sprintf("%s; brought back now: %s", recoveredWhat(id), strings.Join(res.Files, ", "))
+	var de *DiskFullError
+	if errors.As(err, &de) {
+		// Nothing was brought back: the error says what is where.
+		de.Saved = res.SavedPatch
+		if de.Saved == "" {
+			return res, false, fmt.Errorf("%s: %w", recoveredWhat(id), err)
+		}
+		res.Warnings = append(res.Warnings, recoveredWhat(id)+": "+err.Error())
+		return res, false, nil
+	}
 	if res.SavedPatch != "" {
 		msg += "; a copy of the patch is at " + res.SavedPatch
 	}
@@ -170,15 +180,23 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 	if err != nil {
 		return s.saveFailed(rp, patch, res, fmt.Errorf("nothing was applied: %w", err))
 	}
-	var exclude, files []string
+	var exclude, files, touched, skipPaths []string
 	skip := map[string]bool{}
 	for _, r := range refused {
 		skip[r.Path] = true
+		skipPaths = append(skipPaths, r.Path)
 		exclude = append(exclude, "--exclude="+globEscape(r.Path))
 	}
 	for _, e := range entries {
-		if !skip[e.path()] {
-			files = append(files, e.path())
+		if skip[e.path()] {
+			continue
+		}
+		files = append(files, e.path())
+		// What applying aside copies first: both names of a rename.
+		for _, p := range []string{e.old, e.new} {
+			if p != "" {
+				touched = append(touched, p)
+			}
 		}
 	}
 	sort.Strings(files)
@@ -219,10 +237,25 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 		}
 		return "", err
 	}
-	if _, err := apply(""); err == nil {
+	// Applied aside first: a full disk fails before the tree is touched.
+	var de *DiskFullError
+	switch err := s.applyAside(ctx, rp, patch, touched, append(skipPaths, lfs...)); {
+	case err == nil:
 		return nil
-	} else if ctx.Err() != nil {
+	case errors.As(err, &de):
+		if de.Saved == "" {
+			de.Saved = res.SavedPatch
+		}
+		res.SavedPatch = de.Saved
+		return de
+	case ctx.Err() != nil:
 		return s.saveFailed(rp, patch, res, err)
+	case errors.Is(err, errNotAside):
+		if _, err := apply(""); err == nil {
+			return nil
+		} else if ctx.Err() != nil {
+			return s.saveFailed(rp, patch, res, err)
+		}
 	}
 
 	// A local change made during the exec is in the way.
@@ -401,7 +434,15 @@ func (s *Syncer) savePatch(rp repo, patch []byte) (string, error) {
 		return "", fmt.Errorf("save the sandbox's patch: %w", err)
 	}
 	name := filepath.Join(dir, s.now().UTC().Format("20060102T150405Z")+"-"+newID()[:6]+".patch")
-	if err := os.WriteFile(name, patch, 0o644); err != nil {
+	// Written aside and renamed: a full disk leaves no empty or partial
+	// patch file behind.
+	tmp := name + ".tmp"
+	if err := os.WriteFile(tmp, patch, 0o644); err != nil {
+		_ = os.Remove(tmp)
+		return "", fmt.Errorf("save the sandbox's patch to %s: %w", name, err)
+	}
+	if err := os.Rename(tmp, name); err != nil {
+		_ = os.Remove(tmp)
 		return "", fmt.Errorf("save the sandbox's patch to %s: %w", name, err)
 	}
 	return name, nil

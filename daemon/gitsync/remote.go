@@ -131,7 +131,7 @@ func recoveredWhat(id string) string {
 	if strings.HasPrefix(id, setupIDPrefix) && len(id) == len(setupIDPrefix)+40 {
 		return "the sandbox held files its setup steps made in the checkout"
 	}
-	return "the sandbox held edits of an earlier exec that were never pulled (the daemon stopped during it)"
+	return "the sandbox held edits of an earlier exec that were never pulled (their pull failed, or the daemon stopped during it)"
 }
 
 // pushBody is pushScript after the prelude. The patch, when there is one,

@@ -172,6 +172,11 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		defer s.wg.Done()
 		s.watchWakes(runCtx)
 	}()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		m.RunIdleStop(runCtx)
+	}()
 	return s, nil
 }
 
@@ -246,7 +251,8 @@ func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Op
 func daemonConfig(cfg config.Config) sessions.DaemonConfig {
 	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention,
 		LockTimeout: cfg.LockTimeout, ProbeTimeout: cfg.SSHProbeTimeout, QueueTimeout: cfg.QueueTimeout,
-		DurableExec: cfg.DurableExec}
+		DurableExec: cfg.DurableExec,
+		IdleStop:    cfg.EffectiveIdleStop()}
 }
 
 func fileExists(p string) bool {

@@ -98,6 +98,9 @@ func (m *Manager) bgSession(ctx context.Context, t ipc.Target) (*store.Session, 
 		return nil, p, errdefs.Conflictf("the sandbox of %s is still being created: wait for it (`sbx start --wait`), then retry", s.RepoRoot)
 	}
 	s, err = m.waitReady(ctx, s, 0)
+	if err == nil {
+		m.touch(s.ID)
+	}
 	return s, p, err
 }
 
@@ -492,7 +495,10 @@ func (m *Manager) DialSandbox(ctx context.Context, runID string, port int) (net.
 	if err != nil {
 		return nil, errdefs.Unavailable(err)
 	}
-	return nc, nil
+	// Forward traffic is a use of the sandbox (idle stop).
+	id := s.ID
+	m.touch(id)
+	return &touchConn{Conn: nc, touch: func() { m.touch(id) }}, nil
 }
 
 // openForward opens (or keeps) the forward of name to port. Without an

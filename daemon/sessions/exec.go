@@ -55,6 +55,8 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}
+	// A running command (or shell) keeps the sandbox from the idle stop.
+	defer m.hold(s.ID)()
 	if req.Target.RunID != "" && !req.NoSync {
 		if p, err = m.idCheckout(req.Target, s); err != nil {
 			return ipc.ExecResult{}, err

@@ -145,6 +145,8 @@ type DaemonConfig struct {
 	// DurableExec holds commands under the sandbox helper where it runs
 	// (docs/durable-exec.md).
 	DurableExec bool
+	// IdleStop stops a ready sandbox unused for that long (0: never).
+	IdleStop time.Duration
 }
 
 // Manager implements backend.SessionBackend.
@@ -197,6 +199,8 @@ type sessionRuntime struct {
 	// row: waiters report them instead of waiting in silence.
 	pollErr  error
 	pollErrs int
+	// idle is what the idle stop knows of the session's use (idle.go).
+	idle idleState
 }
 
 // New returns a Manager. Call Rehydrate once after New to re-learn the
@@ -324,6 +328,8 @@ func (m *Manager) info(s *store.Session) ipc.SessionInfo {
 	if !s.State.Terminal() {
 		in.Forwards = m.forwardInfos(s)
 	}
+	in.Kept = s.Kept
+	m.idleInfo(s, &in)
 	m.mu.Lock()
 	if r, ok := m.runtime[s.ID]; ok {
 		in.ConfigDrift = r.drift
@@ -360,6 +366,6 @@ func (m *Manager) Config(ctx context.Context) (ipc.ConfigResponse, error) {
 	m.mu.Unlock()
 	return ipc.ConfigResponse{
 		Remote: ri.Name, Host: ri.Host, TokenSource: ri.TokenSource, CertFile: ri.CertFile,
-		ConfigFile: dc.File, ReconcileIntervalSeconds: dc.ReconcileInterval.Seconds(),
+		ConfigFile: dc.File, ReconcileIntervalSeconds: dc.ReconcileInterval.Seconds(), IdleStopSeconds: dc.IdleStop.Seconds(),
 	}, nil
 }

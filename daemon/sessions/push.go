@@ -19,6 +19,7 @@ func (m *Manager) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushRespon
 	if err != nil {
 		return ipc.PushResponse{}, err
 	}
+	defer m.hold(s.ID)()
 	if req.RunID != "" {
 		if p, err = m.idCheckout(req, s); err != nil {
 			return ipc.PushResponse{}, err

@@ -192,5 +192,7 @@ func (m *Manager) DialSSH(ctx context.Context, req ipc.SSHProxyRequest) (net.Con
 	if err != nil {
 		return nil, errdefs.Unavailable(fmt.Errorf("connect to the SSH server of sandbox %s at %s: %w (check it with `sbx status`)", s.RunID, s.Address, err))
 	}
-	return conn, nil
+	// An open SSH session (ssh, scp, an editor's remote) keeps the sandbox
+	// from the idle stop until it closes.
+	return &heldConn{Conn: conn, release: m.hold(s.ID)}, nil
 }

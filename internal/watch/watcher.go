@@ -26,6 +26,7 @@ import (
 const (
 	DefaultPollInterval = 2 * time.Second
 	DefaultSettle       = 50 * time.Millisecond
+	DefaultVanishedFor  = 10 * time.Minute
 )
 
 // ErrClosed is returned by WatchFile after Close.
@@ -45,7 +46,11 @@ type Options struct {
 	// content is compared, so that an editor's burst of write, rename and
 	// chmod is one change (default 50ms).
 	Settle time.Duration
-	Now    func() time.Time
+	// VanishedFor is how long the files of a directory that no longer
+	// exists (a deleted checkout) are polled; after it they are polled no
+	// more until WatchFile asks for one of them again (default 10m).
+	VanishedFor time.Duration
+	Now         func() time.Time
 }
 
 // Watcher watches files for content changes. Callbacks run on one
@@ -55,6 +60,7 @@ type Watcher struct {
 	log          *slog.Logger
 	pollInterval time.Duration
 	settle       time.Duration
+	vanishedFor  time.Duration
 	maxWatches   int
 	now          func() time.Time
 	fsw          *fsnotify.Watcher // nil when inotify is unavailable
@@ -93,6 +99,11 @@ type fileUser struct {
 type dirWatch struct {
 	files  int
 	polled bool // no fsnotify watch: its files are polled
+	// goneSince is when a poll first found the directory missing (zero
+	// while it exists); abandoned is set once it stayed missing for
+	// VanishedFor: its files are not polled any more.
+	goneSince time.Time
+	abandoned bool
 }
 
 // content identifies a file's content: absent, or present with a hash.
@@ -117,10 +128,14 @@ func New(opts Options) (*Watcher, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	if opts.VanishedFor <= 0 {
+		opts.VanishedFor = DefaultVanishedFor
+	}
 	w := &Watcher{
 		log:          opts.Logger,
 		pollInterval: opts.PollInterval,
 		settle:       opts.Settle,
+		vanishedFor:  opts.VanishedFor,
 		maxWatches:   opts.MaxWatches,
 		now:          opts.Now,
 		files:        make(map[string]*fileWatch),
@@ -217,6 +232,11 @@ func (w *Watcher) WatchFile(path string, onChange func()) (cancel func(), err er
 		f = &fileWatch{path: abs, dir: dir, state: state}
 		w.files[abs] = f
 	}
+	if d := w.dirs[dir]; d.abandoned {
+		// Asked for again (the checkout may be back): poll it anew, for
+		// VanishedFor at most if it is still missing.
+		d.abandoned, d.goneSince = false, time.Time{}
+	}
 	w.nextID++
 	id := w.nextID
 	f.users = append(f.users, fileUser{id: id, onChange: onChange})
@@ -292,7 +312,7 @@ func (w *Watcher) Watching() (files, polled int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, f := range w.files {
-		if w.dirs[f.dir].polled {
+		if d := w.dirs[f.dir]; d.polled && !d.abandoned {
 			polled++
 		}
 	}
@@ -407,14 +427,50 @@ func (w *Watcher) poll() {
 			return
 		case <-t.C:
 		}
+		gone := w.missingPolledDirs()
 		w.mu.Lock()
+		now := w.now()
+		for dir, d := range w.dirs {
+			if !d.polled || d.abandoned {
+				continue
+			}
+			switch {
+			case !gone[dir]:
+				d.goneSince = time.Time{}
+			case d.goneSince.IsZero():
+				d.goneSince = now
+			case now.Sub(d.goneSince) >= w.vanishedFor:
+				d.abandoned = true
+				w.log.Warn("watched directory gone for long, no longer polling its files", "dir", dir, "gone_for", now.Sub(d.goneSince).Round(time.Second))
+			}
+		}
 		for path, f := range w.files {
-			if w.dirs[f.dir].polled && f.timer == nil {
+			if d := w.dirs[f.dir]; d.polled && !d.abandoned && f.timer == nil {
 				w.enqueueLocked(path, checkPolled)
 			}
 		}
 		w.mu.Unlock()
 	}
+}
+
+// missingPolledDirs reports which polled directories do not exist; the
+// stats run without the lock.
+func (w *Watcher) missingPolledDirs() map[string]bool {
+	w.mu.Lock()
+	var dirs []string
+	for dir, d := range w.dirs {
+		if d.polled && !d.abandoned {
+			dirs = append(dirs, dir)
+		}
+	}
+	w.mu.Unlock()
+	gone := map[string]bool{}
+	for _, dir := range dirs {
+		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+			gone[dir] = true
+		}
+	}
+	return gone
 }
 
 // dispatch compares pending files with their last content and runs the

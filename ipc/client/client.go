@@ -394,6 +394,16 @@ func (c *Client) Stop(ctx context.Context, req ipc.StopRequest) (ipc.StopRespons
 	return call[ipc.StopResponse](ctx, c, methodPost, "/v1/sessions/stop", nil, req)
 }
 
+// Prune is POST /v1/sessions/prune.
+func (c *Client) Prune(ctx context.Context, req ipc.PruneRequest) (ipc.PruneResponse, error) {
+	return call[ipc.PruneResponse](ctx, c, methodPost, "/v1/sessions/prune", nil, req)
+}
+
+// Keep is POST /v1/sessions/keep.
+func (c *Client) Keep(ctx context.Context, req ipc.KeepRequest) (ipc.KeepResponse, error) {
+	return call[ipc.KeepResponse](ctx, c, methodPost, "/v1/sessions/keep", nil, req)
+}
+
 // Init is POST /v1/init.
 func (c *Client) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitResponse, error) {
 	return call[ipc.InitResponse](ctx, c, methodPost, "/v1/init", nil, req)

@@ -26,6 +26,8 @@ const (
 	routeReset     = "/v1/sessions/reset"
 	routeSessions  = "/v1/sessions"
 	routeStopSess  = "/v1/sessions/stop"
+	routePrune     = "/v1/sessions/prune"
+	routeKeep      = "/v1/sessions/keep"
 	routeProbe     = "/v1/sessions/{id}/probe"
 	routeStatus    = "/v1/status"
 	routeInit      = "/v1/init"
@@ -72,6 +74,8 @@ func (s *Server) routes() *mux.Router {
 	handle(http.MethodPost, routeReset, routeWithStatus(s.sessions, jsonBody[ipc.StartRequest], SessionBackend.Reset, startStatus))
 	handle(http.MethodGet, routeSessions, route(s.sessions, listQuery, listSessions, http.StatusOK))
 	handle(http.MethodPost, routeStopSess, route(s.sessions, jsonBody[ipc.StopRequest], stopSessions, http.StatusOK))
+	handle(http.MethodPost, routePrune, route(s.pruner, jsonBody[ipc.PruneRequest], pruneSessions, http.StatusOK))
+	handle(http.MethodPost, routeKeep, route(s.keeper, jsonBody[ipc.KeepRequest], Keeper.Keep, http.StatusOK))
 	handle(http.MethodGet, routeProbe, route(s.sessions, probeID, SessionBackend.Probe, http.StatusOK))
 	handle(http.MethodGet, routeStatus, route(s.sessions, statusQuery, SessionBackend.Status, http.StatusOK))
 	handle(http.MethodPost, routeInit, route(s.sessions, jsonBody[ipc.InitRequest], SessionBackend.Init, http.StatusCreated))

@@ -143,6 +143,11 @@ func (a *app) config(ctx context.Context) int {
 		fmt.Fprintf(tw, "certificate\t%s\n", cfg.CertFile)
 	}
 	fmt.Fprintf(tw, "config file\t%s\n", cfg.ConfigFile)
+	if cfg.IdleStopSeconds > 0 {
+		fmt.Fprintf(tw, "idle stop after\t%s\n", time.Duration(cfg.IdleStopSeconds*float64(time.Second)))
+	} else {
+		fmt.Fprintf(tw, "idle stop\tnone\n")
+	}
 	if cfg.ReconcileIntervalSeconds > 0 {
 		fmt.Fprintf(tw, "reconcile every\t%s\n", time.Duration(cfg.ReconcileIntervalSeconds*float64(time.Second)))
 	}
@@ -240,13 +245,13 @@ func (a *app) list(ctx context.Context) int {
 		return ExitOK
 	}
 	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tSTATUS\tREPOSITORY\tBRANCH\tCONFIG\tLAST EXEC")
+	fmt.Fprintln(tw, "RUN\tSTATUS\tREPOSITORY\tBRANCH\tCONFIG\tLAST EXEC\tIDLE\tIDLE STOP")
 	for _, s := range resp.Sessions {
 		status := s.Status
 		if s.Reason != "" && a.p.bools["all"] {
 			status += " (" + s.Reason + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, status, s.RepoRoot, s.Branch, relConfig(s), a.ago(s.LastExecAt))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, status, s.RepoRoot, s.Branch, relConfig(s), a.ago(s.LastExecAt), idleColumn(s), a.stopColumn(s))
 	}
 	tw.Flush()
 	for _, s := range resp.Sessions {
