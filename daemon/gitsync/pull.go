@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -192,14 +193,15 @@ func (s *Syncer) applyPulled(ctx context.Context, rp repo, patch []byte, res *Pu
 			continue
 		}
 		files = append(files, e.path())
-		// What applying aside copies first: both names of a rename.
-		for _, p := range []string{e.old, e.new} {
-			if p != "" {
-				touched = append(touched, p)
-			}
-		}
+		// What applying aside copies first: both names of a rename, once.
+		touched = append(touched, e.old, e.new)
 	}
 	sort.Strings(files)
+	sort.Strings(touched)
+	touched = slices.Compact(touched)
+	if len(touched) > 0 && touched[0] == "" {
+		touched = touched[1:]
+	}
 	if len(refused) > 0 {
 		if err := s.refuse(rp, patch, res, refused); err != nil {
 			return err
