@@ -287,7 +287,7 @@ func TestNetworkLoopbackOnly(t *testing.T) {
 			c.Close()
 		}
 	}()
-	sb, ws := start(t, Options{})
+	sb, ws := start(t, Options{Network: NetworkLoopback})
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	if out, err := sh(t, sb, ws, "bash -c 'exec 3<>/dev/tcp/127.0.0.1/"+port+" && echo connected'"); err == nil || strings.Contains(out, "connected") {
 		t.Errorf("the sandbox reached the host's loopback port %s: %q", port, out)
