@@ -47,6 +47,10 @@ const (
 	NetworkHost = "host"
 )
 
+// HowUnisolated says how to run sandboxes without isolation, the way out
+// when the machine cannot isolate them.
+const HowUnisolated = "or run sandboxes unisolated: sandboxd-localcloud --isolation none, or SANDBOXD_LOCALCLOUD_ISOLATION=none in the environment that starts it (sandboxd's, which passes it on; then `sandboxd-localcloud stop` so that it restarts with it)"
+
 // Options configure isolation for every run of a localcloud.
 type Options struct {
 	// Isolation is IsolationNamespaces ("" means it) or IsolationNone.

@@ -72,7 +72,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}{{"bwrap", &p.bwrap, "bubblewrap"}, {"nsenter", &p.nsent, "util-linux"}, {"setpriv", &p.setpv, "util-linux"}, {"prlimit", &p.prlim, "util-linux"}, {"setsid", &p.setsid, "util-linux"}, {"sleep", &p.sleep, "coreutils"}} {
 		path, err := exec.LookPath(t.name)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s is not installed (install the %s package, or configure isolation %q to run sandboxes unisolated)", ErrUnavailable, t.name, t.pkg, IsolationNone)
+			return nil, fmt.Errorf("%w: %s is not installed: install the %s package (apt install %s), %s", ErrUnavailable, t.name, t.pkg, t.pkg, HowUnisolated)
 		}
 		*t.dst = path
 	}
@@ -190,11 +190,11 @@ func (p *Provider) probe(ctx context.Context) error {
 	defer os.RemoveAll(dir)
 	sb, err := p.Start(ctx, Spec{ID: "probe", Workspace: dir})
 	if err != nil {
-		return fmt.Errorf("%w: %w (configure isolation %q to run sandboxes unisolated)", ErrUnavailable, err, IsolationNone)
+		return fmt.Errorf("%w: %w (%s)", ErrUnavailable, err, HowUnisolated)
 	}
 	defer sb.Close()
 	if out, err := sb.Command(ctx, dir, "/bin/sh", "-c", "echo ok").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "ok" {
-		return fmt.Errorf("%w: entering the probe sandbox failed: %v: %s (configure isolation %q to run sandboxes unisolated)", ErrUnavailable, err, strings.TrimSpace(string(out)), IsolationNone)
+		return fmt.Errorf("%w: entering the probe sandbox failed: %v: %s (%s)", ErrUnavailable, err, strings.TrimSpace(string(out)), HowUnisolated)
 	}
 	return nil
 }

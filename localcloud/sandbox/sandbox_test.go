@@ -594,3 +594,19 @@ func TestChownTreeFollowsNoLink(t *testing.T) {
 		}
 	}
 }
+
+// TestMissingBubblewrapSaysHowToRunUnisolated: without bubblewrap, New
+// fails saying which package to install and the exact flag and variable
+// that run sandboxes unisolated.
+func TestMissingBubblewrapSaysHowToRunUnisolated(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	_, err := New(context.Background(), Options{})
+	if err == nil || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("New without bubblewrap: %v", err)
+	}
+	for _, want := range []string{"apt install bubblewrap", "--isolation none", "SANDBOXD_LOCALCLOUD_ISOLATION=none"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+}
