@@ -211,3 +211,28 @@ func TestSandboxDownloadsAModuleButDoesNotReachTheHost(t *testing.T) {
 		t.Fatalf("the sandbox reached this machine or a private address (%v): %s", targets, r)
 	}
 }
+
+// TestLocalRemotePrintsNoRunURL: the local remote's run URL is its API's
+// (it answers 401 to a browser, and goes stale when it restarts), so
+// start, bg start, status, list and exec show none.
+func TestLocalRemotePrintsNoRunURL(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("nourl", defaultConfig)
+	other := e.newRepo("nourlbg", defaultConfig)
+	outs := []result{
+		e.mustSbx(repo, "start", "--wait"),
+		e.mustSbx(other, "start"),
+		e.mustSbx(repo, "bg", "start", "--name", "s", "--", "sleep", "60"),
+		e.mustSbx(repo, "bg", "list"),
+		e.mustSbx(repo, "status"),
+		e.mustSbx(repo, "list", "--json"),
+		e.mustSbx(repo, "exec", "--json", "--", "true"),
+	}
+	for _, r := range outs {
+		if s := r.stdout + r.stderr; strings.Contains(s, "/runs/") || strings.Contains(s, "runUrl") {
+			t.Errorf("a run URL of the local remote was printed: %s", r)
+		}
+	}
+}
