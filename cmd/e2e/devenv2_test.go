@@ -236,3 +236,89 @@ func TestLocalRemotePrintsNoRunURL(t *testing.T) {
 		}
 	}
 }
+
+// TestBgForwardTakesTheSamePortShowsProgressAndADeadForward: `bg start
+// --port P` listens on local port P when it is free (curl :P works); a
+// port that does not open shows progress within seconds instead of
+// silence; after the local remote restarts (the process died with it),
+// `bg list` says the forward is dead and how to bring it back.
+func TestBgForwardTakesTheSamePortShowsProgressAndADeadForward(t *testing.T) {
+	t.Parallel()
+	python := sandboxPython(t)
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("samport", defaultConfig)
+	e.startSandbox(repo)
+	port := freePort(t)
+	r := e.mustSbx(repo, "bg", "start", "--name", "web", "--port", fmt.Sprint(port), "--", python, "-m", "http.server", fmt.Sprint(port), "--bind", "127.0.0.1")
+	want := fmt.Sprintf("http://127.0.0.1:%d", port)
+	if !strings.Contains(r.stdout, want) {
+		t.Fatalf("bg start --port %d did not forward local port %d: %s", port, port, r)
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(want + "/")
+	if err != nil {
+		t.Fatalf("GET %s: %v", want, err)
+	}
+	resp.Body.Close()
+
+	// A port that never opens: progress on stderr within a few seconds.
+	never := freePort(t)
+	cmd := e.sbxCmd(repo, "bg", "start", "--name", "never", "--port", fmt.Sprint(never), "--", "sleep", "600")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		buf := make([]byte, 4096)
+		for {
+			n, err := stderr.Read(buf)
+			b.Write(buf[:n])
+			if strings.Contains(b.String(), fmt.Sprintf("port %d", never)) || err != nil {
+				got <- b.String()
+				return
+			}
+		}
+	}()
+	select {
+	case s := <-got:
+		if !strings.Contains(s, "waiting for port") {
+			t.Errorf("bg start on a port that does not open said: %q", s)
+		}
+	case <-time.After(8 * time.Second):
+		t.Errorf("bg start on a port that does not open was silent for 8s")
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+
+	// The local remote dies and comes back: the process died with it.
+	pid := localcloudPID(t, e)
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the local remote to die", func() bool { return unix.Kill(pid, 0) != nil })
+	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	r = e.mustSbx(repo, "bg", "list")
+	var line string
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.HasPrefix(l, "web ") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "dead") || !strings.Contains(line, "sbx bg restart web") || strings.Contains(line, "unknown") {
+		t.Fatalf("bg list after the local remote restarted does not show web's forward as dead: %s", r)
+	}
+	// What it says brings it back.
+	e.mustSbx(repo, "bg", "restart", "web")
+	waitUntil(t, 30*time.Second, "the restarted server to answer on "+want, func() bool {
+		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(want + "/")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err == nil
+	})
+}
