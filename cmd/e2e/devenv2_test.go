@@ -2,8 +2,12 @@ package e2e
 
 import (
 	"archive/zip"
+	"bufio"
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -11,9 +15,11 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 	"golang.org/x/sys/unix"
 )
 
@@ -321,4 +327,113 @@ func TestBgForwardTakesTheSamePortShowsProgressAndADeadForward(t *testing.T) {
 		}
 		return err == nil
 	})
+}
+
+// TestMCPProgressCancelHintsAndOutputOnce: an MCP exec that creates the
+// sandbox sends progress notifications for its progressToken; its result
+// holds the output once (text, not again in structured content); a hint
+// names the tools' runId, not sbx's --id RUN; the exec tool says what
+// the sandbox has and where commands run; a cancelled exec is answered as
+// cancelled, not with the transport's "context canceled".
+func TestMCPProgressCancelHintsAndOutputOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("mcpprog", defaultConfig)
+
+	var mu sync.Mutex
+	var notes []string
+	cmd := e.sbxCmd(repo, "mcp")
+	c := sdk.NewClient(&sdk.Implementation{Name: "e2e", Version: "1"}, &sdk.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *sdk.ProgressNotificationClientRequest) {
+			mu.Lock()
+			notes = append(notes, req.Params.Message)
+			mu.Unlock()
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cs, err := c.Connect(ctx, &sdk.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range tools.Tools {
+		if tool.Name == "exec" && (!strings.Contains(tool.Description, "internet") || !strings.Contains(tool.Description, "toolchains") || !strings.Contains(tool.Description, "corresponds to cwd")) {
+			t.Errorf("the exec tool does not say what the sandbox has and where commands run: %s", tool.Description)
+		}
+	}
+
+	params := &sdk.CallToolParams{Name: "exec", Arguments: map[string]any{"command": "echo marker-$((6*7))"}}
+	params.SetProgressToken("create")
+	res, err := cs.CallTool(ctx, params)
+	if err != nil || res.IsError {
+		t.Fatalf("exec: %v %+v", err, res)
+	}
+	b, _ := json.Marshal(res)
+	if n := strings.Count(string(b), "marker-42"); n != 1 {
+		t.Errorf("the exec result holds the output %d times, want once: %s", n, b)
+	}
+	mu.Lock()
+	got := append([]string(nil), notes...)
+	mu.Unlock()
+	if len(got) == 0 {
+		t.Errorf("no progress notification while the sandbox was created")
+	}
+
+	// A hint of the daemon's, outside a git checkout: runId, not --id RUN.
+	plain := t.TempDir()
+	res, _ = callTool(t, e.mcpSession(t, plain), "status", nil)
+	if txt := toolText(res); !res.IsError || strings.Contains(txt, "--id RUN") || !strings.Contains(txt, "runId") {
+		t.Errorf("outside a checkout, the hint does not name the tool's runId: %s", txt)
+	}
+
+	// Cancelled while the command runs: the answer, read raw, says so.
+	raw := e.sbxCmd(repo, "mcp")
+	in, _ := raw.StdinPipe()
+	out, _ := raw.StdoutPipe()
+	if err := raw.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = raw.Process.Kill(); _ = raw.Wait() }()
+	lines := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	send := func(s string) { _, _ = io.WriteString(in, s+"\n") }
+	send(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`)
+	<-lines
+	send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"exec","arguments":{"command":"sleep 30"}}}`)
+	time.Sleep(2 * time.Second)
+	send(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2,"reason":"the user pressed Esc"}}`)
+	deadline := time.After(15 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return
+			}
+			if !strings.Contains(l, `"id":2`) {
+				continue
+			}
+			if strings.Contains(l, "context canceled") || !strings.Contains(l, "cancelled") {
+				t.Errorf("the cancelled exec was answered: %s", l)
+			}
+			return
+		case <-deadline:
+			t.Errorf("no answer to the cancelled exec within 15s")
+			return
+		}
+	}
 }
