@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -435,5 +436,63 @@ func TestMCPProgressCancelHintsAndOutputOnce(t *testing.T) {
 			t.Errorf("no answer to the cancelled exec within 15s")
 			return
 		}
+	}
+}
+
+// TestNeovimQuickfixReadsPythonTracebacksInTheCheckout: `:Sbx quickfix`
+// after a Python traceback gives valid entries for its frames, at the
+// files of the local checkout (not the sandbox's …/runs/<id>/workspace
+// paths the traceback names).
+func TestNeovimQuickfixReadsPythonTracebacksInTheCheckout(t *testing.T) {
+	t.Parallel()
+	nvim := needTool(t, "nvim", "apt-get install neovim")
+	sandboxPython(t)
+	plugin, err := filepath.Abs(filepath.Join("..", "..", "contrib", "nvim"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	script, err := filepath.Abs(filepath.Join("testdata", "nvim_quickfix.lua"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("nvimqf", defaultConfig)
+	writeFile(t, filepath.Join(repo, "pkg", "boom.py"), "def boom():\n    raise ValueError('boom')\n\nboom()\n")
+	e.mustSbx(repo, "start", "--wait")
+
+	outFile := filepath.Join(e.root, "nvim.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, nvim, "--headless", "-u", "NONE", "-i", "NONE", "-n",
+		"--cmd", "set rtp^="+plugin, "-c", "luafile "+script)
+	cmd.Dir = repo
+	cmd.Env = e.with("SBX_NVIM_OUT=" + outFile)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nvim: %v\n%s", err, out)
+	}
+	got := decode[struct {
+		Error    string `json:"error"`
+		Text     string `json:"text"`
+		Quickfix []struct {
+			File string `json:"file"`
+			Lnum int    `json:"lnum"`
+		} `json:"quickfix"`
+	}](t, readFile(t, outFile))
+	if got.Error != "" || !strings.Contains(got.Text, "ValueError: boom") {
+		t.Fatalf("the traceback was not shown: %+v", got)
+	}
+	want := map[int]bool{4: false, 2: false}
+	local := filepath.Join(repo, "pkg", "boom.py")
+	for _, q := range got.Quickfix {
+		if q.File != local {
+			t.Errorf("quickfix entry at %s:%d, want the checkout's %s", q.File, q.Lnum, local)
+		}
+		if _, ok := want[q.Lnum]; ok {
+			want[q.Lnum] = true
+		}
+	}
+	if !want[2] || !want[4] {
+		t.Errorf("quickfix lacks the traceback's frames (lines 4 and 2 of boom.py): %+v\n%s", got.Quickfix, got.Text)
 	}
 }
