@@ -496,3 +496,45 @@ func TestNeovimQuickfixReadsPythonTracebacksInTheCheckout(t *testing.T) {
 		t.Errorf("quickfix lacks the traceback's frames (lines 4 and 2 of boom.py): %+v\n%s", got.Quickfix, got.Text)
 	}
 }
+
+// TestExecFailsFastOutsideARepoAndOnAHugeUntrackedFile: outside a git
+// checkout sbx exec fails at once (the daemon does not wait for a stream
+// it has not answered); a 100 MiB untracked file is refused, naming it,
+// from its size, on the first exec and the next, without being read.
+func TestExecFailsFastOutsideARepoAndOnAHugeUntrackedFile(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon()
+	plain := t.TempDir()
+	e.sbx(plain, "exec", "--", "true") // the daemon warm
+	start := time.Now()
+	r := e.sbx(plain, "exec", "--", "true")
+	if took := time.Since(start); r.code == 0 || took > 500*time.Millisecond || !strings.Contains(r.stderr, "not inside a git repository") {
+		t.Errorf("exec outside a checkout took %s: %s", took, r)
+	}
+
+	repo := e.newRepo("huge", defaultConfig)
+	e.startSandbox(repo)
+	e.mustSbx(repo, "exec", "--", "true")
+	f, err := os.Create(filepath.Join(repo, "dump.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Incompressible, as a real dump is: staging it would take seconds.
+	rng := rand.NewChaCha8([32]byte{1})
+	if _, err := io.CopyN(f, rng, 100<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	for i := 0; i < 2; i++ {
+		start := time.Now()
+		r := e.sbx(repo, "exec", "--", "true")
+		took := time.Since(start)
+		if r.code == 0 || !strings.Contains(r.stderr, "dump.bin") || !strings.Contains(r.stderr, "limit") {
+			t.Fatalf("exec %d with a 100 MiB untracked file: %s", i+1, r)
+		}
+		if took > 2*time.Second {
+			t.Errorf("exec %d refused the 100 MiB file after %s: it was read, not measured", i+1, took)
+		}
+	}
+}
