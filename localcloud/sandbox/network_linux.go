@@ -86,7 +86,7 @@ func (s *Sandbox) startNetwork(ctx context.Context) error {
 	var stderr strings.Builder
 	cmd.Stderr = &limitedWriter{w: &stderr, n: 4096}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start pasta, the sandbox's network: %w", err)
+		return &netSetupError{fmt.Sprintf("start pasta, the sandbox's network: %v", err)}
 	}
 	s.pasta = cmd
 	script := s.routesScript()
@@ -107,10 +107,17 @@ func (s *Sandbox) startNetwork(ctx context.Context) error {
 		if ctx.Err() != nil {
 			msg = "pasta did not make the sandbox's interface within 10s; " + msg
 		}
-		return fmt.Errorf("set up the sandbox's network (network %q; or run localcloud with --network %s): %w: %s %s", NetworkInternet, NetworkLoopback, err, msg, strings.TrimSpace(stderr.String()))
+		return &netSetupError{fmt.Sprintf("set up the sandbox's network (network %q; or run localcloud with --network %s): %v: %s %s", NetworkInternet, NetworkLoopback, err, msg, strings.TrimSpace(stderr.String()))}
 	}
 	return nil
 }
+
+// netSetupError is a run's network that pasta could not set up (where
+// /dev/net/tun is root's only, say): a default network falls back to
+// loopback on it.
+type netSetupError struct{ msg string }
+
+func (e *netSetupError) Error() string { return e.msg }
 
 // routesScript waits for pasta's interface, then routes everything to it
 // but this machine's addresses and the private ranges, which are refused.
@@ -127,10 +134,12 @@ func (s *Sandbox) routesScript() string {
 	slices.Sort(blocked)
 	blocked = slices.Compact(blocked)
 	var b strings.Builder
-	b.WriteString(`set -e; ip="$1"; i=0; while :; do dev=$("$ip" -o -4 addr show | awk '$2 != "lo" && /` + strings.ReplaceAll(netAddr, ".", `\.`) + `\// {print $2; exit}'); [ -n "$dev" ] && break; i=$((i+1)); [ $i -lt 200 ] || { echo "no interface from pasta" >&2; exit 1; }; sleep 0.05; done; `)
-	b.WriteString(`"$ip" route flush table main; "$ip" route add default dev "$dev"; `)
+	b.WriteString(`set -e; ip="$1"; i=0; while :; do dev=$("$ip" -o -4 addr show | awk '$2 != "lo" && /` + strings.ReplaceAll(netAddr, ".", `\.`) + `\// {print $2; exit}'); [ -n "$dev" ] && break; i=$((i+1)); [ $i -lt 1000 ] || { echo "no interface from pasta" >&2; exit 1; }; sleep 0.01; done; `)
+	// One ip for every route.
+	b.WriteString("\n\"$ip\" -batch - <<EOF\nroute flush table main\nroute add default dev $dev\n")
 	for _, r := range blocked {
-		fmt.Fprintf(&b, `"$ip" route add prohibit %s; `, r)
+		fmt.Fprintf(&b, "route add prohibit %s\n", r)
 	}
+	b.WriteString("EOF\n")
 	return b.String()
 }

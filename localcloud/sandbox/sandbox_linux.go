@@ -122,6 +122,17 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	// Probe: a sandbox that starts and can be entered; if its groups are
 	// what fails, without them.
 	perr := p.probe(ctx)
+	var nerr *netSetupError
+	if perr != nil && defaultNet && p.opts.Network == NetworkInternet && errors.As(perr, &nerr) {
+		// The default network cannot be had here: loopback only, said.
+		p.opts.Network = NetworkLoopback
+		why := fmt.Sprintf("network: loopback only, pasta could not connect the sandbox (%s)", nerr.msg)
+		for _, r := range []*Report{&base, &p.report} {
+			r.Network = NetworkLoopback
+			r.Degraded = append(r.Degraded, why)
+		}
+		perr = p.probe(ctx)
+	}
 	if perr != nil && p.cg != nil {
 		p.cg = nil
 		p.report = p.limitsReport(base, fmt.Errorf("the run groups could not be used (%v)", perr))

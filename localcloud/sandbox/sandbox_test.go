@@ -454,7 +454,7 @@ func TestValidate(t *testing.T) {
 func TestRefusesWithoutNamespacesUnlessNone(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	_, err := New(context.Background(), Options{})
-	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), `"none"`) {
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "--isolation none") {
 		t.Fatalf("New without bwrap: %v, want ErrUnavailable naming isolation none", err)
 	}
 	p, err := New(context.Background(), Options{Isolation: IsolationNone})
