@@ -89,9 +89,22 @@ func (s *Sandbox) startNetwork(ctx context.Context) error {
 		return &netSetupError{fmt.Sprintf("start pasta, the sandbox's network: %v", err)}
 	}
 	s.pasta = cmd
+	s.pastaDone = make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(s.pastaDone)
+	}()
 	script := s.routesScript()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	// pasta ending (it could not make the interface) ends the wait for it.
+	go func() {
+		select {
+		case <-s.pastaDone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	argv := []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--net"}
 	if s.ownerNS != nil {
 		argv = []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--user=" + s.ownerNSPath, "--preserve-credentials", "--net"}
@@ -104,8 +117,13 @@ func (s *Sandbox) startNetwork(ctx context.Context) error {
 	rc.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	if out, err := rc.CombinedOutput(); err != nil {
 		msg := strings.TrimSpace(string(out))
-		if ctx.Err() != nil {
-			msg = "pasta did not make the sandbox's interface within 10s; " + msg
+		select {
+		case <-s.pastaDone:
+			msg = "pasta ended; " + msg
+		default:
+			if ctx.Err() != nil {
+				msg = "pasta did not make the sandbox's interface within 10s; " + msg
+			}
 		}
 		return &netSetupError{fmt.Sprintf("set up the sandbox's network (network %q; or run localcloud with --network %s): %v: %s %s", NetworkInternet, NetworkLoopback, err, msg, strings.TrimSpace(stderr.String()))}
 	}

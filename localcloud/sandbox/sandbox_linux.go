@@ -385,8 +385,10 @@ type Sandbox struct {
 	ownerNS     *os.File
 	ownerNSPath string
 	nsPID       int
-	// pasta is the run's user-space network (network internet).
-	pasta *exec.Cmd
+	// pasta is the run's user-space network (network internet);
+	// pastaDone is closed when it has ended.
+	pasta     *exec.Cmd
+	pastaDone chan struct{}
 }
 
 // findOwnerNS sets ownerNS when the sandbox's namespaces are owned by a
@@ -959,7 +961,7 @@ func (s *Sandbox) Close() error {
 		s.spawner.close()
 		if s.pasta != nil {
 			_ = s.pasta.Process.Kill()
-			_ = s.pasta.Wait()
+			<-s.pastaDone
 		}
 		if s.ownerNS != nil {
 			s.ownerNS.Close()
