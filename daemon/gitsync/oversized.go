@@ -13,12 +13,13 @@ import (
 
 // oversized refuses, from their sizes on disk alone, changes that hold a
 // file over the patch limit: paths (relative to the root; nil: every
-// untracked file git does not ignore) are measured before anything reads
+// untracked file git does not ignore and every tracked one whose stat
+// changed) are measured before anything reads
 // them, so that such a file is refused at once on every sync instead of
 // after it was staged and diffed. Ignored files are left alone.
 func (s *Syncer) oversized(ctx context.Context, r repo, paths []string) error {
 	if paths == nil {
-		out, err := s.run(ctx, gitCall{dir: r.root}, "ls-files", "-o", "--exclude-standard", "-z")
+		out, err := s.run(ctx, gitCall{dir: r.root}, "ls-files", "-o", "-m", "--exclude-standard", "-z")
 		if err != nil {
 			return nil // the scan that follows reports what is wrong
 		}
