@@ -105,4 +105,8 @@ type Background struct {
 	TargetPort int  `json:"targetPort,omitempty"`
 	LocalPort  int  `json:"localPort,omitempty"`
 	Forwarding bool `json:"forwarding,omitempty"`
+	// Started is the command sandboxd started it with (the user's, or
+	// their config's), never one a sandbox reported: what a restart runs
+	// when the sandbox lost the process.
+	Started string `json:"started,omitempty"`
 }

@@ -156,7 +156,7 @@ func TestProgressPhases(t *testing.T) {
 	// On stderr, the phases up to provisioning (the last ones race with the
 	// answer that ends the wait, by design: sbx does not linger for them).
 	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
-	want := []string{"creating the sandbox run", "run created: ", "provisioning: setup step deps (1/1)"}
+	want := []string{"creating the sandbox run", "run created", "provisioning: setup step deps (1/1)"}
 	i := 0
 	for _, l := range lines {
 		if i < len(want) && strings.Contains(l, want[i]) {

@@ -52,7 +52,31 @@ func callTool(t *testing.T, cs *sdk.ClientSession, name string, args map[string]
 		b, _ := json.Marshal(res.StructuredContent)
 		_ = json.Unmarshal(b, &structured)
 	}
+	if _, ok := structured["exitCode"]; ok && name == "exec" {
+		// exec's output is in its text only (once).
+		structured["stdout"], structured["stderr"] = execStreams(toolText(res))
+	}
 	return res, structured
+}
+
+// execStreams reads stdout and stderr back from exec's text, whose
+// sections end with a newline.
+func execStreams(text string) (stdout, stderr string) {
+	_, rest, ok := strings.Cut(text, "stdout:")
+	if !ok {
+		return "", ""
+	}
+	i := strings.LastIndex(rest, "stderr:")
+	if i < 0 {
+		return "", ""
+	}
+	section := func(s string) string {
+		if s == " (empty)\n" {
+			return ""
+		}
+		return strings.TrimPrefix(s, "\n")
+	}
+	return section(rest[:i]), section(rest[i+len("stderr:"):])
 }
 
 func toolText(res *sdk.CallToolResult) string {
@@ -117,7 +141,7 @@ func TestMCPTools(t *testing.T) {
 	// directory.
 	rel, _ := filepath.Rel(e.root, repo)
 	_, out = callTool(t, cs, "exec", map[string]any{"cwd": rel, "argv": []string{"printf", "%s|", "a b", "$HOME", "*"}, "noSync": true})
-	if out["stdout"] != "a b|$HOME|*|" || out["exitCode"] != float64(0) {
+	if out["stdout"] != "a b|$HOME|*|\n" || out["exitCode"] != float64(0) { // the text ends each section with a newline
 		t.Fatalf("argv exec: %v", out)
 	}
 
@@ -268,15 +292,17 @@ func TestMCPInspectorCLI(t *testing.T) {
 	}
 	var res struct {
 		StructuredContent struct {
-			ExitCode int    `json:"exitCode"`
-			Stdout   string `json:"stdout"`
+			ExitCode int `json:"exitCode"`
 		} `json:"structuredContent"`
+		Content []struct {
+			Text string `json:"text"`
+		} `json:"content"`
 		IsError bool `json:"isError"`
 	}
 	if err := json.Unmarshal(out, &res); err != nil {
 		t.Fatalf("inspector output is not a tool result: %v\n%s", err, out)
 	}
-	if res.IsError || res.StructuredContent.ExitCode != 7 || res.StructuredContent.Stdout != "synced\n" {
+	if res.IsError || res.StructuredContent.ExitCode != 7 || len(res.Content) != 1 || !strings.Contains(res.Content[0].Text, "stdout:\nsynced\n") {
 		t.Fatalf("inspector exec: %s", out)
 	}
 }

@@ -25,7 +25,7 @@ func TestStartProgressDoesNotLeakIntoTheNextCommand(t *testing.T) {
 		if strings.Contains(r.stderr, first) {
 			t.Fatalf("the progress of the earlier start of %s shows in the next command:\n%s", first, r)
 		}
-		if !strings.Contains(r.stderr, "run created: ") {
+		if !strings.Contains(r.stderr, "run created") {
 			t.Fatalf("the exec that started a sandbox shows no progress of its own:\n%s", r)
 		}
 	}

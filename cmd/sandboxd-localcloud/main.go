@@ -106,7 +106,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	enableFaults := fs.Bool("enable-fault-injection", false, "register the fault-injection routes (/admin/faults, drop-connections) and allow the --fault-* flags; for tests only")
 	allowRemote := fs.Bool("allow-remote", false, "allow --listen/--http on an address other machines can reach (the runs API and its sandboxes are then exposed to the network)")
 	isolation := fs.String("isolation", envOr(IsolationEnv, sandbox.IsolationNamespaces), "isolation of sandbox commands: namespaces (private mounts, processes, hostname, network; refuses to start where the machine cannot) or none (plain processes of your user); default from $"+IsolationEnv)
-	network := fs.String("network", envOr(NetworkEnv, sandbox.NetworkLoopback), "network of each sandbox: loopback (its own, loopback only) or host (this machine's); default from $"+NetworkEnv)
+	network := fs.String("network", os.Getenv(NetworkEnv), "network of each sandbox: internet (the default: the internet through pasta, from the passt package, but not this machine's loopback, its addresses or private ranges; loopback only when pasta is not installed), loopback (its own, loopback only) or host (this machine's); default from $"+NetworkEnv)
 	memLimit := fs.Int64("memory-limit", sandbox.DefaultMemoryBytes, "memory limit of each run in bytes (a run over it is ended)")
 	maxProcs := fs.Int("max-procs", sandbox.DefaultMaxProcs, "process limit of each run")
 	diskLimit := fs.Int64("disk-limit", sandbox.DefaultDiskBytes, "what each run's files (workspace, home, background logs) may take on disk, in bytes (a run over it is ended)")

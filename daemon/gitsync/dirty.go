@@ -268,6 +268,12 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 		why = "config"
 	}
 	if why == "" {
+		if err := s.oversized(ctx, r, nonNil(paths)); err != nil {
+			// The tracker named the file once: the next sync scans (and
+			// measures) the whole tree, so that it is not left out.
+			st.valid = false
+			return nil, "", err
+		}
 		res, err := s.prepareIncremental(ctx, r, st, head, paths, gone, lazy)
 		if err == nil {
 			if s.verify {

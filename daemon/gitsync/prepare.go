@@ -120,6 +120,9 @@ func (s *Syncer) prepareFull(ctx context.Context, r repo, head string) (*prepare
 		return nil, fmt.Errorf("prepare the sync patch: %w", err)
 	}
 	defer cleanup()
+	if err := s.oversized(ctx, r, nil); err != nil {
+		return nil, err
+	}
 	staged := gitCall{dir: r.root, index: index}
 	if _, err := s.run(ctx, staged, "add", "-A"); err != nil {
 		return nil, fmt.Errorf("stage the working tree into a temporary index: %w", err)

@@ -152,7 +152,7 @@ func (m *Manager) BgStart(ctx context.Context, req ipc.BgStartRequest) (ipc.BgPr
 	if rec.Command == "" {
 		rec.Command = command
 	}
-	bg := store.Background{Name: req.Name, Command: command, TargetPort: req.Port, Forwarding: req.Port != 0}
+	bg := store.Background{Name: req.Name, Command: command, TargetPort: req.Port, Forwarding: req.Port != 0, Started: command}
 	if prev != nil {
 		bg.LocalPort = prev.LocalPort
 	}
@@ -178,8 +178,15 @@ func (m *Manager) BgRestart(ctx context.Context, req ipc.BgRequest) (ipc.BgProce
 	if s, p, err = m.bgCheckout(req.Target, s, p, true); err != nil {
 		return ipc.BgProcess{}, err
 	}
+	known := findBackground(s, req.Name)
 	rec, err := m.bgLocked(ctx, s, p, true, func(conn execer) (processRecord, error) {
-		return m.processDirective(ctx, conn, directiveProcessRestart, map[string]any{"key": req.Name})
+		rec, err := m.processDirective(ctx, conn, directiveProcessRestart, map[string]any{"key": req.Name})
+		if errdefs.KindOf(err) == errdefs.KindNotFound && known != nil && known.Started != "" {
+			// The sandbox lost it (the remote restarted): started again
+			// from what sandboxd recorded when it started it.
+			return m.processDirective(ctx, conn, directiveProcessStart, map[string]any{"key": req.Name, "command": known.Started, "targetPort": known.TargetPort})
+		}
+		return rec, err
 	})
 	if err != nil {
 		return ipc.BgProcess{}, err
@@ -193,7 +200,7 @@ func (m *Manager) BgRestart(ctx context.Context, req ipc.BgRequest) (ipc.BgProce
 	}
 	bg := store.Background{Name: req.Name, Command: rec.Command, TargetPort: rec.TargetPort}
 	if prev != nil {
-		bg.LocalPort = prev.LocalPort
+		bg.LocalPort, bg.Started = prev.LocalPort, prev.Started
 		if bg.Command == "" {
 			bg.Command = prev.Command
 		}
@@ -266,7 +273,13 @@ func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListRe
 			delete(listed, bg.Name)
 		} else if cerr != nil {
 			detail = cerr.Error()
-		} else if got, err := m.processDirective(ctx, poolConn{conn}, directiveProcessStatus, map[string]any{"key": bg.Name}); err != nil {
+		} else if got, err := m.processDirective(ctx, poolConn{conn}, directiveProcessStatus, map[string]any{"key": bg.Name}); errdefs.KindOf(err) == errdefs.KindNotFound {
+			// The sandbox no longer knows it: it went with a restart of
+			// the remote (or of the sandbox), and its forward leads
+			// nowhere.
+			rec.Status = "gone"
+			detail = fmt.Sprintf("the sandbox no longer has it (the remote restarted?): `sbx bg restart %s` starts it again", bg.Name)
+		} else if err != nil {
 			detail = err.Error()
 		} else {
 			rec = got
@@ -277,6 +290,9 @@ func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListRe
 		}
 		p := m.bgProcess(s, rec)
 		p.Detail = detail
+		if rec.Status == "gone" && p.Forward != nil && p.Forward.State == "listening" {
+			p.Forward.State, p.Forward.Error = "dead", "nothing behind it, the process is gone"
+		}
 		resp.Processes = append(resp.Processes, p)
 	}
 	// What another client (the RWX CLI) started, in the agent's order.
@@ -503,12 +519,21 @@ func (m *Manager) DialSandbox(ctx context.Context, runID string, port int) (net.
 
 // openForward opens (or keeps) the forward of name to port. Without an
 // explicit local port it reuses the previous one of that name when free,
-// else any free port. It reports whether it opened a new forward.
+// else the sandbox's port number when free (`curl :8000` reaches port
+// 8000), else any free port. It reports whether it opened a new forward.
 func (m *Manager) openForward(s *store.Session, name string, port, localPort int, prev *store.Background) (bool, error) {
 	_, had := m.opts.Forwards.Get(s.RunID, name)
 	spec := forward.Spec{RunID: s.RunID, Name: name, TargetPort: port, LocalPort: localPort}
 	if localPort == 0 && prev != nil && prev.LocalPort != 0 {
 		spec.LocalPort = prev.LocalPort
+		if info, err := m.opts.Forwards.Open(spec); err == nil {
+			m.forwardOpened(s, info)
+			return !had, nil
+		}
+		spec.LocalPort = 0
+	}
+	if localPort == 0 && (prev == nil || prev.LocalPort == 0) {
+		spec.LocalPort = port
 		if info, err := m.opts.Forwards.Open(spec); err == nil {
 			m.forwardOpened(s, info)
 			return !had, nil

@@ -53,8 +53,11 @@ func (m *Manager) BgForward(ctx context.Context, req ipc.BgForwardRequest) (ipc.
 		return ipc.BgProcess{}, err
 	}
 	bg := store.Background{Name: req.Name, Command: rec.Command, TargetPort: port, Forwarding: true}
-	if prev != nil && bg.Command == "" {
-		bg.Command = prev.Command
+	if prev != nil {
+		bg.Started = prev.Started
+		if bg.Command == "" {
+			bg.Command = prev.Command
+		}
 	}
 	if info, ok := m.forwardOf(s, req.Name); ok {
 		bg.LocalPort = info.LocalPort

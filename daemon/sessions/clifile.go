@@ -90,7 +90,7 @@ func (m *Manager) readCLIFile(ctx context.Context, repoRoot string) ([]*store.Se
 		return nil, err
 	}
 	for _, s := range adopted {
-		m.publish(eventSessionAdopted, s, map[string]string{"runUrl": s.RunURL, "from": "rwx-cli"})
+		m.publish(eventSessionAdopted, s, map[string]string{"runUrl": m.browserURL(s.RunURL), "from": "rwx-cli"})
 	}
 	if len(adopted) > 0 {
 		m.log.Info("adopted sessions of the RWX CLI", "repo", repoRoot, "count", len(adopted))

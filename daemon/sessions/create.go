@@ -245,7 +245,7 @@ func (m *Manager) createLocked(ctx context.Context, p place, init map[string]str
 	if err != nil {
 		return nil, fmt.Errorf("record run %s: %w", res.RunID, err)
 	}
-	m.publish(eventSessionCreated, s, map[string]string{"runUrl": s.RunURL, "branch": s.Branch})
+	m.publish(eventSessionCreated, s, map[string]string{"runUrl": m.browserURL(s.RunURL), "branch": s.Branch})
 	m.progress(s, ipc.PhaseCreated, "")
 	m.watchConfig(s)
 	m.cliFileChanged(s.RepoRoot)

@@ -33,7 +33,7 @@ func (m *Manager) Doctor(ctx context.Context) (ipc.DoctorResponse, error) {
 	}
 	if err != nil {
 		checks = append(checks, ipc.DoctorCheck{Name: "remote", Detail: fmt.Sprintf("%s (%s) does not answer: %v", info.Name, info.Host, err),
-			Fix: "check the network and the access token (`sbx config` says where it comes from); for the local remote, see sandboxd's log"})
+			Fix: remoteFix(info, err)})
 	} else {
 		checks = append(checks, ipc.DoctorCheck{Name: "remote", OK: true, Detail: fmt.Sprintf("%s (%s) answers in %s", info.Name, info.Host, m.now().Sub(start).Round(time.Millisecond))})
 	}
@@ -99,4 +99,18 @@ func (m *Manager) checkSandbox(ctx context.Context, s *store.Session) []ipc.Doct
 		c.Fix = "sync this machine's clock (timedatectl set-ntp true, or System Settings > Date & Time on macOS)"
 	}
 	return append(checks, c)
+}
+
+// remoteFix says how to make the remote answer: the local remote fails
+// for reasons of this machine (bubblewrap missing, namespaces refused),
+// RWX Cloud for the network's or the token's.
+func remoteFix(info RemoteInfo, err error) string {
+	if info.Name != "local" {
+		return "check the network and the access token (`sbx config` says where it comes from)"
+	}
+	msg := err.Error()
+	if strings.Contains(msg, "bwrap") || strings.Contains(msg, "bubblewrap") || strings.Contains(msg, "namespace") || strings.Contains(msg, "isolat") {
+		return "the local remote cannot isolate sandboxes: install bubblewrap (apt install bubblewrap), or run them unisolated: SANDBOXD_LOCALCLOUD_ISOLATION=none in sandboxd's environment, then `sandboxd-localcloud stop` so that it restarts with it"
+	}
+	return "the local remote (sandboxd-localcloud) does not answer: `sandboxd-localcloud status` and sandboxd's log say why"
 }

@@ -105,7 +105,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 	defer leaseDone()
 	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 
-	res := ipc.ExecResult{RunID: s.RunID, RunURL: s.RunURL, PulledFiles: []string{}}
+	res := ipc.ExecResult{RunID: s.RunID, RunURL: m.browserURL(s.RunURL), PulledFiles: []string{}}
 	warn := func(msg string) {
 		res.Warnings = append(res.Warnings, msg)
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: msg})
@@ -196,7 +196,7 @@ func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target, progress, wa
 		return nil, p, err
 	}
 	if s.State != store.StateReady {
-		progress(fmt.Sprintf("waiting for sandbox %s to be ready (%s)", s.RunID, s.RunURL))
+		progress(fmt.Sprintf("waiting for sandbox %s to be ready%s", s.RunID, parenthesized(m.browserURL(s.RunURL))))
 	}
 	s, err = m.waitReadyReporting(ctx, s, 0, warn)
 	return s, p, err

@@ -298,7 +298,7 @@ func (m *Manager) publish(typ string, s *store.Session, data any) {
 // progress publishes a phase of session s's start, for the clients waiting
 // on it (sbx shows them) and for `sbx events`.
 func (m *Manager) progress(s *store.Session, phase, message string) {
-	m.publish(eventProgress, s, ipc.Progress{Phase: phase, Message: message, RunURL: s.RunURL, RepoRoot: s.RepoRoot, Branch: s.Branch, ConfigFile: s.ConfigFile})
+	m.publish(eventProgress, s, ipc.Progress{Phase: phase, Message: message, RunURL: m.browserURL(s.RunURL), RepoRoot: s.RepoRoot, Branch: s.Branch, ConfigFile: s.ConfigFile})
 }
 
 // info is the public view of a session.
@@ -306,7 +306,7 @@ func (m *Manager) info(s *store.Session) ipc.SessionInfo {
 	in := ipc.SessionInfo{
 		ID:         s.ID,
 		RunID:      s.RunID,
-		RunURL:     s.RunURL,
+		RunURL:     m.browserURL(s.RunURL),
 		Status:     string(s.State),
 		Reason:     s.StateReason,
 		RepoRoot:   s.RepoRoot,

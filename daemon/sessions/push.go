@@ -47,7 +47,7 @@ func (m *Manager) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushRespon
 	defer leaseDone()
 	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 
-	resp := ipc.PushResponse{RunID: s.RunID, RunURL: s.RunURL, Files: []string{}, Warnings: warnings}
+	resp := ipc.PushResponse{RunID: s.RunID, RunURL: m.browserURL(s.RunURL), Files: []string{}, Warnings: warnings}
 	warn := func(msg string) { resp.Warnings = append(resp.Warnings, msg) }
 	m.mark(ctx, lc, directiveSyncStart)
 	out, err := m.push(ctx, m.runner(lc), s, true, warn)

@@ -94,7 +94,7 @@ wait:
 	}
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			return s, errdefs.Timeout(fmt.Errorf("sandbox run %s is not ready after %s; it may still be provisioning (see %s or `sbx status`)", s.RunID, timeout, s.RunURL))
+			return s, errdefs.Timeout(fmt.Errorf("sandbox run %s is not ready after %s; it may still be provisioning (see %s`sbx status`)", s.RunID, timeout, urlOr(m.browserURL(s.RunURL))))
 		}
 		return s, err
 	}
@@ -329,4 +329,20 @@ func (m *Manager) SessionOfRun(runID string) string {
 		return s.ID
 	}
 	return ""
+}
+
+// urlOr is "url or " to precede another place to look, or nothing.
+func urlOr(url string) string {
+	if url == "" {
+		return ""
+	}
+	return url + " or "
+}
+
+// parenthesized is " (url)", or nothing.
+func parenthesized(url string) string {
+	if url == "" {
+		return ""
+	}
+	return " (" + url + ")"
 }

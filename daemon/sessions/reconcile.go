@@ -510,3 +510,13 @@ func remoteCallFailed(action string, err error) error {
 	}
 	return fmt.Errorf("%s: %w", action, err)
 }
+
+// browserURL is the run URL worth showing: none for the local remote,
+// whose run URL is its API's (it needs the token, and a browser refuses
+// its certificate), RWX Cloud's as it is.
+func (m *Manager) browserURL(url string) string {
+	if m.opts.Remotes.Info().Name == "local" {
+		return ""
+	}
+	return url
+}

@@ -235,7 +235,7 @@ func (m *Manager) adopt(ctx context.Context, run rwxapi.RunSummary, id store.Ide
 		}
 		return nil, fmt.Errorf("adopt run %s: %w", run.ID, err)
 	}
-	m.publish(eventSessionAdopted, s, map[string]string{"runUrl": run.RunURL})
+	m.publish(eventSessionAdopted, s, map[string]string{"runUrl": m.browserURL(run.RunURL)})
 	m.cliFileChanged(id.RepoRoot)
 	return s, nil
 }

@@ -92,10 +92,14 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 	// A streaming client ends its request once it has the final frame. Give
 	// it a moment to: if the response ended first, its HTTP transport would
 	// stall (net/http waits 50ms for the request write before it reuses or
-	// drops the connection), and every exec would pay for it.
-	select {
-	case <-readDone:
-	case <-time.After(inputDrainWait):
+	// drops the connection), and every exec would pay for it. An error
+	// before the first frame has sent the client nothing to end on: it
+	// is answered at once.
+	if execErr == nil || started {
+		select {
+		case <-readDone:
+		case <-time.After(inputDrainWait):
+		}
 	}
 	// The input reader may be blocked on a body the client keeps open
 	// (an interactive stdin): unblock it, as no handler may touch the body

@@ -34,19 +34,30 @@ const (
 
 // Network modes.
 const (
-	// NetworkLoopback (the default) gives each run its own network
-	// namespace with only a loopback interface: the run's processes reach
-	// each other and port forwards reach them, nothing else does.
+	// NetworkInternet (the default) gives each run its own network
+	// namespace that reaches the internet as a rootless container does,
+	// through pasta (user-space networking), while this machine's loopback,
+	// its own addresses and the private ranges stay out of reach.
+	NetworkInternet = "internet"
+	// NetworkLoopback gives each run its own network namespace with only a
+	// loopback interface: the run's processes reach each other and port
+	// forwards reach them, nothing else does.
 	NetworkLoopback = "loopback"
 	// NetworkHost shares the machine's network.
 	NetworkHost = "host"
 )
 
+// HowUnisolated says how to run sandboxes without isolation, the way out
+// when the machine cannot isolate them.
+const HowUnisolated = "or run sandboxes unisolated: sandboxd-localcloud --isolation none, or SANDBOXD_LOCALCLOUD_ISOLATION=none in the environment that starts it (sandboxd's, which passes it on; then `sandboxd-localcloud stop` so that it restarts with it)"
+
 // Options configure isolation for every run of a localcloud.
 type Options struct {
 	// Isolation is IsolationNamespaces ("" means it) or IsolationNone.
 	Isolation string
-	// Network is NetworkLoopback ("" means it) or NetworkHost.
+	// Network is NetworkInternet ("" means it: loopback only, reported
+	// as degraded, when pasta is not installed), NetworkLoopback or
+	// NetworkHost.
 	Network string
 	// MemoryBytes, MaxProcs and CPUShares limit each run; defaults when 0
 	// (DefaultMemoryBytes, DefaultMaxProcs, DefaultCPUShares).
@@ -117,9 +128,9 @@ func (o Options) Validate() error {
 		return fmt.Errorf("isolation %q is not known: use %q (the default) or %q", o.Isolation, IsolationNamespaces, IsolationNone)
 	}
 	switch o.Network {
-	case "", NetworkLoopback, NetworkHost:
+	case "", NetworkInternet, NetworkLoopback, NetworkHost:
 	default:
-		return fmt.Errorf("network %q is not known: use %q (the default: a private network with loopback only) or %q", o.Network, NetworkLoopback, NetworkHost)
+		return fmt.Errorf("network %q is not known: use %q (the default: the internet, not this machine), %q (loopback only) or %q (this machine's network)", o.Network, NetworkInternet, NetworkLoopback, NetworkHost)
 	}
 	for _, d := range o.Share {
 		if !filepath.IsAbs(d) || filepath.Clean(d) != d {
@@ -145,7 +156,7 @@ func (o Options) withDefaults() Options {
 		o.Isolation = IsolationNamespaces
 	}
 	if o.Network == "" {
-		o.Network = NetworkLoopback
+		o.Network = NetworkInternet
 	}
 	if o.MemoryBytes == 0 {
 		o.MemoryBytes = DefaultMemoryBytes

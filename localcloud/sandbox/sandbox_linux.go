@@ -44,6 +44,8 @@ type Provider struct {
 	// (set once setns was refused: this process is not root).
 	viaDialer atomic.Bool
 	setsid    string
+	// pasta and ip give a run the internet (network internet).
+	pasta, ip string
 	// inotifyErr says why a sandbox's inotify limits could not be set
 	// (the probe's tells the report).
 	inotifyErr atomic.Pointer[error]
@@ -56,6 +58,7 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	defaultNet := opts.Network == ""
 	opts = opts.withDefaults()
 	p := &Provider{opts: opts}
 	if opts.Isolation == IsolationNone {
@@ -69,9 +72,26 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	}{{"bwrap", &p.bwrap, "bubblewrap"}, {"nsenter", &p.nsent, "util-linux"}, {"setpriv", &p.setpv, "util-linux"}, {"prlimit", &p.prlim, "util-linux"}, {"setsid", &p.setsid, "util-linux"}, {"sleep", &p.sleep, "coreutils"}} {
 		path, err := exec.LookPath(t.name)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %s is not installed (install the %s package, or configure isolation %q to run sandboxes unisolated)", ErrUnavailable, t.name, t.pkg, IsolationNone)
+			return nil, fmt.Errorf("%w: %s is not installed: install the %s package (apt install %s), %s", ErrUnavailable, t.name, t.pkg, t.pkg, HowUnisolated)
 		}
 		*t.dst = path
+	}
+	var netDegraded string
+	if opts.Network == NetworkInternet {
+		pasta, perr := exec.LookPath("pasta")
+		ip, ierr := exec.LookPath("ip")
+		switch {
+		case perr == nil && ierr == nil:
+			p.pasta, p.ip = pasta, ip
+		case !defaultNet && perr != nil:
+			return nil, fmt.Errorf("%w: pasta is not installed (install the passt package), needed by network %q; or run with --network %s (loopback only)", ErrUnavailable, NetworkInternet, NetworkLoopback)
+		case !defaultNet:
+			return nil, fmt.Errorf("%w: ip is not installed (install the iproute2 package), needed by network %q; or run with --network %s (loopback only)", ErrUnavailable, NetworkInternet, NetworkLoopback)
+		default:
+			opts.Network = NetworkLoopback
+			p.opts = opts
+			netDegraded = "network: loopback only, pasta or ip is not installed (install the passt and iproute2 packages for the internet)"
+		}
 	}
 	p.report = Report{Isolation: IsolationNamespaces, Mechanism: "bubblewrap", Network: opts.Network, Shared: opts.Share,
 		Protections: []string{"user-namespace", "mount-namespace", "pid-namespace", "uts-namespace", "ipc-namespace"},
@@ -82,7 +102,10 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 		p.report.HostUID = opts.HostUID
 		p.report.Protections = append(p.report.Protections, "unprivileged-user")
 	}
-	if opts.Network == NetworkLoopback {
+	if netDegraded != "" {
+		p.report.Degraded = append(p.report.Degraded, netDegraded)
+	}
+	if opts.Network != NetworkHost {
 		p.report.Protections = append(p.report.Protections, "net-namespace")
 	} else {
 		p.report.Degraded = append(p.report.Degraded, "network: the host's network is shared (network: host)")
@@ -99,6 +122,17 @@ func New(ctx context.Context, opts Options) (*Provider, error) {
 	// Probe: a sandbox that starts and can be entered; if its groups are
 	// what fails, without them.
 	perr := p.probe(ctx)
+	var nerr *netSetupError
+	if perr != nil && defaultNet && p.opts.Network == NetworkInternet && errors.As(perr, &nerr) {
+		// The default network cannot be had here: loopback only, said.
+		p.opts.Network = NetworkLoopback
+		why := fmt.Sprintf("network: loopback only, pasta could not connect the sandbox (%s)", nerr.msg)
+		for _, r := range []*Report{&base, &p.report} {
+			r.Network = NetworkLoopback
+			r.Degraded = append(r.Degraded, why)
+		}
+		perr = p.probe(ctx)
+	}
 	if perr != nil && p.cg != nil {
 		p.cg = nil
 		p.report = p.limitsReport(base, fmt.Errorf("the run groups could not be used (%v)", perr))
@@ -167,11 +201,11 @@ func (p *Provider) probe(ctx context.Context) error {
 	defer os.RemoveAll(dir)
 	sb, err := p.Start(ctx, Spec{ID: "probe", Workspace: dir})
 	if err != nil {
-		return fmt.Errorf("%w: %w (configure isolation %q to run sandboxes unisolated)", ErrUnavailable, err, IsolationNone)
+		return fmt.Errorf("%w: %w (%s)", ErrUnavailable, err, HowUnisolated)
 	}
 	defer sb.Close()
 	if out, err := sb.Command(ctx, dir, "/bin/sh", "-c", "echo ok").CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "ok" {
-		return fmt.Errorf("%w: entering the probe sandbox failed: %v: %s (configure isolation %q to run sandboxes unisolated)", ErrUnavailable, err, strings.TrimSpace(string(out)), IsolationNone)
+		return fmt.Errorf("%w: entering the probe sandbox failed: %v: %s (%s)", ErrUnavailable, err, strings.TrimSpace(string(out)), HowUnisolated)
 	}
 	return nil
 }
@@ -351,6 +385,10 @@ type Sandbox struct {
 	ownerNS     *os.File
 	ownerNSPath string
 	nsPID       int
+	// pasta is the run's user-space network (network internet);
+	// pastaDone is closed when it has ended.
+	pasta     *exec.Cmd
+	pastaDone chan struct{}
 }
 
 // findOwnerNS sets ownerNS when the sandbox's namespaces are owned by a
@@ -442,7 +480,7 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	// terminal (TIOCSTI would type into it).
 	args = append(args, "--unshare-pid", "--unshare-uts", "--unshare-ipc", "--new-session",
 		"--hostname", hostname(spec.ID), "--die-with-parent", "--cap-drop", "ALL")
-	if p.opts.Network == NetworkLoopback {
+	if p.opts.Network != NetworkHost {
 		args = append(args, "--unshare-net")
 	}
 	// The system, read-only; merged-/usr symlinks kept as symlinks.
@@ -458,6 +496,24 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 			continue
 		}
 		args = append(args, "--ro-bind", d, d)
+	}
+	var resolv *os.File
+	if p.opts.Network == NetworkInternet {
+		// The run's resolver is pasta's DNS forwarder: the machine's
+		// nameserver may be on its loopback or a private address, which
+		// the run does not reach.
+		dst, r, err := resolvConf()
+		if err != nil {
+			s.removeCgroups()
+			return nil, err
+		}
+		defer r.Close()
+		resolv = r
+		fd := 4
+		if userns != nil {
+			fd = 5
+		}
+		args = append(args, "--ro-bind-data", strconv.Itoa(fd), dst)
 	}
 	// Made by bubblewrap's user, writable by everyone (the sandbox's
 	// user is another one when remapped).
@@ -523,6 +579,9 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if userns != nil {
 		cmd.ExtraFiles = append(cmd.ExtraFiles, userns) // 4
 	}
+	if resolv != nil {
+		cmd.ExtraFiles = append(cmd.ExtraFiles, resolv) // 4 or 5
+	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		infoW.Close()
@@ -580,6 +639,12 @@ func (p *Provider) Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if err := s.findOwnerNS(); err != nil {
 		s.Close()
 		return nil, err
+	}
+	if p.opts.Network == NetworkInternet {
+		if err := s.startNetwork(ctx); err != nil {
+			s.Close()
+			return nil, err
+		}
 	}
 	if err := s.limitInotify(ctx); err != nil {
 		// Reported by status (the probe's sandbox sets it first).
@@ -670,7 +735,7 @@ func (s *Sandbox) command(ctx context.Context, dir string, argv ...string) *exec
 		// the capabilities setns needs) to join them, then the inner one.
 		full = []string{s.p.nsent, "--target", strconv.Itoa(s.pid), "--user=" + s.ownerNSPath, "--preserve-credentials", "--mount", "--pid", "--uts", "--ipc"}
 	}
-	if s.p.opts.Network == NetworkLoopback {
+	if s.p.opts.Network != NetworkHost {
 		full = append(full, "--net")
 	}
 	full = append(full, "--root", "--wd", "--")
@@ -706,7 +771,7 @@ func (s *Sandbox) TerminalCommand(ctx context.Context, dir string, argv ...strin
 // port forwards.
 func (s *Sandbox) DialTCP(ctx context.Context, addr string) (net.Conn, error) {
 	var d net.Dialer
-	if s.holder == nil || s.p.opts.Network != NetworkLoopback {
+	if s.holder == nil || s.p.opts.Network == NetworkHost {
 		return d.DialContext(ctx, "tcp", addr)
 	}
 	if s.p.viaDialer.Load() {
@@ -894,6 +959,10 @@ func (s *Sandbox) Close() error {
 		}
 		s.dialer.close()
 		s.spawner.close()
+		if s.pasta != nil {
+			_ = s.pasta.Process.Kill()
+			<-s.pastaDone
+		}
 		if s.ownerNS != nil {
 			s.ownerNS.Close()
 		}

@@ -287,7 +287,7 @@ func TestNetworkLoopbackOnly(t *testing.T) {
 			c.Close()
 		}
 	}()
-	sb, ws := start(t, Options{})
+	sb, ws := start(t, Options{Network: NetworkLoopback})
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	if out, err := sh(t, sb, ws, "bash -c 'exec 3<>/dev/tcp/127.0.0.1/"+port+" && echo connected'"); err == nil || strings.Contains(out, "connected") {
 		t.Errorf("the sandbox reached the host's loopback port %s: %q", port, out)
@@ -454,7 +454,7 @@ func TestValidate(t *testing.T) {
 func TestRefusesWithoutNamespacesUnlessNone(t *testing.T) {
 	t.Setenv("PATH", t.TempDir())
 	_, err := New(context.Background(), Options{})
-	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), `"none"`) {
+	if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "--isolation none") {
 		t.Fatalf("New without bwrap: %v, want ErrUnavailable naming isolation none", err)
 	}
 	p, err := New(context.Background(), Options{Isolation: IsolationNone})
@@ -591,6 +591,22 @@ func TestChownTreeFollowsNoLink(t *testing.T) {
 		var st syscall.Stat_t
 		if err := syscall.Stat(p, &st); err != nil || st.Uid != 0 {
 			t.Errorf("%s, named by a link in the tree, is owned by %d (%v)", p, st.Uid, err)
+		}
+	}
+}
+
+// TestMissingBubblewrapSaysHowToRunUnisolated: without bubblewrap, New
+// fails saying which package to install and the exact flag and variable
+// that run sandboxes unisolated.
+func TestMissingBubblewrapSaysHowToRunUnisolated(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	_, err := New(context.Background(), Options{})
+	if err == nil || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("New without bubblewrap: %v", err)
+	}
+	for _, want := range []string{"apt install bubblewrap", "--isolation none", "SANDBOXD_LOCALCLOUD_ISOLATION=none"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
 		}
 	}
 }

@@ -100,6 +100,14 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 			t.Errorf("dpkg-deb -I lacks %q:\n%s", want, info)
 		}
 	}
+	// The local remote, the default, runs sandboxes under bubblewrap and
+	// gives them the internet with pasta.
+	recommends := must(t, nil, "dpkg-deb", "-f", deb, "Recommends")
+	for _, want := range []string{"bubblewrap", "passt"} {
+		if !strings.Contains(recommends, want) {
+			t.Errorf("the .deb does not recommend %s: Recommends: %s", want, recommends)
+		}
+	}
 	list := must(t, nil, "dpkg-deb", "-c", deb)
 	for _, want := range []string{
 		"./usr/bin/sbx", "./usr/bin/sbx-mcp", "./usr/bin/sandboxd", "./usr/bin/sandboxd-localcloud", "./usr/bin/sandboxd-helper",

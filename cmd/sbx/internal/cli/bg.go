@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/sandboxd/sandboxd/ipc"
 )
@@ -150,7 +151,10 @@ func (a *app) bgStart(ctx context.Context) int {
 		return a.usage(&usageError{cmd: a.p.cmd, msg: "--local-port needs --port: say which sandbox port to forward"})
 	}
 	var p ipc.BgProcess
-	if err := a.call(ctx, func(ctx context.Context) (err error) { p, err = a.c.BgStart(ctx, req); return err }); err != nil {
+	stop := a.portWaitProgress(req.Name, req.Port)
+	err = a.call(ctx, func(ctx context.Context) (err error) { p, err = a.c.BgStart(ctx, req); return err })
+	stop()
+	if err != nil {
 		return a.fail(err)
 	}
 	return a.bgStarted(p, "Started")
@@ -298,4 +302,45 @@ type jsonLines struct {
 func (j jsonLines) Write(p []byte) (int, error) {
 	j.a.printJSON(map[string]string{"stream": j.stream, "data": string(p)})
 	return len(p), nil
+}
+
+// portWaitFirst and portWaitEvery pace the lines bg start prints while
+// the daemon waits (up to 30s) for the process's port to open.
+const (
+	portWaitFirst = 2 * time.Second
+	portWaitEvery = 5 * time.Second
+)
+
+// portWaitProgress says, on stderr, that bg start is still waiting for
+// port to open in the sandbox, once the answer is late and then every few
+// seconds, until the returned function is called.
+func (a *app) portWaitProgress(name string, port int) func() {
+	if port == 0 || a.p.quiet() {
+		return func() {}
+	}
+	done := make(chan struct{})
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		start := time.Now()
+		t := time.NewTimer(portWaitFirst)
+		defer t.Stop()
+		for first := true; ; first = false {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			if first {
+				fmt.Fprintf(a.sys.Stderr, "sbx: starting %q and waiting for port %d to open in the sandbox (up to 30s)\n", name, port)
+			} else {
+				fmt.Fprintf(a.sys.Stderr, "sbx: still waiting for port %d (%ds); `sbx bg logs %s` shows what the process says\n", port, int(time.Since(start).Seconds()), name)
+			}
+			t.Reset(portWaitEvery)
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
 }

@@ -349,7 +349,7 @@ func (a *app) push(ctx context.Context) int {
 	if resp.Commits {
 		what = "your commits and " + what
 	}
-	fmt.Fprintf(a.sys.Stdout, "Pushed %s to sandbox %s %s\n", what, resp.RunID, resp.RunURL)
+	fmt.Fprintf(a.sys.Stdout, "Pushed %s to sandbox %s%s\n", what, resp.RunID, spaced(resp.RunURL))
 	if len(resp.PulledFiles) > 0 {
 		fmt.Fprintf(a.sys.Stdout, "Brought back first: %s\n", strings.Join(resp.PulledFiles, ", "))
 	}

@@ -43,6 +43,9 @@ func phaseText(p ipc.Progress) string {
 	case ipc.PhaseCreating:
 		return "creating the sandbox run"
 	case ipc.PhaseCreated:
+		if p.RunURL == "" {
+			return "run created"
+		}
 		return "run created: " + p.RunURL
 	case ipc.PhaseProvisioning:
 		if p.Message != "" {

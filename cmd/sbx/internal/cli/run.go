@@ -216,11 +216,11 @@ func (a *app) startOrReset(ctx context.Context, reset bool) int {
 	s := resp.Session
 	switch {
 	case reset && resp.Replaced != "":
-		fmt.Fprintf(a.sys.Stdout, "Stopped %s; started %s (%s) %s\n", resp.Replaced, s.RunID, s.Status, s.RunURL)
+		fmt.Fprintf(a.sys.Stdout, "Stopped %s; started %s (%s)%s\n", resp.Replaced, s.RunID, s.Status, spaced(s.RunURL))
 	case resp.Created:
-		fmt.Fprintf(a.sys.Stdout, "Started sandbox %s (%s) %s\n", s.RunID, s.Status, s.RunURL)
+		fmt.Fprintf(a.sys.Stdout, "Started sandbox %s (%s)%s\n", s.RunID, s.Status, spaced(s.RunURL))
 	default:
-		fmt.Fprintf(a.sys.Stdout, "Sandbox %s is already active for this checkout (%s) %s\nUse `sbx reset` to replace it.\n", s.RunID, s.Status, s.RunURL)
+		fmt.Fprintf(a.sys.Stdout, "Sandbox %s is already active for this checkout (%s)%s\nUse `sbx reset` to replace it.\n", s.RunID, s.Status, spaced(s.RunURL))
 	}
 	return ExitOK
 }
@@ -364,7 +364,7 @@ func (a *app) status(ctx context.Context) int {
 	if resp.Detail != "" {
 		probe += " (" + resp.Detail + ")"
 	}
-	fmt.Fprintf(tw, "run\t%s %s\n", s.RunID, s.RunURL)
+	fmt.Fprintf(tw, "run\t%s%s\n", s.RunID, spaced(s.RunURL))
 	fmt.Fprintf(tw, "probe\t%s\n", probe)
 	if resp.ExpiresAt != nil {
 		fmt.Fprintf(tw, "expires\t%s\n", resp.ExpiresAt.Local().Format(time.RFC3339))
@@ -427,4 +427,13 @@ func (a *app) events(ctx context.Context) int {
 		}
 		fmt.Fprintln(a.sys.Stdout, line)
 	}
+}
+
+// spaced is s after a space, or nothing when s is empty (a run of the
+// local remote has no URL to show).
+func spaced(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " " + s
 }

@@ -62,6 +62,7 @@ func NewServer(opts Options) *sdk.Server {
 	s := sdk.NewServer(&sdk.Implementation{Name: "sbx", Title: "sandboxd", Version: opts.Version}, &sdk.ServerOptions{
 		Instructions: instructions,
 	})
+	s.AddReceivingMiddleware(errorsSaid)
 	sdk.AddTool(s, &sdk.Tool{
 		Name:  "exec",
 		Title: "Run a command in the sandbox",
@@ -69,6 +70,8 @@ func NewServer(opts Options) *sdk.Server {
 			"The sandbox is created (or reconnected) on first use. By default your uncommitted changes in the checkout are synced to the sandbox first, " +
 			"and files the command changes in the sandbox come back to the checkout after (listed in pulledFiles). " +
 			"Give either `command` (a shell command line, run by sh -c) or `argv` (a program and its arguments, passed exactly). " +
+			"The command runs in the sandbox's directory that corresponds to cwd (root=true: at the checkout's root). " +
+			sandboxHas +
 			"Calls on one checkout run one after another; cancelling the call stops the remote command. " +
 			fmt.Sprintf("stdout and stderr are each cut to %d bytes (keeping the start and the end) with a note saying how much was left out.", opts.MaxOutput),
 		Annotations: changes(true, false),
@@ -139,9 +142,15 @@ func NewServer(opts Options) *sdk.Server {
 	return s
 }
 
+// sandboxHas says what a sandbox has, for the descriptions.
+const sandboxHas = "A sandbox of the local remote (the default) has this machine's system toolchains read-only (/usr, /usr/local/go, /opt; not what lives in your home), " +
+	"an empty home of its own, and the internet, but not this machine's network or its loopback services; " +
+	"a sandbox on RWX Cloud has what the checkout's .rwx/sandbox.yml sets up. "
+
 const instructions = `sbx runs commands in a remote sandbox (an RWX sandbox run) for a git checkout on this machine, through the sandboxd daemon.
 Use the exec tool to build, test or run anything in the sandbox: your uncommitted changes are synced to it first and its file changes come back after, so edit files locally and exec to run them.
-The checkout is the directory given as "cwd" in each call (default: the directory this server was started in); exec runs the command in the sandbox's directory that corresponds to cwd (root: true runs it at the checkout's root).`
+The checkout is the directory given as "cwd" in each call (default: the directory this server was started in); exec runs the command in the sandbox's directory that corresponds to cwd (root: true runs it at the checkout's root).
+` + sandboxHas
 
 // Where is the part of every tool's input that picks the sandbox.
 type Where struct {
@@ -162,10 +171,11 @@ type ExecInput struct {
 
 // ExecOutput is the exec tool's result.
 type ExecOutput struct {
-	ExitCode        int      `json:"exitCode" jsonschema:"the command's exit status; 128+n when signal n ended it"`
-	Signal          string   `json:"signal,omitempty" jsonschema:"the signal that ended the command, if one did"`
-	Stdout          string   `json:"stdout"`
-	Stderr          string   `json:"stderr"`
+	ExitCode int    `json:"exitCode" jsonschema:"the command's exit status; 128+n when signal n ended it"`
+	Signal   string `json:"signal,omitempty" jsonschema:"the signal that ended the command, if one did"`
+	// The output is the text content's, not repeated here.
+	Stdout          string   `json:"-"`
+	Stderr          string   `json:"-"`
 	StdoutTruncated bool     `json:"stdoutTruncated,omitempty" jsonschema:"stdout was longer than the limit; its middle was left out"`
 	StderrTruncated bool     `json:"stderrTruncated,omitempty" jsonschema:"stderr was longer than the limit; its middle was left out"`
 	PulledFiles     []string `json:"pulledFiles" jsonschema:"files the command changed in the sandbox, now copied back into the checkout"`
@@ -260,13 +270,16 @@ func (h *handlers) sandbox(ctx context.Context, w Where) (ipc.Target, error) {
 // onSandbox is the handler of a tool that is one daemon call on the
 // sandbox its input names, answered as JSON.
 func onSandbox[In interface{ where() Where }, Out any](h *handlers, call func(context.Context, ipc.Target, In) (Out, error)) sdk.ToolHandlerFor[In, Out] {
-	return func(ctx context.Context, _ *sdk.CallToolRequest, in In) (*sdk.CallToolResult, Out, error) {
+	return func(ctx context.Context, req *sdk.CallToolRequest, in In) (*sdk.CallToolResult, Out, error) {
 		t, err := h.sandbox(ctx, in.where())
 		if err != nil {
 			var zero Out
 			return nil, zero, err
 		}
-		return jsonResult(call(ctx, t, in))
+		stop := h.followProgress(ctx, req, t)
+		out, err := call(ctx, t, in)
+		stop()
+		return jsonResult(out, err)
 	}
 }
 
@@ -280,7 +293,7 @@ func changes(destructive, idempotent bool) *sdk.ToolAnnotations {
 	return &sdk.ToolAnnotations{DestructiveHint: &destructive, IdempotentHint: idempotent, OpenWorldHint: new(bool)}
 }
 
-func (h *handlers) exec(ctx context.Context, _ *sdk.CallToolRequest, in ExecInput) (*sdk.CallToolResult, ExecOutput, error) {
+func (h *handlers) exec(ctx context.Context, req *sdk.CallToolRequest, in ExecInput) (*sdk.CallToolResult, ExecOutput, error) {
 	argv, err := commandArgv(in.Command, in.Argv)
 	if err != nil {
 		return nil, ExecOutput{}, err
@@ -296,7 +309,9 @@ func (h *handlers) exec(ctx context.Context, _ *sdk.CallToolRequest, in ExecInpu
 	}
 	// Cancelling the MCP call cancels ctx, which disconnects the exec
 	// stream: the daemon then stops the remote command.
+	stop := h.followProgress(ctx, req, t)
 	res, err := h.opts.Client.Exec(ctx, ipc.ExecRequest{Target: t, Argv: argv, NoSync: in.NoSync, Root: in.Root}, opts)
+	stop()
 	if err != nil {
 		return nil, ExecOutput{}, err
 	}

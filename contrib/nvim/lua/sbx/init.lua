@@ -58,6 +58,29 @@ local function append(buf, text, hl)
   end
 end
 
+-- pythonEfm reads the frames of a Python traceback
+-- (  File "/path/x.py", line 3, in f).
+local pythonEfm = [[%\s%#File "%f"\, line %l%.%#]]
+
+-- localPaths maps the sandbox's paths in lines to the local checkout's:
+-- a local sandbox's checkout is …/runs/<id>/workspace.
+local function localPaths(lines, root)
+  if not root or root == '' then return lines end
+  local repl = (root .. '/'):gsub('%%', '%%%%')
+  local out = {}
+  for i, l in ipairs(lines) do
+    out[i] = l:gsub('[^%s"\':]*/runs/[^/%s"\']+/workspace/', repl)
+  end
+  return out
+end
+
+-- checkoutRoot is the git checkout holding dir, or nil.
+local function checkoutRoot(dir)
+  local r = vim.fn.systemlist({ 'git', '-C', dir, 'rev-parse', '--show-toplevel' })
+  if vim.v.shell_error ~= 0 or not r[1] or r[1] == '' then return nil end
+  return r[1]
+end
+
 -- exec runs cmd (a shell line) in the sandbox of the current directory and
 -- streams its output into a scratch buffer. Returns the buffer.
 function M.exec(cmd, opts)
@@ -73,7 +96,7 @@ function M.exec(cmd, opts)
     vim.cmd('botright split')
     vim.api.nvim_win_set_buf(0, buf)
   end
-  local e = { cmd = cmd, fresh = true, done = false }
+  local e = { cmd = cmd, fresh = true, done = false, root = checkoutRoot(cwd()) }
   execs[buf] = e
   vim.keymap.set('n', '<C-c>', function() M.interrupt(buf) end, { buffer = buf, desc = 'sbx: interrupt the command' })
   local argv = { 'sh', '-c', cmd }
@@ -130,7 +153,9 @@ function M.interrupt(buf)
 end
 
 -- quickfix fills the quickfix list from an exec buffer's output with
--- 'errorformat' (default: the current buffer, else the last exec).
+-- Python tracebacks' frames and 'errorformat' (default: the current
+-- buffer, else the last exec), the sandbox's paths mapped to the
+-- checkout's.
 function M.quickfix(buf)
   buf = buf or vim.api.nvim_get_current_buf()
   if not execs[buf] then
@@ -139,8 +164,8 @@ function M.quickfix(buf)
     buf = last
   end
   if not buf or not vim.api.nvim_buf_is_valid(buf) then notify('no exec output yet: run :Sbx exec first', vim.log.levels.WARN); return end
-  local lines = vim.api.nvim_buf_get_lines(buf, 0, -1, false)
-  vim.fn.setqflist({}, ' ', { title = 'sbx: ' .. execs[buf].cmd, lines = lines, efm = vim.o.errorformat })
+  local lines = localPaths(vim.api.nvim_buf_get_lines(buf, 0, -1, false), execs[buf].root)
+  vim.fn.setqflist({}, ' ', { title = 'sbx: ' .. execs[buf].cmd, lines = lines, efm = pythonEfm .. ',' .. vim.o.errorformat })
   vim.cmd('copen')
 end
 
