@@ -1,19 +1,38 @@
 // Package sandboxhelper is the program the daemon installs in a sandbox
 // (sandboxd-helper) so that a synced exec costs what the command touched,
-// not what the repository holds.
+// not what the repository holds. Its contract with the daemon is package
+// internal/helperproto; a sandbox without it runs the shell scripts of
+// daemon/gitsync alone. Each verb, and when it runs:
 //
-// It runs twice over. `serve` lives as long as the daemon's connection (one
-// exec request that never ends): it tracks the checkout's working tree with
-// inotify (internal/watch.Trees) and answers, on a Unix socket under
-// .git/sandboxd/helper, which paths changed since the previous question.
-// `stage`, run by the sync scripts in place of `git add -A`, asks it and
-// stages only those paths into the sync index; when anything is uncertain
-// (no answer, a queue overflow, a new server, an ignore file changed) it
-// stages the whole tree as before. `run`, in a fused exchange, has the
-// server do the push and the pull itself (the native sync, native.go)
-// around the user's command; `adopt` tells it the tree a plain push made,
-// `pull` asks for a native pull after one. A sandbox without the helper
-// runs the plain scripts.
+//   - serve (Serve, server.go): started by daemon/helper once per kept
+//     connection, as one exec request that lasts as long as it. It tracks
+//     the checkout with inotify (internal/watch.Trees) and answers, on a
+//     Unix socket under .git/sandboxd/helper, one question at a time:
+//     changes, adopt, push, pull (a line, a JSON body, a JSON answer).
+//   - stage (Stage, stage.go): run by the scripts' stageall in place of
+//     `git add -A` whenever the daemon named a server. It stages only the
+//     paths the server saw change when it can vouch for the rest, the
+//     whole tree otherwise; any failure makes the script run git add -A.
+//   - run (Run, run.go): the native way of a fused exchange, taken when
+//     the daemon sent the push's entries, no earlier exec's edits are
+//     pending and no decline holds for head (.git/sandboxd/native.off).
+//     One process asks the server for the native push, runs the command,
+//     asks for the native pull and prints the exchange's report
+//     (report.go). The native sync (native.go) builds trees in-process
+//     (internal/gitobj); it declines before changing anything when it
+//     cannot vouch for the result (no known base, the tracker unsure,
+//     rules files changed, converting settings or attributes, submodules):
+//     ExitDeclined, or ExitDeclinedForGood until head changes. The script
+//     then takes the plain way.
+//   - adopt: after that plain way's push, tells the server the tree the
+//     push made, so that the pull (and the next exchange) can be native.
+//   - pull: the pull script's native pull, when the server knows the tree
+//     the push left (after run or adopt); declined, the script stages and
+//     diffs with git.
+//   - hold (package hold): durable execs, for a split exec without a
+//     terminal when the daemon's durable exec is on (docs/durable-exec.md).
+//   - version: prints the name and the binary's hash; the daemon checks an
+//     upload by it.
 package sandboxhelper
 
 import (

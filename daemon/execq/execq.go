@@ -14,8 +14,7 @@ import (
 // PositionEvery is how often a waiter looks at its place in line to report
 // a change. Waiters look for themselves rather than being told on every
 // release: with n callers waiting, telling each of them about each release
-// cost n wake-ups and n progress frames per exec, most of what the daemon
-// did under a burst of 32 callers on one sandbox.
+// costs n wake-ups and n progress frames per exec (docs/performance.md).
 const PositionEvery = 500 * time.Millisecond
 
 // Queue is a set of FIFO lines, one per key. The zero value is not usable;

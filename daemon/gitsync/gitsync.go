@@ -1,30 +1,58 @@
 // Package gitsync moves a local working tree into a sandbox's git checkout
-// and the sandbox's edits back, in one remote command each way.
+// and the sandbox's edits back.
 //
-// The protocol, per synced exec:
+// Every synced exec does the same three things: make the local tree into a
+// commit and a patch without touching the user's index (Prepare), make the
+// sandbox's checkout equal to it and record the synced tree as SnapshotRef
+// (push), run the command, and send back the sandbox's edits since
+// SnapshotRef as a patch that is checked and applied locally, falling back
+// to a 3-way merge and to .rej files (Pull, land, applyPulled). Commits the
+// sandbox lacks go first by git's protocol (pushCommits, only when HEAD
+// moved). Crash safety: the sandbox keeps an exec's edits
+// (.git/sandboxd/pending) until a later push carries the acknowledgement
+// (acks.go); a push that finds unacknowledged edits brings them back first.
 //
-//   - Prepare (local only): the local HEAD commit and a binary-safe patch
-//     HEAD→working tree, built with a temporary index so the user's index
-//     and files are never touched.
-//   - Push: commits the sandbox lacks travel first by git's own push
-//     protocol (`git-receive-pack '.'` in the sandbox, fed by a local
-//     `git pack-objects`), only when HEAD moved. Then one remote command
-//     normalizes the sandbox: reset to HEAD (this heals whatever happened
-//     there since the last exec), apply the patch, record the synced tree
-//     as the commit SnapshotRef, and mark the exec's edits pending.
-//   - the caller runs the user's command.
-//   - Pull (one remote command): diff the sandbox's tree (untracked files
-//     included) against SnapshotRef and send that patch; the sandbox keeps
-//     its files (a dev server started in the background serves the latest
-//     build). The patch is applied locally, falling back to a 3-way merge
-//     and to --reject (.rej files), never dropping either side of a
-//     conflict; then the exec's id is acknowledged in the local repository.
+// How each step is done depends on these switches:
 //
-// Crash safety: the sandbox keeps an exec's edits (its tree and
-// .git/sandboxd/pending) until a later push carries the acknowledgement of
-// that exec. A push that finds unacknowledged edits (the daemon died between
-// the command and the end of its pull) sends them back first; they are
-// applied locally or saved under .git/sandboxd/pulls/ and reported.
+//   - Full or incremental scan (local). Without Options.Changes every
+//     Prepare stages the whole tree into a copy of the index (prepareFull).
+//     With it (internal/watch.Trees), prepareIncremental looks only at the
+//     paths the tracker names; prepareTracked falls back to the full scan
+//     the first time, when the tracker is unsure, a config file changed,
+//     the index is one the sync cannot read, HEAD moved too far, or the
+//     changes are many (maxIncremental) or touch an ignore file, a
+//     submodule or a special file (the fallback reasons in dirty.go).
+//   - In-process or git staging (incremental only). Where no setting or
+//     attribute converts files (configFiles, stagesAsIs), the sync index is
+//     staged in memory (memIndex, smallindex.go) and the records diffed
+//     in-process (memDiff); otherwise, or when memIndex.stage gives up
+//     (errToGit), `git update-index` and `git diff` do it (diffPaths).
+//   - With or without the patch. Prepare always makes it. PrepareExchange
+//     leaves it out when the same helper instance served the repository's
+//     last exchange natively (servedNatively) and memDiff could make the
+//     records: the exchange carries the helper's entries alone. Should the
+//     helper decline, the script exits exitNeedPatch and Fused.Again makes
+//     the caller prepare again, with the patch.
+//   - Fused or split. An exec without a terminal tries one exchange (Fuse,
+//     fused.go): push, command and pull in one exec request, the report
+//     after a nonce boundary on stdout (Exchange, Finish). Fuse declines
+//     when the patch is over MaxFusedPatch or cannot travel in a
+//     here-document, or the patch was left out and the helper is gone; the
+//     caller then takes the split steps: Push, the command, Pull (or Save
+//     when the caller went away), each its own exec request.
+//   - Shell or native sandbox side. With a helper serving on the
+//     connection (HelperRunner) and entries it can take (nativeEntries:
+//     no LFS, no submodule, within MaxFusedPatch), the fused script hands
+//     push, command and pull to `sandboxd-helper run` (package
+//     sandboxhelper); when it declines, the shell's plain way runs
+//     (plainPush) and the helper adopts the resulting tree, so the pull is
+//     native. In the shell scripts (remote.go) the helper's `stage`
+//     replaces `git add -A` whenever it answers (stageall); without a
+//     helper everything is shell and git.
+//   - Apply what differs or read-tree (sandbox side of the plain push).
+//     When the local index is at least largeIndexBytes (Patch.LargeTree)
+//     the working tree moves by a patch of what differs; below, by a
+//     two-way `git read-tree -m -u` (pushBody).
 package gitsync
 
 import (

@@ -12,8 +12,8 @@ import (
 // The diff of the changed paths, made in-process. Where the sync index is
 // staged in-process (memIndex) and HEAD's entry of every path to look at
 // is known, the records `git diff --cached --raw HEAD -- <paths>` would
-// print are computed here, and the git process (a good part of a synced
-// exec's local cost) is spared. What they leave out is the patch: only a
+// print are computed here, and the git process is spared
+// (docs/performance.md). What they leave out is the patch: only a
 // sandbox whose helper serves the native push can do without it
 // (PrepareExchange); everything else asks git, as before.
 //

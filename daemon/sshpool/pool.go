@@ -93,8 +93,8 @@ type Pool struct {
 	handshakes atomic.Uint64
 
 	// copyBufs are the buffers that relay a command's streams: two or
-	// three per exec, which io.Copy would allocate afresh (most of what a
-	// burst of execs allocated, and so most of its GC work).
+	// three per exec, which io.Copy would allocate afresh
+	// (docs/performance.md).
 	copyBufs sync.Pool
 }
 

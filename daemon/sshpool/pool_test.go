@@ -759,8 +759,8 @@ func TestSendWithoutWaiting(t *testing.T) {
 }
 
 // The buffers that relay a command's streams are reused: an exec does not
-// allocate 32 KiB per stream (io.Copy's own buffer), which was most of
-// what a burst of execs allocated. (Race builds drop some pooled buffers on
+// allocate 32 KiB per stream (io.Copy's own buffer; docs/performance.md
+// says what that was worth). (Race builds drop some pooled buffers on
 // purpose, hence a bound of half a buffer per relay, not zero.)
 func TestRelayReusesItsBuffer(t *testing.T) {
 	p := newPool(t, testOptions())

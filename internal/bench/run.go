@@ -338,8 +338,8 @@ func (r *runner) startTiny(ctx context.Context, n int) error {
 // waitHelpers syncs every live sandbox once and waits until its sandbox
 // helper serves (its socket is there): the first sync starts the helper in
 // the background, and it walks the checkout to place its watches, work
-// that would otherwise weigh on the first scenarios' times (the 200-file
-// rows were slower than the 50,000-file ones).
+// that would otherwise weigh on the first scenarios' times
+// (docs/performance.md).
 func (r *runner) waitHelpers(ctx context.Context) error {
 	late := false // after one helper did not start, the others are not waited for
 	for repo, id := range r.runOf {

@@ -120,8 +120,8 @@ func (r *runner) startWait(ctx context.Context) error {
 // the checkouts of repo's ended runs, which it does in the background: a
 // start timed meanwhile would share the machine with the removal of up to
 // 50,000 files. Even after it, ext4 allocates inodes slowly for a while
-// after a mass deletion (perf: recently_deleted), so the time of the
-// 50,000-file checkout varies several fold: own_ms is the tool's share.
+// after a mass deletion (recently_deleted), so the checkout's time varies
+// (docs/performance.md): own_ms is the tool's share.
 func (r *runner) stopAndClean(ctx context.Context, repo string) error {
 	if err := r.e.sbx(ctx, repo, "stop"); err != nil {
 		return err

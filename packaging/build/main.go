@@ -47,7 +47,7 @@ type Options struct {
 	Formats    []string // deb, rpm, tar
 	MTime      time.Time
 	// Uncompressed builds the .deb without compression: the tests' form
-	// (compressing ~25 MB under the race detector takes minutes).
+	// (compression is slow under the race detector; docs/performance.md).
 	Uncompressed bool
 }
 
