@@ -280,7 +280,7 @@ func changes(destructive, idempotent bool) *sdk.ToolAnnotations {
 	return &sdk.ToolAnnotations{DestructiveHint: &destructive, IdempotentHint: idempotent, OpenWorldHint: new(bool)}
 }
 
-func (h *handlers) exec(ctx context.Context, _ *sdk.CallToolRequest, in ExecInput) (*sdk.CallToolResult, ExecOutput, error) {
+func (h *handlers) exec(ctx context.Context, req *sdk.CallToolRequest, in ExecInput) (*sdk.CallToolResult, ExecOutput, error) {
 	argv, err := commandArgv(in.Command, in.Argv)
 	if err != nil {
 		return nil, ExecOutput{}, err
@@ -291,6 +291,10 @@ func (h *handlers) exec(ctx context.Context, _ *sdk.CallToolRequest, in ExecInpu
 	}
 	stdout, stderr := newCapture(h.opts.MaxOutput), newCapture(h.opts.MaxOutput)
 	opts := client.ExecOptions{Stdout: stdout, Stderr: stderr}
+	if pr := newProgressRelay(req, h.opts.Client, t); pr != nil {
+		opts.OnFrame = pr.onFrame(ctx)
+		defer pr.done()
+	}
 	if in.Stdin != "" {
 		opts.Stdin = strings.NewReader(in.Stdin)
 	}
