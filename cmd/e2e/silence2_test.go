@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"fmt"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -47,4 +49,77 @@ echo ran >> %s; sleep 60`, counter)
 		t.Errorf("the command ran %d times", n)
 	}
 	t.Logf("a reattach to a silent helper ended %v after the silence began\n%s", took.Round(time.Millisecond), r.stderr)
+}
+
+// TestDetachedCommandRunsOnAndAttachGivesItsOutputAndStatus: `sbx exec
+// --detach` prints the command's id and returns while the command still
+// runs in the sandbox (with the local changes pushed first); `sbx attach
+// ID` gives all its output and exits with its own status, as often as
+// asked, without running it again; an unknown id starts nothing.
+func TestDetachedCommandRunsOnAndAttachGivesItsOutputAndStatus(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startLocalcloud()
+	e.writeConfig(map[string]any{"durable_exec": true})
+	d := e.startDaemon()
+	repo := e.newRepo("detach", defaultConfig)
+	run := e.startSandbox(repo)
+	e.mustSbx(repo, "exec", "--", "true")
+	e.waitHelper(t, run)
+	writeFile(t, filepath.Join(repo, "local.txt"), "pushed before\n")
+	counter := counterFile(t, "detach")
+	script := fmt.Sprintf(`echo ran >> %s; cat local.txt; echo err >&2; sleep 3; echo after the detach; echo done >> %s; exit 7`, counter, counter)
+	start := time.Now()
+	r := e.sbx(repo, "exec", "--detach", "--", "sh", "-c", script)
+	took := time.Since(start)
+	id := strings.TrimSpace(r.stdout)
+	if r.code != 0 || !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(id) {
+		d.stop(t)
+		t.Fatalf("sbx exec --detach: %s\n%s", r, d.logs)
+	}
+	if strings.Contains(readFileOr(counter), "done") {
+		t.Errorf("sbx exec --detach returned after %v, once the command was over: it waited for it", took)
+	}
+	if !strings.Contains(r.stderr, "sbx attach "+id) {
+		t.Errorf("sbx exec --detach does not say how to follow the command:\n%s", r.stderr)
+	}
+	for i := 0; i < 2; i++ {
+		a := e.sbx(repo, "attach", id)
+		if a.code != 7 || a.stdout != "pushed before\nafter the detach\n" || !strings.Contains(a.stderr, "err") {
+			d.stop(t)
+			t.Fatalf("sbx attach %s (%d): %s\n%s", id, i+1, a, d.logs)
+		}
+	}
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		t.Errorf("the detached command ran %d times", n)
+	}
+	if u := e.sbx(repo, "attach", strings.Repeat("0", 32)); u.code == 0 || !strings.Contains(u.stderr, "never started") {
+		t.Errorf("sbx attach of an unknown id: %s", u)
+	}
+	t.Logf("sbx exec --detach returned in %v", took.Round(time.Millisecond))
+}
+
+// TestHeldCommandStopsWhenSbxDiesWithoutDetach: with durable exec on, an
+// sbx exec that is killed (not detached) stops its command, as without the
+// holder: only --detach leaves a command running without a caller.
+func TestHeldCommandStopsWhenSbxDiesWithoutDetach(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startLocalcloud()
+	e.writeConfig(map[string]any{"durable_exec": true})
+	e.startDaemon()
+	repo := e.newRepo("nodetach", defaultConfig)
+	run := e.startSandbox(repo)
+	e.mustSbx(repo, "exec", "--", "true")
+	e.waitHelper(t, run)
+	e.mustSbx(repo, "exec", "--", "true")
+	counter := counterFile(t, "nodetach")
+	cmd := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", fmt.Sprintf("echo ran >> %s; sleep 3; echo survived >> %s", counter, counter))
+	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
+	_ = cmd.cmd.Process.Kill()
+	cmd.wait(t, 30*time.Second)
+	time.Sleep(5 * time.Second)
+	if got := readFileOr(counter); strings.Contains(got, "survived") {
+		t.Errorf("a held command whose sbx was killed ran on:\n%s", got)
+	}
 }
