@@ -93,6 +93,10 @@ func TestDetachedCommandRunsOnAndAttachGivesItsOutputAndStatus(t *testing.T) {
 	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
 		t.Errorf("the detached command ran %d times", n)
 	}
+	// The sandbox serves synced execs as before.
+	if x := e.sbx(repo, "exec", "--", "cat", "local.txt"); x.code != 0 || x.stdout != "pushed before\n" {
+		t.Errorf("a synced exec after the detached command: %s", x)
+	}
 	if u := e.sbx(repo, "attach", strings.Repeat("0", 32)); u.code == 0 || !strings.Contains(u.stderr, "never started") {
 		t.Errorf("sbx attach of an unknown id: %s", u)
 	}

@@ -145,7 +145,9 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 	}
 	if sync {
 		m.mark(ctx, lc, directiveSyncStart)
-		out, err := m.push(ctx, runner, s, false, warn)
+		// A detached command has no pull after it: its push records no
+		// pending edits.
+		out, err := m.push(ctx, runner, s, req.Detach, warn)
 		m.mark(ctx, lc, directiveSyncEnd)
 		res.PulledFiles = append(res.PulledFiles, out.recovered...)
 		if err != nil {
