@@ -127,3 +127,27 @@ func TestHeldCommandStopsWhenSbxDiesWithoutDetach(t *testing.T) {
 		t.Errorf("a held command whose sbx was killed ran on:\n%s", got)
 	}
 }
+
+// TestDetachWithoutTheHelperFailsAtOnceAndRunsNothing: where the sandbox
+// helper does not run (sync_helper off), --detach cannot hold the command:
+// it fails at once saying why, and the command does not run.
+func TestDetachWithoutTheHelperFailsAtOnceAndRunsNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startLocalcloud()
+	e.writeConfig(map[string]any{"durable_exec": true, "sync_helper": "off"})
+	e.startDaemon()
+	repo := e.newRepo("nohelper", defaultConfig)
+	e.startSandbox(repo)
+	e.mustSbx(repo, "exec", "--", "true")
+	counter := counterFile(t, "nohelper")
+	start := time.Now()
+	r := e.sbx(repo, "exec", "--detach", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
+	took := time.Since(start)
+	if r.code == 0 || !strings.Contains(r.stderr, "the sandbox helper does not run on this sandbox") || took > 10*time.Second {
+		t.Errorf("sbx exec --detach without the helper (after %v): %s", took, r)
+	}
+	if got := readFileOr(counter); got != "" {
+		t.Errorf("the command ran: %q", got)
+	}
+}

@@ -50,6 +50,9 @@ func (m *Manager) waitHolder(ctx context.Context, conn *sshpool.Conn, what strin
 		if name := m.holderOn(conn); name != "" {
 			return name, nil
 		}
+		if m.opts.HelperUnavailable != nil && m.opts.HelperUnavailable(conn) {
+			return "", errdefs.Unavailable(fmt.Errorf("the sandbox helper does not run on this sandbox (sync_helper off, another platform, or its start failed: see sandboxd's log); %s needs it and did not run", what))
+		}
 		if !said && time.Since(since) >= sayAfter {
 			said = true
 			say(fmt.Sprintf("%s to serve (install, probe, ready) since %s", ipc.WaitingHelper, since.Local().Format("15:04:05")))
