@@ -1,12 +1,17 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"sync"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // TestReattachToAHelperThatGoesSilentEndsAtItsBoundAndSaysSo: a held
@@ -150,4 +155,54 @@ func TestDetachWithoutTheHelperFailsAtOnceAndRunsNothing(t *testing.T) {
 	if got := readFileOr(counter); got != "" {
 		t.Errorf("the command ran: %q", got)
 	}
+}
+
+// TestMCPExecOnANewCheckoutReportsTheSandboxStartAsProgress: an MCP exec
+// call with a progress token on a checkout without a sandbox receives the
+// sandbox's start (its phases, as sbx prints them on stderr) as
+// notifications/progress on that token before its result.
+func TestMCPExecOnANewCheckoutReportsTheSandboxStartAsProgress(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("mcpprogress", defaultConfig)
+	var mu sync.Mutex
+	var msgs []string
+	var toks []any
+	cmd := e.sbxCmd(repo, "mcp")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	c := sdk.NewClient(&sdk.Implementation{Name: "e2e", Version: "1"}, &sdk.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *sdk.ProgressNotificationClientRequest) {
+			mu.Lock()
+			defer mu.Unlock()
+			msgs = append(msgs, req.Params.Message)
+			toks = append(toks, req.Params.ProgressToken)
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cs, err := c.Connect(ctx, &sdk.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connect to sbx mcp: %v\n%s", err, stderr.String())
+	}
+	defer cs.Close()
+	params := &sdk.CallToolParams{Name: "exec", Arguments: map[string]any{"command": "echo hi"}}
+	params.SetProgressToken("start-1")
+	res, err := cs.CallTool(ctx, params)
+	if err != nil || res.IsError {
+		t.Fatalf("exec: %v %+v", err, res)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	all := strings.Join(msgs, "\n")
+	if !strings.Contains(all, "starting a sandbox for") || !strings.Contains(all, "connecting to the sandbox") {
+		t.Errorf("progress of the sandbox's start, got:\n%s", all)
+	}
+	for _, tok := range toks {
+		if tok != "start-1" {
+			t.Errorf("progress on token %v, want start-1", tok)
+		}
+	}
+	t.Logf("progress:\n%s", all)
 }
