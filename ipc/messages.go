@@ -12,11 +12,13 @@ const (
 	WaitingForLock = "waiting for the sandbox's lock"
 	WaitingSilent  = "the connection to the sandbox went silent"
 	WaitingConnect = "connecting to the sandbox since"
+	WaitingHelper  = "waiting for the sandbox helper"
 )
 
 // IsWaitOnReady reports whether msg is one of those.
 func IsWaitOnReady(msg string) bool {
-	return strings.HasPrefix(msg, WaitingForLock) || strings.HasPrefix(msg, WaitingSilent) || strings.HasPrefix(msg, WaitingConnect)
+	return strings.HasPrefix(msg, WaitingForLock) || strings.HasPrefix(msg, WaitingSilent) || strings.HasPrefix(msg, WaitingConnect) ||
+		strings.HasPrefix(msg, WaitingHelper)
 }
 
 // DriftWarning is the one wording of the config-drift warning, shared by the

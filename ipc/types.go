@@ -228,6 +228,13 @@ type ExecRequest struct {
 	// (sbx shell, sbx exec -t): its stdout and stderr are then one stream
 	// (stdout frames), and resize frames follow the caller's window.
 	TTY *TTY `json:"tty,omitempty"`
+	// Detach starts the command under the sandbox helper's holder and
+	// answers at once with its ExecID (durable exec only): the command
+	// runs on without a caller and nothing of it is pulled back.
+	Detach bool `json:"detach,omitempty"`
+	// Attach, instead of running Argv, follows the detached command of
+	// this ExecID: all its output kept so far and on, then its exit code.
+	Attach string `json:"attach,omitempty"`
 }
 
 // TTY is the pseudo-terminal an exec asks for.
@@ -299,6 +306,8 @@ type ExecResult struct {
 	PulledFiles []string `json:"pulledFiles"`
 	DurationMs  int64    `json:"durationMs"`
 	Warnings    []string `json:"warnings,omitempty"`
+	// ExecID names a detached command (ExecRequest.Detach).
+	ExecID string `json:"execId,omitempty"`
 }
 
 // Event is one NDJSON record of GET /v1/events.

@@ -84,6 +84,13 @@ func (r *ExecRequest) Validate() error {
 	if err := r.Target.Validate(); err != nil {
 		return err
 	}
+	if r.Attach != "" {
+		// An attach runs nothing: it follows a detached command.
+		if len(r.Argv) > 0 || r.Detach || r.TTY != nil || r.Stdin || len(r.Env) > 0 {
+			return errdefs.Invalidf("attach follows a detached command: it takes no argv, detach, tty, stdin or env")
+		}
+		return nil
+	}
 	if len(r.Argv) == 0 {
 		return errdefs.Invalidf("argv is empty: give the command to run, for example [\"make\",\"test\"] (sbx exec -- make test)")
 	}

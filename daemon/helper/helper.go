@@ -150,6 +150,25 @@ func (m *Manager) For(c Conn) (name, instance string) {
 	return "", ""
 }
 
+// Unavailable reports that the helper will not serve on c soon: it is off,
+// the sandbox cannot run it, or its last try failed and the next waits
+// for its retry time. A caller that needs the helper stops waiting then.
+func (m *Manager) Unavailable(c Conn) bool {
+	if m == nil {
+		return true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.bin == nil || m.ctx.Err() != nil {
+		return true
+	}
+	st := m.conns[c]
+	if st == nil || st.running || st.instance != "" {
+		return false
+	}
+	return st.never || m.o.Now().Sub(st.failed) < st.wait
+}
+
 // Close stops every server (their exec requests end) and waits.
 func (m *Manager) Close() {
 	m.stop()

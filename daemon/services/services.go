@@ -118,20 +118,21 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	// connection (and follows an agent that moved).
 	s.forwards = forward.New(forward.Options{Dialer: sandboxDialer{s}, Logger: log})
 	m, err := sessions.New(sessions.Options{
-		Store:        deps.Store,
-		Remotes:      s.remote,
-		Pool:         s.pool,
-		Queue:        execq.New(),
-		Sync:         gitsync.New(gitsync.Options{Logger: log, Pause: pause, Changes: s.trees}),
-		Events:       s.bus,
-		Branches:     branches,
-		Watcher:      w,
-		Forwards:     s.forwards,
-		Logger:       log,
-		DaemonConfig: daemonConfig(deps.Config),
-		SSHDir:       sshDir(deps.Layout),
-		SyncHelper:   func(c *sshpool.Conn) (string, string) { return s.helpers.For(c) },
-		Pause:        pause,
+		Store:             deps.Store,
+		Remotes:           s.remote,
+		Pool:              s.pool,
+		Queue:             execq.New(),
+		Sync:              gitsync.New(gitsync.Options{Logger: log, Pause: pause, Changes: s.trees}),
+		Events:            s.bus,
+		Branches:          branches,
+		Watcher:           w,
+		Forwards:          s.forwards,
+		Logger:            log,
+		DaemonConfig:      daemonConfig(deps.Config),
+		SSHDir:            sshDir(deps.Layout),
+		SyncHelper:        func(c *sshpool.Conn) (string, string) { return s.helpers.For(c) },
+		HelperUnavailable: func(c *sshpool.Conn) bool { return s.helpers.Unavailable(c) },
+		Pause:             pause,
 	})
 	if err != nil {
 		s.helpers.Close()

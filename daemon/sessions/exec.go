@@ -37,6 +37,12 @@ const unlockTimeout = 10 * time.Second
 // sandbox's edits back, release the lock.
 func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.ExecStream) (_ ipc.ExecResult, err error) {
 	started := m.now()
+	if req.Attach != "" {
+		return m.attachHeld(ctx, req, stream)
+	}
+	if req.Detach && req.TTY != nil {
+		return ipc.ExecResult{}, errdefs.Invalidf("a detached command has no terminal: leave out -t")
+	}
 	if len(req.Argv) == 0 {
 		return ipc.ExecResult{}, errdefs.Invalidf("no command given: pass it after --, for example `sbx exec -- make test`")
 	}
@@ -115,9 +121,18 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 	}
 	runner := m.runner(lc)
 	sync := !req.NoSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot
+	holder := ""
+	if req.Detach {
+		if holder, err = m.waitHolder(withLockProgress(ctx, func(msg string) {
+			_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
+			m.progress(s, ipc.PhaseWaiting, msg)
+		}), lc.conn, "sbx exec --detach"); err != nil {
+			return ipc.ExecResult{}, err
+		}
+	}
 	dir := execDir(req, p, s)
 	locked := m.now()
-	if sync && req.TTY == nil {
+	if sync && req.TTY == nil && !req.Detach {
 		// The common case: push, command and pull in one exchange.
 		done, err := m.execFused(ctx, lc, s, req, dir, stream, &res, warn)
 		if err != nil {
@@ -132,7 +147,9 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 	}
 	if sync {
 		m.mark(ctx, lc, directiveSyncStart)
-		out, err := m.push(ctx, runner, s, false, warn)
+		// A detached command has no pull after it: its push records no
+		// pending edits.
+		out, err := m.push(ctx, runner, s, req.Detach, warn)
 		m.mark(ctx, lc, directiveSyncEnd)
 		res.PulledFiles = append(res.PulledFiles, out.recovered...)
 		if err != nil {
@@ -140,6 +157,19 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 		}
 	}
 
+	if req.Detach {
+		// The command runs on without a caller: nothing of it is pulled
+		// back (its edits stay in the sandbox).
+		id, err := m.launchHeld(ctx, lc, holder, remoteCommand(dir, req.Env, req.Argv))
+		if err != nil {
+			return ipc.ExecResult{}, err
+		}
+		m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0], "execId": id})
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
+		res.ExecID = id
+		res.DurationMs = m.now().Sub(started).Milliseconds()
+		return res, nil
+	}
 	m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 	_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 	pushed := m.now()

@@ -86,6 +86,13 @@ func newExecID() string {
 // it is started again only if the holder never heard of it.
 func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn, helper string, stdio sshpool.Stdio, command string, stream backend.ExecStream) (sshpool.ExitStatus, error) {
 	id := newExecID()
+	// The waits of a reattach (the lock, the holder's answers) say what
+	// they wait for, as the exec's first lock wait does.
+	say := func(msg string) {
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
+		m.progress(s, ipc.PhaseWaiting, msg)
+	}
+	ctx = withLockProgress(ctx, say)
 	out, errw := &counted{w: stdio.Stdout}, &counted{w: stdio.Stderr}
 	stdio.Stdout, stdio.Stderr = out, errw
 	bin := ".git/sandboxd/bin/" + helper
@@ -156,11 +163,19 @@ func (m *Manager) execProbing(ctx context.Context, lc *lockedConn, line string, 
 	return lc.exec(ctx, line, stdio)
 }
 
-// holdState asks the holder about exec id on lc.
+// holdState asks the holder about exec id on lc. The holder reads two
+// small files: it answers within a probe's time plus the start of a
+// process, or it is stuck (or not the holder) and the reattach ends.
 func (m *Manager) holdState(ctx context.Context, lc *lockedConn, bin, id string) (holdState, error) {
+	_, probeTimeout := m.waitBounds()
+	bound := probeTimeout + helperStartSlack
 	var buf bytes.Buffer
 	w := &limitWriter{w: &buf, left: maxHoldState}
-	st, err := lc.exec(ctx, fmt.Sprintf("exec %s hold state %s", bin, id), sshpool.Stdio{Stdout: w})
+	var st sshpool.ExitStatus
+	err := helperWait(ctx, "answer about the held command", bound, func(ctx context.Context) (err error) {
+		st, err = lc.exec(ctx, fmt.Sprintf("exec %s hold state %s", bin, id), sshpool.Stdio{Stdout: w})
+		return err
+	})
 	if err != nil {
 		return holdState{}, err
 	}
@@ -207,4 +222,28 @@ func (e *eofTeller) Read(p []byte) (int, error) {
 		e.tell()
 	}
 	return n, err
+}
+
+// helperStartSlack is the time a helper process in the sandbox may take to
+// start, on top of a round trip.
+const helperStartSlack = 2 * time.Second
+
+// helperWait runs ask, a question to the sandbox helper, for at most
+// bound; past sayAfter it says what it waits for through ctx's lock
+// progress (stderr, session.progress, MCP progress). Past the bound it
+// fails with a message saying what to do.
+func helperWait(ctx context.Context, what string, bound time.Duration, ask func(context.Context) error) error {
+	say := lockProgress(ctx)
+	since := time.Now()
+	actx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	t := time.AfterFunc(sayAfter, func() {
+		say(fmt.Sprintf("%s to %s since %s", ipc.WaitingHelper, what, since.Local().Format("15:04:05")))
+	})
+	err := ask(actx)
+	t.Stop()
+	if err != nil && ctx.Err() == nil && actx.Err() != nil {
+		return errdefs.Unavailable(fmt.Errorf("the sandbox helper did not %s within %s (is the sandbox overloaded, or was the helper replaced?): the command may still be running in the sandbox; see it with `sbx exec -- ps -ef`, or `sbx reset` for a fresh sandbox: %w", what, bound, err))
+	}
+	return err
 }

@@ -121,6 +121,10 @@ type Options struct {
 	// SyncHelper, optional, offers the sandbox helper of a connection
 	// (daemon/helper): its file name and server instance, "" while none.
 	SyncHelper func(c *sshpool.Conn) (name, instance string)
+	// HelperUnavailable, optional, reports that the helper will not serve
+	// on c soon (off, another platform, a failed try): a detach or an
+	// attach then fails at once instead of waiting for it.
+	HelperUnavailable func(c *sshpool.Conn) bool
 	// Pause, for crash tests only, is called at named phases of an exec
 	// ("exec-after-command": the command ended, its edits not pulled).
 	Pause func(phase string)

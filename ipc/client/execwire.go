@@ -66,6 +66,8 @@ func appendExecRequest(b []byte, req ipc.ExecRequest) (_ []byte, ok bool) {
 		inner.int("rows", int64(req.TTY.Rows))
 		w.end(inner)
 	}
+	w.flag("detach", req.Detach)
+	w.str("attach", req.Attach, true)
 	return append(w.b, '}'), !w.bad
 }
 
@@ -219,6 +221,8 @@ func (d *jsonReader) execResult(r *ipc.ExecResult) bool {
 			r.PulledFiles, ok = d.strings()
 		case "warnings":
 			r.Warnings, ok = d.strings()
+		case "execId":
+			r.ExecID, ok = d.string()
 		}
 		return ok
 	})

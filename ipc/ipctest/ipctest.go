@@ -283,10 +283,16 @@ func (e *Events) Subscribe(ctx context.Context, since *uint64) (server.EventSubs
 
 // Publish appends an event and sends it to every subscriber.
 func (e *Events) Publish(typ string) ipc.Event {
+	return e.PublishEvent(ipc.Event{Type: typ})
+}
+
+// PublishEvent is Publish of an event with its session, run and data; Seq
+// and Time are set here.
+func (e *Events) PublishEvent(ev ipc.Event) ipc.Event {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.seq++
-	ev := ipc.Event{Seq: e.seq, Time: time.Now().UTC(), Type: typ}
+	ev.Seq, ev.Time = e.seq, time.Now().UTC()
 	e.buf = append(e.buf, ev)
 	if len(e.buf) > e.Buffer {
 		e.buf = e.buf[1:]

@@ -31,14 +31,15 @@ func DefaultRoot() (string, error) {
 	return filepath.Join(dir, "sandboxd", "hold"), nil
 }
 
-// Main is `hold start ID -- ARGV...`, `hold attach ID OUT ERR`, `hold
+// Main is `hold start ID -- ARGV...`, `hold launch ID -- ARGV...` (start
+// without attaching, stdin empty), `hold attach ID OUT ERR`, `hold
 // state ID`, `hold signal ID SIGNAL`, `hold eof ID` (the caller's stdin
 // ended) and `hold keep ID` (the keeper; started by start). self is the
 // argv that runs this program. start and attach feed their stdin to the
 // command's.
 func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	usage := func() int {
-		fmt.Fprintln(stderr, "usage: hold start ID -- ARGV... | attach ID OUT ERR | state ID | signal ID SIGNAL")
+		fmt.Fprintln(stderr, "usage: hold start ID -- ARGV... | launch ID -- ARGV... | attach ID OUT ERR | state ID | signal ID SIGNAL")
 		return ExitUsage
 	}
 	if len(args) < 2 {
@@ -104,6 +105,23 @@ func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdo
 			return fail(err)
 		}
 		return code
+	case "launch":
+		// start for a detached exec: the command runs with an empty
+		// stdin and nothing attaches; `attach` follows it later.
+		if len(args) < 4 || args[2] != "--" {
+			return usage()
+		}
+		if err := h.Start(id, args[3:]); err != nil {
+			if errors.Is(err, ErrStarted) {
+				fmt.Fprintf(stderr, "hold launch: %v\n", err)
+				return ExitStarted
+			}
+			return fail(err)
+		}
+		if err := h.EOF(id); err != nil {
+			return fail(err)
+		}
+		return 0
 	case "attach":
 		if len(args) != 4 {
 			return usage()

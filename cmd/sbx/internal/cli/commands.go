@@ -67,7 +67,15 @@ func root() *command {
 					{name: "interactive", short: "i", kind: boolFlag, help: "forward stdin even when it is a terminal"},
 					{name: "tty", short: "t", kind: boolFlag, help: "run the command on a pseudo-terminal (for full-screen and interactive programs): keys pass through raw, the window size follows"},
 					{name: "reset", kind: boolFlag, help: "replace the sandbox first (stop it and start a new run, e.g. after a config change)"},
+					{name: "detach", kind: boolFlag, help: "start the command and return at once, printing its id: it runs on in the sandbox (stdin empty, nothing synced back); follow it with sbx attach ID (needs durable_exec)"},
 				}},
+			{name: "attach", args: "ID", maxArgs: 1, autoStart: true, run: (*app).attach,
+				summary: "follow a command started with sbx exec --detach: its output, then its exit status",
+				long: "ID is what sbx exec --detach printed; the command is looked up in the sandbox of this checkout " +
+					"(or --id RUN). All its output kept so far comes first, then the rest as it comes; sbx attach exits " +
+					"with the command's own status. Ctrl-C sends SIGINT to the command; a second within 2s disconnects, " +
+					"which stops it. Nothing is started: an unknown ID is an error.",
+				flags: []flagSpec{idFlag()}},
 			{name: "shell", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).shell,
 				summary: "open an interactive shell (yours, else bash) in the sandbox, with your changes synced both ways",
 				long: "The shell runs on a pseudo-terminal with your TERM and window size (resizes follow); the local " +

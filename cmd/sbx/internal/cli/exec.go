@@ -31,6 +31,13 @@ type execJSON struct {
 	DurationMs  int64    `json:"durationMs"`
 }
 
+// detachedJSON is the last record of `sbx exec --detach --json`.
+type detachedJSON struct {
+	Type   string `json:"type"` // "detached"
+	RunID  string `json:"runId"`
+	ExecID string `json:"execId"`
+}
+
 // warningJSON is a warning record of `sbx exec --json`.
 type warningJSON struct {
 	Type    string `json:"type"` // "warning"
@@ -42,7 +49,28 @@ func (a *app) exec(ctx context.Context) int {
 	if err != nil {
 		return a.fail(err)
 	}
-	req := ipc.ExecRequest{Target: t, Argv: a.p.argv, NoSync: a.p.bools["no-sync"], Reset: a.p.bools["reset"], Root: a.p.bools["root"]}
+	req := ipc.ExecRequest{Target: t, Argv: a.p.argv, NoSync: a.p.bools["no-sync"], Reset: a.p.bools["reset"], Root: a.p.bools["root"], Detach: a.p.bools["detach"]}
+	if req.Detach && (a.p.bools["tty"] || a.p.bools["interactive"]) {
+		return a.fail(errdefs.Invalidf("--detach runs the command without a caller: it takes no -t or -i"))
+	}
+	return a.runExecRequest(ctx, req)
+}
+
+// attach is `sbx attach ID`: it follows a detached command.
+func (a *app) attach(ctx context.Context) int {
+	if len(a.p.args) != 1 {
+		return a.fail(errdefs.Invalidf("give the id that sbx exec --detach printed: sbx attach ID"))
+	}
+	cwd, err := a.cwd()
+	if err != nil {
+		return a.fail(err)
+	}
+	return a.runExecRequest(ctx, ipc.ExecRequest{Target: ipc.Target{Cwd: cwd, RunID: a.p.strings["id"]}, Attach: a.p.args[0]})
+}
+
+// runExecRequest runs an exec (or an attach) with sbx's streams, signals
+// and progress, and returns sbx's exit code.
+func (a *app) runExecRequest(ctx context.Context, req ipc.ExecRequest) int {
 	ctx, disconnect := context.WithCancel(ctx)
 	defer disconnect()
 
@@ -123,7 +151,7 @@ func (a *app) exec(ctx context.Context) int {
 	if records != nil {
 		opts.Stdout, opts.Stderr = jsonOut, jsonErr
 	}
-	if !a.sys.StdinIsTerminal || a.p.bools["interactive"] {
+	if (!a.sys.StdinIsTerminal || a.p.bools["interactive"]) && !req.Detach && req.Attach == "" {
 		opts.Stdin = a.sys.Stdin
 	}
 	if a.p.bools["tty"] {
@@ -188,6 +216,18 @@ func (a *app) execDone(res ipc.ExecResult, err error, fwd *signalForwarder, reco
 	}
 	if err != nil {
 		return a.fail(err)
+	}
+	if res.ExecID != "" && a.p.bools["detach"] {
+		// The id alone on stdout, for scripts: id=$(sbx exec --detach -- ...).
+		if records != nil {
+			_ = records.write(detachedJSON{Type: "detached", RunID: res.RunID, ExecID: res.ExecID})
+			return 0
+		}
+		fmt.Fprintln(a.sys.Stdout, res.ExecID)
+		if !a.p.quiet() {
+			fmt.Fprintf(a.sys.Stderr, "sbx: the command runs on in the sandbox; follow it with: sbx attach %s\n", res.ExecID)
+		}
+		return 0
 	}
 	// Warnings were printed as their frames arrived; res.Warnings repeats
 	// them for callers that only read the result.

@@ -104,7 +104,7 @@ printf '%s\n' "${COMPREPLY[@]}"
 	}{
 		{[]string{"sbx", "ex"}, []string{"exec"}},
 		{[]string{"sbx", "daemon", "s"}, []string{"status", "stop"}},
-		{[]string{"sbx", "exec", "-"}, []string{"--id", "--no-sync", "--root", "--interactive", "-i", "--tty", "-t", "--reset", "--json", "--quiet", "-q", "--help", "-h"}},
+		{[]string{"sbx", "exec", "-"}, []string{"--id", "--no-sync", "--root", "--interactive", "-i", "--tty", "-t", "--reset", "--detach", "--json", "--quiet", "-q", "--help", "-h"}},
 		{[]string{"sbx", "--json", "exec", "--no-sync", "--i"}, []string{"--id", "--interactive"}},
 		{[]string{"sbx", "completion", ""}, []string{"bash", "zsh", "fish"}},
 		{[]string{"sbx", "help", "da"}, []string{"daemon"}},

@@ -276,9 +276,10 @@ func onSandbox[In interface{ where() Where }, Out any](h *handlers, call func(co
 			var zero Out
 			return nil, zero, err
 		}
-		stop := h.followProgress(ctx, req, t)
+		pr := newProgressRelay(req, h.opts.Client, t)
+		pr.followStart(ctx)
 		out, err := call(ctx, t, in)
-		stop()
+		pr.done()
 		return jsonResult(out, err)
 	}
 }
@@ -304,14 +305,16 @@ func (h *handlers) exec(ctx context.Context, req *sdk.CallToolRequest, in ExecIn
 	}
 	stdout, stderr := newCapture(h.opts.MaxOutput), newCapture(h.opts.MaxOutput)
 	opts := client.ExecOptions{Stdout: stdout, Stderr: stderr}
+	if pr := newProgressRelay(req, h.opts.Client, t); pr != nil {
+		opts.OnFrame = pr.onFrame(ctx)
+		defer pr.done()
+	}
 	if in.Stdin != "" {
 		opts.Stdin = strings.NewReader(in.Stdin)
 	}
 	// Cancelling the MCP call cancels ctx, which disconnects the exec
 	// stream: the daemon then stops the remote command.
-	stop := h.followProgress(ctx, req, t)
 	res, err := h.opts.Client.Exec(ctx, ipc.ExecRequest{Target: t, Argv: argv, NoSync: in.NoSync, Root: in.Root}, opts)
-	stop()
 	if err != nil {
 		return nil, ExecOutput{}, err
 	}

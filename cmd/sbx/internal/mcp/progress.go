@@ -3,124 +3,178 @@ package mcp
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"path/filepath"
-	"strings"
+	"fmt"
+	"sync"
 	"time"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
+	"github.com/sandboxd/sandboxd/ipc/client"
 )
 
-// followProgress sends the call's progress notifications, when the client
-// asked for them (a progressToken): the phases the daemon publishes while
-// the sandbox the call names is created or started. stop ends them.
-func (h *handlers) followProgress(ctx context.Context, req *sdk.CallToolRequest, t ipc.Target) (stop func()) {
+// progressRelay tells an MCP client what an exec waits for, as
+// notifications/progress on the call's progress token: the same words sbx
+// prints on stderr (the queue, the lock, the handshake, the sandbox's start
+// phases), so that an agent sees why a call takes long.
+type progressRelay struct {
+	ss     *sdk.ServerSession
+	token  any
+	c      *client.Client
+	target ipc.Target
+	began  time.Time
+
+	mu     sync.Mutex
+	n      float64
+	last   string
+	follow sync.Once
+	stop   func()
+}
+
+// newProgressRelay is the relay of a call, or nil when the call carries no
+// progress token (the client asked for none).
+func newProgressRelay(req *sdk.CallToolRequest, c *client.Client, t ipc.Target) *progressRelay {
 	if req == nil || req.Session == nil || req.Params == nil {
-		return func() {}
+		return nil
 	}
-	token := req.Params.GetProgressToken()
-	if token == nil {
-		return func() {}
+	tok := req.Params.GetProgressToken()
+	if tok == nil {
+		return nil
 	}
-	began := time.Now()
+	return &progressRelay{ss: req.Session, token: tok, c: c, target: t, began: time.Now()}
+}
+
+// notify sends msg unless it repeats the last one.
+func (p *progressRelay) notify(ctx context.Context, msg string) {
+	if msg == "" {
+		return
+	}
+	p.mu.Lock()
+	if msg == p.last {
+		p.mu.Unlock()
+		return
+	}
+	p.last = msg
+	p.n++
+	n := p.n
+	p.mu.Unlock()
+	// A client that stopped reading must not stall the exec: the
+	// notification is bounded and its failure ignored (progress is advice).
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_ = p.ss.NotifyProgress(ctx, &sdk.ProgressNotificationParams{ProgressToken: p.token, Message: msg, Progress: n})
+}
+
+// onFrame relays the exec's queued frames as sbx shows them.
+func (p *progressRelay) onFrame(ctx context.Context) func(ipc.ExecOutput) {
+	var queuedSince time.Time
+	return func(f ipc.ExecOutput) {
+		if f.Type != ipc.ExecQueued {
+			return
+		}
+		switch {
+		case ipc.IsWaitOnReady(f.Message):
+			p.notify(ctx, f.Message)
+		case f.Message != "":
+			// The sandbox is being started: its phases follow as
+			// session.progress events.
+			p.notify(ctx, f.Message)
+			p.follow.Do(func() { p.followPhases(ctx) })
+		case f.Position > 0:
+			if queuedSince.IsZero() {
+				queuedSince = time.Now()
+			}
+			p.notify(ctx, fmt.Sprintf("waiting for the sandbox (%d ahead in its queue) since %s", f.Position, queuedSince.Format("15:04:05")))
+		}
+	}
+}
+
+// followPhases relays the session.progress events of the sandbox this exec
+// starts until done is called.
+func (p *progressRelay) followPhases(ctx context.Context) {
 	ctx, cancel := context.WithCancel(ctx)
-	var since uint64
-	st, err := h.opts.Client.Events(ctx, &since)
+	var zero uint64
+	st, err := p.c.Events(ctx, &zero)
 	if err != nil {
 		cancel()
-		return func() {}
+		return
 	}
+	root, _ := checkoutOf(p.target.Cwd)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer st.Close()
-		n := 0
+		creating := ""
 		for {
 			ev, err := st.Next()
 			if err != nil {
 				return
 			}
-			if ev.Type != "session.progress" || ev.Time.Before(began) {
+			if ev.Type != "session.progress" || ev.Time.Before(p.began) {
 				continue
 			}
 			var ph ipc.Progress
-			if json.Unmarshal(ev.Data, &ph) != nil || !progressOf(t, ev, ph) {
+			if json.Unmarshal(ev.Data, &ph) != nil {
 				continue
 			}
-			msg := ph.Message
-			if msg == "" {
-				msg = string(ph.Phase)
+			mine := (p.target.RunID != "" && ev.RunID == p.target.RunID) || (p.target.RunID == "" && root != "" && sameDir(ph.RepoRoot, root))
+			if !mine || (creating != "" && ev.SessionID != creating) {
+				continue
 			}
-			n++
-			_ = req.Session.NotifyProgress(ctx, &sdk.ProgressNotificationParams{ProgressToken: token, Message: "sandbox: " + msg, Progress: float64(n)})
+			if ph.Phase == ipc.PhaseCreating && ev.SessionID != "" {
+				creating = ev.SessionID
+			}
+			p.notify(ctx, phaseMessage(ph))
 		}
 	}()
-	return func() {
-		cancel()
-		<-done
+	p.mu.Lock()
+	p.stop = func() { cancel(); <-done }
+	p.mu.Unlock()
+}
+
+// followStart relays the start phases of the sandbox a call (other than
+// exec, whose frames say when a start begins) names, until done.
+func (p *progressRelay) followStart(ctx context.Context) {
+	if p != nil {
+		p.follow.Do(func() { p.followPhases(ctx) })
 	}
 }
 
-// progressOf reports whether a progress event is of the sandbox a call
-// names: its run, or its checkout.
-func progressOf(t ipc.Target, ev ipc.Event, ph ipc.Progress) bool {
-	if t.RunID != "" {
-		return ev.RunID == t.RunID
+// done ends the following of phases.
+func (p *progressRelay) done() {
+	if p == nil {
+		return
 	}
-	root := filepath.Clean(ph.RepoRoot)
-	return ph.RepoRoot != "" && (t.Cwd == root || strings.HasPrefix(t.Cwd, root+string(filepath.Separator)))
+	p.mu.Lock()
+	stop := p.stop
+	p.stop = nil
+	p.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
-// callError is the error a tool answers: a call the client cancelled says
-// so (not the transport's "context canceled"), and the daemon's hints name
-// the tools' arguments rather than sbx's flags.
-func callError(ctx context.Context, tool string, err error) error {
-	if err == nil {
-		return nil
+// phaseMessage is a start phase in words.
+func phaseMessage(ph ipc.Progress) string {
+	word := map[string]string{
+		ipc.PhaseCreating:     "creating the sandbox",
+		ipc.PhaseCreated:      "the sandbox's run was created",
+		ipc.PhaseProvisioning: "the sandbox is being set up",
+		ipc.PhaseConnecting:   "connecting to the sandbox",
+		ipc.PhaseReady:        "the sandbox is ready",
+		ipc.PhaseWaiting:      "waiting",
+	}[ph.Phase]
+	switch {
+	case word == "":
+		word = ph.Phase
+	case ph.Message != "" && ph.Phase == ipc.PhaseWaiting:
+		return ph.Message
 	}
-	if ctx.Err() != nil || errdefs.KindOf(err) == errdefs.KindCanceled || errors.Is(err, context.Canceled) || strings.HasSuffix(err.Error(), context.Canceled.Error()) {
-		if tool == "exec" {
-			return errors.New("cancelled: the call was cancelled, and the command in the sandbox was stopped")
-		}
-		return errors.New("cancelled: the call was cancelled before it finished")
+	if ph.Message != "" {
+		word += ": " + ph.Message
 	}
-	return errors.New(toolHints(err.Error()))
-}
-
-// toolHints rewrites sbx's flags in a daemon message into the arguments of
-// the tools.
-func toolHints(msg string) string {
-	r := strings.NewReplacer(
-		"pass --id RUN", "pass runId",
-		"or --id RUN", "or runId",
-		"--id RUN", "runId",
-		"`sbx start --id ", "the start tool with runId `",
-		"`sbx status --id ", "the status tool with runId `",
-	)
-	return r.Replace(msg)
-}
-
-// errorsSaid is the middleware that gives every tool's error answer the
-// words of callError.
-func errorsSaid(next sdk.MethodHandler) sdk.MethodHandler {
-	return func(ctx context.Context, method string, req sdk.Request) (sdk.Result, error) {
-		res, err := next(ctx, method, req)
-		cr, ok := res.(*sdk.CallToolResult)
-		if method != "tools/call" || !ok || cr == nil || !cr.IsError {
-			return res, err
-		}
-		tool := ""
-		if r, ok := req.(*sdk.CallToolRequest); ok && r.Params != nil {
-			tool = r.Params.Name
-		}
-		for _, c := range cr.Content {
-			if tc, ok := c.(*sdk.TextContent); ok {
-				tc.Text = callError(ctx, tool, errors.New(tc.Text)).Error()
-			}
-		}
-		return res, err
+	if ph.RunURL != "" && ph.Phase == ipc.PhaseCreated {
+		word += " (" + ph.RunURL + ")"
 	}
+	return word
 }
