@@ -109,7 +109,12 @@ func TestBgForwardTakesTheSamePortShowsProgressAndADeadForward(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, 10*time.Second, "the local remote to die", func() bool { return unix.Kill(pid, 0) != nil })
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	// The first exec brings the local remote back; one that races the
+	// daemon learning the new connection details may fail once (exit 125,
+	// never run twice), which is not what this test is about.
+	waitUntil(t, 30*time.Second, "an exec after the local remote restarted", func() bool {
+		return e.sbx(repo, "exec", "--no-sync", "--", "true").code == 0
+	})
 	r = e.mustSbx(repo, "bg", "list")
 	var line string
 	for _, l := range strings.Split(r.stdout, "\n") {
