@@ -101,8 +101,51 @@ const prelude = dieExit + preludeChecks
 // from stdin when there is one, records the snapshot, marks the new exec pend
 // as pending (none when pend is empty) and prints the snapshot commit.
 func pushScript(hv, head, key string, now time.Time, pend string, acks []string, max int64, large bool) string {
-	return prelude + hv + setupEdits + pushBody(head, key, now, pend, acks, max, large, false)
+	return prelude + hv + setupEdits + strayEdits(acks) + pushBody(head, key, now, pend, acks, max, large, false)
 }
+
+// strayEdits runs before a push (or a pull on demand) looks for
+// unacknowledged edits. When every exec's edits were pulled (the pending
+// exec is acknowledged, or none is pending), the sandbox's checkout must
+// hold the tree the last pull left: the snapshot's, plus the last pull's
+// patch when it is that exec's. A checkout that differs holds edits no exec
+// made or pulled (a file sent with scp, an edit over ssh, a background
+// process's output, a shell without sync): the tree the last pull left
+// becomes the snapshot and those edits the edits of an exec nobody
+// acknowledged, under an id of their own, so they come back like an
+// exec's unpulled edits (recover) before anything resets the checkout.
+// The tree the last pull left is kept ($st/xtree) so it is made once.
+func strayEdits(acks []string) string {
+	return fmt.Sprintf(`sp=; [ ! -f "$st/pending" ] || read -r sp <"$st/pending" || true
+case ' %s ' in *" $sp "*) sp= ;; esac
+if [ -z "$sp" ] && s0=$(g rev-parse -q --verify "$SNAP^{commit}"); then
+	x=; pid=; p0=; [ ! -f "$st/pending" ] || read -r p0 <"$st/pending" || true
+	[ -z "$p0" ] || [ ! -f "$st/pull.id" ] || read -r pid <"$st/pull.id" || true
+	if [ -n "$pid" ] && [ "$pid" = "$p0" ] && [ -s "$st/pull.patch" ]; then
+		k=; t=; [ ! -f "$st/xtree" ] || read -r k t <"$st/xtree" || true
+		if [ "$k" = "$pid-$s0" ] && [ -n "$t" ]; then x=$t
+		elif x=$(rm -f "$st/xidx" && GIT_INDEX_FILE="$st/xidx" g read-tree "$s0" &&
+			GIT_INDEX_FILE="$st/xidx" g apply --cached --whitespace=nowarn "$st/pull.patch" &&
+			GIT_INDEX_FILE="$st/xidx" g write-tree); then echo "$pid-$s0 $x" >"$st/xtree" || true
+		else x=; fi
+		rm -f "$st/xidx"
+	else x=$(g rev-parse -q --verify "$s0^{tree}") || x=
+	fi
+	if [ -n "$x" ] && stageall && c0=$(GIT_INDEX_FILE="$st/index" g write-tree) && [ "$c0" != "$x" ] &&
+		{ u=; [ ! -r /proc/sys/kernel/random/uuid ] || read -r u </proc/sys/kernel/random/uuid || true; } &&
+		sh1=$(printf 'sandboxd stray %%s %%s %%s %%s %%s\n' "$gd" "$s0" "$c0" "$$" "$u" | g hash-object --stdin) &&
+		sc=$(GIT_AUTHOR_DATE='@0 +0000' GIT_COMMITTER_DATE='@0 +0000' g -c user.name=sandboxd -c user.email=sandboxd@localhost commit-tree "$x" -p "$s0" -m "sandboxd pulled") &&
+		g update-ref "$SNAP" "$sc"; then
+		echo `+strayIDPrefix+`$(printf %%.40s "$sh1") >"$st/pending" || true
+	fi
+fi
+`, strings.Join(acks, " "))
+}
+
+// strayIDPrefix starts the id under which edits made in the sandbox by
+// anything but an exec come back: only the wording of the report depends
+// on it.
+const strayIDPrefix = "ed17"
 
 // setupEdits runs before a push looks for unacknowledged edits. A sandbox
 // never synced (no snapshot, nothing pending) holds what its setup steps
@@ -130,6 +173,9 @@ const setupIDPrefix = "5e7"
 func recoveredWhat(id string) string {
 	if strings.HasPrefix(id, setupIDPrefix) && len(id) == len(setupIDPrefix)+40 {
 		return "the sandbox held files its setup steps made in the checkout"
+	}
+	if strings.HasPrefix(id, strayIDPrefix) && len(id) == len(strayIDPrefix)+40 {
+		return "the sandbox held edits made there outside an exec (over ssh or scp, by a background process or a shell without sync)"
 	}
 	return "the sandbox held edits of an earlier exec that were never pulled (their pull failed, or the daemon stopped during it)"
 }
@@ -259,8 +305,17 @@ const pullHeader = helperproto.PullHeader
 // $st/pull.patch (kept until the next pull, tagged with the exec's id in
 // $st/pull.id, so a broken transfer can be fetched again) and prints the
 // header and the patch. The sandbox keeps its files.
-func pullScript(hv string, max int64) string {
-	return prelude + hv + "snap=; ptree=\n" + pullBody(max, "exit")
+// Run on its own (not after a push), it first finds edits made outside an
+// exec (strayEdits); when every exec's edits were pulled and there are
+// none, it answers an empty patch.
+func pullScript(hv string, acks []string, max int64) string {
+	return prelude + hv + strayEdits(acks) + fmt.Sprintf(`p=; [ ! -f "$st/pending" ] || read -r p <"$st/pending" || true
+case ' %s ' in *" $p "*) p= ;; esac
+if [ -z "$p" ]; then
+	g rev-parse -q --verify "$SNAP^{commit}" >/dev/null || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
+	printf '%snone 0\n'; exit 0
+fi
+`, strings.Join(acks, " "), pullHeader) + "snap=; ptree=\n" + pullBody(max, "exit")
 }
 
 // pullBody is pullScript after the prelude; end is how it ends early with
@@ -487,7 +542,7 @@ func (s *Syncer) Revert(ctx context.Context, r Runner) error {
 func (s *Syncer) fetchPull(ctx context.Context, r Runner, rp repo) (id string, patch []byte, saved string, err error) {
 	var stderr bytes.Buffer
 	out := &limitedBuffer{max: s.maxBytes + 128, buf: &bytes.Buffer{}}
-	code, runErr := r.Run(ctx, pullScript(helperVars(r), s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
+	code, runErr := r.Run(ctx, pullScript(helperVars(r), s.acks(rp), s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	if runErr == nil && code != 0 {
 		return s.pullFailed(ctx, r, rp, code, out, sandboxText(stderr.String()))
 	}
