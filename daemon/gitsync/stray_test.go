@@ -119,3 +119,26 @@ func TestConflictingStrayEditsAreSavedAndNamed(t *testing.T) {
 		t.Fatalf("saved patch %q %v", saved, err)
 	}
 }
+
+// With the helper, the edits are found by its native pull (no git in the
+// sandbox), come back, and the exec after them is native again.
+func TestStrayEditsComeBackWithTheHelper(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	for i := 0; i < 2; i++ { // the first adopts, the second is native
+		if _, fr, err := f.fused("echo made > made.txt"); err != nil || !fr.Native {
+			t.Fatalf("exec %d: native %v, err %v", i, fr.Native, err)
+		}
+	}
+	f.inSandbox(strayEdit)
+	_, fr, err := f.fused("true")
+	if err != nil || !fr.Native {
+		t.Fatalf("exec after the stray edits: native %v, err %v", fr.Native, err)
+	}
+	f.assertStrayBack()
+	assertTree(t, f.sandbox, tree(t, f.local))
+	if native := string(fileBytes(t, filepath.Join(f.sandbox, ".git", "sandboxd", "native.err"))); native != "" {
+		t.Fatalf("the exec after them was not native: %s", native)
+	}
+}
