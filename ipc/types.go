@@ -72,8 +72,11 @@ type Target struct {
 // StartRequest is POST /v1/sessions/start and POST /v1/sessions/reset.
 type StartRequest struct {
 	Target
-	Wait bool              `json:"wait,omitempty"`
-	Init map[string]string `json:"init,omitempty"`
+	Wait bool `json:"wait,omitempty"`
+	// Discard (reset only) ends the old sandbox without pulling its
+	// edits first; the answer lists what was dropped.
+	Discard bool              `json:"discard,omitempty"`
+	Init    map[string]string `json:"init,omitempty"`
 	// WaitTimeoutSeconds bounds --wait (default 10 minutes).
 	WaitTimeoutSeconds int `json:"waitTimeoutSeconds,omitempty"`
 }
@@ -117,6 +120,34 @@ type StartResponse struct {
 	// Replaced is the run id a reset stopped, if any.
 	Replaced string   `json:"replaced,omitempty"`
 	Warnings []string `json:"warnings,omitempty"`
+	// Edits says what became of the replaced sandbox's edits.
+	Edits *EndEdits `json:"edits,omitempty"`
+}
+
+// EndEdits says what became of a sandbox's edits when it ended (stop,
+// reset): pulled into the checkout, saved, or (with discard) dropped.
+type EndEdits struct {
+	RunID string `json:"runId"`
+	// PulledFiles were applied to the checkout.
+	PulledFiles []string `json:"pulledFiles,omitempty"`
+	// SavedPatch holds the edits that were not applied (a conflict).
+	SavedPatch string `json:"savedPatch,omitempty"`
+	// Discarded are the files whose edits were dropped (--discard).
+	Discarded []string `json:"discarded,omitempty"`
+	Warnings  []string `json:"warnings,omitempty"`
+}
+
+// PullRequest is POST /v1/pull: bring the edits the caller's sandbox
+// holds back into the checkout now.
+type PullRequest = Target
+
+// PullResponse answers POST /v1/pull.
+type PullResponse struct {
+	RunID string   `json:"runId"`
+	Files []string `json:"files"`
+	// SavedPatch holds the edits that were not applied (a conflict).
+	SavedPatch string   `json:"savedPatch,omitempty"`
+	Warnings   []string `json:"warnings,omitempty"`
 }
 
 // ListRequest is GET /v1/sessions?all=true.
@@ -134,11 +165,16 @@ type ListResponse struct {
 type StopRequest struct {
 	Target
 	All bool `json:"all,omitempty"`
+	// Discard ends the sandbox without pulling its edits first; the
+	// answer lists what was dropped.
+	Discard bool `json:"discard,omitempty"`
 }
 
-// StopResponse lists what was stopped.
+// StopResponse lists what was stopped, and what became of each one's
+// edits.
 type StopResponse struct {
 	Stopped []SessionInfo `json:"stopped"`
+	Edits   []EndEdits    `json:"edits,omitempty"`
 }
 
 // InitRequest is POST /v1/init.

@@ -759,6 +759,11 @@ func (n *nativeState) pull(ctx context.Context, req pullRequest) error {
 	if err := os.WriteFile(req.Out, patch, 0o644); err != nil {
 		return fmt.Errorf("write the patch: %w", err)
 	}
+	// The tree this pull left: the next push asks again against it, so
+	// that edits made outside an exec are found without git.
+	if err := os.WriteFile(filepath.Join(n.state, "pulled.tree"), []byte(next.String()+"\n"), 0o644); err != nil {
+		return fmt.Errorf("record the pulled tree: %w", err)
+	}
 	n.base, n.valid = next, true
 	return nil
 }

@@ -332,6 +332,7 @@ func fusedScript(hv, nonce, head string, patch []byte, bundle string, lazy bool,
 	b.WriteString(preludeChecks)
 	b.WriteString(hv)
 	b.WriteString(setupEdits)
+	b.WriteString(strayEdits(acks))
 	b.WriteString("ran=; pulled=; s=; snap=; ptree=; nat=\n")
 	if bundle != "" {
 		// Only when no earlier exec's edits wait to be brought back (the

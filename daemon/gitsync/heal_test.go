@@ -1,6 +1,7 @@
 package gitsync
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -9,7 +10,8 @@ import (
 
 // Whatever changes the sandbox between two synced execs (a --no-sync
 // command, an interrupted exec, a merge left half done) is healed by the
-// next push: HEAD, index and files are at the base again.
+// next push: what it did to the files comes back first (strayEdits), then
+// HEAD, index and files are as the local side has them.
 func TestPushHealsChangesBetweenExecs(t *testing.T) {
 	for name, change := range changesBetweenExecs() {
 		t.Run(name, func(t *testing.T) {
@@ -19,7 +21,8 @@ func TestPushHealsChangesBetweenExecs(t *testing.T) {
 				t.Fatal(err)
 			}
 			f.inSandbox(change)
-			f.pushAndCompare()
+			f.pushSettled()
+			assertTree(t, f.sandbox, tree(t, f.local))
 			if got := strings.TrimSpace(testutil.Git(t, f.sandbox, "rev-parse", "HEAD")); got != f.base {
 				t.Fatalf("sandbox HEAD %s, want base %s", got, f.base)
 			}
@@ -54,3 +57,25 @@ func changesBetweenExecs() map[string]string {
 }
 
 // A patch that creates no path is applied to the sync index directly; the
+
+// pushSettled pushes as the daemon does: again while the push brought
+// edits back first (Again).
+func (f *fixture) pushSettled() {
+	f.t.Helper()
+	ctx := context.Background()
+	for i := 0; i < 3; i++ {
+		p, err := f.s.Prepare(ctx, f.local, f.base)
+		if err != nil {
+			f.t.Fatalf("prepare: %v", err)
+		}
+		p.Sandbox = "fixture"
+		res, err := f.s.Push(ctx, f.r, p)
+		if err != nil {
+			f.t.Fatalf("push: %v", err)
+		}
+		if !res.Again {
+			return
+		}
+	}
+	f.t.Fatal("the push kept bringing edits back")
+}

@@ -498,3 +498,26 @@ func globEscape(p string) string {
 	}
 	return b.String()
 }
+
+// Unpulled lists the files whose edits the sandbox holds that no pull
+// brought back (an exec's, or made outside one: see strayEdits), without
+// applying or acknowledging anything: what ending the sandbox now drops.
+// A patch over the size limit is saved (saved names it), not dropped.
+func (s *Syncer) Unpulled(ctx context.Context, r Runner, repoRoot string) (files []string, saved string, err error) {
+	rp, err := s.openRepo(ctx, repoRoot)
+	if err != nil {
+		return nil, "", repoError(err)
+	}
+	_, patch, saved, err := s.fetchPull(ctx, r, rp)
+	if saved != "" || err != nil {
+		return nil, saved, err
+	}
+	if len(patch) == 0 {
+		return []string{}, "", nil
+	}
+	files, err = s.patchFiles(ctx, rp.root, patch)
+	if err != nil {
+		return nil, "", fmt.Errorf("list the sandbox's unpulled edits: %w", err)
+	}
+	return files, "", nil
+}

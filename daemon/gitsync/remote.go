@@ -101,8 +101,89 @@ const prelude = dieExit + preludeChecks
 // from stdin when there is one, records the snapshot, marks the new exec pend
 // as pending (none when pend is empty) and prints the snapshot commit.
 func pushScript(hv, head, key string, now time.Time, pend string, acks []string, max int64, large bool) string {
-	return prelude + hv + setupEdits + pushBody(head, key, now, pend, acks, max, large, false)
+	return prelude + hv + setupEdits + strayEdits(acks) + pushBody(head, key, now, pend, acks, max, large, false)
 }
+
+// strayEdits runs before a push (or a pull on demand) looks for
+// unacknowledged edits. When every exec's edits were pulled (the pending
+// exec is acknowledged, or none is pending), the sandbox's checkout must
+// hold the tree the last pull left: the snapshot's, plus the last pull's
+// patch when it is that exec's. A checkout that differs holds edits no exec
+// made or pulled (a file sent with scp, an edit over ssh, a background
+// process's output, a shell without sync): the tree the last pull left
+// becomes the snapshot and those edits the edits of an exec nobody
+// acknowledged, under an id of their own, so they come back like an
+// exec's unpulled edits (recover) before anything resets the checkout.
+//
+// The helper, when the last pull was native, answers without git: its
+// native pull against the tree that pull left ($st/pulled.tree, which it
+// writes) is empty when nothing else changed. Without the helper the
+// working tree is staged (c0, the tree the push then moves from) and its
+// diff compared with the last pull's patch. Only when they differ is the
+// tree the last pull left made and compared with the checkout's (with a
+// helper that declined, staged on a copy of the sync index, so that the
+// helper's own state is not touched).
+func strayEdits(acks []string) string {
+	return fmt.Sprintf(`sp0=; [ ! -f "$st/pending" ] || read -r sp0 <"$st/pending" || true
+sp=$sp0
+case ' %[1]s ' in *" $sp "*) sp= ;; esac
+c0=; c1=; sready=
+s0=; [ -n "$sp" ] || [ ! -f "$gd/$SNAP" ] || read -r s0 <"$gd/$SNAP" || true
+[ -n "$sp" ] || [ -n "$s0" ] || s0=$(g rev-parse -q --verify "$SNAP^{commit}") || s0=
+if [ -n "$s0" ]; then
+	pid=; [ -z "$sp0" ] || [ ! -f "$st/pull.id" ] || read -r pid <"$st/pull.id" || true
+	same=; x=
+	if [ -n "$HI" ] && [ -f "$st/pulled.tree" ]; then
+		t0=; read -r t0 <"$st/pulled.tree" || true
+		if [ -n "$t0" ] && "$H" pull -state "$st" -instance "$HI" -tree "$t0" -out "$st/stray.patch" -- %[2]s 2>/dev/null; then
+			if [ ! -s "$st/stray.patch" ]; then same=1
+			else x=$t0; read -r c1 <"$st/pulled.tree" || x=; sready=$x
+			fi
+		fi
+	fi
+	# Without the helper: the stage the push needs anyway (c0), and its
+	# diff, compared with the last pull's patch (the same command made it).
+	if [ -z "$same" ] && [ -z "$x" ] && [ -z "$HI" ]; then
+		if stageall && c0=$(GIT_INDEX_FILE="$st/index" g write-tree) &&
+			GIT_INDEX_FILE="$st/index" g diff --cached %[2]s "$s0" -- >"$st/stray.patch"; then
+			if [ -n "$pid" ] && [ "$pid" = "$sp0" ]; then ! cmp -s "$st/stray.patch" "$st/pull.patch" || same=1
+			elif [ ! -s "$st/stray.patch" ]; then same=1; fi
+		else c0=; same=1
+		fi
+	fi
+	# They differ: the tree the last pull left (x) and the one the
+	# checkout holds (c1) say whether anything else changed.
+	if [ -z "$same" ] && [ -z "$x" ]; then
+		if [ -n "$pid" ] && [ "$pid" = "$sp0" ] && [ -s "$st/pull.patch" ]; then
+			x=$(rm -f "$st/xidx" && GIT_INDEX_FILE="$st/xidx" g read-tree "$s0" &&
+				GIT_INDEX_FILE="$st/xidx" g apply --cached --whitespace=nowarn "$st/pull.patch" &&
+				GIT_INDEX_FILE="$st/xidx" g write-tree) || x=
+			rm -f "$st/xidx"
+		else x=$(g rev-parse -q --verify "$s0^{tree}") || x=
+		fi
+		if [ -n "$x" ] && [ -n "$HI" ] && [ -z "$c1" ]; then
+			syncidx && rm -f "$st/sidx" && cp "$st/index" "$st/sidx" && GIT_INDEX_FILE="$st/sidx" g add -A &&
+				c1=$(GIT_INDEX_FILE="$st/sidx" g write-tree) || c1=
+			rm -f "$st/sidx"
+		fi
+	fi
+	c1=${c1:-$c0}
+	if [ -n "$x" ] && [ -n "$c1" ] && [ "$c1" != "$x" ] &&
+		{ u=; [ ! -r /proc/sys/kernel/random/uuid ] || read -r u </proc/sys/kernel/random/uuid || true; } &&
+		sh1=$(printf 'sandboxd stray %%s %%s %%s %%s %%s\n' "$gd" "$s0" "$c1" "$$" "$u" | g hash-object --stdin) &&
+		sc=$(GIT_AUTHOR_DATE='@0 +0000' GIT_COMMITTER_DATE='@0 +0000' g -c user.name=sandboxd -c user.email=sandboxd@localhost commit-tree "$x" -p "$s0" -m "sandboxd pulled") &&
+		g update-ref "$SNAP" "$sc"; then
+		echo `+strayIDPrefix+`$(printf %%.40s "$sh1") >"$st/pending" || true
+		c0=
+	fi
+fi
+`, strings.Join(acks, " "), strings.Join(diffOptions, " "))
+}
+
+// strayIDPrefix starts the id under which edits made in the sandbox by
+// anything but an exec come back: only the wording of the report depends
+// on it.
+const strayIDPrefix = "ed17"
 
 // setupEdits runs before a push looks for unacknowledged edits. A sandbox
 // never synced (no snapshot, nothing pending) holds what its setup steps
@@ -131,6 +212,9 @@ func recoveredWhat(id string) string {
 	if strings.HasPrefix(id, setupIDPrefix) && len(id) == len(setupIDPrefix)+40 {
 		return "the sandbox held files its setup steps made in the checkout"
 	}
+	if strings.HasPrefix(id, strayIDPrefix) && len(id) == len(strayIDPrefix)+40 {
+		return "the sandbox held edits made there outside an exec (over ssh or scp, by a background process or a shell without sync)"
+	}
 	return "the sandbox held edits of an earlier exec that were never pulled (their pull failed, or the daemon stopped during it)"
 }
 
@@ -150,7 +234,11 @@ func pushBody(head, key string, now time.Time, pend string, acks []string, max i
 	*" $p "*) ;;
 	*) if snap=$(g rev-parse -q --verify "$SNAP^{commit}"); then
 		out="$st/pull.patch"
-		stageall && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out" || exit 87
+		# The helper's native pull already made the patch of edits found
+		# outside an exec (strayEdits): staging would end what it knows.
+		if [ -n "${sready:-}" ] && [ "$(g rev-parse -q --verify "$snap^{tree}")" = "$sready" ]; then cp "$st/stray.patch" "$out" || exit 87
+		else stageall && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out" || exit 87
+		fi
 		echo "$p" >"$st/pull.id"
 		size=$(($(wc -c <"$out")))
 		printf '%s%%s %%d\n' "$p" "$size"
@@ -199,6 +287,7 @@ fi
 # index to head (unless it is as the helper left it for head).
 real=
 if [ -n "$HI" ] && syncidx && cur=$("$H" stage -state "$st" -instance "$HI" -index "$st/index" -print-tree -head "$head" -real "$gd/index" 2>/dev/null); then real=1
+elif [ -n "${c0:-}" ]; then cur=$c0
 elif ! { stageall && cur=$(GIT_INDEX_FILE="$st/index" g write-tree); }; then cur=
 fi
 # The move: in a large tree by a patch of what differs (it costs what
@@ -259,8 +348,17 @@ const pullHeader = helperproto.PullHeader
 // $st/pull.patch (kept until the next pull, tagged with the exec's id in
 // $st/pull.id, so a broken transfer can be fetched again) and prints the
 // header and the patch. The sandbox keeps its files.
-func pullScript(hv string, max int64) string {
-	return prelude + hv + "snap=; ptree=\n" + pullBody(max, "exit")
+// Run on its own (not after a push), it first finds edits made outside an
+// exec (strayEdits); when every exec's edits were pulled and there are
+// none, it answers an empty patch.
+func pullScript(hv string, acks []string, max int64) string {
+	return prelude + hv + strayEdits(acks) + fmt.Sprintf(`p=; [ ! -f "$st/pending" ] || read -r p <"$st/pending" || true
+case ' %s ' in *" $p "*) p= ;; esac
+if [ -z "$p" ]; then
+	g rev-parse -q --verify "$SNAP^{commit}" >/dev/null || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
+	printf '%snone 0\n'; exit 0
+fi
+`, strings.Join(acks, " "), pullHeader) + "snap=; ptree=\n" + pullBody(max, "exit")
 }
 
 // pullBody is pullScript after the prelude; end is how it ends early with
@@ -487,7 +585,7 @@ func (s *Syncer) Revert(ctx context.Context, r Runner) error {
 func (s *Syncer) fetchPull(ctx context.Context, r Runner, rp repo) (id string, patch []byte, saved string, err error) {
 	var stderr bytes.Buffer
 	out := &limitedBuffer{max: s.maxBytes + 128, buf: &bytes.Buffer{}}
-	code, runErr := r.Run(ctx, pullScript(helperVars(r), s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
+	code, runErr := r.Run(ctx, pullScript(helperVars(r), s.acks(rp), s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	if runErr == nil && code != 0 {
 		return s.pullFailed(ctx, r, rp, code, out, sandboxText(stderr.String()))
 	}

@@ -69,6 +69,16 @@ func (m *Manager) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartRes
 		p = bp // the branch's live sandbox, whatever its config
 	}
 	var replaced string
+	var edits *ipc.EndEdits
+	// The old sandbox's edits come back first (or, with Discard, are
+	// listed as dropped); when they cannot, it is not replaced.
+	if old, err := m.st.ByIdentity(p.Identity); err == nil && !old.State.Terminal() {
+		e, err := m.endEdits(ctx, old, req.Discard)
+		if err != nil {
+			return ipc.StartResponse{}, err
+		}
+		edits = &e
+	}
 	s, err := m.creates.do(ctx, p.Key(), m.opts.CreateTimeout, func(ctx context.Context) (*store.Session, error) {
 		// Under the RWX CLI's lock, as `rwx sandbox reset` runs: a CLI exec
 		// meanwhile waits and then finds the new run.
@@ -95,10 +105,10 @@ func (m *Manager) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartRes
 	}
 	if req.Wait {
 		if s, err = m.waitReady(ctx, s, waitTimeout(req)); err != nil {
-			return ipc.StartResponse{Session: m.info(s), Replaced: replaced}, err
+			return ipc.StartResponse{Session: m.info(s), Replaced: replaced, Edits: edits}, err
 		}
 	}
-	return ipc.StartResponse{Session: m.info(s), Created: true, Replaced: replaced}, nil
+	return ipc.StartResponse{Session: m.info(s), Created: true, Replaced: replaced, Edits: edits}, nil
 }
 
 // attach makes an existing run the session of the caller (sbx start --id).

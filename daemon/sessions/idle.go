@@ -2,19 +2,13 @@ package sessions
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/events"
-	"github.com/sandboxd/sandboxd/daemon/gitsync"
-	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/store"
 )
@@ -232,7 +226,7 @@ func (m *Manager) stopIdle(ctx context.Context, s *store.Session, stop time.Dura
 		return
 	}
 	stopped = true
-	log.Info("stopped an idle sandbox", "idle_stop", stop, "pulled_files", len(pulled.files), "saved_patch", pulled.saved)
+	log.Info("stopped an idle sandbox", "idle_stop", stop, "pulled_files", len(pulled.PulledFiles), "saved_patch", pulled.SavedPatch)
 }
 
 // backgroundBusy reports whether a background process runs in session s's
@@ -259,50 +253,6 @@ func (m *Manager) backgroundBusy(ctx context.Context, s *store.Session) (bool, s
 		}
 	}
 	return false, ""
-}
-
-type pullOutcome struct {
-	files []string
-	saved string
-}
-
-// pullBeforeStop brings the sandbox's edits back into its checkout, as an
-// exec's pull does (applied, or saved under .git/sandboxd/pulls and named
-// in the log). A checkout that is gone has nowhere to take them.
-func (m *Manager) pullBeforeStop(ctx context.Context, s *store.Session) (pullOutcome, error) {
-	if s.RepoRoot == "" {
-		return pullOutcome{}, nil
-	}
-	if _, err := os.Stat(filepath.Join(s.RepoRoot, ".git")); errors.Is(err, fs.ErrNotExist) {
-		return pullOutcome{}, nil
-	}
-	conn, leaseDone, err := m.lockSandbox(ctx, s)
-	if err != nil {
-		return pullOutcome{}, err
-	}
-	defer leaseDone()
-	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
-	m.mark(ctx, lc, directiveSyncStart)
-	res, err := m.opts.Sync.Pull(ctx, m.runner(lc), s.RepoRoot)
-	m.mark(ctx, lc, directiveSyncEnd)
-	var conflict *gitsync.ConflictError
-	switch {
-	case errors.As(err, &conflict):
-		// Saved whole, and named: nothing is lost.
-		m.log.Warn("idle stop: the sandbox's edits conflict with the checkout; saved, not applied", "run", s.RunID, "patch", conflict.SavedPatch)
-		return pullOutcome{saved: conflict.SavedPatch}, nil
-	case errors.Is(err, gitsync.ErrNoSnapshot):
-		// Nothing was ever synced to this sandbox: there is no baseline
-		// to pull against.
-		m.log.Info("idle stop: nothing was synced to the sandbox, nothing to pull", "run", s.RunID)
-		return pullOutcome{}, nil
-	case err != nil:
-		return pullOutcome{}, fmt.Errorf("pull the sandbox's edits: %w", err)
-	}
-	for _, w := range res.Warnings {
-		m.log.Warn("idle stop: pull", "run", s.RunID, "warning", w)
-	}
-	return pullOutcome{files: res.Files, saved: res.SavedPatch}, nil
 }
 
 // Keep pins (or with Off unpins) the caller's sandbox against the idle

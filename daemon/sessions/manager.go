@@ -70,6 +70,8 @@ type Syncer interface {
 	Fuse(ctx context.Context, r gitsync.Runner, p *gitsync.Patch, command string) (*gitsync.Exchange, bool, error)
 	Pull(ctx context.Context, r gitsync.Runner, repoRoot string) (gitsync.PullResult, error)
 	Save(ctx context.Context, r gitsync.Runner, repoRoot string) (gitsync.PullResult, error)
+	// Unpulled lists the files whose edits the sandbox holds unpulled.
+	Unpulled(ctx context.Context, r gitsync.Runner, repoRoot string) (files []string, saved string, err error)
 }
 
 // Publisher publishes daemon events (*events.Bus satisfies it).

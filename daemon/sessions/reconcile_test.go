@@ -105,6 +105,9 @@ func (nopSync) Pull(context.Context, gitsync.Runner, string) (gitsync.PullResult
 func (nopSync) Save(context.Context, gitsync.Runner, string) (gitsync.PullResult, error) {
 	return gitsync.PullResult{}, nil
 }
+func (nopSync) Unpulled(context.Context, gitsync.Runner, string) ([]string, string, error) {
+	return nil, "", nil
+}
 
 type nopEvents struct{}
 

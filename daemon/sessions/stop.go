@@ -50,6 +50,16 @@ func (m *Manager) Stop(ctx context.Context, req ipc.StopRequest) (ipc.StopRespon
 		if s.State.Terminal() {
 			continue
 		}
+		// The sandbox's edits come back first (or, with Discard, are
+		// listed as dropped); when they cannot, it is not stopped.
+		e, err := m.endEdits(ctx, s, req.Discard)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if e.PulledFiles != nil || e.SavedPatch != "" || e.Discarded != nil || len(e.Warnings) > 0 {
+			resp.Edits = append(resp.Edits, e)
+		}
 		stopped, err := m.stopSession(ctx, s, "stopped by the user")
 		if err != nil {
 			errs = append(errs, err)

@@ -35,6 +35,9 @@ type SessionBackend interface {
 	// Push syncs the caller's working tree to its sandbox without running
 	// a command (POST /v1/push).
 	Push(ctx context.Context, req ipc.PushRequest) (ipc.PushResponse, error)
+	// Pull brings the edits the caller's sandbox holds back into its
+	// checkout now.
+	Pull(ctx context.Context, req ipc.PullRequest) (ipc.PullResponse, error)
 }
 
 // ExecStream is the daemon's view of one exec call's streams. All methods are

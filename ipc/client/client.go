@@ -374,6 +374,12 @@ func (c *Client) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartResp
 	return call[ipc.StartResponse](ctx, c, methodPost, "/v1/sessions/reset", nil, req)
 }
 
+// Pull is POST /v1/pull: bring the sandbox's edits back into the
+// checkout now.
+func (c *Client) Pull(ctx context.Context, req ipc.PullRequest) (ipc.PullResponse, error) {
+	return call[ipc.PullResponse](ctx, c, methodPost, "/v1/pull", nil, req)
+}
+
 // Push is POST /v1/push: sync the working tree to the sandbox without
 // running a command.
 func (c *Client) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushResponse, error) {

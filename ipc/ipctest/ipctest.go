@@ -123,6 +123,7 @@ type Sessions struct {
 	StatusFn func(context.Context, ipc.StatusRequest) (ipc.ProbeResponse, error)
 	ExecFn   func(context.Context, ipc.ExecRequest, server.ExecStream) (ipc.ExecResult, error)
 	PushFn   func(context.Context, ipc.PushRequest) (ipc.PushResponse, error)
+	PullFn   func(context.Context, ipc.PullRequest) (ipc.PullResponse, error)
 
 	mu       sync.Mutex
 	requests []any
@@ -199,6 +200,14 @@ func (s *Sessions) Reconcile(context.Context) error { return nil }
 
 func (s *Sessions) Doctor(context.Context) (ipc.DoctorResponse, error) {
 	return ipc.DoctorResponse{Checks: []ipc.DoctorCheck{{Name: "remote", OK: true, Detail: "local answers"}}}, nil
+}
+
+func (s *Sessions) Pull(ctx context.Context, req ipc.PullRequest) (ipc.PullResponse, error) {
+	s.record(req)
+	if s.PullFn != nil {
+		return s.PullFn(ctx, req)
+	}
+	return ipc.PullResponse{RunID: "run-1", Files: []string{}}, nil
 }
 
 func (s *Sessions) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushResponse, error) {

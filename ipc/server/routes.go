@@ -34,6 +34,7 @@ const (
 	routeReconcile = "/v1/reconcile"
 	routeExec      = "/v1/exec"
 	routePush      = "/v1/push"
+	routePull      = "/v1/pull"
 	routeEvents    = "/v1/events"
 	routeOpenAPI   = "/v1/openapi.yaml"
 	routeDoctor    = "/v1/doctor"
@@ -82,6 +83,7 @@ func (s *Server) routes() *mux.Router {
 	handle(http.MethodPost, routeReconcile, route(s.sessions, emptyBody, reconcile, http.StatusOK))
 	handle(http.MethodPost, routeExec, s.postExec)
 	handle(http.MethodPost, routePush, route(s.sessions, jsonBody[ipc.PushRequest], SessionBackend.Push, http.StatusOK))
+	handle(http.MethodPost, routePull, route(s.sessions, jsonBody[ipc.PullRequest], SessionBackend.Pull, http.StatusOK))
 	handle(http.MethodGet, routeEvents, s.getEvents)
 	handle(http.MethodGet, routeBg, route(s.background, bgListQuery, listBg, http.StatusOK))
 	handle(http.MethodPost, routeBgStart, route(s.background, jsonBody[ipc.BgStartRequest], BackgroundBackend.BgStart, http.StatusOK))

@@ -27,6 +27,11 @@ func idFlag() flagSpec {
 	return flagSpec{name: "id", kind: stringFlag, arg: "RUN", help: "the sandbox run to use instead of the one of this checkout"}
 }
 
+// discardFlag ends a sandbox without pulling its edits first.
+func discardFlag() flagSpec {
+	return flagSpec{name: "discard", kind: boolFlag, help: "do not pull the sandbox's edits first: drop them (the output lists them)"}
+}
+
 func waitFlags() []flagSpec {
 	return []flagSpec{
 		{name: "wait", kind: boolFlag, help: "wait until the sandbox is ready"},
@@ -91,14 +96,17 @@ func root() *command {
 			{name: "push", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).push,
 				summary: "sync your working tree and unpushed commits to the sandbox without running a command",
 				flags:   []flagSpec{idFlag()}},
+			{name: "pull", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).pull,
+				summary: "bring the sandbox's edits (by ssh, scp, background processes, shells) back into your checkout now",
+				flags:   []flagSpec{idFlag()}},
 			{name: "list", summary: "list sandboxes, checked against the remote", autoStart: true, run: (*app).list,
 				flags: []flagSpec{{name: "all", kind: boolFlag, help: "include ended sandboxes kept as history"}}},
 			{name: "status", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).status,
 				summary: "probe the sandbox of this checkout (connected, expired, no_sandbox or unknown)",
 				flags:   []flagSpec{idFlag()}},
 			{name: "stop", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).stop,
-				summary: "stop the sandbox of this checkout (idempotent)",
-				flags:   []flagSpec{idFlag(), {name: "all", kind: boolFlag, help: "stop every sandbox"}}},
+				summary: "stop the sandbox of this checkout (idempotent); its edits are pulled first",
+				flags:   []flagSpec{idFlag(), {name: "all", kind: boolFlag, help: "stop every sandbox"}, discardFlag()}},
 			{name: "keep", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).keep,
 				summary: "pin the sandbox of this checkout so that the idle stop leaves it",
 				flags:   []flagSpec{idFlag(), {name: "off", kind: boolFlag, help: "unpin it: the idle stop applies again"}}},
@@ -106,8 +114,8 @@ func root() *command {
 				summary: "end and forget the sandboxes whose checkout is gone or whose run ended",
 				flags:   []flagSpec{{name: "dry-run", kind: boolFlag, help: "list what would be pruned and change nothing"}}},
 			{name: "reset", args: "[config]", maxArgs: 1, argCompl: complYAML, autoStart: true, run: (*app).reset,
-				summary: "stop the sandbox of this checkout and start a new one",
-				flags:   waitFlags()},
+				summary: "stop the sandbox of this checkout and start a new one; its edits are pulled first",
+				flags:   append(waitFlags(), discardFlag())},
 			bgCommand(),
 			forwardCommand("forward"),
 			{name: "events", summary: "follow the daemon's events", autoStart: true, run: (*app).events,

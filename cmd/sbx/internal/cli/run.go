@@ -161,7 +161,7 @@ func (a *app) startRequest() (ipc.StartRequest, error) {
 	if err != nil {
 		return ipc.StartRequest{}, err
 	}
-	req := ipc.StartRequest{Target: t, Wait: a.p.bools["wait"]}
+	req := ipc.StartRequest{Target: t, Wait: a.p.bools["wait"], Discard: a.p.bools["discard"]}
 	if s := a.p.strings["timeout"]; s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 {
@@ -209,6 +209,9 @@ func (a *app) startOrReset(ctx context.Context, reset bool) int {
 	}
 	for _, w := range resp.Warnings {
 		a.warn(w)
+	}
+	if resp.Edits != nil {
+		a.endEdits(*resp.Edits)
 	}
 	if a.p.json() {
 		return a.printJSON(resp)
@@ -291,7 +294,7 @@ func (a *app) ago(t *time.Time) string {
 }
 
 func (a *app) stop(ctx context.Context) int {
-	req := ipc.StopRequest{All: a.p.bools["all"]}
+	req := ipc.StopRequest{All: a.p.bools["all"], Discard: a.p.bools["discard"]}
 	if !req.All {
 		t, err := a.target()
 		if err != nil {
@@ -302,7 +305,11 @@ func (a *app) stop(ctx context.Context) int {
 		return a.usage(&usageError{cmd: a.p.cmd, msg: "--all stops every sandbox: give either --all or --id/config, not both"})
 	}
 	var resp ipc.StopResponse
-	if err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.Stop(ctx, req); return err }); err != nil {
+	err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.Stop(ctx, req); return err })
+	for _, e := range resp.Edits {
+		a.endEdits(e)
+	}
+	if err != nil {
 		return a.fail(err)
 	}
 	if a.p.json() {
@@ -436,4 +443,52 @@ func spaced(s string) string {
 		return ""
 	}
 	return " " + s
+}
+
+// endEdits says what became of an ended sandbox's edits: warnings on
+// stderr; what was pulled, saved or discarded on stderr too, so that
+// --json output stays one value.
+func (a *app) endEdits(e ipc.EndEdits) {
+	for _, w := range e.Warnings {
+		a.warn(w)
+	}
+	if len(e.PulledFiles) > 0 {
+		fmt.Fprintf(a.sys.Stderr, "Pulled from %s first: %s\n", e.RunID, strings.Join(e.PulledFiles, ", "))
+	}
+	if e.SavedPatch != "" {
+		fmt.Fprintf(a.sys.Stderr, "Saved the edits of %s at %s (apply with `git apply --3way %s`)\n", e.RunID, e.SavedPatch, e.SavedPatch)
+	}
+	if len(e.Discarded) > 0 {
+		fmt.Fprintf(a.sys.Stderr, "Discarded the edits %s held to: %s\n", e.RunID, strings.Join(e.Discarded, ", "))
+	} else if e.Discarded != nil {
+		fmt.Fprintf(a.sys.Stderr, "Discarded nothing: %s held no unpulled edits\n", e.RunID)
+	}
+}
+
+// pull brings the sandbox's edits back into the checkout now.
+func (a *app) pull(ctx context.Context) int {
+	t, err := a.target()
+	if err != nil {
+		return a.fail(err)
+	}
+	var resp ipc.PullResponse
+	if err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.Pull(ctx, t); return err }); err != nil {
+		return a.fail(err)
+	}
+	for _, w := range resp.Warnings {
+		a.warn(w)
+	}
+	if a.p.json() {
+		return a.printJSON(resp)
+	}
+	switch {
+	case len(resp.Files) > 0:
+		fmt.Fprintf(a.sys.Stdout, "Pulled %d file(s) from sandbox %s: %s\n", len(resp.Files), resp.RunID, strings.Join(resp.Files, ", "))
+	case resp.SavedPatch == "":
+		fmt.Fprintf(a.sys.Stdout, "Nothing to pull: sandbox %s holds no edits that did not come back\n", resp.RunID)
+	}
+	if resp.SavedPatch != "" {
+		fmt.Fprintf(a.sys.Stdout, "Saved the edits that did not apply at %s (apply with `git apply --3way %s`)\n", resp.SavedPatch, resp.SavedPatch)
+	}
+	return ExitOK
 }
