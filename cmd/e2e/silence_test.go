@@ -346,10 +346,14 @@ func TestExecDuringANetworkOutageSaysWhatItWaitsForAndRuns(t *testing.T) {
 	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
 		t.Errorf("the command ran %d times", n)
 	}
-	for _, want := range []string{"the connection to the sandbox went silent", "connecting to the sandbox since"} {
-		if !strings.Contains(r.stderr, want) {
-			t.Errorf("stderr does not say %q:\n%s", want, r.stderr)
-		}
+	// The silent connection is found by the lock wait's probe, or first
+	// by the daemon's wake watcher when a loaded machine makes a tick late:
+	// either way the user is told what the exec waits for.
+	if !strings.Contains(r.stderr, "the connection to the sandbox went silent") && !strings.Contains(r.stderr, "the connection has not answered a probe yet") {
+		t.Errorf("stderr does not say that the connection is silent:\n%s", r.stderr)
+	}
+	if !strings.Contains(r.stderr, "connecting to the sandbox since") {
+		t.Errorf("stderr does not say it waits for the handshake:\n%s", r.stderr)
 	}
 	if took > outage+3*time.Second {
 		t.Errorf("the exec took %v after an outage of %v", took, outage)
