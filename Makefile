@@ -6,10 +6,10 @@ export PATH := /usr/local/go/bin:$(PATH)
 GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -s -w -X main.Version=$(VERSION)
-BINARIES  := sandboxd sbx sbx-mcp sandboxd-localcloud sandboxd-helper
-# Each binary's package: ./cmd/NAME, but for sbx-mcp (sbx mcp's server,
-# apart from sbx so that sbx starts fast), which shares sbx's internals.
-CMD_sbx-mcp := ./cmd/sbx/sbx-mcp
+BINARIES  := sandboxd nook nook-mcp sandboxd-localcloud sandboxd-helper
+# Each binary's package: ./cmd/NAME, but for nook-mcp (nook mcp's server,
+# apart from nook so that nook starts fast), which shares nook's internals.
+CMD_nook-mcp := ./cmd/nook/nook-mcp
 cmds = $(foreach b,$(1),$(or $(CMD_$(b)),./cmd/$(b)))
 # Built but not installed.
 TOOLS     := sandboxd-bench
@@ -68,7 +68,7 @@ help:
 	@echo "make lint     gofmt and go vet"
 
 # Static (CGO_ENABLED=0), as packaged: no dynamic loader and libc to map at
-# every sbx start (docs/performance.md).
+# every nook start (docs/performance.md).
 build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(call cmds,$(BINARIES) $(TOOLS))
@@ -78,32 +78,32 @@ build:
 # daemon restart), so make run stops it when it ends, Ctrl-C included, but
 # only when it was not running before: a local remote that serves another
 # daemon's sandboxes (or one already up) is left alone. sandboxd exits 3
-# when a daemon already runs for this user (any earlier sbx starts one).
+# when a daemon already runs for this user (any earlier nook starts one).
 run: build
 	@echo "sandboxd $(VERSION) in the foreground (Ctrl-C stops it, and the local remote if it started it)"
 	@echo "  socket: $$($(BIN)/sandboxd --print-socket)"
-	@echo "  try:    $(BIN)/sbx version      (from another terminal)"
+	@echo "  try:    $(BIN)/nook version      (from another terminal)"
 	@echo
 	@ours=; $(BIN)/sandboxd-localcloud status >/dev/null 2>&1 || ours=1; \
 	trap '[ -z "$$ours" ] || $(BIN)/sandboxd-localcloud stop >/dev/null 2>&1 || true' EXIT; trap 'exit 130' INT TERM; \
 	$(BIN)/sandboxd; rc=$$?; \
 	if [ "$$rc" -eq 3 ]; then ours=; \
-		echo "make run: a sandboxd already runs for this user (sbx starts one on first use): use it as it is," >&2; \
-		echo "  or stop it with '$(BIN)/sbx daemon stop' and run make run again. The local remote and its sandboxes were left running." >&2; \
+		echo "make run: a sandboxd already runs for this user (nook starts one on first use): use it as it is," >&2; \
+		echo "  or stop it with '$(BIN)/nook daemon stop' and run make run again. The local remote and its sandboxes were left running." >&2; \
 	fi; exit $$rc
 
-# The man page and the completions are generated from sbx's command table
-# (cmd/sbx/internal/cli/commands.go); nothing of them is kept by hand.
+# The man page and the completions are generated from nook's command table
+# (cmd/nook/internal/cli/commands.go); nothing of them is kept by hand.
 man: build
 	@mkdir -p $(SHARE)/man/man1
-	$(BIN)/sbx man > $(SHARE)/man/man1/sbx.1
+	$(BIN)/nook man > $(SHARE)/man/man1/nook.1
 	$(BIN)/sandboxd --man > $(SHARE)/man/man1/sandboxd.1
 
 completions: build
 	@mkdir -p $(SHARE)/bash-completion/completions $(SHARE)/zsh/site-functions $(SHARE)/fish/vendor_completions.d
-	$(BIN)/sbx completion bash > $(SHARE)/bash-completion/completions/sbx
-	$(BIN)/sbx completion zsh > $(SHARE)/zsh/site-functions/_sbx
-	$(BIN)/sbx completion fish > $(SHARE)/fish/vendor_completions.d/sbx.fish
+	$(BIN)/nook completion bash > $(SHARE)/bash-completion/completions/nook
+	$(BIN)/nook completion zsh > $(SHARE)/zsh/site-functions/_nook
+	$(BIN)/nook completion fish > $(SHARE)/fish/vendor_completions.d/nook.fish
 
 # make package: the .deb, the .rpm and the tarball, from the one definition in
 # packaging/nfpm/nfpm.yaml (nfpm as a library, pinned in packaging/go.mod: the
@@ -164,17 +164,17 @@ install: build man completions
 		$(DESTDIR)$(PREFIX)/share/bash-completion/completions $(DESTDIR)$(PREFIX)/share/zsh/site-functions \
 		$(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
 	install -m 0755 $(addprefix $(BIN)/,$(BINARIES)) $(DESTDIR)$(PREFIX)/bin/
-	install -m 0644 $(SHARE)/man/man1/sbx.1 $(SHARE)/man/man1/sandboxd.1 $(DESTDIR)$(PREFIX)/share/man/man1/
-	install -m 0644 $(SHARE)/bash-completion/completions/sbx $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sbx
-	install -m 0644 $(SHARE)/zsh/site-functions/_sbx $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sbx
-	install -m 0644 $(SHARE)/fish/vendor_completions.d/sbx.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/sbx.fish
+	install -m 0644 $(SHARE)/man/man1/nook.1 $(SHARE)/man/man1/sandboxd.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 0644 $(SHARE)/bash-completion/completions/nook $(DESTDIR)$(PREFIX)/share/bash-completion/completions/nook
+	install -m 0644 $(SHARE)/zsh/site-functions/_nook $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_nook
+	install -m 0644 $(SHARE)/fish/vendor_completions.d/nook.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/nook.fish
 ifeq ($(UNAME_S),Darwin)
 	install -d $(DESTDIR)$(LAUNCH_AGENTS)
 	sed -e 's|@SANDBOXD@|$(PREFIX)/bin/sandboxd|' -e 's|@LOG@|$(HOME)/Library/Logs/sandboxd.log|' \
 		packaging/launchd/$(LAUNCHD_LABEL).plist > $(DESTDIR)$(LAUNCH_AGENTS)/$(LAUNCHD_LABEL).plist
 	@echo
 	@echo "Installed to $(DESTDIR)$(PREFIX), with the man pages and the bash, zsh and fish completions."
-	@echo "To start sandboxd at login (sbx also starts it on first use):"
+	@echo "To start sandboxd at login (nook also starts it on first use):"
 	@echo "  launchctl bootstrap gui/$$(id -u) $(LAUNCH_AGENTS)/$(LAUNCHD_LABEL).plist"
 else
 	install -d $(DESTDIR)$(SYSTEMD_USER_DIR)
@@ -182,7 +182,7 @@ else
 	sed 's|^ExecStart=.*|ExecStart=$(PREFIX)/bin/sandboxd|' packaging/systemd/sandboxd.service > $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
 	chmod 0644 $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
 	@echo
-	@echo "Installed sandboxd, sbx, sbx-mcp and sandboxd-localcloud to $(DESTDIR)$(PREFIX)/bin, with the sbx man page and"
+	@echo "Installed sandboxd, nook, nook-mcp and sandboxd-localcloud to $(DESTDIR)$(PREFIX)/bin, with the nook man page and"
 	@echo "bash, zsh and fish completions under $(DESTDIR)$(PREFIX)/share (zsh: add $(PREFIX)/share/zsh/site-functions"
 	@echo "to fpath if it is not there already)."
 	@if [ -z "$(DESTDIR)" ] && [ -n "$(filter $(abspath $(SYSTEMD_USER_DIR)),$(SYSTEMD_USER_PATHS))" ]; then \
@@ -191,15 +191,15 @@ else
 		echo "  systemctl --user enable --now sandboxd.socket sandboxd.service"; \
 	elif [ -z "$(DESTDIR)" ]; then \
 		echo "The systemd units went to $(SYSTEMD_USER_DIR), which systemd does not read: link or copy them"; \
-		echo "into ~/.config/systemd/user to use them (sbx starts sandboxd by itself otherwise)."; \
+		echo "into ~/.config/systemd/user to use them (nook starts sandboxd by itself otherwise)."; \
 	fi
 
 endif
 
 uninstall:
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(BINARIES))
-	rm -f $(DESTDIR)$(PREFIX)/share/man/man1/sbx.1 $(DESTDIR)$(PREFIX)/share/man/man1/sandboxd.1 $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sbx \
-		$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sbx $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/sbx.fish
+	rm -f $(DESTDIR)$(PREFIX)/share/man/man1/nook.1 $(DESTDIR)$(PREFIX)/share/man/man1/sandboxd.1 $(DESTDIR)$(PREFIX)/share/bash-completion/completions/nook \
+		$(DESTDIR)$(PREFIX)/share/zsh/site-functions/_nook $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/nook.fish
 	rm -f $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.socket $(DESTDIR)$(SYSTEMD_USER_DIR)/sandboxd.service
 	rm -f $(DESTDIR)$(LAUNCH_AGENTS)/$(LAUNCHD_LABEL).plist
 

@@ -77,7 +77,7 @@ func TestSecondDaemonRefused(t *testing.T) {
 	}
 	msg := second.stderr.String()
 	want := "sandboxd is already running (pid " + strconv.Itoa(first.cmd.Process.Pid) + ", socket " + e.socket() + ")"
-	if !strings.Contains(msg, want) || !strings.Contains(msg, "sbx daemon stop") {
+	if !strings.Contains(msg, want) || !strings.Contains(msg, "nook daemon stop") {
 		t.Errorf("second daemon said %q; want it to contain %q and how to stop it", msg, want)
 	}
 	if took := time.Since(start); took > 5*time.Second {

@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 }
 
 func testMain(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "sbxd-bin")
+	dir, err := os.MkdirTemp("", "nookd-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -56,7 +56,7 @@ type testEnv struct {
 
 func newTestEnv(t testing.TB) *testEnv {
 	t.Helper()
-	root, err := os.MkdirTemp("", "sbxd")
+	root, err := os.MkdirTemp("", "nookd")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func (e *AlreadyRunningError) Error() string {
 	if len(who) == 0 {
 		who = append(who, "it holds "+e.Database)
 	}
-	return fmt.Sprintf("sandboxd is already running (%s); use it, or stop it with `sbx daemon stop` first", strings.Join(who, ", "))
+	return fmt.Sprintf("sandboxd is already running (%s); use it, or stop it with `nook daemon stop` first", strings.Join(who, ", "))
 }
 
 // Is makes errors.Is(err, ErrAlreadyRunning) true.

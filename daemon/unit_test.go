@@ -70,7 +70,7 @@ func TestEnsurePrivateDir(t *testing.T) {
 }
 
 func TestRemoveStaleSocketLeavesLiveOnes(t *testing.T) {
-	dir, err := os.MkdirTemp("", "sbxs")
+	dir, err := os.MkdirTemp("", "nooks")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -107,7 +107,7 @@ func (r *BgStartRequest) Validate() error {
 	// No argv: the process is predefined in the sandbox config under its
 	// name (its key).
 	if len(r.Argv) > 0 && r.Argv[0] == "" {
-		return errdefs.Invalidf("argv[0] is empty: give the command after --, for example `sbx bg start --name web --port 8000 -- python3 -m http.server 8000`")
+		return errdefs.Invalidf("argv[0] is empty: give the command after --, for example `nook bg start --name web --port 8000 -- python3 -m http.server 8000`")
 	}
 	for i, a := range r.Argv {
 		if strings.ContainsRune(a, 0) {

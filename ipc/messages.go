@@ -6,7 +6,7 @@ import (
 )
 
 // Beginnings of the messages of an exec that waits on a ready sandbox
-// (queued frames, session.progress phase waiting): sbx shows them as they
+// (queued frames, session.progress phase waiting): nook shows them as they
 // come, without following the sandbox's start phases.
 const (
 	WaitingForLock = "waiting for the sandbox's lock"
@@ -22,15 +22,15 @@ func IsWaitOnReady(msg string) bool {
 }
 
 // DriftWarning is the one wording of the config-drift warning, shared by the
-// daemon (exec warnings) and sbx (status), so that users see one message.
+// daemon (exec warnings) and nook (status), so that users see one message.
 func DriftWarning(configFile string) string {
-	return fmt.Sprintf("%s changed since this sandbox started: run `sbx reset` to start a sandbox with the new config", configFile)
+	return fmt.Sprintf("%s changed since this sandbox started: run `nook reset` to start a sandbox with the new config", configFile)
 }
 
-// Phases of a sandbox's start, in order, as sbx shows them and as
+// Phases of a sandbox's start, in order, as nook shows them and as
 // session.progress events carry them (Progress.Phase).
 const (
-	PhaseDaemonStarting = "daemon_starting" // sbx only: it starts sandboxd
+	PhaseDaemonStarting = "daemon_starting" // nook only: it starts sandboxd
 	PhaseCreating       = "creating"        // asking the remote for a run
 	PhaseCreated        = "created"         // the run exists (RunURL)
 	PhaseProvisioning   = "provisioning"    // the remote sets it up (Message: its current step, when it says)

@@ -8,7 +8,7 @@ import (
 
 // SSHHost is one sandbox as an OpenSSH host.
 type SSHHost struct {
-	// Name is the host name for ssh: "sbx-<repo>-<branch>", unique among
+	// Name is the host name for ssh: "nook-<repo>-<branch>", unique among
 	// the live sandboxes.
 	Name           string `json:"name"`
 	RunID          string `json:"runId"`
@@ -29,7 +29,7 @@ type SSHHostsResponse struct {
 }
 
 // SSHProxyRequest is the body of POST /v1/ssh/proxy: a host name from
-// SSHHosts ("sbx-..."), or a target.
+// SSHHosts ("nook-..."), or a target.
 type SSHProxyRequest struct {
 	Host string `json:"host,omitempty"`
 	Target
@@ -39,7 +39,7 @@ type SSHProxyRequest struct {
 func (r *SSHProxyRequest) Validate() error {
 	if r.Host != "" {
 		if strings.ContainsAny(r.Host, "/\x00 ") {
-			return errdefs.Invalidf("host %q is not a sandbox host name: use a name from `sbx ssh-config`", r.Host)
+			return errdefs.Invalidf("host %q is not a sandbox host name: use a name from `nook ssh-config`", r.Host)
 		}
 		return nil
 	}

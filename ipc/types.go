@@ -108,7 +108,7 @@ type SessionInfo struct {
 	// IdleStopAt is when the idle stop would stop it (absent when no
 	// idle_stop applies, while it works, or when it is kept).
 	IdleStopAt *time.Time `json:"idleStopAt,omitempty"`
-	// Kept is true when `sbx keep` pinned it: the idle stop leaves it.
+	// Kept is true when `nook keep` pinned it: the idle stop leaves it.
 	Kept bool `json:"kept,omitempty"`
 }
 
@@ -227,7 +227,7 @@ type ConfigResponse struct {
 	IdleStopSeconds float64 `json:"idleStopSeconds"`
 }
 
-// DoctorCheck is one check of GET /v1/doctor (and `sbx doctor`).
+// DoctorCheck is one check of GET /v1/doctor (and `nook doctor`).
 type DoctorCheck struct {
 	Name   string `json:"name"`
 	OK     bool   `json:"ok"`
@@ -261,7 +261,7 @@ type ExecRequest struct {
 	// command's stdin is empty.
 	Stdin bool `json:"stdin,omitempty"`
 	// TTY runs the command on a pseudo-terminal of this type and size
-	// (sbx shell, sbx exec -t): its stdout and stderr are then one stream
+	// (nook shell, nook exec -t): its stdout and stderr are then one stream
 	// (stdout frames), and resize frames follow the caller's window.
 	TTY *TTY `json:"tty,omitempty"`
 	// Detach starts the command under the sandbox helper's holder and

@@ -92,7 +92,7 @@ func (r *ExecRequest) Validate() error {
 		return nil
 	}
 	if len(r.Argv) == 0 {
-		return errdefs.Invalidf("argv is empty: give the command to run, for example [\"make\",\"test\"] (sbx exec -- make test)")
+		return errdefs.Invalidf("argv is empty: give the command to run, for example [\"make\",\"test\"] (nook exec -- make test)")
 	}
 	if r.Argv[0] == "" {
 		return errdefs.Invalidf("argv[0] is empty: the first element is the program to run")

@@ -5,8 +5,8 @@ import "runtime/debug"
 // BuildVersion is the version of the running binary as the build recorded
 // it: the module version when built from a tagged module, else the VCS
 // revision (with "-dirty" for a modified tree), else "devel". sandboxd and
-// sbx both use it (unless a -ldflags -X override sets theirs), so binaries
-// built from one tree agree and `sbx version` can warn when they do not.
+// nook both use it (unless a -ldflags -X override sets theirs), so binaries
+// built from one tree agree and `nook version` can warn when they do not.
 func BuildVersion() string {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {

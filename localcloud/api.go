@@ -409,7 +409,7 @@ func (s *Server) sandboxToken(w http.ResponseWriter, r *http.Request, p principa
 // InitTemplate is the .rwx/sandbox.yml localcloud suggests. It carries a
 // base so that the RWX CLI does not rewrite it, and stays a valid RWX Cloud
 // config.
-const InitTemplate = `# Sandbox configuration (rwx sandbox / sbx).
+const InitTemplate = `# Sandbox configuration (rwx sandbox / nook).
 #
 # On sandboxd-localcloud the repository is cloned from its origin at the
 # commit you are on; the tasks with a ` + "`run:`" + ` before the sandbox task run

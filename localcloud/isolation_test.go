@@ -114,7 +114,7 @@ func TestSandboxIsolation(t *testing.T) {
 	if lines := strings.Split(out, "\n"); len(lines) < len(want) || strings.Join(lines[:len(want)], "\n") != strings.Join(want, "\n") {
 		t.Errorf("a command's confinement:\n%s\nwant it to begin with:\n%s", out, strings.Join(want, "\n"))
 	}
-	if cg := srv.isolationReport().Limits["processes"]; strings.HasPrefix(cg, "cgroup") && !strings.Contains(out, "/sandboxd/sbx-") {
+	if cg := srv.isolationReport().Limits["processes"]; strings.HasPrefix(cg, "cgroup") && !strings.Contains(out, "/sandboxd/nook-") {
 		t.Errorf("a command is not in the run's cgroups: %s", out)
 	}
 	// A terminal is the sandbox's own, named in its /dev/pts.
@@ -246,7 +246,7 @@ func TestForwardWhenNotRoot(t *testing.T) {
 		t.Skip("needs root to run a server as another user; as a user, every forward test takes this path")
 	}
 	// Everything nobody reads lives below a directory it can reach.
-	base, err := os.MkdirTemp("", "sbx-unpriv")
+	base, err := os.MkdirTemp("", "nook-unpriv")
 	if err != nil {
 		t.Fatal(err)
 	}

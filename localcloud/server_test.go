@@ -874,7 +874,7 @@ func runCgroups(t *testing.T, pid int) []string {
 			continue
 		}
 		for _, c := range strings.Split(f[1], ",") {
-			m, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", c, f[2], "sandboxd", fmt.Sprintf("sbx-*-%d-*", pid)))
+			m, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", c, f[2], "sandboxd", fmt.Sprintf("nook-*-%d-*", pid)))
 			found = append(found, m...)
 		}
 	}

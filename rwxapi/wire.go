@@ -95,7 +95,7 @@ type ConnectionInfo struct {
 	// (RFC 3339); absent otherwise.
 	ExpiresAt string `json:"expires_at,omitempty"`
 	// Status says what the remote is doing while the run provisions
-	// ("setup step deps (1/2)"), when it says: the local remote does; sbx
+	// ("setup step deps (1/2)"), when it says: the local remote does; nook
 	// shows it as progress.
 	Status string `json:"status,omitempty"`
 	// FailureReason says why a run completed before it became sandboxable

@@ -591,7 +591,7 @@ func writeEntry(abs, tmpDir string, mode uint32, data []byte) error {
 	// on another file system.
 	err := writeVia(filepath.Join(tmpDir, "w-"+newInstance()), abs, mode, data)
 	if errors.Is(err, syscall.EXDEV) || errors.Is(err, fs.ErrNotExist) {
-		err = writeVia(filepath.Join(dir, ".sbx-"+newInstance()+".tmp"), abs, mode, data)
+		err = writeVia(filepath.Join(dir, ".nook-"+newInstance()+".tmp"), abs, mode, data)
 	}
 	return err
 }

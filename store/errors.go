@@ -35,7 +35,7 @@ type LockedError struct {
 }
 
 func (e *LockedError) Error() string {
-	return fmt.Sprintf("store %s is locked by another process (waited %s): another sandboxd is probably running; stop it (sbx daemon stop) or use its socket", e.Path, e.Waited)
+	return fmt.Sprintf("store %s is locked by another process (waited %s): another sandboxd is probably running; stop it (nook daemon stop) or use its socket", e.Path, e.Waited)
 }
 
 // Is makes errors.Is(err, ErrLocked) true.

@@ -107,7 +107,7 @@ func TestAdoptLegacyWithoutClobbering(t *testing.T) {
 	}
 	// A live session sandboxd already has for "main", a known run, and an
 	// ended one.
-	existing := &Session{Identity: ident("main"), RunID: "run-main-sbx", State: StateReady}
+	existing := &Session{Identity: ident("main"), RunID: "run-main-nook", State: StateReady}
 	must(t, s.Insert(existing))
 	must(t, s.Insert(&Session{Identity: ident("known"), RunID: "run-known", State: StateReady}))
 	must(t, s.Insert(&Session{Identity: ident("gone"), RunID: "run-gone", State: StateExpired}))

@@ -12,7 +12,7 @@ import (
 type State string
 
 // Lifecycle states. Active states keep the identity index; terminal states
-// are history (kept for a bounded time so `sbx list --all` can show them).
+// are history (kept for a bounded time so `nook list --all` can show them).
 const (
 	// StateCreating: the create call is under way; no run id yet.
 	StateCreating State = "creating"
@@ -92,7 +92,7 @@ type Session struct {
 	// Background are the background processes started through sandboxd
 	// and their port forwards, reopened when the daemon starts again.
 	Background []Background `json:"background,omitempty"`
-	// Kept pins the sandbox: the idle stop never stops it (`sbx keep`).
+	// Kept pins the sandbox: the idle stop never stops it (`nook keep`).
 	Kept bool `json:"kept,omitempty"`
 }
 

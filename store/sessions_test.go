@@ -280,7 +280,7 @@ func TestConcurrentWritersOneIdentity(t *testing.T) {
 		t.Fatalf("ExecCount = %d, want %d", got.ExecCount, n)
 	}
 
-	// Stop-and-replace races (sbx reset from many callers): each one ends
+	// Stop-and-replace races (nook reset from many callers): each one ends
 	// the identity's live session if any and inserts a new one. At the end
 	// exactly one session is live and the indices agree.
 	for i := range n {

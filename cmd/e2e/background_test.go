@@ -147,7 +147,7 @@ func TestRestartReconnectsWithoutClients(t *testing.T) {
 	}
 	before := e.health().SSHHandshakes
 	for _, repo := range repos {
-		e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+		e.mustNook(repo, "exec", "--no-sync", "--", "true")
 	}
 	if after := e.health().SSHHandshakes; after != before {
 		t.Fatalf("execs after restart made %d new SSH handshakes", after-before)
@@ -199,11 +199,11 @@ func TestTransientRemoteErrorsPruneNothing(t *testing.T) {
 		evs.waitFor(t, 20*time.Second, "reconcile.finished", eventType("reconcile.finished"))
 	}
 	lc.call(t, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 0.0})
-	lj := decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout)
+	lj := decode[listJSON](t, e.mustNook(repo, "list", "--json").stdout)
 	if len(lj.Sessions) != 1 || lj.Sessions[0].RunID != run {
 		t.Fatalf("a transient error pruned the session: %+v", lj)
 	}
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 
 	// The sandbox's SSH connections drop and new ones are refused: the
 	// daemon keeps the session (the remote still says the run is alive)
@@ -217,11 +217,11 @@ func TestTransientRemoteErrorsPruneNothing(t *testing.T) {
 		evs.waitFor(t, 20*time.Second, "reconcile.finished", eventType("reconcile.finished"))
 	}
 	lc.call(t, "POST", "/admin/faults", map[string]any{"drop_ssh": false})
-	lj = decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout)
+	lj = decode[listJSON](t, e.mustNook(repo, "list", "--json").stdout)
 	if len(lj.Sessions) != 1 || lj.Sessions[0].RunID != run || lj.Sessions[0].Status == "expired" {
 		t.Fatalf("a dropped connection pruned the session: %+v", lj)
 	}
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 }
 
 // TestConnectionKilledBetweenExecs: the SSH connection dies between two
@@ -234,9 +234,9 @@ func TestConnectionKilledBetweenExecs(t *testing.T) {
 	repo := e.newRepo("drop", defaultConfig)
 	run := e.startSandbox(repo)
 	marker := counterFile(t, "drop")
-	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo first >> "+marker)
+	e.mustNook(repo, "exec", "--no-sync", "--", "sh", "-c", "echo first >> "+marker)
 	lc.call(t, "POST", "/admin/runs/"+run+"/drop-connections", nil)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo second >> "+marker)
+	e.mustNook(repo, "exec", "--no-sync", "--", "sh", "-c", "echo second >> "+marker)
 	if got := readFile(t, marker); got != "first\nsecond\n" {
 		t.Fatalf("commands ran as %q", got)
 	}
@@ -258,9 +258,9 @@ func TestBranchChangeNeedsNoGit(t *testing.T) {
 	os.Chmod(filepath.Join(shimDir, "git"), 0o755)
 	e.startDaemon("PATH=" + shimDir + ":" + e.get("PATH"))
 	repo := e.newRepo("branches", defaultConfig)
-	mainRun := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout).RunID
+	mainRun := decode[execJSON](t, e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true").stdout).RunID
 	e.git(repo, "checkout", "-q", "-b", "other")
-	otherRun := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout).RunID
+	otherRun := decode[execJSON](t, e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true").stdout).RunID
 	if otherRun == mainRun {
 		t.Fatal("the new branch must get its own sandbox")
 	}
@@ -269,7 +269,7 @@ func TestBranchChangeNeedsNoGit(t *testing.T) {
 		e.git(repo, "checkout", "-q", c.branch)
 		got := ""
 		waitUntil(t, 10*time.Second, "the branch switch to "+c.branch+" to be noticed", func() bool {
-			got = decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout).RunID
+			got = decode[execJSON](t, e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true").stdout).RunID
 			return got == c.run
 		})
 	}
@@ -291,8 +291,8 @@ func TestConfigDriftEmitsOneEvent(t *testing.T) {
 	evs.waitFor(t, 10*time.Second, "config.drift", func(ev map[string]any) bool {
 		return ev["type"] == "config.drift" && ev["runId"] == run
 	})
-	r := e.mustSbx(repo, "exec", "--no-sync", "--", "true")
-	if !strings.Contains(r.stderr, "sbx reset") {
+	r := e.mustNook(repo, "exec", "--no-sync", "--", "true")
+	if !strings.Contains(r.stderr, "nook reset") {
 		t.Fatalf("exec did not warn about drift: %s", r)
 	}
 	// The exec's own events arrive; no second drift event among them.
@@ -335,7 +335,7 @@ func TestSlowEventsConsumerIsCutOff(t *testing.T) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 	// Reading again drains what was queued, then the final event, then the
 	// end of the stream: the chunked body ends (the connection itself may
 	// stay open for keep-alive, so reading to the connection's end would
@@ -375,9 +375,9 @@ func TestClientCreateDuringRehydrationSurvives(t *testing.T) {
 	lc.call(t, "POST", "/admin/faults", map[string]any{"latency_ms": 700})
 	e.startDaemon()
 	// The daemon answers at once, before its checks of the remote are done.
-	st := decode[startJSON](t, e.mustSbx(fresh, "start", "--json").stdout)
+	st := decode[startJSON](t, e.mustNook(fresh, "start", "--json").stdout)
 	lc.call(t, "POST", "/admin/faults", map[string]any{"latency_ms": 0})
-	lj := decode[listJSON](t, e.mustSbx(fresh, "list", "--json").stdout)
+	lj := decode[listJSON](t, e.mustNook(fresh, "list", "--json").stdout)
 	got := map[string]string{}
 	for _, s := range lj.Sessions {
 		got[s.RepoRoot] = s.RunID
@@ -401,7 +401,7 @@ func TestLocalRemoteRestartKeepsSandboxes(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("lcrestart", defaultConfig)
 	run := e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 	discovery := filepath.Join(e.get("XDG_DATA_HOME"), "sandboxd", "localcloud", "localcloud.json")
 	var d struct {
 		PID int `json:"pid"`
@@ -413,7 +413,7 @@ func TestLocalRemoteRestartKeepsSandboxes(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil(t, 10*time.Second, "the local remote to die", func() bool { return syscall.Kill(d.PID, 0) != nil })
-	ej := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout)
+	ej := decode[execJSON](t, e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true").stdout)
 	if ej.RunID != run {
 		t.Fatalf("after the remote restarted, exec used run %s, want %s", ej.RunID, run)
 	}
@@ -434,7 +434,7 @@ func TestLocalRemoteRestartKeepsSandboxes(t *testing.T) {
 			RunURL string `json:"runUrl"`
 		} `json:"sessions"`
 	}
-	if err := json.Unmarshal([]byte(e.mustSbx(repo, "list", "--json").stdout), &lj); err != nil || len(lj.Sessions) != 1 {
+	if err := json.Unmarshal([]byte(e.mustNook(repo, "list", "--json").stdout), &lj); err != nil || len(lj.Sessions) != 1 {
 		t.Fatalf("list: %v %+v", err, lj)
 	}
 	if lj.Sessions[0].RunURL != "" {

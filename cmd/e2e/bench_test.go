@@ -21,14 +21,14 @@ func reportMedian(b *testing.B, samples []time.Duration) {
 	b.ReportMetric(float64(samples[len(samples)/2].Microseconds())/1000, "ms-median")
 }
 
-func timeSbx(b *testing.B, e *env, dir string, args ...string) {
+func timeNook(b *testing.B, e *env, dir string, args ...string) {
 	b.Helper()
 	var samples []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		if r := e.sbx(dir, args...); r.code != 0 {
-			b.Fatalf("sbx %v: %s", args, r)
+		if r := e.nook(dir, args...); r.code != 0 {
+			b.Fatalf("nook %v: %s", args, r)
 		}
 		samples = append(samples, time.Since(start))
 	}
@@ -36,11 +36,11 @@ func timeSbx(b *testing.B, e *env, dir string, args ...string) {
 	reportMedian(b, samples)
 }
 
-// BenchmarkSbxVersion: `sbx version` answered by a running daemon.
-func BenchmarkSbxVersion(b *testing.B) {
+// BenchmarkNookVersion: `nook version` answered by a running daemon.
+func BenchmarkNookVersion(b *testing.B) {
 	e := newEnv(b)
 	e.startDaemon()
-	timeSbx(b, e, e.root, "version")
+	timeNook(b, e, e.root, "version")
 }
 
 // BenchmarkReconnect20AfterRestart: time from a restart (after SIGKILL) of

@@ -97,9 +97,9 @@ func processGone(pid int) bool {
 }
 
 // TestBackgroundServerForwardOutlivesEverything: a background HTTP server in
-// the sandbox, forwarded by `sbx bg start --port`, serves the synced file
-// after sbx exits, after its SSH connection is killed, and after a daemon
-// SIGKILL + restart; stop/restart/logs work; `sbx stop` closes the forward
+// the sandbox, forwarded by `nook bg start --port`, serves the synced file
+// after nook exits, after its SSH connection is killed, and after a daemon
+// SIGKILL + restart; stop/restart/logs work; `nook stop` closes the forward
 // and ends the process.
 func TestBackgroundServerForwardOutlivesEverything(t *testing.T) {
 	t.Parallel()
@@ -114,22 +114,22 @@ func TestBackgroundServerForwardOutlivesEverything(t *testing.T) {
 	// Uncommitted: it reaches the sandbox by the sync before the start.
 	writeFile(t, filepath.Join(repo, "page.txt"), "served v1\n")
 	port := freePort(t)
-	r := e.mustSbx(repo, "bg", "start", "--name", "web", "--port", fmt.Sprint(port), "--json", "--",
+	r := e.mustNook(repo, "bg", "start", "--name", "web", "--port", fmt.Sprint(port), "--json", "--",
 		python, "-m", "http.server", fmt.Sprint(port), "--bind", "127.0.0.1")
 	p := decode[bgJSON](t, r.stdout)
 	if p.Status != "running" || p.PID == 0 || p.Forward == nil || p.Forward.TargetPort != port || p.Forward.State != "listening" {
 		t.Fatalf("bg start: %s", r)
 	}
 	url := p.Forward.URL + "/page.txt"
-	// sbx has exited: the daemon holds the forward.
-	waitServes(t, "after sbx exited", url, "served v1\n")
+	// nook has exited: the daemon holds the forward.
+	waitServes(t, "after nook exited", url, "served v1\n")
 	evs.waitFor(t, 10*time.Second, "forward.opened", func(ev map[string]any) bool {
 		data, _ := ev["data"].(map[string]any)
 		return ev["type"] == "forward.opened" && data["name"] == "web"
 	})
-	lr := e.mustSbx(repo, "list", "--json")
+	lr := e.mustNook(repo, "list", "--json")
 	if !strings.Contains(lr.stdout, `"forwards":[{"name":"web","localPort":`+fmt.Sprint(p.Forward.LocalPort)) || !strings.Contains(lr.stdout, `"state":"listening"`) {
-		t.Fatalf("sbx list does not show the forward: %s", lr)
+		t.Fatalf("nook list does not show the forward: %s", lr)
 	}
 
 	// The SSH connection is killed: new connections go through the
@@ -143,18 +143,18 @@ func TestBackgroundServerForwardOutlivesEverything(t *testing.T) {
 	waitServes(t, "after a daemon SIGKILL and restart", url, "served v1\n")
 
 	// Logs: python logs each request on stderr.
-	logs := e.mustSbx(repo, "bg", "logs", "web")
+	logs := e.mustNook(repo, "bg", "logs", "web")
 	if !strings.Contains(logs.stderr, "GET /page.txt") {
 		t.Fatalf("bg logs: %s", logs)
 	}
-	list := decode[bgListJSON](t, e.mustSbx(repo, "bg", "list", "--json").stdout)
+	list := decode[bgListJSON](t, e.mustNook(repo, "bg", "list", "--json").stdout)
 	if len(list.Processes) != 1 || list.Processes[0].Status != "running" || list.Processes[0].PID != p.PID {
 		t.Fatalf("bg list: %+v", list)
 	}
 
 	// Stop closes the forward and ends the process; restart brings both
 	// back on the same local port, serving the latest local file.
-	st := decode[bgJSON](t, e.mustSbx(repo, "bg", "stop", "web", "--json").stdout)
+	st := decode[bgJSON](t, e.mustNook(repo, "bg", "stop", "web", "--json").stdout)
 	if st.Status != "stopped" {
 		t.Fatalf("bg stop: %+v", st)
 	}
@@ -163,20 +163,20 @@ func TestBackgroundServerForwardOutlivesEverything(t *testing.T) {
 		t.Fatal("the forward still serves after bg stop")
 	}
 	writeFile(t, filepath.Join(repo, "page.txt"), "served v2\n")
-	rs := decode[bgJSON](t, e.mustSbx(repo, "bg", "restart", "web", "--json").stdout)
+	rs := decode[bgJSON](t, e.mustNook(repo, "bg", "restart", "web", "--json").stdout)
 	if rs.Forward == nil || rs.Forward.LocalPort != p.Forward.LocalPort || rs.PID == p.PID {
 		t.Fatalf("bg restart: %+v", rs)
 	}
 	waitServes(t, "after restart", url, "served v2\n")
 
-	// sbx stop: the forward closes and nothing of the process is left.
-	e.mustSbx(repo, "stop")
+	// nook stop: the forward closes and nothing of the process is left.
+	e.mustNook(repo, "stop")
 	waitUntil(t, 15*time.Second, "the background process to end with the sandbox", func() bool { return processGone(rs.PID) })
 	if _, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", p.Forward.LocalPort), time.Second); err == nil {
-		t.Fatal("the local port still accepts after sbx stop")
+		t.Fatal("the local port still accepts after nook stop")
 	}
-	if lr := e.mustSbx(repo, "list", "--json"); strings.Contains(lr.stdout, `"forwards"`) {
-		t.Fatalf("sbx list still shows a forward after stop: %s", lr)
+	if lr := e.mustNook(repo, "list", "--json"); strings.Contains(lr.stdout, `"forwards"`) {
+		t.Fatalf("nook list still shows a forward after stop: %s", lr)
 	}
 }
 
@@ -194,19 +194,19 @@ func TestBackgroundLocalPortInUseNamesHolder(t *testing.T) {
 	}
 	defer ln.Close()
 	taken := ln.Addr().(*net.TCPAddr).Port
-	r := e.sbx(repo, "bg", "start", "--name", "web", "--port", "8000", "--local-port", fmt.Sprint(taken), "--", "sleep", "60")
+	r := e.nook(repo, "bg", "start", "--name", "web", "--port", "8000", "--local-port", fmt.Sprint(taken), "--", "sleep", "60")
 	want := fmt.Sprintf("local port %d is already in use by pid %d (", taken, os.Getpid())
 	if r.code != 125 || !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, "--local-port") {
 		t.Fatalf("bg start on a taken port: %s\nwant %q", r, want)
 	}
-	if list := decode[bgListJSON](t, e.mustSbx(repo, "bg", "list", "--json").stdout); len(list.Processes) != 0 {
+	if list := decode[bgListJSON](t, e.mustNook(repo, "bg", "list", "--json").stdout); len(list.Processes) != 0 {
 		t.Fatalf("a process was recorded although its port was taken: %+v", list)
 	}
-	if r := e.sbx(repo, "bg", "logs", "web"); r.code != 125 || !strings.Contains(r.stderr, `no background process named "web"`) {
+	if r := e.nook(repo, "bg", "logs", "web"); r.code != 125 || !strings.Contains(r.stderr, `no background process named "web"`) {
 		t.Fatalf("logs of a process that never started: %s", r)
 	}
 	// Bad input is refused before anything happens.
-	if r := e.sbx(repo, "bg", "start", "--name", "a b", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "only letters") {
+	if r := e.nook(repo, "bg", "start", "--name", "a b", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "only letters") {
 		t.Fatalf("bad name: %s", r)
 	}
 }

@@ -35,46 +35,46 @@ func TestCLIEdges(t *testing.T) {
 	}
 
 	// No sandbox yet: status answers no_sandbox and exits 0.
-	r := e.mustSbx(repo, "status", "--json")
+	r := e.mustNook(repo, "status", "--json")
 	if st := decode[struct{ Probe string }](t, r.stdout); st.Probe != "no_sandbox" {
 		t.Errorf("status without a sandbox: %s", r)
 	}
-	if r := e.mustSbx(repo, "status"); !strings.Contains(r.stdout, "no_sandbox") {
+	if r := e.mustNook(repo, "status"); !strings.Contains(r.stdout, "no_sandbox") {
 		t.Errorf("status without a sandbox: %s", r)
 	}
 
 	// init outside a repository writes nothing.
-	if r := e.sbx(outside, "init"); r.code != 125 || !strings.Contains(r.stderr, "not inside a git repository") {
+	if r := e.nook(outside, "init"); r.code != 125 || !strings.Contains(r.stderr, "not inside a git repository") {
 		t.Errorf("init outside a repository: %s", r)
 	}
 	if _, err := os.Stat(filepath.Join(outside, ".rwx")); !os.IsNotExist(err) {
 		t.Errorf("init outside a repository wrote %s/.rwx (%v)", outside, err)
 	}
 	// reset outside a repository does not suggest the --id it lacks.
-	if r := e.sbx(outside, "reset"); r.code != 125 || strings.Contains(r.stderr, "--id") || !strings.Contains(r.stderr, "not inside a git repository") {
+	if r := e.nook(outside, "reset"); r.code != 125 || strings.Contains(r.stderr, "--id") || !strings.Contains(r.stderr, "not inside a git repository") {
 		t.Errorf("reset outside a repository: %s", r)
 	}
-	if r := e.sbx(outside, "status"); r.code != 125 || !strings.Contains(r.stderr, "--id") {
+	if r := e.nook(outside, "status"); r.code != 125 || !strings.Contains(r.stderr, "--id") {
 		t.Errorf("status outside a repository should offer --id: %s", r)
 	}
 	// stop --id of an unknown run fails and says so; under --json as an
 	// error object on stdout, with nothing on stderr.
-	if r := e.sbx(repo, "stop", "--id", "nope"); r.code != 125 || !strings.Contains(r.stderr, "run nope is unknown") {
+	if r := e.nook(repo, "stop", "--id", "nope"); r.code != 125 || !strings.Contains(r.stderr, "run nope is unknown") {
 		t.Errorf("stop --id nope: %s", r)
 	}
-	r = e.sbx(repo, "stop", "--id", "nope", "--json")
+	r = e.nook(repo, "stop", "--id", "nope", "--json")
 	ej := decode[struct{ Type, Code, Message, Hint string }](t, r.stdout)
-	if r.code != 125 || r.stderr != "" || ej.Type != "error" || ej.Code != "not_found" || !strings.Contains(ej.Message, "nope") || !strings.Contains(ej.Hint, "sbx list --all") {
+	if r.code != 125 || r.stderr != "" || ej.Type != "error" || ej.Code != "not_found" || !strings.Contains(ej.Message, "nope") || !strings.Contains(ej.Hint, "nook list --all") {
 		t.Errorf("stop --id nope --json: %s", r)
 	}
 	// Usage errors too.
-	r = e.sbx(repo, "exec", "--json", "--bogus", "--", "true")
-	if ej := decode[struct{ Code, Hint string }](t, r.stdout); r.code != 125 || ej.Code != "usage" || !strings.Contains(ej.Hint, "sbx exec") {
+	r = e.nook(repo, "exec", "--json", "--bogus", "--", "true")
+	if ej := decode[struct{ Code, Hint string }](t, r.stdout); r.code != 125 || ej.Code != "usage" || !strings.Contains(ej.Hint, "nook exec") {
 		t.Errorf("usage error under --json: %s", r)
 	}
 
 	// exec --json: stdout is NDJSON records only, output then the result.
-	r = e.sbx(repo, "exec", "--json", "--", "sh", "-c", "echo out; echo err >&2; printf 'caf\\303\\251'; exit 3")
+	r = e.nook(repo, "exec", "--json", "--", "sh", "-c", "echo out; echo err >&2; printf 'caf\\303\\251'; exit 3")
 	if r.code != 3 {
 		t.Fatalf("exec --json: %s", r)
 	}
@@ -104,24 +104,24 @@ func TestCLIEdges(t *testing.T) {
 	events := e.followEvents("")
 	writeFile(t, filepath.Join(repo, ".rwx", "sandbox.yml"), defaultConfig+"# changed\n")
 	events.waitFor(t, 20*time.Second, "config.drift", eventType("config.drift"))
-	first := e.mustSbx(repo, "exec", "--", "true")
-	second := e.mustSbx(repo, "exec", "--", "true")
-	status := e.mustSbx(repo, "status")
-	const drift = "changed since this sandbox started: run `sbx reset` to start a sandbox with the new config"
+	first := e.mustNook(repo, "exec", "--", "true")
+	second := e.mustNook(repo, "exec", "--", "true")
+	status := e.mustNook(repo, "status")
+	const drift = "changed since this sandbox started: run `nook reset` to start a sandbox with the new config"
 	if strings.Count(first.stderr, drift) != 1 || strings.Contains(second.stderr, drift) || strings.Count(status.stderr, drift) != 1 {
 		t.Errorf("drift warning: first exec %q, second exec %q, status %q", first.stderr, second.stderr, status.stderr)
 	}
 	writeFile(t, filepath.Join(repo, ".rwx", "sandbox.yml"), defaultConfig+"# changed again\n")
 	events.waitFor(t, 20*time.Second, "config.drift", eventType("config.drift"))
-	if r := e.mustSbx(repo, "exec", "--", "true"); strings.Count(r.stderr, drift) != 1 {
+	if r := e.mustNook(repo, "exec", "--", "true"); strings.Count(r.stderr, drift) != 1 {
 		t.Errorf("a second change of the config is not warned about: %q", r.stderr)
 	}
 	d.stop(t)
 }
 
-// TestProgressPhases: while a sandbox starts, sbx reports each phase on
+// TestProgressPhases: while a sandbox starts, nook reports each phase on
 // stderr (plain timestamped lines when stderr is not a terminal), nothing
-// with --quiet, and `sbx events` carries the same phases.
+// with --quiet, and `nook events` carries the same phases.
 func TestProgressPhases(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -131,7 +131,7 @@ func TestProgressPhases(t *testing.T) {
 	repo := e.newRepo("progress", config)
 	events := e.followEvents("")
 
-	cmd := e.sbxCmd(repo, "start", "--wait")
+	cmd := e.nookCmd(repo, "start", "--wait")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
@@ -146,7 +146,7 @@ func TestProgressPhases(t *testing.T) {
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("start --wait: %v\n%s", err, stderr.String())
 	}
-	// sbx events carries every phase, up to ready.
+	// nook events carries every phase, up to ready.
 	for _, phase := range []string{"connecting", "ready"} {
 		events.waitFor(t, 20*time.Second, phase, func(ev map[string]any) bool {
 			d, _ := ev["data"].(map[string]any)
@@ -154,13 +154,13 @@ func TestProgressPhases(t *testing.T) {
 		})
 	}
 	// On stderr, the phases up to provisioning (the last ones race with the
-	// answer that ends the wait, by design: sbx does not linger for them).
+	// answer that ends the wait, by design: nook does not linger for them).
 	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
 	want := []string{"creating the sandbox run", "run created", "provisioning: setup step deps (1/1)"}
 	i := 0
 	for _, l := range lines {
 		if i < len(want) && strings.Contains(l, want[i]) {
-			if !regexp.MustCompile(`^sbx: \d\d:\d\d:\d\d `).MatchString(l) {
+			if !regexp.MustCompile(`^nook: \d\d:\d\d:\d\d `).MatchString(l) {
 				t.Errorf("progress line without a timestamp: %q", l)
 			}
 			i++
@@ -172,7 +172,7 @@ func TestProgressPhases(t *testing.T) {
 
 	// --quiet: nothing on stderr, while a reset goes through the same phases.
 	writeFile(t, gate, "")
-	r := e.mustSbx(repo, "reset", "--wait", "--quiet")
+	r := e.mustNook(repo, "reset", "--wait", "--quiet")
 	if r.stderr != "" {
 		t.Errorf("reset --quiet printed: %q", r.stderr)
 	}
@@ -183,7 +183,7 @@ func TestProgressPhases(t *testing.T) {
 func TestDoctor(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	r := e.sbx(e.root, "doctor", "--json")
+	r := e.nook(e.root, "doctor", "--json")
 	type doctorOut struct {
 		OK     bool
 		Checks []struct {
@@ -201,7 +201,7 @@ func TestDoctor(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("doctor", defaultConfig)
 	run := e.startSandbox(repo)
-	r = e.sbx(repo, "doctor", "--json")
+	r = e.nook(repo, "doctor", "--json")
 	d = decode[doctorOut](t, r.stdout)
 	names := map[string]bool{}
 	for _, c := range d.Checks {
@@ -216,7 +216,7 @@ func TestDoctor(t *testing.T) {
 	if wantCode := map[bool]int{true: 0, false: 1}[names["watches"]]; r.code != wantCode || d.OK != names["watches"] {
 		t.Errorf("doctor: %s", r)
 	}
-	if r := e.sbx(repo, "doctor"); !strings.Contains(r.stdout, "ok  ") || !strings.Contains(r.stdout, "ssh "+run) {
+	if r := e.nook(repo, "doctor"); !strings.Contains(r.stdout, "ok  ") || !strings.Contains(r.stdout, "ssh "+run) {
 		t.Errorf("doctor (text): %s", r)
 	}
 }
@@ -240,7 +240,7 @@ func TestReadmeTour(t *testing.T) {
 		t.Fatalf("the tour does not start with %q:\n%s", build, block)
 	}
 	tour := filepath.Join(e.root, "tour")
-	script := strings.ReplaceAll(strings.Replace(block, build, "true", 1), "/tmp/sbx-tour", tour)
+	script := strings.ReplaceAll(strings.Replace(block, build, "true", 1), "/tmp/nook-tour", tour)
 	t.Cleanup(func() {
 		// The tour stops what it starts; after a failure, stop the
 		// autostarted daemon (not a child of the test) by its pid.
@@ -250,7 +250,7 @@ func TestReadmeTour(t *testing.T) {
 			}
 		}
 	})
-	// As pasted: no -e (sbx doctor exits 1 on a machine whose watch limits
+	// As pasted: no -e (nook doctor exits 1 on a machine whose watch limits
 	// are low); the output says whether each step worked.
 	cmd := exec.Command("bash", "-c", script)
 	cmd.Dir = e.root

@@ -55,7 +55,7 @@ func TestSSHUsersOfTheRWXCLI(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("users", defaultConfig)
 	run := e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 	ci := lc.connInfo(t, run)
 	key, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
 	if err != nil {
@@ -316,17 +316,17 @@ func (c *fakeCLI) sshRun(lc *localcloud, run, command string) string {
 	return string(out)
 }
 
-// TestSharingWithTheRWXCLISbxFirst: a sandbox sbx started is the one the
+// TestSharingWithTheRWXCLINookFirst: a sandbox nook started is the one the
 // CLI uses in the same checkout, found through sandboxes.json and, without
 // that record, through its cli_state; `rwx sandbox list` would not panic on
-// it; stopping it with sbx removes sandboxd's record and keeps the CLI's own.
-func TestSharingWithTheRWXCLISbxFirst(t *testing.T) {
+// it; stopping it with nook removes sandboxd's record and keeps the CLI's own.
+func TestSharingWithTheRWXCLINookFirst(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	e.startDaemon()
 	cli := e.fakeCLI(lc)
-	repo := e.newRepo("sbxfirst", defaultConfig)
+	repo := e.newRepo("nookfirst", defaultConfig)
 	// A record of the CLI that sandboxd must keep as it is.
 	other := "/elsewhere/.rwx/sandbox.yml"
 	writeFile(t, cliStoragePath(repo), `{"version":1,"sandboxes":{"dev:`+other+`":{"runId":"cli-own","configFile":"`+other+`","scopedToken":"secret","execCount":3,"futureField":"x"}}}`)
@@ -337,7 +337,7 @@ func TestSharingWithTheRWXCLISbxFirst(t *testing.T) {
 	}
 	cli.list()
 	if got, how := cli.execRun(repo); got != run || how != "file" {
-		t.Fatalf("the CLI used run %s (%s), want sbx's %s from sandboxes.json", got, how, run)
+		t.Fatalf("the CLI used run %s (%s), want nook's %s from sandboxes.json", got, how, run)
 	}
 	if out := cli.sshRun(lc, run, "echo shared"); out != "shared\n" {
 		t.Fatalf("the CLI's command in the shared sandbox said %q", out)
@@ -353,13 +353,13 @@ func TestSharingWithTheRWXCLISbxFirst(t *testing.T) {
 	cli.save(repo, st)
 	unlock()
 	if got, how := cli.execRun(repo); got != run || how != "remote" {
-		t.Fatalf("the CLI used run %s (%s), want sbx's %s from its cli_state", got, how, run)
+		t.Fatalf("the CLI used run %s (%s), want nook's %s from its cli_state", got, how, run)
 	}
-	if ej := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout); ej.RunID != run {
-		t.Fatalf("sbx moved to run %s", ej.RunID)
+	if ej := decode[execJSON](t, e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true").stdout); ej.RunID != run {
+		t.Fatalf("nook moved to run %s", ej.RunID)
 	}
 
-	e.mustSbx(repo, "stop")
+	e.mustNook(repo, "stop")
 	waitUntil(t, 10*time.Second, "sandboxd to remove its record", func() bool {
 		return len(cli.load(repo).Sandboxes) == 1
 	})
@@ -371,7 +371,7 @@ func TestSharingWithTheRWXCLISbxFirst(t *testing.T) {
 
 // TestSharingWithTheRWXCLICLIFirst: a sandbox the CLI started (its run and
 // its record) is adopted by the running daemon as soon as the CLI writes
-// sandboxes.json, shows in `sbx list`, and is the one sbx execs in.
+// sandboxes.json, shows in `nook list`, and is the one nook execs in.
 func TestSharingWithTheRWXCLICLIFirst(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -379,8 +379,8 @@ func TestSharingWithTheRWXCLICLIFirst(t *testing.T) {
 	e.startDaemon()
 	cli := e.fakeCLI(lc)
 	repo := e.newRepo("clifirst", defaultConfig)
-	// sbx has seen the checkout (and has no sandbox there).
-	if r := e.sbx(repo, "status"); !strings.Contains(r.stdout+r.stderr, "no_sandbox") && !strings.Contains(r.stderr, "no sandbox") {
+	// nook has seen the checkout (and has no sandbox there).
+	if r := e.nook(repo, "status"); !strings.Contains(r.stdout+r.stderr, "no_sandbox") && !strings.Contains(r.stderr, "no sandbox") {
 		t.Fatalf("status before any sandbox: %s", r)
 	}
 	events := e.followEvents("")
@@ -392,17 +392,17 @@ func TestSharingWithTheRWXCLICLIFirst(t *testing.T) {
 		data, _ := ev["data"].(map[string]any)
 		return ev["type"] == "session.adopted" && ev["runId"] == run && data["from"] == "rwx-cli"
 	})
-	lj := decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout)
+	lj := decode[listJSON](t, e.mustNook(repo, "list", "--json").stdout)
 	if len(lj.Sessions) != 1 || lj.Sessions[0].RunID != run || lj.Sessions[0].Branch != "main" {
-		t.Fatalf("sbx list = %+v, want the CLI's run %s", lj, run)
+		t.Fatalf("nook list = %+v, want the CLI's run %s", lj, run)
 	}
-	if ej := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout); ej.RunID != run {
-		t.Fatalf("sbx exec ran in %s, want the CLI's run %s", ej.RunID, run)
+	if ej := decode[execJSON](t, e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true").stdout); ej.RunID != run {
+		t.Fatalf("nook exec ran in %s, want the CLI's run %s", ej.RunID, run)
 	}
 	// Synced both ways, although sandboxd did not create the run (its base
 	// is learned from the sandbox).
 	writeFile(t, filepath.Join(repo, "local.txt"), "from the laptop\n")
-	out := e.mustSbx(repo, "exec", "--", "sh", "-c", "cat local.txt; echo from the sandbox > made.txt; basename $(dirname $PWD)").stdout
+	out := e.mustNook(repo, "exec", "--", "sh", "-c", "cat local.txt; echo from the sandbox > made.txt; basename $(dirname $PWD)").stdout
 	if out != "from the laptop\n"+run+"\n" {
 		t.Fatalf("synced exec in the CLI's run said %q", out)
 	}
@@ -414,7 +414,7 @@ func TestSharingWithTheRWXCLICLIFirst(t *testing.T) {
 	}
 }
 
-// TestSharingWithTheRWXCLIAtOnce: sbx and the CLI resolving the sandbox of a
+// TestSharingWithTheRWXCLIAtOnce: nook and the CLI resolving the sandbox of a
 // fresh checkout at the same moment end up on one run: both take the CLI's
 // lock before looking and creating.
 func TestSharingWithTheRWXCLIAtOnce(t *testing.T) {
@@ -425,21 +425,21 @@ func TestSharingWithTheRWXCLIAtOnce(t *testing.T) {
 	cli := e.fakeCLI(lc)
 	for i := range 3 {
 		repo := e.newRepo(fmt.Sprintf("atonce%d", i), defaultConfig)
-		var sbxRun string
+		var nookRun string
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			r := e.sbx(repo, "start", "--json")
+			r := e.nook(repo, "start", "--json")
 			if r.code != 0 {
-				t.Errorf("sbx start: %s", r)
+				t.Errorf("nook start: %s", r)
 				return
 			}
-			sbxRun = decode[startJSON](t, r.stdout).Session.RunID
+			nookRun = decode[startJSON](t, r.stdout).Session.RunID
 		}()
 		cliRun, _ := cli.execRun(repo)
 		<-done
-		if sbxRun != cliRun {
-			t.Fatalf("round %d: sbx is on %s, the CLI on %s", i, sbxRun, cliRun)
+		if nookRun != cliRun {
+			t.Fatalf("round %d: nook is on %s, the CLI on %s", i, nookRun, cliRun)
 		}
 	}
 }

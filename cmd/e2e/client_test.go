@@ -11,13 +11,13 @@ import (
 	"time"
 )
 
-// TestAutostartVersionAndStop: with no daemon running, sbx starts one in
+// TestAutostartVersionAndStop: with no daemon running, nook starts one in
 // the background (logging to the state directory), versions match, and
-// `sbx daemon stop` ends it; with autostart off, sbx says how to start it.
+// `nook daemon stop` ends it; with autostart off, nook says how to start it.
 func TestAutostartVersionAndStop(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	if r := e.sbx(e.root, "version"); r.code != 125 || !strings.Contains(r.stderr, "SANDBOXD_NO_AUTOSTART") {
+	if r := e.nook(e.root, "version"); r.code != 125 || !strings.Contains(r.stderr, "SANDBOXD_NO_AUTOSTART") {
 		t.Fatalf("with autostart off: %s", r)
 	}
 	e.vars = append(e.vars, "SANDBOXD_NO_AUTOSTART=")
@@ -30,7 +30,7 @@ func TestAutostartVersionAndStop(t *testing.T) {
 			}
 		}
 	})
-	r := e.mustSbx(e.root, "version", "--json")
+	r := e.mustNook(e.root, "version", "--json")
 	v := decode[struct {
 		Client   struct{ Version string } `json:"client"`
 		Daemon   struct{ Version string } `json:"daemon"`
@@ -42,17 +42,17 @@ func TestAutostartVersionAndStop(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.get("XDG_STATE_HOME"), "sandboxd", "sandboxd.log")); err != nil {
 		t.Fatalf("the autostarted daemon has no log file: %v", err)
 	}
-	e.mustSbx(e.root, "daemon", "stop")
+	e.mustNook(e.root, "daemon", "stop")
 	waitUntil(t, 10*time.Second, "the daemon to stop", func() bool {
 		_, err := os.Stat(e.socket())
 		return os.IsNotExist(err)
 	})
-	if r := e.sbx(e.root, "daemon", "status"); r.code == 0 {
+	if r := e.nook(e.root, "daemon", "status"); r.code == 0 {
 		t.Fatalf("daemon status after stop: %s", r)
 	}
 }
 
-// TestConfigNeverShowsTheToken: `sbx config` names the remote and where the
+// TestConfigNeverShowsTheToken: `nook config` names the remote and where the
 // token comes from, never the token itself.
 func TestConfigNeverShowsTheToken(t *testing.T) {
 	t.Parallel()
@@ -61,12 +61,12 @@ func TestConfigNeverShowsTheToken(t *testing.T) {
 	e.vars = append(e.vars, "RWX_ACCESS_TOKEN="+secret, "SANDBOXD_REMOTE=rwx", "RWX_HOST=cloud.example.invalid")
 	e.startDaemon()
 	for _, args := range [][]string{{"config"}, {"config", "--json"}} {
-		r := e.mustSbx(e.root, args...)
+		r := e.mustNook(e.root, args...)
 		if strings.Contains(r.stdout+r.stderr, secret) {
-			t.Fatalf("sbx %v shows the token: %s", args, r)
+			t.Fatalf("nook %v shows the token: %s", args, r)
 		}
 		if !strings.Contains(r.stdout, "rwx") || !strings.Contains(r.stdout, "cloud.example.invalid") || !strings.Contains(r.stdout, "RWX_ACCESS_TOKEN") {
-			t.Fatalf("sbx %v does not describe the remote: %s", args, r)
+			t.Fatalf("nook %v does not describe the remote: %s", args, r)
 		}
 	}
 }
@@ -81,7 +81,7 @@ func TestConfigFileChangeReloads(t *testing.T) {
 	interval := func() float64 {
 		return decode[struct {
 			Seconds float64 `json:"reconcileIntervalSeconds"`
-		}](t, e.mustSbx(e.root, "config", "--json").stdout).Seconds
+		}](t, e.mustNook(e.root, "config", "--json").stdout).Seconds
 	}
 	if got := interval(); got != 30 {
 		t.Fatalf("interval %v, want 30", got)
@@ -110,9 +110,9 @@ func TestCorruptDatabaseIsReportedAndKept(t *testing.T) {
 	if readFile(t, db) != garbage {
 		t.Fatal("the corrupt database was changed")
 	}
-	// sbx, starting the daemon itself, shows the daemon's own error.
+	// nook, starting the daemon itself, shows the daemon's own error.
 	e.vars = append(e.vars, "SANDBOXD_NO_AUTOSTART=")
-	if r := e.sbx(e.root, "version"); r.code != 125 || !strings.Contains(r.stderr, db) {
-		t.Fatalf("sbx autostart on a corrupt database: %s", r)
+	if r := e.nook(e.root, "version"); r.code != 125 || !strings.Contains(r.stderr, db) {
+		t.Fatalf("nook autostart on a corrupt database: %s", r)
 	}
 }

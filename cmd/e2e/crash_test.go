@@ -39,7 +39,7 @@ func newCrashEnv(t *testing.T, name string) *crashEnv {
 	c.repo = e.newRepo(name, defaultConfig)
 	writeFile(t, filepath.Join(c.repo, "work.txt"), "uncommitted work\n")
 	c.run = e.startSandbox(c.repo)
-	e.mustSbx(c.repo, "exec", "--", "true") // warm, and the work is synced
+	e.mustNook(c.repo, "exec", "--", "true") // warm, and the work is synced
 	c.counter = counterFile(t, name)
 	c.marker = fmt.Sprintf("%d.%06d", 700+os.Getpid()%200, time.Now().UnixNano()%1000000)
 	c.tree = treeSnapshot(t, c.repo)
@@ -102,7 +102,7 @@ func (c *crashEnv) lcRuns() map[string]string {
 // and none without a session after one reconcile, the command ran at most
 // once and its process is gone, the agent lock is free and the next exec
 // works, and the working tree is byte for byte what it was.
-func (c *crashEnv) checkAfterCrash(clients ...*bgSbx) {
+func (c *crashEnv) checkAfterCrash(clients ...*bgNook) {
 	t := c.t
 	t.Helper()
 	for _, b := range clients {
@@ -116,7 +116,7 @@ func (c *crashEnv) checkAfterCrash(clients ...*bgSbx) {
 	if _, err := c.api("POST", "/v1/reconcile", nil); err != nil {
 		t.Fatalf("reconcile after the crash: %v", err)
 	}
-	lj := decode[listJSON](t, c.mustSbx(c.repo, "list", "--json").stdout)
+	lj := decode[listJSON](t, c.mustNook(c.repo, "list", "--json").stdout)
 	sessions := map[string]bool{}
 	for _, s := range lj.Sessions {
 		sessions[s.RunID] = true
@@ -139,7 +139,7 @@ func (c *crashEnv) checkAfterCrash(clients ...*bgSbx) {
 	waitUntil(t, 30*time.Second, "the crashed command's process to end", func() bool { return !processWithArg(c.marker) })
 	// The lock is free and the sandbox usable: the next exec (synced)
 	// completes within the bound.
-	b := c.sbxBackground(c.repo, "exec", "--", "true")
+	b := c.nookBackground(c.repo, "exec", "--", "true")
 	if r := b.wait(t, 90*time.Second); r.code != 0 {
 		t.Fatalf("the next exec after the crash: %s", r)
 	}
@@ -186,7 +186,7 @@ func TestCrashMatrix(t *testing.T) {
 		// The API holds every request for 3s: the create is on its way
 		// (or about to be) when the daemon dies.
 		lc.call(t, "POST", "/admin/faults", map[string]any{"latency_ms": 3000})
-		b := c.sbxBackground(c.repo, "start", "--wait")
+		b := c.nookBackground(c.repo, "start", "--wait")
 		time.Sleep(time.Second)
 		c.d.kill()
 		lc.call(t, "POST", "/admin/faults", map[string]any{"latency_ms": 0})
@@ -200,7 +200,7 @@ func TestCrashMatrix(t *testing.T) {
 	crashCase(t, "sandboxd-start-waiting-for-sandboxable", false, func(t *testing.T) {
 		c := newStartCrashEnv(t, "dkillwait")
 		evs := c.followEvents("")
-		b := c.sbxBackground(c.repo, "start", "--wait")
+		b := c.nookBackground(c.repo, "start", "--wait")
 		// The run id is persisted (session.created), the sandbox still
 		// provisions.
 		evs.waitFor(t, 30*time.Second, "session.created", eventType("session.created"))
@@ -212,9 +212,9 @@ func TestCrashMatrix(t *testing.T) {
 		c.startDaemon()
 		c.checkAfterCrash()
 	})
-	crashCase(t, "sbx-mid-exec", false, func(t *testing.T) {
-		c := newCrashEnv(t, "sbxkill")
-		b := c.sbxBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
+	crashCase(t, "nook-mid-exec", false, func(t *testing.T) {
+		c := newCrashEnv(t, "nookkill")
+		b := c.nookBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
 		c.waitCommandStarted()
 		b.cmd.Process.Signal(syscall.SIGKILL)
 		b.wait(t, 10*time.Second)
@@ -222,7 +222,7 @@ func TestCrashMatrix(t *testing.T) {
 	})
 	crashCase(t, "sandboxd-mid-command", true, func(t *testing.T) {
 		c := newCrashEnv(t, "dkillcmd")
-		b := c.sbxBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
+		b := c.nookBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
 		c.waitCommandStarted()
 		c.d.kill()
 		r := b.wait(t, 30*time.Second)
@@ -231,10 +231,10 @@ func TestCrashMatrix(t *testing.T) {
 	})
 	crashCase(t, "sandboxd-exec-queued", false, func(t *testing.T) {
 		c := newCrashEnv(t, "dkillq")
-		first := c.sbxBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
+		first := c.nookBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
 		c.waitCommandStarted()
 		evs := c.followEvents("")
-		queued := c.sbxBackground(c.repo, "exec", "--", "sh", "-c", "echo queued-ran >> "+c.counter)
+		queued := c.nookBackground(c.repo, "exec", "--", "sh", "-c", "echo queued-ran >> "+c.counter)
 		evs.waitFor(t, 20*time.Second, "exec.queued of the second exec", eventType("exec.queued"))
 		c.d.kill()
 		r1, r2 := first.wait(t, 30*time.Second), queued.wait(t, 30*time.Second)
@@ -255,7 +255,7 @@ func TestCrashMatrix(t *testing.T) {
 			t.Fatal(err)
 		}
 		before := lc.execRequests(t, c.run)
-		b := c.sbxBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
+		b := c.nookBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
 		waitUntil(t, 20*time.Second, "the daemon's lock request", func() bool { return lc.execRequests(t, c.run) > before })
 		c.d.kill()
 		r := b.wait(t, 30*time.Second)
@@ -269,7 +269,7 @@ func TestCrashMatrix(t *testing.T) {
 	})
 	crashCase(t, "localcloud-mid-exec", false, func(t *testing.T) {
 		c := newCrashEnv(t, "lckill")
-		b := c.sbxBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
+		b := c.nookBackground(c.repo, append([]string{"exec", "--"}, c.command()...)...)
 		c.waitCommandStarted()
 		pid := c.localcloudPID()
 		syscall.Kill(pid, syscall.SIGKILL)

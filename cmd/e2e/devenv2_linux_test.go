@@ -40,12 +40,12 @@ func newOtherNetwork(t *testing.T) *otherNetwork {
 		missingTool(t, "root", "run the test as root: it makes a network namespace with a veth pair")
 	}
 	r := rand.IntN(1 << 14)
-	n := &otherNetwork{name: fmt.Sprintf("sbxe2e%d", r)}
+	n := &otherNetwork{name: fmt.Sprintf("nooke2e%d", r)}
 	a, b, c := 18+r>>13, (r>>5)&0xff, (r&0x1f)*4
 	host := fmt.Sprintf("198.%d.%d.%d", a, b, c+1)
 	n.public = fmt.Sprintf("198.%d.%d.%d", a, b, c+2)
 	n.private = fmt.Sprintf("10.213.%d.%d", b, c+2)
-	hostIf, nsIf := fmt.Sprintf("sbxh%d", r), fmt.Sprintf("sbxn%d", r)
+	hostIf, nsIf := fmt.Sprintf("nookh%d", r), fmt.Sprintf("nookn%d", r)
 	run := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command(ip, args...).CombinedOutput(); err != nil {
@@ -190,7 +190,7 @@ func TestSandboxDownloadsAModuleButDoesNotReachTheHost(t *testing.T) {
 	repo := e.newRepo("netdl", defaultConfig)
 	e.startSandbox(repo)
 	proxy := fmt.Sprintf("http://%s:%d", other.public, port)
-	r := e.sbx(repo, "exec", "--", "sh", "-c", "GOPROXY="+proxy+" GOSUMDB=off GOTOOLCHAIN=local go mod download -json example.org/greet@v1.0.0 && cat \"$(go env GOMODCACHE)/example.org/greet@v1.0.0/greet.go\"")
+	r := e.nook(repo, "exec", "--", "sh", "-c", "GOPROXY="+proxy+" GOSUMDB=off GOTOOLCHAIN=local go mod download -json example.org/greet@v1.0.0 && cat \"$(go env GOMODCACHE)/example.org/greet@v1.0.0/greet.go\"")
 	if r.code != 0 || !strings.Contains(r.stdout, "hello from the other network") {
 		t.Fatalf("go mod download from %s in the sandbox: %s", proxy, r)
 	}
@@ -211,7 +211,7 @@ func TestSandboxDownloadsAModuleButDoesNotReachTheHost(t *testing.T) {
 		fmt.Fprintf(&script, "timeout 5 bash -c 'exec 3<>/dev/tcp/%s/%s' 2>/dev/null && echo reached %s; ", h, p, tg)
 	}
 	script.WriteString("true")
-	r = e.sbx(repo, "exec", "--", "bash", "-c", script.String())
+	r = e.nook(repo, "exec", "--", "bash", "-c", script.String())
 	if r.code != 0 || strings.Contains(r.stdout, "reached") {
 		t.Fatalf("the sandbox reached this machine or a private address (%v): %s", targets, r)
 	}

@@ -30,13 +30,13 @@ func TestLocalRemotePrintsNoRunURL(t *testing.T) {
 	repo := e.newRepo("nourl", defaultConfig)
 	other := e.newRepo("nourlbg", defaultConfig)
 	outs := []result{
-		e.mustSbx(repo, "start", "--wait"),
-		e.mustSbx(other, "start"),
-		e.mustSbx(repo, "bg", "start", "--name", "s", "--", "sleep", "60"),
-		e.mustSbx(repo, "bg", "list"),
-		e.mustSbx(repo, "status"),
-		e.mustSbx(repo, "list", "--json"),
-		e.mustSbx(repo, "exec", "--json", "--", "true"),
+		e.mustNook(repo, "start", "--wait"),
+		e.mustNook(other, "start"),
+		e.mustNook(repo, "bg", "start", "--name", "s", "--", "sleep", "60"),
+		e.mustNook(repo, "bg", "list"),
+		e.mustNook(repo, "status"),
+		e.mustNook(repo, "list", "--json"),
+		e.mustNook(repo, "exec", "--json", "--", "true"),
 	}
 	for _, r := range outs {
 		if s := r.stdout + r.stderr; strings.Contains(s, "/runs/") || strings.Contains(s, "runUrl") {
@@ -58,7 +58,7 @@ func TestBgForwardTakesTheSamePortShowsProgressAndADeadForward(t *testing.T) {
 	repo := e.newRepo("samport", defaultConfig)
 	e.startSandbox(repo)
 	port := freePort(t)
-	r := e.mustSbx(repo, "bg", "start", "--name", "web", "--port", fmt.Sprint(port), "--", python, "-m", "http.server", fmt.Sprint(port), "--bind", "127.0.0.1")
+	r := e.mustNook(repo, "bg", "start", "--name", "web", "--port", fmt.Sprint(port), "--", python, "-m", "http.server", fmt.Sprint(port), "--bind", "127.0.0.1")
 	want := fmt.Sprintf("http://127.0.0.1:%d", port)
 	if !strings.Contains(r.stdout, want) {
 		t.Fatalf("bg start --port %d did not forward local port %d: %s", port, port, r)
@@ -71,7 +71,7 @@ func TestBgForwardTakesTheSamePortShowsProgressAndADeadForward(t *testing.T) {
 
 	// A port that never opens: progress on stderr within a few seconds.
 	never := freePort(t)
-	cmd := e.sbxCmd(repo, "bg", "start", "--name", "never", "--port", fmt.Sprint(never), "--", "sleep", "600")
+	cmd := e.nookCmd(repo, "bg", "start", "--name", "never", "--port", fmt.Sprint(never), "--", "sleep", "600")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -113,20 +113,20 @@ func TestBgForwardTakesTheSamePortShowsProgressAndADeadForward(t *testing.T) {
 	// daemon learning the new connection details may fail once (exit 125,
 	// never run twice), which is not what this test is about.
 	waitUntil(t, 30*time.Second, "an exec after the local remote restarted", func() bool {
-		return e.sbx(repo, "exec", "--no-sync", "--", "true").code == 0
+		return e.nook(repo, "exec", "--no-sync", "--", "true").code == 0
 	})
-	r = e.mustSbx(repo, "bg", "list")
+	r = e.mustNook(repo, "bg", "list")
 	var line string
 	for _, l := range strings.Split(r.stdout, "\n") {
 		if strings.HasPrefix(l, "web ") {
 			line = l
 		}
 	}
-	if !strings.Contains(line, "dead") || !strings.Contains(line, "sbx bg restart web") || strings.Contains(line, "unknown") {
+	if !strings.Contains(line, "dead") || !strings.Contains(line, "nook bg restart web") || strings.Contains(line, "unknown") {
 		t.Fatalf("bg list after the local remote restarted does not show web's forward as dead: %s", r)
 	}
 	// What it says brings it back.
-	e.mustSbx(repo, "bg", "restart", "web")
+	e.mustNook(repo, "bg", "restart", "web")
 	waitUntil(t, 30*time.Second, "the restarted server to answer on "+want, func() bool {
 		resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(want + "/")
 		if err == nil {
@@ -139,7 +139,7 @@ func TestBgForwardTakesTheSamePortShowsProgressAndADeadForward(t *testing.T) {
 // TestMCPProgressCancelHintsAndOutputOnce: an MCP exec that creates the
 // sandbox sends progress notifications for its progressToken; its result
 // holds the output once (text, not again in structured content); a hint
-// names the tools' runId, not sbx's --id RUN; the exec tool says what
+// names the tools' runId, not nook's --id RUN; the exec tool says what
 // the sandbox has and where commands run; a cancelled exec is answered as
 // cancelled, not with the transport's "context canceled".
 func TestMCPProgressCancelHintsAndOutputOnce(t *testing.T) {
@@ -150,7 +150,7 @@ func TestMCPProgressCancelHintsAndOutputOnce(t *testing.T) {
 
 	var mu sync.Mutex
 	var notes []string
-	cmd := e.sbxCmd(repo, "mcp")
+	cmd := e.nookCmd(repo, "mcp")
 	c := sdk.NewClient(&sdk.Implementation{Name: "e2e", Version: "1"}, &sdk.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, req *sdk.ProgressNotificationClientRequest) {
 			mu.Lock()
@@ -201,7 +201,7 @@ func TestMCPProgressCancelHintsAndOutputOnce(t *testing.T) {
 	}
 
 	// Cancelled while the command runs: the answer, read raw, says so.
-	raw := e.sbxCmd(repo, "mcp")
+	raw := e.nookCmd(repo, "mcp")
 	in, _ := raw.StdinPipe()
 	out, _ := raw.StdoutPipe()
 	if err := raw.Start(); err != nil {
@@ -245,7 +245,7 @@ func TestMCPProgressCancelHintsAndOutputOnce(t *testing.T) {
 	}
 }
 
-// TestNeovimQuickfixReadsPythonTracebacksInTheCheckout: `:Sbx quickfix`
+// TestNeovimQuickfixReadsPythonTracebacksInTheCheckout: `:Nook quickfix`
 // after a Python traceback gives valid entries for its frames, at the
 // files of the local checkout (not the sandbox's …/runs/<id>/workspace
 // paths the traceback names).
@@ -265,7 +265,7 @@ func TestNeovimQuickfixReadsPythonTracebacksInTheCheckout(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("nvimqf", defaultConfig)
 	writeFile(t, filepath.Join(repo, "pkg", "boom.py"), "def boom():\n    raise ValueError('boom')\n\nboom()\n")
-	e.mustSbx(repo, "start", "--wait")
+	e.mustNook(repo, "start", "--wait")
 
 	outFile := filepath.Join(e.root, "nvim.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -273,7 +273,7 @@ func TestNeovimQuickfixReadsPythonTracebacksInTheCheckout(t *testing.T) {
 	cmd := exec.CommandContext(ctx, nvim, "--headless", "-u", "NONE", "-i", "NONE", "-n",
 		"--cmd", "set rtp^="+plugin, "-c", "luafile "+script)
 	cmd.Dir = repo
-	cmd.Env = e.with("SBX_NVIM_OUT=" + outFile)
+	cmd.Env = e.with("NOOK_NVIM_OUT=" + outFile)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nvim: %v\n%s", err, out)
 	}
@@ -304,7 +304,7 @@ func TestNeovimQuickfixReadsPythonTracebacksInTheCheckout(t *testing.T) {
 }
 
 // TestExecFailsFastOutsideARepoAndOnAHugeUntrackedFile: outside a git
-// checkout sbx exec fails at once (the daemon does not wait for a stream
+// checkout nook exec fails at once (the daemon does not wait for a stream
 // it has not answered); a 100 MiB untracked file is refused, naming it,
 // from its size, on the first exec and the next, without being read.
 func TestExecFailsFastOutsideARepoAndOnAHugeUntrackedFile(t *testing.T) {
@@ -312,16 +312,16 @@ func TestExecFailsFastOutsideARepoAndOnAHugeUntrackedFile(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon()
 	plain := t.TempDir()
-	e.sbx(plain, "exec", "--", "true") // the daemon warm
+	e.nook(plain, "exec", "--", "true") // the daemon warm
 	start := time.Now()
-	r := e.sbx(plain, "exec", "--", "true")
+	r := e.nook(plain, "exec", "--", "true")
 	if took := time.Since(start); r.code == 0 || took > 500*time.Millisecond || !strings.Contains(r.stderr, "not inside a git repository") {
 		t.Errorf("exec outside a checkout took %s: %s", took, r)
 	}
 
 	repo := e.newRepo("huge", defaultConfig)
 	e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	f, err := os.Create(filepath.Join(repo, "dump.bin"))
 	if err != nil {
 		t.Fatal(err)
@@ -334,7 +334,7 @@ func TestExecFailsFastOutsideARepoAndOnAHugeUntrackedFile(t *testing.T) {
 	f.Close()
 	for i := 0; i < 2; i++ {
 		start := time.Now()
-		r := e.sbx(repo, "exec", "--", "true")
+		r := e.nook(repo, "exec", "--", "true")
 		took := time.Since(start)
 		if r.code == 0 || !strings.Contains(r.stderr, "dump.bin") || !strings.Contains(r.stderr, "limit") {
 			t.Fatalf("exec %d with a 100 MiB untracked file: %s", i+1, r)

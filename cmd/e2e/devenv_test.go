@@ -17,7 +17,7 @@ import (
 )
 
 // TestCtrlCReturnsTheStatusOfACommandThatTrapsIt: a command that traps
-// SIGINT and exits 7 makes sbx exit 7 after one Ctrl-C, as it would in a
+// SIGINT and exits 7 makes nook exit 7 after one Ctrl-C, as it would in a
 // local terminal, with and without sync (the wrapping remote shells must
 // not report their own death by SIGINT).
 func TestCtrlCReturnsTheStatusOfACommandThatTrapsIt(t *testing.T) {
@@ -28,7 +28,7 @@ func TestCtrlCReturnsTheStatusOfACommandThatTrapsIt(t *testing.T) {
 	e.startSandbox(repo)
 	for _, flags := range [][]string{{"--no-sync"}, nil} {
 		args := append(append([]string{"exec"}, flags...), "--", "sh", "-c", `trap 'exit 7' INT; echo ready; while :; do sleep 0.05; done`)
-		cmd := e.sbxCmd(repo, args...)
+		cmd := e.nookCmd(repo, args...)
 		var errb strings.Builder
 		cmd.Stderr = &errb
 		stdout, _ := cmd.StdoutPipe()
@@ -43,7 +43,7 @@ func TestCtrlCReturnsTheStatusOfACommandThatTrapsIt(t *testing.T) {
 		err := cmd.Wait()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 7 {
-			t.Fatalf("%v: sbx after one Ctrl-C: %v, want exit 7 (the command's own status); stderr: %s", flags, err, errb.String())
+			t.Fatalf("%v: nook after one Ctrl-C: %v, want exit 7 (the command's own status); stderr: %s", flags, err, errb.String())
 		}
 	}
 }
@@ -59,7 +59,7 @@ func TestMakeRunWithADaemonRunningLeavesTheLocalRemoteAlone(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("makerun", defaultConfig)
 	e.startSandbox(repo)
-	e.mustSbx(repo, "bg", "start", "--name", "sleeper", "--", "sleep", "600")
+	e.mustNook(repo, "bg", "start", "--name", "sleeper", "--", "sleep", "600")
 	lcPID := localcloudPID(t, e)
 
 	root, err := filepath.Abs(filepath.Join("..", ".."))
@@ -81,11 +81,11 @@ func TestMakeRunWithADaemonRunningLeavesTheLocalRemoteAlone(t *testing.T) {
 	if err := syscall.Kill(lcPID, 0); err != nil {
 		t.Fatalf("make run stopped the local remote (pid %d) it did not start:\n%s", lcPID, out)
 	}
-	list := decode[bgListJSON](t, e.mustSbx(repo, "bg", "list", "--json").stdout)
+	list := decode[bgListJSON](t, e.mustNook(repo, "bg", "list", "--json").stdout)
 	if len(list.Processes) != 1 || list.Processes[0].Status != "running" {
 		t.Fatalf("the sandbox's background process must live on: %+v", list)
 	}
-	if r := e.mustSbx(repo, "exec", "--no-sync", "--", "echo", "alive"); r.stdout != "alive\n" {
+	if r := e.mustNook(repo, "exec", "--no-sync", "--", "echo", "alive"); r.stdout != "alive\n" {
 		t.Fatalf("exec after make run: %s", r)
 	}
 }
@@ -119,7 +119,7 @@ const goProjectConfig = `tasks:
         cache-key: excluded
 `
 
-// TestGoBuildRunsWithTheSystemGoToolchain: `sbx exec -- go test ./...`
+// TestGoBuildRunsWithTheSystemGoToolchain: `nook exec -- go test ./...`
 // finds Go installed at /usr/local/go (on the sandbox's PATH when it
 // exists), builds and tests a module, and the config's `env:` reaches the
 // command.
@@ -134,11 +134,11 @@ func TestGoBuildRunsWithTheSystemGoToolchain(t *testing.T) {
 	writeFile(t, filepath.Join(repo, "go.mod"), "module example.com/hello\n\ngo 1.21\n")
 	writeFile(t, filepath.Join(repo, "hello.go"), "package hello\n\nfunc Hello() string { return \"hello\" }\n")
 	writeFile(t, filepath.Join(repo, "hello_test.go"), "package hello\n\nimport \"testing\"\n\nfunc TestHello(t *testing.T) {\n\tif Hello() != \"hello\" {\n\t\tt.Fatal(Hello())\n\t}\n}\n")
-	r := e.sbx(repo, "exec", "--", "go", "test", "./...")
+	r := e.nook(repo, "exec", "--", "go", "test", "./...")
 	if r.code != 0 || !strings.Contains(r.stdout, "ok  \texample.com/hello") {
 		t.Fatalf("go test in the sandbox: %s", r)
 	}
-	r = e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", `echo "$GREETING/$CGO_ENABLED"; go env CGO_ENABLED`)
+	r = e.mustNook(repo, "exec", "--no-sync", "--", "sh", "-c", `echo "$GREETING/$CGO_ENABLED"; go env CGO_ENABLED`)
 	if r.stdout != "hello from the config/0\n0\n" {
 		t.Fatalf("the config's env must reach the command: %s", r)
 	}
@@ -151,7 +151,7 @@ func TestGoBuildRunsWithTheSystemGoToolchain(t *testing.T) {
 func TestToolchainUnderHomeIsExposedReadOnly(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	tool, err := os.MkdirTemp("", "sbxtool")
+	tool, err := os.MkdirTemp("", "nooktool")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,10 +173,10 @@ func TestToolchainUnderHomeIsExposedReadOnly(t *testing.T) {
 	}
 	e.startDaemon("SANDBOXD_LOCALCLOUD_TOOLCHAINS=" + tool)
 	repo := e.newRepo("toolchain", defaultConfig)
-	if r := e.mustSbx(repo, "exec", "--", "hello-tool"); r.stdout != "tool says hi\n" {
+	if r := e.mustNook(repo, "exec", "--", "hello-tool"); r.stdout != "tool says hi\n" {
 		t.Fatalf("the toolchain's bin directory must be on PATH: %s", r)
 	}
-	r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "touch "+filepath.Join(tool, "bin", "planted")+" 2>&1; echo status=$?")
+	r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "touch "+filepath.Join(tool, "bin", "planted")+" 2>&1; echo status=$?")
 	if strings.Contains(r.stdout, "status=0") {
 		t.Fatalf("the toolchain must be read-only in the sandbox: %s", r)
 	}
@@ -185,7 +185,7 @@ func TestToolchainUnderHomeIsExposedReadOnly(t *testing.T) {
 	}
 }
 
-// TestExecRunsInTheCallersSubdirectory: `cd pkg/p3 && sbx exec -- ...` runs
+// TestExecRunsInTheCallersSubdirectory: `cd pkg/p3 && nook exec -- ...` runs
 // in the sandbox's pkg/p3, synced or not, and --root at the checkout's
 // root; MCP's exec does the same with cwd (and root); a directory the
 // sandbox lacks is reported, not silently replaced by the root.
@@ -203,17 +203,17 @@ func TestExecRunsInTheCallersSubdirectory(t *testing.T) {
 
 	for _, flags := range [][]string{nil, {"--no-sync"}} {
 		args := append(append([]string{"exec"}, flags...), "--", "sh", "-c", `pwd; cat here.txt`)
-		r := e.mustSbx(sub, args...)
+		r := e.mustNook(sub, args...)
 		if !strings.HasSuffix(strings.SplitN(r.stdout, "\n", 2)[0], "/pkg/p3") || !strings.HasSuffix(r.stdout, "\np3\n") {
 			t.Fatalf("%v: exec from pkg/p3 must run in the sandbox's pkg/p3: %s", flags, r)
 		}
 		args = append(append([]string{"exec", "--root"}, flags...), "--", "sh", "-c", `test -d pkg/p3 && test -f README.md && echo at-root`)
-		if r := e.mustSbx(sub, args...); r.stdout != "at-root\n" {
+		if r := e.mustNook(sub, args...); r.stdout != "at-root\n" {
 			t.Fatalf("%v: --root must run at the checkout's root: %s", flags, r)
 		}
 	}
 	// An edit made by the command in the subdirectory comes back there.
-	e.mustSbx(sub, "exec", "--", "sh", "-c", "echo made > made.txt")
+	e.mustNook(sub, "exec", "--", "sh", "-c", "echo made > made.txt")
 	if got := readFile(t, filepath.Join(sub, "made.txt")); got != "made\n" {
 		t.Fatalf("the file made in pkg/p3 came back as %q", got)
 	}
@@ -222,7 +222,7 @@ func TestExecRunsInTheCallersSubdirectory(t *testing.T) {
 	if err := os.MkdirAll(empty, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if r := e.sbx(empty, "exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "the sandbox has no directory empty") || !strings.Contains(r.stderr, "--root") {
+	if r := e.nook(empty, "exec", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "the sandbox has no directory empty") || !strings.Contains(r.stderr, "--root") {
 		t.Fatalf("exec from a directory the sandbox lacks: %s", r)
 	}
 
@@ -237,7 +237,7 @@ func TestExecRunsInTheCallersSubdirectory(t *testing.T) {
 	}
 }
 
-// TestShellIsTheUsersShellElseBash: under a real terminal (tmux), `sbx
+// TestShellIsTheUsersShellElseBash: under a real terminal (tmux), `nook
 // shell` opens bash when the caller's login shell is one the sandbox lacks
 // (and bash rather than dash, whose line editing and history it lacks),
 // the caller's own shell when the sandbox has it, with SHELL naming it and
@@ -253,14 +253,14 @@ func TestShellIsTheUsersShellElseBash(t *testing.T) {
 	e.startSandbox(repo)
 	probe := `echo SH-$((1+1))-${BASH_VERSION:+bash}-$SHELL-$PATH`
 	for _, c := range []struct{ login, want string }{
-		{"/opt/nowhere/sbx-no-such-shell", `SH-2-bash-/\S*bash-`},
+		{"/opt/nowhere/nook-no-such-shell", `SH-2-bash-/\S*bash-`},
 		{"/bin/sh", `SH-2--/bin/sh-`},
 	} {
-		p := e.tmux(t, repo, "SHELL="+c.login+" sbx shell --no-sync; sleep 600")
+		p := e.tmux(t, repo, "SHELL="+c.login+" nook shell --no-sync; sleep 600")
 		p.line(probe)
 		got := p.waitFor(`SH-2-\S*`)
 		if !regexp.MustCompile(c.want).MatchString(got) {
-			t.Fatalf("SHELL=%s: sbx shell gave %q, want %s", c.login, got, c.want)
+			t.Fatalf("SHELL=%s: nook shell gave %q, want %s", c.login, got, c.want)
 		}
 		if _, err := os.Stat("/usr/local/go/bin"); err == nil && !strings.Contains(got, "/usr/local/go/bin") {
 			t.Fatalf("SHELL=%s: the shell's PATH lost the sandbox's toolchains: %q", c.login, got)
@@ -281,8 +281,8 @@ func (e *env) newRepoWithoutConfig(name string) string {
 	return repo
 }
 
-// TestFailedExecWithoutConfigLeavesNothingBehind: sbx exec (and start) in
-// a repository with no sandbox config fails, telling to run sbx init, and
+// TestFailedExecWithoutConfigLeavesNothingBehind: nook exec (and start) in
+// a repository with no sandbox config fails, telling to run nook init, and
 // leaves no .rwx directory (no .gitignore, no lock file) in the checkout.
 func TestFailedExecWithoutConfigLeavesNothingBehind(t *testing.T) {
 	t.Parallel()
@@ -290,21 +290,21 @@ func TestFailedExecWithoutConfigLeavesNothingBehind(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepoWithoutConfig("noconfig")
 	for _, args := range [][]string{{"exec", "--", "true"}, {"start"}, {"status"}} {
-		r := e.sbx(repo, args...)
-		if args[0] != "status" && (r.code == 0 || !strings.Contains(r.stderr, "sbx init")) {
-			t.Fatalf("sbx %v without a config: %s (want a failure that says sbx init)", args, r)
+		r := e.nook(repo, args...)
+		if args[0] != "status" && (r.code == 0 || !strings.Contains(r.stderr, "nook init")) {
+			t.Fatalf("nook %v without a config: %s (want a failure that says nook init)", args, r)
 		}
 		if _, err := os.Stat(filepath.Join(repo, ".rwx")); err == nil {
 			out, _ := exec.Command("find", filepath.Join(repo, ".rwx")).CombinedOutput()
-			t.Fatalf("sbx %v without a config left files behind:\n%s", args, out)
+			t.Fatalf("nook %v without a config left files behind:\n%s", args, out)
 		}
 	}
 }
 
 // TestBrokenDaemonConfigIsReported: a config.json broken while the daemon
 // runs (and refused by its reload) is reported, every problem of it, by
-// `sbx daemon status` (no longer a plain "running (ok)") and by a failing
-// `sbx doctor` check with the fix.
+// `nook daemon status` (no longer a plain "running (ok)") and by a failing
+// `nook doctor` check with the fix.
 func TestBrokenDaemonConfigIsReported(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -314,11 +314,11 @@ func TestBrokenDaemonConfigIsReported(t *testing.T) {
 	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	r := e.mustSbx(repo, "daemon", "status")
+	r := e.mustNook(repo, "daemon", "status")
 	if strings.Contains(r.stdout, "running (ok)") || !strings.Contains(r.stdout, `field "idle_timeout"`) || !strings.Contains(r.stdout, `unknown field "log_levle"`) {
 		t.Fatalf("daemon status must report every problem of the config file:\n%s", r)
 	}
-	r = e.sbx(repo, "doctor", "--json")
+	r = e.nook(repo, "doctor", "--json")
 	type check struct {
 		Name, Detail, Fix string
 		OK                bool
@@ -336,7 +336,7 @@ func TestBrokenDaemonConfigIsReported(t *testing.T) {
 }
 
 // TestMessagesANewUserMeets: the messages of issue 31's rough edges say
-// the right thing once: sbx init when there is no config; the -- a
+// the right thing once: nook init when there is no config; the -- a
 // command needs; the command a typo meant; no "safe to retry" where
 // retrying cannot help, and the advice in --json's hint; a remote that
 // cannot be reached named once.
@@ -345,25 +345,25 @@ func TestMessagesANewUserMeets(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepoWithoutConfig("messages")
-	if r := e.mustSbx(repo, "status"); !strings.Contains(r.stdout, "`sbx init`") {
-		t.Errorf("status without a config must say sbx init: %s", r)
+	if r := e.mustNook(repo, "status"); !strings.Contains(r.stdout, "`nook init`") {
+		t.Errorf("status without a config must say nook init: %s", r)
 	}
-	if r := e.sbx(repo, "exec", "ls", "README.md"); r.code == 0 || !strings.Contains(r.stderr, "`sbx exec -- ls README.md`") {
+	if r := e.nook(repo, "exec", "ls", "README.md"); r.code == 0 || !strings.Contains(r.stderr, "`nook exec -- ls README.md`") {
 		t.Errorf("exec without --: %s", r)
 	}
-	if r := e.sbx(repo, "exce"); r.code == 0 || !strings.Contains(r.stderr, `did you mean "exec"?`) || strings.Contains(r.stderr, "help `") {
+	if r := e.nook(repo, "exce"); r.code == 0 || !strings.Contains(r.stderr, `did you mean "exec"?`) || strings.Contains(r.stderr, "help `") {
 		t.Errorf("a mistyped command: %s", r)
 	}
 	outside := filepath.Join(e.root, "outside")
 	if err := os.MkdirAll(outside, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if r := e.sbx(outside, "exec", "--", "true"); r.code != 125 || strings.Contains(r.stderr, "safe to retry") {
+	if r := e.nook(outside, "exec", "--", "true"); r.code != 125 || strings.Contains(r.stderr, "safe to retry") {
 		t.Errorf("outside a repository, retrying cannot help: %s", r)
 	}
-	r := e.sbx(outside, "exec", "--json", "--", "true")
+	r := e.nook(outside, "exec", "--json", "--", "true")
 	rec := decode[struct{ Code, Message, Hint string }](t, r.stdout)
-	if rec.Code != "invalid" || !strings.HasPrefix(rec.Hint, "run sbx from your project's checkout") || strings.Contains(rec.Message, "run sbx") {
+	if rec.Code != "invalid" || !strings.HasPrefix(rec.Hint, "run nook from your project's checkout") || strings.Contains(rec.Message, "run nook") {
 		t.Errorf("--json must put the advice in hint: %+v", rec)
 	}
 
@@ -376,18 +376,18 @@ func TestMessagesANewUserMeets(t *testing.T) {
 	ln.Close()
 	e2 := newEnv(t)
 	e2.startDaemon("SANDBOXD_REMOTE=rwx", "RWX_HOST="+host, "RWX_ACCESS_TOKEN=tok")
-	r = e2.sbx(e2.root, "list")
+	r = e2.nook(e2.root, "list")
 	if strings.Count(r.stderr, host) != 1 || strings.Count(r.stderr, "list sandboxes") != 1 {
 		t.Errorf("the unreachable remote's message repeats itself: %s", r)
 	}
 	repo2 := e2.newRepo("unreachable", defaultConfig)
-	r = e2.sbx(repo2, "start")
+	r = e2.nook(repo2, "start")
 	if r.code == 0 || strings.Count(r.stderr, host) != 1 || strings.Count(r.stderr, "create") != 1 {
 		t.Errorf("the unreachable remote's create message repeats itself: %s", r)
 	}
 }
 
-// TestNeovimExecRunsInTheSubdirectory: :Sbx exec from a Neovim whose
+// TestNeovimExecRunsInTheSubdirectory: :Nook exec from a Neovim whose
 // current directory is pkg/p3 of a checkout runs in the sandbox's pkg/p3.
 func TestNeovimExecRunsInTheSubdirectory(t *testing.T) {
 	t.Parallel()
@@ -405,7 +405,7 @@ func TestNeovimExecRunsInTheSubdirectory(t *testing.T) {
 	repo := e.newRepo("nvimsub", defaultConfig)
 	sub := filepath.Join(repo, "pkg", "p3")
 	writeFile(t, filepath.Join(sub, "here.txt"), "in p3\n")
-	e.mustSbx(repo, "start", "--wait")
+	e.mustNook(repo, "start", "--wait")
 
 	outFile := filepath.Join(e.root, "nvim.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -413,7 +413,7 @@ func TestNeovimExecRunsInTheSubdirectory(t *testing.T) {
 	cmd := exec.CommandContext(ctx, nvim, "--headless", "-u", "NONE", "-i", "NONE", "-n",
 		"--cmd", "set rtp^="+plugin, "-c", "luafile "+script)
 	cmd.Dir = sub
-	cmd.Env = e.with("SBX_NVIM_OUT=" + outFile)
+	cmd.Env = e.with("NOOK_NVIM_OUT=" + outFile)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nvim: %v\n%s", err, out)
 	}
@@ -423,6 +423,6 @@ func TestNeovimExecRunsInTheSubdirectory(t *testing.T) {
 		ExitCode int    `json:"exit_code"`
 	}](t, readFile(t, outFile))
 	if got.Error != "" || got.ExitCode != 0 || !strings.Contains(got.Text, "in p3") {
-		t.Fatalf(":Sbx exec from pkg/p3 must run in the sandbox's pkg/p3: %+v", got)
+		t.Fatalf(":Nook exec from pkg/p3 must run in the sandbox's pkg/p3: %+v", got)
 	}
 }

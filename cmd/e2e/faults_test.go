@@ -14,7 +14,7 @@ import (
 // run, and what to do.
 var (
 	reportMayHaveRun = regexp.MustCompile(`(?i)may or may not have|may have run|did not run|was not run|never ran|not started|before the command ran|no command ran`)
-	reportWhatToDo   = regexp.MustCompile(`(?i)retry|run the command again|run it again|try again|check |see |sbx (status|reset|start|list)|later`)
+	reportWhatToDo   = regexp.MustCompile(`(?i)retry|run the command again|run it again|try again|check |see |nook (status|reset|start|list)|later`)
 )
 
 // checkFailure checks one exec that did not succeed: exit 125 and a report
@@ -45,7 +45,7 @@ type faultOutcome struct {
 func (e *env) faultExec(repo, counter, id string, extra ...string) faultOutcome {
 	args := append([]string{"exec", "--no-sync"}, extra...)
 	args = append(args, "--", "sh", "-c", "echo "+id+" >> "+counter)
-	return faultOutcome{id: id, r: e.sbx(repo, args...)}
+	return faultOutcome{id: id, r: e.nook(repo, args...)}
 }
 
 // checkOutcomes: every exec succeeded (its id once in counter) or failed
@@ -152,7 +152,7 @@ func TestFaultMatrix(t *testing.T) {
 		var outs []faultOutcome
 		for i := range n {
 			id := fmt.Sprintf("d%d", i)
-			b := e.sbxBackground(warm, "exec", "--no-sync", "--", "sh", "-c", "echo "+id+" >> "+counter+"; sleep 30")
+			b := e.nookBackground(warm, "exec", "--no-sync", "--", "sh", "-c", "echo "+id+" >> "+counter+"; sleep 30")
 			waitUntil(t, 30*time.Second, "command "+id+" to start", func() bool { return strings.Contains(readFileOr(counter), id) })
 			lc.call(t, "POST", "/admin/runs/"+run+"/drop-connections", nil)
 			injected["ssh-dropped-during"]++
@@ -183,7 +183,7 @@ func TestFaultMatrix(t *testing.T) {
 		}
 		// It comes back.
 		waitUntil(t, 30*time.Second, "an exec to work again after SSH came back", func() bool {
-			return e.sbx(warm, "exec", "--no-sync", "--", "true").code == 0
+			return e.nook(warm, "exec", "--no-sync", "--", "true").code == 0
 		})
 	})
 
@@ -199,7 +199,7 @@ func TestFaultMatrix(t *testing.T) {
 		// A new checkout needs the API: its exec fails within the bounds,
 		// says so, and nothing ran.
 		repo := e.newRepo("slowapi", defaultConfig)
-		b := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo sn >> "+counter)
+		b := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo sn >> "+counter)
 		r := b.wait(t, 90*time.Second)
 		outs = append(outs, faultOutcome{id: "sn", r: r})
 		injected["latency"] += len(outs)

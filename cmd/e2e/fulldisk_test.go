@@ -66,11 +66,11 @@ func TestFullDiskDuringPullLeavesTheTreeIntact(t *testing.T) {
 	writeFile(t, filepath.Join(repo, "small.txt"), "small original\n")
 	e.git(repo, "add", "-A")
 	e.git(repo, "commit", "-q", "-m", "files")
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 
 	filler := filepath.Join(repo, ".git", "filler")
 	fillDisk(t, filler, 32<<10)
-	r := e.sbx(repo, "exec", "--", "sh", "-c", "head -c 700000 /dev/urandom | od -x > big.txt; echo small changed > small.txt")
+	r := e.nook(repo, "exec", "--", "sh", "-c", "head -c 700000 /dev/urandom | od -x > big.txt; echo small changed > small.txt")
 	if got := readFile(t, filepath.Join(repo, "big.txt")); got != "original\n" {
 		t.Fatalf("the working tree changed on a full disk: big.txt has %d bytes: %s", len(got), r)
 	}
@@ -86,7 +86,7 @@ func TestFullDiskDuringPullLeavesTheTreeIntact(t *testing.T) {
 
 	// Still full: the next exec says so before the command, and does not
 	// call it safe to retry.
-	r = e.sbx(repo, "exec", "--", "true")
+	r = e.nook(repo, "exec", "--", "true")
 	if r.code == 0 || !strings.Contains(r.stderr, "no space left") || strings.Contains(r.stderr, "safe to retry") || strings.Contains(r.stderr, "never pulled (the daemon stopped") {
 		t.Fatalf("an exec on a still full disk must say so, and not that it is safe to retry: %s", r)
 	}
@@ -99,7 +99,7 @@ func TestFullDiskDuringPullLeavesTheTreeIntact(t *testing.T) {
 	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	if got := readFile(t, filepath.Join(repo, "small.txt")); got != "small changed\n" {
 		t.Fatalf("the sandbox's edits did not come back once space was freed: small.txt is %q", got)
 	}

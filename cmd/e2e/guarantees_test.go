@@ -54,17 +54,17 @@ func (lc *localcloud) execRequests(t testing.TB, run string) int64 {
 	return st.ExecRequests
 }
 
-// bgSbx is an sbx running in the background.
-type bgSbx struct {
+// bgNook is an nook running in the background.
+type bgNook struct {
 	cmd  *exec.Cmd
 	out  *strings.Builder
 	errb *strings.Builder
 	done chan result
 }
 
-func (e *env) sbxBackground(dir string, args ...string) *bgSbx {
+func (e *env) nookBackground(dir string, args ...string) *bgNook {
 	e.t.Helper()
-	b := &bgSbx{cmd: e.sbxCmd(dir, args...), out: &strings.Builder{}, errb: &strings.Builder{}, done: make(chan result, 1)}
+	b := &bgNook{cmd: e.nookCmd(dir, args...), out: &strings.Builder{}, errb: &strings.Builder{}, done: make(chan result, 1)}
 	b.cmd.Stdout, b.cmd.Stderr = b.out, b.errb
 	if err := b.cmd.Start(); err != nil {
 		e.t.Fatal(err)
@@ -83,16 +83,16 @@ func (e *env) sbxBackground(dir string, args ...string) *bgSbx {
 	return b
 }
 
-// wait returns sbx's result, failing the test if it takes longer than
+// wait returns nook's result, failing the test if it takes longer than
 // timeout (a client waiting forever is a bug).
-func (b *bgSbx) wait(t testing.TB, timeout time.Duration) result {
+func (b *bgNook) wait(t testing.TB, timeout time.Duration) result {
 	t.Helper()
 	select {
 	case r := <-b.done:
 		return r
 	case <-time.After(timeout):
 		b.cmd.Process.Kill()
-		t.Fatalf("sbx %v still waiting after %s", b.cmd.Args[1:], timeout)
+		t.Fatalf("nook %v still waiting after %s", b.cmd.Args[1:], timeout)
 		return result{}
 	}
 }
@@ -101,7 +101,7 @@ func (b *bgSbx) wait(t testing.TB, timeout time.Duration) result {
 // append a line to, so the test can count how often a command ran.
 func counterFile(t testing.TB, name string) string {
 	t.Helper()
-	f := filepath.Join(markerDir, fmt.Sprintf("sbx-e2e-%s-%d-%d", name, os.Getpid(), time.Now().UnixNano()))
+	f := filepath.Join(markerDir, fmt.Sprintf("nook-e2e-%s-%d-%d", name, os.Getpid(), time.Now().UnixNano()))
 	t.Cleanup(func() { os.Remove(f) })
 	return f
 }
@@ -129,7 +129,7 @@ func TestLockRetriedWhenTheConnectionDropsWhileWaiting(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("lockretry", defaultConfig)
 	run := e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true") // the daemon's connection is up
+	e.mustNook(repo, "exec", "--no-sync", "--", "true") // the daemon's connection is up
 
 	holder, err := lc.sshTo(t, run).NewSession()
 	if err != nil {
@@ -140,7 +140,7 @@ func TestLockRetriedWhenTheConnectionDropsWhileWaiting(t *testing.T) {
 	}
 	counter := counterFile(t, "lockretry")
 	before := lc.execRequests(t, run)
-	b := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
+	b := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
 	waitUntil(t, 20*time.Second, "the daemon's lock request to reach the agent", func() bool {
 		return lc.execRequests(t, run) > before
 	})
@@ -158,7 +158,7 @@ func TestLockRetriedWhenTheConnectionDropsWhileWaiting(t *testing.T) {
 }
 
 // TestConnectionLostMidCommandIsReportedNeverRerun: the SSH connection
-// drops while the command runs. sbx ends with 125 and says the command may
+// drops while the command runs. nook ends with 125 and says the command may
 // have run and was not run again; the command is not run a second time,
 // its remote process is ended, and the next exec works.
 func TestConnectionLostMidCommandIsReportedNeverRerun(t *testing.T) {
@@ -170,19 +170,19 @@ func TestConnectionLostMidCommandIsReportedNeverRerun(t *testing.T) {
 	run := e.startSandbox(repo)
 	counter := counterFile(t, "midcmd")
 	marker := fmt.Sprintf("%d.%d", 600+os.Getpid()%300, time.Now().UnixNano()%1000) // a unique sleep argument
-	b := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter+"; exec sleep "+marker)
+	b := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter+"; exec sleep "+marker)
 	waitUntil(t, 30*time.Second, "the command to start", func() bool { return lines(t, counter) == 1 })
 	lc.call(t, "POST", "/admin/runs/"+run+"/drop-connections", nil)
 	r := b.wait(t, 60*time.Second)
 	checkLostCommandReport(t, r)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 	if n := lines(t, counter); n != 1 {
 		t.Fatalf("the command ran %d times, want once", n)
 	}
 	waitUntil(t, 20*time.Second, "the dropped command's process to end", func() bool { return !processWithArg(marker) })
 }
 
-// checkLostCommandReport checks how sbx reports a command whose connection
+// checkLostCommandReport checks how nook reports a command whose connection
 // broke while it ran.
 func checkLostCommandReport(t testing.TB, r result) {
 	t.Helper()

@@ -62,9 +62,9 @@ func connectedUnixSockets(pid int) int {
 	return n
 }
 
-// TestExecNeverHangsWhenTheDaemonDies: the daemon dies (SIGKILL) after sbx
-// connected and sent its exec, before any answer, while sbx's stdin is still
-// open: sbx exits 125 saying the daemon died and that the command most
+// TestExecNeverHangsWhenTheDaemonDies: the daemon dies (SIGKILL) after nook
+// connected and sent its exec, before any answer, while nook's stdin is still
+// open: nook exits 125 saying the daemon died and that the command most
 // likely did not run, instead of waiting forever on its request stream.
 func TestExecNeverHangsWhenTheDaemonDies(t *testing.T) {
 	t.Parallel()
@@ -77,15 +77,15 @@ func TestExecNeverHangsWhenTheDaemonDies(t *testing.T) {
 	stdinR, stdinW, err := os.Pipe()
 	must(t, err)
 	defer stdinW.Close()
-	cmd := e.sbxCmd(repo, "exec", "--", "true")
+	cmd := e.nookCmd(repo, "exec", "--", "true")
 	cmd.Stdin = stdinR
 	var stderr lockedBuffer
 	cmd.Stderr = &stderr
 	must(t, cmd.Start())
 	stdinR.Close()
-	waitUntil(t, 30*time.Second, "sbx connected to the daemon", func() bool { return connectedUnixSockets(cmd.Process.Pid) > 0 })
+	waitUntil(t, 30*time.Second, "nook connected to the daemon", func() bool { return connectedUnixSockets(cmd.Process.Pid) > 0 })
 	d.kill()
-	code := waitExit(t, cmd, 30*time.Second, "sbx exec after the daemon died")
+	code := waitExit(t, cmd, 30*time.Second, "nook exec after the daemon died")
 	if code != 125 || !strings.Contains(stderr.String(), "did it die") || !strings.Contains(stderr.String(), "did not run") {
 		t.Fatalf("exit %d, stderr %q", code, stderr.String())
 	}
@@ -103,13 +103,13 @@ func TestOneSignalEndsAnExecWaitingOnAFailingRemote(t *testing.T) {
 	e.writeConfig(map[string]any{"reconcile_interval": "1h"})
 	e.startDaemon()
 	repo := e.newRepo("failing", defaultConfig)
-	st := decode[startJSON](t, e.mustSbx(repo, "start", "--json").stdout)
+	st := decode[startJSON](t, e.mustNook(repo, "start", "--json").stdout)
 	if st.Session.Status == "ready" {
 		t.Fatalf("the sandbox is ready before the test could fail the remote: %+v", st)
 	}
 	lc.call(t, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 1.0})
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
-		cmd := e.sbxCmd(repo, "exec", "--", "true")
+		cmd := e.nookCmd(repo, "exec", "--", "true")
 		var stderr lockedBuffer
 		cmd.Stderr = &stderr
 		must(t, cmd.Start())
@@ -117,7 +117,7 @@ func TestOneSignalEndsAnExecWaitingOnAFailingRemote(t *testing.T) {
 			return strings.Contains(stderr.String(), "the remote failed") && strings.Contains(stderr.String(), "503")
 		})
 		must(t, cmd.Process.Signal(sig))
-		code := waitExit(t, cmd, 20*time.Second, "sbx exec after one "+sig.String())
+		code := waitExit(t, cmd, 20*time.Second, "nook exec after one "+sig.String())
 		if code != 130 || !strings.Contains(stderr.String(), "interrupted before the command started") {
 			t.Fatalf("%v: exit %d, stderr %q", sig, code, stderr.String())
 		}
@@ -130,5 +130,5 @@ func TestOneSignalEndsAnExecWaitingOnAFailingRemote(t *testing.T) {
 		})
 	}
 	lc.call(t, "POST", "/admin/faults", map[string]any{"error_rate_5xx": 0.0})
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 }

@@ -1,4 +1,4 @@
-// Package e2e holds the end-to-end tests: the real sandboxd, sbx and
+// Package e2e holds the end-to-end tests: the real sandboxd, nook and
 // sandboxd-localcloud binaries, built once per run, talking over a real Unix
 // socket to real sandbox agents, on real git repositories, each test in its
 // own HOME and XDG directories.
@@ -44,7 +44,7 @@ func run(m *testing.M) int {
 	// Marker and counter files that tests read from outside a sandbox live
 	// here; every env's local remote shares it with its (isolated)
 	// sandboxes, whose /tmp is private.
-	if markerDir, err = os.MkdirTemp("", "sbxmark"); err != nil {
+	if markerDir, err = os.MkdirTemp("", "nookmark"); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -56,7 +56,7 @@ func run(m *testing.M) int {
 		return 1
 	}
 	defer testutil.Cleanup()
-	if binDir, err = testutil.Binaries(raceEnabled, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx", "github.com/sandboxd/sandboxd/cmd/sbx/sbx-mcp", "github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud", "github.com/sandboxd/sandboxd/cmd/sandboxd-helper"); err != nil {
+	if binDir, err = testutil.Binaries(raceEnabled, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/nook", "github.com/sandboxd/sandboxd/cmd/nook/nook-mcp", "github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud", "github.com/sandboxd/sandboxd/cmd/sandboxd-helper"); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)
 		return 1
 	}
@@ -81,7 +81,7 @@ type env struct {
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
-	root, err := os.MkdirTemp("", "sbxe2e")
+	root, err := os.MkdirTemp("", "nooke2e")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func (e *env) stopLocalcloud() {
 	_ = syscall.Kill(d.PID, syscall.SIGKILL)
 }
 
-// result is what a finished sbx said.
+// result is what a finished nook said.
 type result struct {
 	code           int
 	stdout, stderr string
@@ -215,15 +215,15 @@ func (r result) String() string {
 	return fmt.Sprintf("exit %d\nstdout: %s\nstderr: %s", r.code, r.stdout, r.stderr)
 }
 
-// sbx runs ./bin/sbx in dir and waits for it.
-func (e *env) sbx(dir string, args ...string) result {
+// nook runs ./bin/nook in dir and waits for it.
+func (e *env) nook(dir string, args ...string) result {
 	e.t.Helper()
-	return e.sbxIn(dir, nil, args...)
+	return e.nookIn(dir, nil, args...)
 }
 
-func (e *env) sbxIn(dir string, stdin io.Reader, args ...string) result {
+func (e *env) nookIn(dir string, stdin io.Reader, args ...string) result {
 	e.t.Helper()
-	cmd := e.sbxCmd(dir, args...)
+	cmd := e.nookCmd(dir, args...)
 	cmd.Stdin = stdin
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -232,29 +232,29 @@ func (e *env) sbxIn(dir string, stdin io.Reader, args ...string) result {
 	if err != nil {
 		ee, ok := err.(*exec.ExitError)
 		if !ok {
-			e.t.Fatalf("run sbx %v: %v", args, err)
+			e.t.Fatalf("run nook %v: %v", args, err)
 		}
 		code = ee.ExitCode()
 	}
 	if strings.Contains(errb.String(), raceReport) {
-		e.t.Errorf("the race detector fired in sbx %v:\n%s", args, errb.String())
+		e.t.Errorf("the race detector fired in nook %v:\n%s", args, errb.String())
 	}
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }
 
-func (e *env) sbxCmd(dir string, args ...string) *exec.Cmd {
-	cmd := exec.Command(filepath.Join(binDir, "sbx"), args...)
+func (e *env) nookCmd(dir string, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(binDir, "nook"), args...)
 	cmd.Dir = dir
 	cmd.Env = e.vars
 	return cmd
 }
 
-// mustSbx runs sbx and fails the test unless it exits 0.
-func (e *env) mustSbx(dir string, args ...string) result {
+// mustNook runs nook and fails the test unless it exits 0.
+func (e *env) mustNook(dir string, args ...string) result {
 	e.t.Helper()
-	r := e.sbx(dir, args...)
+	r := e.nook(dir, args...)
 	if r.code != 0 {
-		e.t.Fatalf("sbx %v: %s", args, r)
+		e.t.Fatalf("nook %v: %s", args, r)
 	}
 	return r
 }

@@ -45,8 +45,8 @@ func TestHostileConfigFilesAreRefused(t *testing.T) {
 			t.Errorf("start with %s: %v %s; want %d saying %q", c.config, err, body, c.code, c.want)
 		}
 	}
-	if r := e.sbx(repo, "start", ".rwx/zero.yml"); r.code == 0 || !strings.Contains(r.stderr, "outside the repository") {
-		t.Errorf("sbx start of a link to /dev/zero: %s", r)
+	if r := e.nook(repo, "start", ".rwx/zero.yml"); r.code == 0 || !strings.Contains(r.stderr, "outside the repository") {
+		t.Errorf("nook start of a link to /dev/zero: %s", r)
 	}
 
 	// A link in the uploaded directory leading outside refuses the start,
@@ -55,11 +55,11 @@ func TestHostileConfigFilesAreRefused(t *testing.T) {
 	must(t, os.Remove(filepath.Join(rwx, "zero.yml")))
 	must(t, os.Remove(filepath.Join(rwx, "secret.yml")))
 	must(t, os.Symlink(filepath.Join(secretDir, "secret"), filepath.Join(rwx, "leak.yml")))
-	if r := e.sbx(repo, "start"); r.code == 0 || !strings.Contains(r.stderr, "leak.yml") || !strings.Contains(r.stderr, "outside the repository") {
+	if r := e.nook(repo, "start"); r.code == 0 || !strings.Contains(r.stderr, "leak.yml") || !strings.Contains(r.stderr, "outside the repository") {
 		t.Fatalf("start with a link to a secret in .rwx: %s", r)
 	}
 	must(t, os.Remove(filepath.Join(rwx, "leak.yml")))
-	e.mustSbx(repo, "start", "configs/sub/sandbox.yml")
+	e.mustNook(repo, "start", "configs/sub/sandbox.yml")
 	e.startSandbox(repo)
 	_ = filepath.Walk(filepath.Join(e.get("XDG_DATA_HOME"), "sandboxd", "localcloud"), func(p string, info os.FileInfo, err error) error {
 		if err == nil && info.Mode().IsRegular() && info.Size() < 64<<20 {

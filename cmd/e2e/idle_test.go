@@ -30,7 +30,7 @@ type idleListJSON struct {
 // statusOf is the listed status (and reason) of run.
 func (e *env) statusOf(dir, run string) (status, reason string) {
 	e.t.Helper()
-	l := decode[idleListJSON](e.t, e.mustSbx(dir, "list", "--all", "--json").stdout)
+	l := decode[idleListJSON](e.t, e.mustNook(dir, "list", "--all", "--json").stdout)
 	for _, s := range l.Sessions {
 		if s.RunID == run {
 			return s.Status, s.Reason
@@ -46,7 +46,7 @@ func runEvent(typ, run string) func(map[string]any) bool {
 // TestIdleSandboxStopsAfterIdleStopWithItsEditsPulled: a sandbox nobody
 // uses is announced (session.idle_warning) and stopped after idle_stop; a
 // file written in it without a sync comes back into the checkout first;
-// `sbx list` shows the idle time and the stop; a kept sandbox stays.
+// `nook list` shows the idle time and the stop; a kept sandbox stays.
 func TestIdleSandboxStopsAfterIdleStopWithItsEditsPulled(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -56,31 +56,31 @@ func TestIdleSandboxStopsAfterIdleStopWithItsEditsPulled(t *testing.T) {
 	keptRepo := e.newRepo("kept", defaultConfig)
 	run := e.startSandbox(repo)
 	kept := e.startSandbox(keptRepo)
-	e.mustSbx(keptRepo, "keep")
+	e.mustNook(keptRepo, "keep")
 	evs := e.followEvents("")
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	// Not synced back by this exec: only the idle stop's pull brings it.
-	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo made while idle > made.txt")
+	e.mustNook(repo, "exec", "--no-sync", "--", "sh", "-c", "echo made while idle > made.txt")
 
-	l := decode[idleListJSON](t, e.mustSbx(repo, "list", "--json").stdout)
+	l := decode[idleListJSON](t, e.mustNook(repo, "list", "--json").stdout)
 	for _, s := range l.Sessions {
 		switch s.RunID {
 		case run:
 			if s.IdleSeconds == nil || s.IdleStopAt == nil || time.Until(*s.IdleStopAt) > 5*time.Second {
-				t.Fatalf("sbx list must show the idle time and the stop of %s: %+v", run, s)
+				t.Fatalf("nook list must show the idle time and the stop of %s: %+v", run, s)
 			}
 		case kept:
 			if !s.Kept || s.IdleStopAt != nil {
-				t.Fatalf("sbx list must show %s kept, with no stop: %+v", kept, s)
+				t.Fatalf("nook list must show %s kept, with no stop: %+v", kept, s)
 			}
 		}
 	}
-	if cfg := e.mustSbx(repo, "config"); !strings.Contains(cfg.stdout, "idle stop after  4s") {
-		t.Fatalf("sbx config does not show the idle stop: %s", cfg)
+	if cfg := e.mustNook(repo, "config"); !strings.Contains(cfg.stdout, "idle stop after  4s") {
+		t.Fatalf("nook config does not show the idle stop: %s", cfg)
 	}
-	text := e.mustSbx(repo, "list")
+	text := e.mustNook(repo, "list")
 	if !strings.Contains(text.stdout, "IDLE STOP") || !strings.Contains(text.stdout, "kept") {
-		t.Fatalf("sbx list shows no idle columns: %s", text)
+		t.Fatalf("nook list shows no idle columns: %s", text)
 	}
 
 	warned := evs.waitFor(t, 20*time.Second, "session.idle_warning", runEvent("session.idle_warning", run))
@@ -123,14 +123,14 @@ func TestBusySandboxesAreNotIdleStopped(t *testing.T) {
 
 	// A long command.
 	longDone := make(chan result, 1)
-	go func() { longDone <- e.sbx(longRepo, "exec", "--", "sleep", "10") }()
+	go func() { longDone <- e.nook(longRepo, "exec", "--", "sleep", "10") }()
 	// An open shell.
-	p := e.tmux(t, shellRepo, "sbx shell; sleep 600")
+	p := e.tmux(t, shellRepo, "nook shell; sleep 600")
 	p.line("echo SHELL-$((40+2))")
 	p.waitFor(`SHELL-42`)
 	// An open SSH session through the daemon (the ProxyCommand of
-	// sbx ssh-config), idle on the wire.
-	proxy := exec.Command(filepath.Join(binDir, "sbx"), "proxy", "--stdio", "sbx-"+sshRun)
+	// nook ssh-config), idle on the wire.
+	proxy := exec.Command(filepath.Join(binDir, "nook"), "proxy", "--stdio", "nook-"+sshRun)
 	proxy.Dir, proxy.Env = sshRepo, e.vars
 	stdin, err := proxy.StdinPipe()
 	if err != nil {
@@ -142,7 +142,7 @@ func TestBusySandboxesAreNotIdleStopped(t *testing.T) {
 	t.Cleanup(func() { stdin.Close(); _ = proxy.Process.Kill(); _ = proxy.Wait() })
 	// A server in the background, forwarded.
 	port := freePort(t)
-	bg := decode[bgJSON](t, e.mustSbx(webRepo, "bg", "start", "--name", "web", "--port", fmt.Sprint(port), "--json", "--",
+	bg := decode[bgJSON](t, e.mustNook(webRepo, "bg", "start", "--name", "web", "--port", fmt.Sprint(port), "--json", "--",
 		python, "-m", "http.server", fmt.Sprint(port), "--bind", "127.0.0.1").stdout)
 	if bg.Forward == nil {
 		t.Fatalf("no forward: %+v", bg)

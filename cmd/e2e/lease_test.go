@@ -27,7 +27,7 @@ func TestLeaseServesAnotherClientDuringABurst(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("lease", defaultConfig)
 	run := e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 
 	var ci struct {
 		Address        string `json:"address"`

@@ -24,7 +24,7 @@ func long() bool { return testutil.Long() }
 
 // loadLog is where each load command appends its start and end lines, in
 // the sandbox (under .git, so no sync ever touches it).
-const loadLog = ".git/sbx-load.log"
+const loadLog = ".git/nook-load.log"
 
 type fullHealth struct {
 	Goroutines int    `json:"goroutines"`
@@ -91,7 +91,7 @@ func TestLoadManyClientsManySandboxes(t *testing.T) {
 	wg.Wait()
 	// Warm every connection, then take the baseline.
 	for _, repo := range repos {
-		e.mustSbx(repo, "exec", "--no-sync", "--", "rm", "-f", loadLog)
+		e.mustNook(repo, "exec", "--no-sync", "--", "rm", "-f", loadLog)
 	}
 	base := e.fullHealth()
 
@@ -142,7 +142,7 @@ func TestLoadManyClientsManySandboxes(t *testing.T) {
 	// Per sandbox: every command's start and end, alternating.
 	total := 0
 	for i, repo := range repos {
-		r := e.mustSbx(repo, "exec", "--no-sync", "--", "cat", loadLog)
+		r := e.mustNook(repo, "exec", "--no-sync", "--", "cat", loadLog)
 		ls := strings.Split(strings.TrimSpace(r.stdout), "\n")
 		seen := map[string]bool{}
 		for j := 0; j < len(ls); j += 2 {

@@ -15,11 +15,11 @@ import (
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// mcpSession runs `sbx mcp` in dir and connects the MCP SDK's own client to
+// mcpSession runs `nook mcp` in dir and connects the MCP SDK's own client to
 // it over stdio.
 func (e *env) mcpSession(t *testing.T, dir string, args ...string) *sdk.ClientSession {
 	t.Helper()
-	cmd := e.sbxCmd(dir, append([]string{"mcp"}, args...)...)
+	cmd := e.nookCmd(dir, append([]string{"mcp"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	c := sdk.NewClient(&sdk.Implementation{Name: "e2e", Version: "1"}, nil)
@@ -27,12 +27,12 @@ func (e *env) mcpSession(t *testing.T, dir string, args ...string) *sdk.ClientSe
 	defer cancel()
 	cs, err := c.Connect(ctx, &sdk.CommandTransport{Command: cmd}, nil)
 	if err != nil {
-		t.Fatalf("connect to sbx mcp: %v\n%s", err, stderr.String())
+		t.Fatalf("connect to nook mcp: %v\n%s", err, stderr.String())
 	}
 	t.Cleanup(func() {
 		_ = cs.Close()
 		if strings.Contains(stderr.String(), raceReport) {
-			t.Errorf("the race detector fired in sbx mcp:\n%s", stderr.String())
+			t.Errorf("the race detector fired in nook mcp:\n%s", stderr.String())
 		}
 	})
 	return cs
@@ -89,7 +89,7 @@ func toolText(res *sdk.CallToolResult) string {
 	return b.String()
 }
 
-// TestMCPTools drives `sbx mcp` with the MCP Go SDK's client against a real
+// TestMCPTools drives `nook mcp` with the MCP Go SDK's client against a real
 // daemon and localcloud: the tool list, exec (shell line and argv, sync both
 // ways, exit code, both streams, truncation), push, status, list and stop, with
 // the checkout given per call or taken from the server's directory, and
@@ -256,10 +256,10 @@ func TestMCPExecCancel(t *testing.T) {
 }
 
 // TestMCPInspectorCLI: an independent MCP client, the MCP Inspector's CLI
-// mode (Node), lists the tools of `sbx mcp` and calls exec.
+// mode (Node), lists the tools of `nook mcp` and calls exec.
 func TestMCPInspectorCLI(t *testing.T) {
 	t.Parallel()
-	inspector := os.Getenv("SBX_MCP_INSPECTOR")
+	inspector := os.Getenv("NOOK_MCP_INSPECTOR")
 	if inspector == "" {
 		if p, err := exec.LookPath("mcp-inspector"); err == nil {
 			inspector = p
@@ -274,7 +274,7 @@ func TestMCPInspectorCLI(t *testing.T) {
 		}
 	}
 	if inspector == "" {
-		missingTool(t, "mcp-inspector", "npm install -g @modelcontextprotocol/inspector@0.15.0, or set SBX_MCP_INSPECTOR to its cli.js")
+		missingTool(t, "mcp-inspector", "npm install -g @modelcontextprotocol/inspector@0.15.0, or set NOOK_MCP_INSPECTOR to its cli.js")
 	}
 	needTool(t, "node", "apt-get install nodejs npm")
 	e := newEnv(t)
@@ -282,7 +282,7 @@ func TestMCPInspectorCLI(t *testing.T) {
 	repo := e.newRepo("inspector", defaultConfig)
 	writeFile(t, filepath.Join(repo, "hello.txt"), "synced\n")
 
-	cmd := exec.Command(inspector, "--cli", filepath.Join(binDir, "sbx"), "mcp",
+	cmd := exec.Command(inspector, "--cli", filepath.Join(binDir, "nook"), "mcp",
 		"--method", "tools/call", "--tool-name", "exec", "--tool-arg", "command=cat hello.txt; exit 7")
 	cmd.Dir = repo
 	cmd.Env = e.vars

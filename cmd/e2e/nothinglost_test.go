@@ -10,7 +10,7 @@ import (
 )
 
 // lostEdits is a started sandbox of a fresh repository, synced by one exec,
-// reachable with OpenSSH through `sbx ssh-config`.
+// reachable with OpenSSH through `nook ssh-config`.
 type lostEdits struct {
 	e          *env
 	repo       string
@@ -28,12 +28,12 @@ func newLostEdits(t *testing.T, name string) *lostEdits {
 	l.e = newEnv(t)
 	l.e.startDaemon()
 	l.repo = l.e.newRepo(name, defaultConfig)
-	l.e.mustSbx(l.repo, "start", "--wait")
-	l.e.mustSbx(l.repo, "exec", "--", "true")
-	r := l.e.mustSbx(l.repo, "ssh-config")
+	l.e.mustNook(l.repo, "start", "--wait")
+	l.e.mustNook(l.repo, "exec", "--", "true")
+	r := l.e.mustNook(l.repo, "ssh-config")
 	l.cfg = filepath.Join(l.e.root, "ssh.config")
 	writeFile(t, l.cfg, r.stdout)
-	m := regexp.MustCompile(`(?m)^Host (sbx-` + name + `-main) `).FindStringSubmatch(r.stdout)
+	m := regexp.MustCompile(`(?m)^Host (nook-` + name + `-main) `).FindStringSubmatch(r.stdout)
 	if m == nil {
 		t.Fatalf("no host for the sandbox in:\n%s", r.stdout)
 	}
@@ -47,7 +47,7 @@ func newLostEdits(t *testing.T, name string) *lostEdits {
 // pushes, and would bring the others back itself.
 func (l *lostEdits) edit(t *testing.T) {
 	t.Helper()
-	l.e.mustSbx(l.repo, "bg", "start", "--name", "writer", "--", "sh", "-c", "echo 'from bg' > bg.txt.tmp && mv bg.txt.tmp bg.txt && sleep 600")
+	l.e.mustNook(l.repo, "bg", "start", "--name", "writer", "--", "sh", "-c", "echo 'from bg' > bg.txt.tmp && mv bg.txt.tmp bg.txt && sleep 600")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if r := l.e.sshRun(t, l.e.root, l.ssh, "-F", l.cfg, l.host, "test -f bg.txt"); r.code == 0 {
@@ -81,7 +81,7 @@ func TestEditsFromEveryPathComeBackAtTheNextExec(t *testing.T) {
 	t.Parallel()
 	l := newLostEdits(t, "lostexec")
 	l.edit(t)
-	r := l.e.mustSbx(l.repo, "exec", "--", "cat", "scp.txt", "bg.txt")
+	r := l.e.mustNook(l.repo, "exec", "--", "cat", "scp.txt", "bg.txt")
 	if r.stdout != "sent with scp\nfrom bg\n" {
 		t.Fatalf("the exec saw %q", r.stdout)
 	}
@@ -92,33 +92,33 @@ func TestEditsFromEveryPathComeBackAtThePush(t *testing.T) {
 	t.Parallel()
 	l := newLostEdits(t, "lostpush")
 	l.edit(t)
-	r := l.e.mustSbx(l.repo, "push")
+	r := l.e.mustNook(l.repo, "push")
 	if !strings.Contains(r.stdout, "Brought back first") || !strings.Contains(r.stdout, "scp.txt") {
-		t.Fatalf("sbx push does not say what it brought back: %s", r)
+		t.Fatalf("nook push does not say what it brought back: %s", r)
 	}
-	l.assertBack(t, "sbx push")
+	l.assertBack(t, "nook push")
 }
 
 func TestEditsFromEveryPathComeBackAtTheStop(t *testing.T) {
 	t.Parallel()
 	l := newLostEdits(t, "loststop")
 	l.edit(t)
-	r := l.e.mustSbx(l.repo, "stop")
+	r := l.e.mustNook(l.repo, "stop")
 	if !strings.Contains(r.stderr, "Pulled from") || !strings.Contains(r.stderr, "bg.txt") {
-		t.Fatalf("sbx stop does not say what it pulled: %s", r)
+		t.Fatalf("nook stop does not say what it pulled: %s", r)
 	}
-	l.assertBack(t, "sbx stop")
+	l.assertBack(t, "nook stop")
 }
 
 func TestEditsFromEveryPathComeBackAtTheReset(t *testing.T) {
 	t.Parallel()
 	l := newLostEdits(t, "lostreset")
 	l.edit(t)
-	l.e.mustSbx(l.repo, "reset")
-	l.assertBack(t, "sbx reset")
+	l.e.mustNook(l.repo, "reset")
+	l.assertBack(t, "nook reset")
 }
 
-// sbx pull brings them back on demand; a conflicting edit is saved under
+// nook pull brings them back on demand; a conflicting edit is saved under
 // .git/sandboxd/pulls and named, not applied and not lost.
 func TestPullOnDemandBringsEditsBackOrSavesThem(t *testing.T) {
 	t.Parallel()
@@ -128,12 +128,12 @@ func TestPullOnDemandBringsEditsBackOrSavesThem(t *testing.T) {
 		Files      []string `json:"files"`
 		SavedPatch string   `json:"savedPatch"`
 	}
-	r := l.e.mustSbx(l.repo, "pull", "--json")
+	r := l.e.mustNook(l.repo, "pull", "--json")
 	if err := json.Unmarshal([]byte(r.stdout), &resp); err != nil || strings.Join(resp.Files, ",") != "README.md,bg.txt,scp.txt" {
-		t.Fatalf("sbx pull --json: %v: %s", err, r)
+		t.Fatalf("nook pull --json: %v: %s", err, r)
 	}
-	l.assertBack(t, "sbx pull")
-	if r := l.e.mustSbx(l.repo, "pull"); !strings.Contains(r.stdout, "Nothing to pull") {
+	l.assertBack(t, "nook pull")
+	if r := l.e.mustNook(l.repo, "pull"); !strings.Contains(r.stdout, "Nothing to pull") {
 		t.Fatalf("a second pull: %s", r)
 	}
 	// A conflict: the same line changed on both sides.
@@ -141,10 +141,10 @@ func TestPullOnDemandBringsEditsBackOrSavesThem(t *testing.T) {
 		t.Fatalf("ssh edit: %s", r)
 	}
 	writeFile(t, filepath.Join(l.repo, "scp.txt"), "local\n")
-	r = l.e.mustSbx(l.repo, "stop")
+	r = l.e.mustNook(l.repo, "stop")
 	m := regexp.MustCompile(`\S*\.git/sandboxd/pulls/\S+\.patch`).FindString(r.stderr)
 	if m == "" {
-		t.Fatalf("sbx stop after a conflicting edit names no saved patch: %s", r)
+		t.Fatalf("nook stop after a conflicting edit names no saved patch: %s", r)
 	}
 	if p := readFile(t, m); !strings.Contains(p, "+sandbox") {
 		t.Fatalf("the saved patch %s lacks the sandbox's edit:\n%s", m, p)
@@ -155,9 +155,9 @@ func TestStopDiscardDropsTheEditsAndSaysWhich(t *testing.T) {
 	t.Parallel()
 	l := newLostEdits(t, "lostdiscard")
 	l.edit(t)
-	r := l.e.mustSbx(l.repo, "stop", "--discard")
+	r := l.e.mustNook(l.repo, "stop", "--discard")
 	if !strings.Contains(r.stderr, "Discarded the edits") || !strings.Contains(r.stderr, "scp.txt") || !strings.Contains(r.stderr, "bg.txt") || !strings.Contains(r.stderr, "README.md") {
-		t.Fatalf("sbx stop --discard does not say what it dropped: %s", r)
+		t.Fatalf("nook stop --discard does not say what it dropped: %s", r)
 	}
 	if got := readFile(t, filepath.Join(l.repo, "README.md")); got != "hello\n" {
 		t.Fatalf("--discard pulled README.md: %q", got)

@@ -11,13 +11,13 @@ import (
 )
 
 // TestNeovimPlugin runs contrib/nvim in a headless Neovim against a real
-// daemon and localcloud (cmd/e2e/testdata/nvim_e2e.lua drives it): :Sbx
+// daemon and localcloud (cmd/e2e/testdata/nvim_e2e.lua drives it): :Nook
 // exec streams output into a buffer as it comes (the first line is there
 // while the command still runs), stderr highlighted apart, the exit code
 // shown; Ctrl-C in the buffer interrupts the remote command; the quickfix
 // list is filled from the output; status, list and stop answer; the
 // statusline follows /v1/events (running, config drift, stopped);
-// :checkhealth sbx reports the daemon.
+// :checkhealth nook reports the daemon.
 func TestNeovimPlugin(t *testing.T) {
 	t.Parallel()
 	nvim := needTool(t, "nvim", "apt-get install neovim")
@@ -27,13 +27,13 @@ func TestNeovimPlugin(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("nvimrepo", defaultConfig)
-	e.mustSbx(repo, "start", "--wait")
+	e.mustNook(repo, "start", "--wait")
 
 	outFile := filepath.Join(e.root, "nvim.json")
 	cmd := exec.Command(nvim, "--headless", "-u", "NONE", "-i", "NONE", "-n",
 		"--cmd", "set rtp^="+plugin, "-c", "luafile "+script)
 	cmd.Dir = repo
-	cmd.Env = e.with("SBX_NVIM_OUT="+outFile, "SBX_NVIM_FLAG="+filepath.Join(e.root, "go.flag"))
+	cmd.Env = e.with("NOOK_NVIM_OUT="+outFile, "NOOK_NVIM_FLAG="+filepath.Join(e.root, "go.flag"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nvim: %v\n%s", err, out)
 	}
@@ -90,10 +90,10 @@ func TestNeovimPlugin(t *testing.T) {
 	if got.Status != "connected" || got.ListCount != 1 || got.Stopped != 1 {
 		t.Errorf("status %q, list %d, stopped %d", got.Status, got.ListCount, got.Stopped)
 	}
-	if got.StatuslineRunning != "sbx:ready running" || got.StatuslineIdle != "sbx:ready" || got.StatuslineDrift != "sbx:ready drift" || got.StatuslineStopped != "sbx:stopped" {
+	if got.StatuslineRunning != "nook:ready running" || got.StatuslineIdle != "nook:ready" || got.StatuslineDrift != "nook:ready drift" || got.StatuslineStopped != "nook:stopped" {
 		t.Errorf("statusline: running %q, idle %q, drift %q, stopped %q", got.StatuslineRunning, got.StatuslineIdle, got.StatuslineDrift, got.StatuslineStopped)
 	}
 	if !strings.Contains(got.Health, "OK: sandboxd answers") {
-		t.Errorf(":checkhealth sbx:\n%s", got.Health)
+		t.Errorf(":checkhealth nook:\n%s", got.Health)
 	}
 }

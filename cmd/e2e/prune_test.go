@@ -20,8 +20,8 @@ type pruneJSON struct {
 }
 
 // TestPruneEndsAndForgetsTheSandboxOfADeletedCheckout deletes a checkout
-// whose sandbox runs: `sbx prune --dry-run` names it and changes nothing,
-// `sbx prune` ends its run and forgets it, and the sandbox of a checkout
+// whose sandbox runs: `nook prune --dry-run` names it and changes nothing,
+// `nook prune` ends its run and forgets it, and the sandbox of a checkout
 // that still exists is kept.
 func TestPruneEndsAndForgetsTheSandboxOfADeletedCheckout(t *testing.T) {
 	t.Parallel()
@@ -35,20 +35,20 @@ func TestPruneEndsAndForgetsTheSandboxOfADeletedCheckout(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dry := decode[pruneJSON](t, e.mustSbx(kept, "prune", "--dry-run", "--json").stdout)
+	dry := decode[pruneJSON](t, e.mustNook(kept, "prune", "--dry-run", "--json").stdout)
 	if !dry.DryRun || len(dry.Pruned) != 1 || dry.Pruned[0].Session.RunID != goneRun || dry.Pruned[0].Why != "checkout_gone" || !dry.Pruned[0].Stopped {
 		t.Fatalf("dry run must name the deleted checkout's live sandbox %s only: %+v", goneRun, dry)
 	}
-	list := decode[listJSON](t, e.mustSbx(kept, "list", "--json").stdout)
+	list := decode[listJSON](t, e.mustNook(kept, "list", "--json").stdout)
 	if len(list.Sessions) != 2 {
 		t.Fatalf("a dry run must change nothing: %+v", list)
 	}
 
-	text := e.mustSbx(kept, "prune")
+	text := e.mustNook(kept, "prune")
 	if !strings.Contains(text.stdout, goneRun) || !strings.Contains(text.stdout, "is gone") || !strings.Contains(text.stdout, "run was ended") {
 		t.Fatalf("prune must say what it pruned and why: %s", text)
 	}
-	all := decode[listJSON](t, e.mustSbx(kept, "list", "--all", "--json").stdout)
+	all := decode[listJSON](t, e.mustNook(kept, "list", "--all", "--json").stdout)
 	for _, s := range all.Sessions {
 		if s.RunID == goneRun {
 			t.Fatalf("the pruned session is still known: %+v", all)
@@ -57,7 +57,7 @@ func TestPruneEndsAndForgetsTheSandboxOfADeletedCheckout(t *testing.T) {
 	if len(all.Sessions) != 1 || all.Sessions[0].RunID != keptRun || all.Sessions[0].Status != "ready" {
 		t.Fatalf("the sandbox of the existing checkout must be kept ready: %+v", all)
 	}
-	again := decode[pruneJSON](t, e.mustSbx(kept, "prune", "--json").stdout)
+	again := decode[pruneJSON](t, e.mustNook(kept, "prune", "--json").stdout)
 	if len(again.Pruned) != 0 {
 		t.Fatalf("a second prune has nothing to do: %+v", again)
 	}

@@ -18,9 +18,9 @@ func TestConfiglessCommandsFindTheBranchSandbox(t *testing.T) {
 	repo := e.newRepo("branchbox", defaultConfig)
 	other := filepath.Join(repo, ".rwx", "other.yml")
 	writeFile(t, other, defaultConfig)
-	run := decode[startJSON](t, e.mustSbx(repo, "start", "--wait", "--json", ".rwx/other.yml").stdout).Session.RunID
+	run := decode[startJSON](t, e.mustNook(repo, "start", "--wait", "--json", ".rwx/other.yml").stdout).Session.RunID
 
-	if r := e.mustSbx(repo, "exec", "--", "true"); e.liveRuns(repo) != 1 {
+	if r := e.mustNook(repo, "exec", "--", "true"); e.liveRuns(repo) != 1 {
 		t.Fatalf("a config-less exec started a second sandbox beside %s: %s", run, r)
 	}
 	var st struct {
@@ -28,14 +28,14 @@ func TestConfiglessCommandsFindTheBranchSandbox(t *testing.T) {
 			RunID string `json:"runId"`
 		} `json:"session"`
 	}
-	if err := json.Unmarshal([]byte(e.mustSbx(repo, "status", "--json").stdout), &st); err != nil || st.Session.RunID != run {
+	if err := json.Unmarshal([]byte(e.mustNook(repo, "status", "--json").stdout), &st); err != nil || st.Session.RunID != run {
 		t.Fatalf("config-less status does not report %s: %+v %v", run, st, err)
 	}
 	var reset struct {
 		RunID      string `json:"runId"`
 		ConfigFile string `json:"configFile"`
 	}
-	if err := json.Unmarshal([]byte(e.mustSbx(repo, "reset", "--json").stdout), &struct {
+	if err := json.Unmarshal([]byte(e.mustNook(repo, "reset", "--json").stdout), &struct {
 		Session any `json:"session"`
 	}{&reset}); err != nil || reset.RunID == run || reset.ConfigFile != other {
 		t.Fatalf("config-less reset did not replace the branch's sandbox of %s with one of the same config: %+v", other, reset)
@@ -45,13 +45,13 @@ func TestConfiglessCommandsFindTheBranchSandbox(t *testing.T) {
 	// A second live sandbox on the branch: a choice, listing both.
 	def := e.startSandbox(repo)
 	for _, args := range [][]string{{"exec", "--", "true"}, {"stop"}, {"status"}} {
-		r := e.sbx(repo, args...)
+		r := e.nook(repo, args...)
 		if r.code == 0 || !strings.Contains(r.stderr, run) || !strings.Contains(r.stderr, def) || !strings.Contains(r.stderr, "other.yml") {
-			t.Fatalf("sbx %v with two live sandboxes on the branch: %s, want a refusal listing both", args, r)
+			t.Fatalf("nook %v with two live sandboxes on the branch: %s, want a refusal listing both", args, r)
 		}
 	}
-	e.mustSbx(repo, "stop", ".rwx/sandbox.yml")
-	if r := e.mustSbx(repo, "stop"); !strings.Contains(r.stdout+r.stderr, run) {
+	e.mustNook(repo, "stop", ".rwx/sandbox.yml")
+	if r := e.mustNook(repo, "stop"); !strings.Contains(r.stdout+r.stderr, run) {
 		t.Fatalf("config-less stop did not stop %s: %s", run, r)
 	}
 	if n := e.liveRuns(repo); n != 0 {
@@ -68,7 +68,7 @@ func (e *env) liveRuns(repo string) int {
 			Status   string `json:"status"`
 		} `json:"sessions"`
 	}
-	if err := json.Unmarshal([]byte(e.mustSbx(repo, "list", "--json").stdout), &l); err != nil {
+	if err := json.Unmarshal([]byte(e.mustNook(repo, "list", "--json").stdout), &l); err != nil {
 		e.t.Fatal(err)
 	}
 	n := 0

@@ -20,7 +20,7 @@ func TestIDInsideACheckoutSyncsIt(t *testing.T) {
 	writeFile(t, filepath.Join(sub, "f.txt"), "one\n")
 
 	// It runs in the sandbox's sub, the caller's directory.
-	r := e.mustSbx(sub, "exec", "--id", run, "--", "sh", "-c", "cat f.txt; echo made > back.txt")
+	r := e.mustNook(sub, "exec", "--id", run, "--", "sh", "-c", "cat f.txt; echo made > back.txt")
 	if r.stdout != "one\n" {
 		t.Fatalf("exec --id ran on a tree without the caller's edit: %s", r)
 	}
@@ -29,22 +29,22 @@ func TestIDInsideACheckoutSyncsIt(t *testing.T) {
 	}
 
 	writeFile(t, filepath.Join(sub, "f.txt"), "two\n")
-	e.mustSbx(repo, "bg", "start", "--id", run, "--name", "w", "--", "sleep", "300")
-	if r := e.mustSbx(repo, "exec", "--no-sync", "--id", run, "--", "cat", "sub/f.txt"); r.stdout != "two\n" {
+	e.mustNook(repo, "bg", "start", "--id", run, "--name", "w", "--", "sleep", "300")
+	if r := e.mustNook(repo, "exec", "--no-sync", "--id", run, "--", "cat", "sub/f.txt"); r.stdout != "two\n" {
 		t.Fatalf("bg start --id did not sync first: %s", r)
 	}
-	e.mustSbx(repo, "bg", "stop", "--id", run, "w")
+	e.mustNook(repo, "bg", "stop", "--id", run, "w")
 
 	writeFile(t, filepath.Join(sub, "f.txt"), "three\n")
-	e.mustSbx(repo, "push", "--id", run)
-	if r := e.mustSbx(repo, "exec", "--no-sync", "--id", run, "--", "cat", "sub/f.txt"); r.stdout != "three\n" {
+	e.mustNook(repo, "push", "--id", run)
+	if r := e.mustNook(repo, "exec", "--no-sync", "--id", run, "--", "cat", "sub/f.txt"); r.stdout != "three\n" {
 		t.Fatalf("push --id did not sync: %s", r)
 	}
 
 	other := e.newRepo("idsync-other", defaultConfig)
-	r = e.sbx(other, "exec", "--id", run, "--", "true")
+	r = e.nook(other, "exec", "--id", run, "--", "true")
 	if r.code == 0 || !strings.Contains(r.stderr, "is the sandbox of "+repo) {
 		t.Fatalf("exec --id from another checkout: %s, want a refusal naming the run's checkout", r)
 	}
-	e.mustSbx(other, "exec", "--no-sync", "--id", run, "--", "true")
+	e.mustNook(other, "exec", "--no-sync", "--id", run, "--", "true")
 }

@@ -7,7 +7,7 @@ import (
 )
 
 // TestStartProgressDoesNotLeakIntoTheNextCommand: the phases of a finished
-// `sbx start --wait` never show in the next command's progress, even when
+// `nook start --wait` never show in the next command's progress, even when
 // that command starts another sandbox of the same checkout at once.
 func TestStartProgressDoesNotLeakIntoTheNextCommand(t *testing.T) {
 	t.Parallel()
@@ -19,9 +19,9 @@ func TestStartProgressDoesNotLeakIntoTheNextCommand(t *testing.T) {
 	for i, cfg := range []string{".rwx/other.yml", ".rwx/third.yml"} {
 		first := e.startSandbox(repo)
 		if i > 0 {
-			first = decode[startJSON](t, e.mustSbx(repo, "start", "--wait", "--json", ".rwx/other.yml").stdout).Session.RunID
+			first = decode[startJSON](t, e.mustNook(repo, "start", "--wait", "--json", ".rwx/other.yml").stdout).Session.RunID
 		}
-		r := e.mustSbx(repo, "exec", cfg, "--", "true")
+		r := e.mustNook(repo, "exec", cfg, "--", "true")
 		if strings.Contains(r.stderr, first) {
 			t.Fatalf("the progress of the earlier start of %s shows in the next command:\n%s", first, r)
 		}

@@ -32,7 +32,7 @@ func TestFirstSyncedExecBringsBackSetupFiles(t *testing.T) {
 	e.startSandbox(repo)
 	writeFile(t, filepath.Join(repo, "local.txt"), "mine\n")
 
-	r := e.mustSbx(repo, "exec", "--", "sh", "-c", "cat setup.lock gen/config.txt local.txt; tail -n1 README.md")
+	r := e.mustNook(repo, "exec", "--", "sh", "-c", "cat setup.lock gen/config.txt local.txt; tail -n1 README.md")
 	if !strings.Contains(r.stderr, "files its setup steps made") || strings.Contains(r.stderr, "daemon stopped") {
 		t.Errorf("the first exec does not say it brought back the setup's files: %s", r)
 	}
@@ -49,7 +49,7 @@ func TestFirstSyncedExecBringsBackSetupFiles(t *testing.T) {
 	if err := os.Remove(filepath.Join(repo, "setup.lock")); err != nil {
 		t.Fatal(err)
 	}
-	r = e.mustSbx(repo, "exec", "--", "sh", "-c", "ls setup.lock 2>/dev/null || echo gone")
+	r = e.mustNook(repo, "exec", "--", "sh", "-c", "ls setup.lock 2>/dev/null || echo gone")
 	if strings.TrimSpace(r.stdout) != "gone" {
 		t.Fatalf("a setup file deleted locally came back: %s", r)
 	}
@@ -70,7 +70,7 @@ const failingSetup = `tasks:
 `
 
 // TestFailedSetupSaysWhatFailedAndWhatToChange: when a setup step fails,
-// sbx names the step, shows its output and says to change the config;
+// nook names the step, shows its output and says to change the config;
 // it never calls the command safe to retry (it would fail the same way).
 func TestFailedSetupSaysWhatFailedAndWhatToChange(t *testing.T) {
 	t.Parallel()
@@ -78,18 +78,18 @@ func TestFailedSetupSaysWhatFailedAndWhatToChange(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("setupfails", failingSetup)
 	for _, args := range [][]string{{"exec", "--", "echo", "hello"}, {"start", "--wait"}} {
-		r := e.sbx(repo, args...)
+		r := e.nook(repo, args...)
 		out := r.stdout + r.stderr
 		if r.code == 0 || strings.Contains(out, "hello") {
-			t.Fatalf("sbx %v with a failing setup step: %s", args, r)
+			t.Fatalf("nook %v with a failing setup step: %s", args, r)
 		}
 		for _, want := range []string{"preflight", "intentional-setup-failure", "fix the failing task in " + filepath.Join(repo, ".rwx", "sandbox.yml")} {
 			if !strings.Contains(out, want) {
-				t.Errorf("sbx %v does not say %q:\n%s", args, want, r)
+				t.Errorf("nook %v does not say %q:\n%s", args, want, r)
 			}
 		}
 		if strings.Contains(out, "safe to retry") {
-			t.Errorf("sbx %v calls a failed setup safe to retry:\n%s", args, r)
+			t.Errorf("nook %v calls a failed setup safe to retry:\n%s", args, r)
 		}
 	}
 }

@@ -45,7 +45,7 @@ type listJSON struct {
 	} `json:"sessions"`
 }
 
-// decode decodes sbx's JSON output: the object of a command, or the last
+// decode decodes nook's JSON output: the object of a command, or the last
 // record of a stream (`exec --json` ends with its result).
 func decode[T any](t testing.TB, s string) T {
 	t.Helper()
@@ -60,7 +60,7 @@ func decode[T any](t testing.TB, s string) T {
 // startSandbox starts and waits for the sandbox of repo, returning its run id.
 func (e *env) startSandbox(repo string) string {
 	e.t.Helper()
-	r := e.mustSbx(repo, "start", "--wait", "--json")
+	r := e.mustNook(repo, "start", "--wait", "--json")
 	st := decode[startJSON](e.t, r.stdout)
 	if st.Session.RunID == "" || st.Session.Status != "ready" {
 		e.t.Fatalf("start did not give a ready session: %s", r)
@@ -75,30 +75,30 @@ func TestStartExecListStopLifecycle(t *testing.T) {
 	repo := e.newRepo("life", defaultConfig)
 
 	run := e.startSandbox(repo)
-	again := decode[startJSON](t, e.mustSbx(repo, "start", "--json").stdout)
+	again := decode[startJSON](t, e.mustNook(repo, "start", "--json").stdout)
 	if again.Created || again.Session.RunID != run {
 		t.Fatalf("second start must report the active session %s, got %+v", run, again)
 	}
 
-	r := e.mustSbx(repo, "exec", "--no-sync", "--", "bash", "-c", "echo hello world")
+	r := e.mustNook(repo, "exec", "--no-sync", "--", "bash", "-c", "echo hello world")
 	if r.stdout != "hello world\n" {
 		t.Fatalf("stdout = %q", r.stdout)
 	}
-	r = e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true")
+	r = e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true")
 	ej := decode[execJSON](t, r.stdout)
 	if ej.RunID != run || ej.ExitCode != 0 || ej.PulledFiles == nil {
 		t.Fatalf("exec --json = %+v", ej)
 	}
 
-	lj := decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout)
+	lj := decode[listJSON](t, e.mustNook(repo, "list", "--json").stdout)
 	if len(lj.Sessions) != 1 || lj.Sessions[0].RunID != run || lj.Sessions[0].Status != "ready" || lj.Sessions[0].Branch != "main" {
 		t.Fatalf("list = %+v", lj)
 	}
-	if strings.Contains(e.mustSbx(repo, "list", "--json").stdout, "token") {
+	if strings.Contains(e.mustNook(repo, "list", "--json").stdout, "token") {
 		t.Fatal("list must never return the token")
 	}
 
-	st := e.mustSbx(repo, "status", "--json")
+	st := e.mustNook(repo, "status", "--json")
 	probe := decode[struct {
 		Probe     string `json:"probe"`
 		Lifecycle struct {
@@ -109,13 +109,13 @@ func TestStartExecListStopLifecycle(t *testing.T) {
 		t.Fatalf("status = %s", st)
 	}
 
-	e.mustSbx(repo, "stop")
-	e.mustSbx(repo, "stop") // idempotent
-	all := decode[listJSON](t, e.mustSbx(repo, "list", "--all", "--json").stdout)
+	e.mustNook(repo, "stop")
+	e.mustNook(repo, "stop") // idempotent
+	all := decode[listJSON](t, e.mustNook(repo, "list", "--all", "--json").stdout)
 	if len(all.Sessions) != 1 || all.Sessions[0].Status != "stopped" {
 		t.Fatalf("list --all after stop = %+v", all)
 	}
-	if active := decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout); len(active.Sessions) != 0 {
+	if active := decode[listJSON](t, e.mustNook(repo, "list", "--json").stdout); len(active.Sessions) != 0 {
 		t.Fatalf("list after stop = %+v", active)
 	}
 }
@@ -127,21 +127,21 @@ func TestExitCodesAndQuoting(t *testing.T) {
 	repo := e.newRepo("codes", defaultConfig)
 	e.startSandbox(repo)
 	for _, want := range []int{0, 1, 7} {
-		r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "exit "+strconv.Itoa(want))
+		r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "exit "+strconv.Itoa(want))
 		if r.code != want {
 			t.Fatalf("exit %d: got %s", want, r)
 		}
 	}
 	// A command killed by SIGINT exits 130, as in a shell.
-	if r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "kill -INT $$"); r.code != 130 {
+	if r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "kill -INT $$"); r.code != 130 {
 		t.Fatalf("signal death: %s", r)
 	}
 	// 125: the command never ran (no such run).
-	if r := e.sbx(repo, "exec", "--no-sync", "--id", "run-that-does-not-exist", "--", "true"); r.code != 125 {
+	if r := e.nook(repo, "exec", "--no-sync", "--id", "run-that-does-not-exist", "--", "true"); r.code != 125 {
 		t.Fatalf("failure before the command: %s", r)
 	}
 	hostile := []string{"it's", `"q"`, "$HOME", "*", "a b", "new\nline", "ünï", "`id`", "$(id)", ";", "|", ""}
-	r := e.mustSbx(repo, append([]string{"exec", "--no-sync", "--", "printf", `%s\n`}, hostile...)...)
+	r := e.mustNook(repo, append([]string{"exec", "--no-sync", "--", "printf", `%s\n`}, hostile...)...)
 	if want := strings.Join(hostile, "\n") + "\n"; r.stdout != want {
 		t.Fatalf("hostile argv came back as %q, want %q", r.stdout, want)
 	}
@@ -154,11 +154,11 @@ func TestStdinStreamsAndSubdirectory(t *testing.T) {
 	repo := e.newRepo("stdin", defaultConfig)
 	run := e.startSandbox(repo)
 	payload := strings.Repeat("0123456789", 100000) // 1 MB
-	r := e.sbxIn(repo, strings.NewReader(payload), "exec", "--no-sync", "--", "sh", "-c", "wc -c")
+	r := e.nookIn(repo, strings.NewReader(payload), "exec", "--no-sync", "--", "sh", "-c", "wc -c")
 	if r.code != 0 || strings.TrimSpace(r.stdout) != "1000000" {
 		t.Fatalf("stdin: %s", r)
 	}
-	r = e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo out; echo err >&2")
+	r = e.mustNook(repo, "exec", "--no-sync", "--", "sh", "-c", "echo out; echo err >&2")
 	if r.stdout != "out\n" || !strings.Contains(r.stderr, "err\n") {
 		t.Fatalf("stdout/stderr separation: %s", r)
 	}
@@ -166,14 +166,14 @@ func TestStdinStreamsAndSubdirectory(t *testing.T) {
 	if err := os.MkdirAll(sub, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	ej := decode[execJSON](t, e.mustSbx(sub, "exec", "--no-sync", "--root", "--json", "--", "true").stdout)
+	ej := decode[execJSON](t, e.mustNook(sub, "exec", "--no-sync", "--root", "--json", "--", "true").stdout)
 	if ej.RunID != run {
 		t.Fatalf("a subdirectory must find the same session: %s vs %s", ej.RunID, run)
 	}
 	// Outside a repository: a clear error, exit 125.
 	out := filepath.Join(e.root, "outside")
 	os.MkdirAll(out, 0o755)
-	if r := e.sbx(out, "exec", "--no-sync", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "not inside a git repository") {
+	if r := e.nook(out, "exec", "--no-sync", "--", "true"); r.code != 125 || !strings.Contains(r.stderr, "not inside a git repository") {
 		t.Fatalf("outside a repo: %s", r)
 	}
 }
@@ -187,9 +187,9 @@ func TestCtrlCReachesTheRemoteCommand(t *testing.T) {
 	e.interruptExec(t, repo, "--no-sync", "")
 }
 
-// interruptExec runs sbx exec (with flag, if any) of a command that first
+// interruptExec runs nook exec (with flag, if any) of a command that first
 // runs before (a shell line, or nothing), then traps SIGINT, and sends
-// sbx SIGINT once the command runs: the signal must reach the remote
+// nook SIGINT once the command runs: the signal must reach the remote
 // command's process group, as Ctrl-C in a terminal does.
 func (e *env) interruptExec(t *testing.T, repo, flag, before string) {
 	t.Helper()
@@ -202,7 +202,7 @@ func (e *env) interruptExec(t *testing.T, repo, flag, before string) {
 	if before != "" {
 		before += "; "
 	}
-	cmd := e.sbxCmd(repo, append(args, "--", "sh", "-c", before+`trap 'echo got INT > `+marker+`; exit 42' INT; echo ready; while :; do sleep 0.05; done`)...)
+	cmd := e.nookCmd(repo, append(args, "--", "sh", "-c", before+`trap 'echo got INT > `+marker+`; exit 42' INT; echo ready; while :; do sleep 0.05; done`)...)
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -217,7 +217,7 @@ func (e *env) interruptExec(t *testing.T, repo, flag, before string) {
 	// too, may report death by SIGINT (130) first.
 	var ee interface{ ExitCode() int }
 	if !errors.As(err, &ee) || (ee.ExitCode() != 42 && ee.ExitCode() != 130) {
-		t.Fatalf("sbx after Ctrl-C: %v (want the remote status 42 or 130)", err)
+		t.Fatalf("nook after Ctrl-C: %v (want the remote status 42 or 130)", err)
 	}
 	waitUntil(t, 5*time.Second, "the remote trap to run", func() bool {
 		b, _ := os.ReadFile(marker)
@@ -225,7 +225,7 @@ func (e *env) interruptExec(t *testing.T, repo, flag, before string) {
 	})
 }
 
-// TestManyCallersOneSandbox: 30 sbx processes started at once on a branch
+// TestManyCallersOneSandbox: 30 nook processes started at once on a branch
 // with no session create exactly one run; their commands never overlap and
 // none is lost.
 func TestManyCallersOneSandbox(t *testing.T) {
@@ -243,7 +243,7 @@ func TestManyCallersOneSandbox(t *testing.T) {
 			defer wg.Done()
 			// Each command records its start and end in nanoseconds.
 			script := `s=$(date +%s%N); sleep 0.02; echo "$s $(date +%s%N) ` + strconv.Itoa(i) + `" >> ` + logFile
-			results[i] = e.sbx(repo, "exec", "--no-sync", "--json", "--", "sh", "-c", script)
+			results[i] = e.nook(repo, "exec", "--no-sync", "--json", "--", "sh", "-c", script)
 		}()
 	}
 	wg.Wait()
@@ -257,7 +257,7 @@ func TestManyCallersOneSandbox(t *testing.T) {
 	if len(runs) != 1 {
 		t.Fatalf("%d runs created, want exactly 1: %v", len(runs), runs)
 	}
-	lj := decode[listJSON](t, e.mustSbx(repo, "list", "--all", "--json").stdout)
+	lj := decode[listJSON](t, e.mustNook(repo, "list", "--all", "--json").stdout)
 	if len(lj.Sessions) != 1 {
 		t.Fatalf("the remote and the store must know one session, got %+v", lj)
 	}
@@ -286,16 +286,16 @@ func TestDetachedHeadAndBranchSessions(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("detached", defaultConfig)
 	e.git(repo, "checkout", "-q", "--detach")
-	first := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout).RunID
+	first := decode[execJSON](t, e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true").stdout).RunID
 	// A new commit on the detached HEAD: the session of its ancestor is adopted.
 	writeFile(t, filepath.Join(repo, "x.txt"), "x\n")
 	e.git(repo, "add", "x.txt")
 	e.git(repo, "commit", "-q", "-m", "x")
-	second := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout).RunID
+	second := decode[execJSON](t, e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true").stdout).RunID
 	if first != second {
 		t.Fatalf("detached session not adopted: %s then %s", first, second)
 	}
-	lj := decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout)
+	lj := decode[listJSON](t, e.mustNook(repo, "list", "--json").stdout)
 	if len(lj.Sessions) != 1 || !strings.HasPrefix(lj.Sessions[0].Branch, "detached@") {
 		t.Fatalf("list = %+v", lj)
 	}
@@ -313,7 +313,7 @@ func TestAdoptsRunWhoseLocalSessionWasLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.startDaemon()
-	ej := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout)
+	ej := decode[execJSON](t, e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true").stdout)
 	if ej.RunID != run {
 		t.Fatalf("the lost session's run %s was not adopted; exec used %s", run, ej.RunID)
 	}
@@ -325,17 +325,17 @@ func TestStopOfProvisioningRunCancelsIt(t *testing.T) {
 	e.startDaemon()
 	slow := "tasks:\n  - key: setup\n    run: sleep 30\n  - key: sandbox\n    use: setup\n    run: rwx-sandbox\n"
 	repo := e.newRepo("slow", slow)
-	st := decode[startJSON](t, e.mustSbx(repo, "start", "--json").stdout)
+	st := decode[startJSON](t, e.mustNook(repo, "start", "--json").stdout)
 	if st.Session.Status != "provisioning" {
 		t.Fatalf("start without --wait on a slow setup: %+v", st)
 	}
-	e.mustSbx(repo, "stop")
-	all := decode[listJSON](t, e.mustSbx(repo, "list", "--all", "--json").stdout)
+	e.mustNook(repo, "stop")
+	all := decode[listJSON](t, e.mustNook(repo, "list", "--all", "--json").stdout)
 	if len(all.Sessions) != 1 || all.Sessions[0].Status != "stopped" {
 		t.Fatalf("after stop: %+v", all)
 	}
 	// The remote no longer lists it as a sandbox either.
-	if lj := decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout); len(lj.Sessions) != 0 {
+	if lj := decode[listJSON](t, e.mustNook(repo, "list", "--json").stdout); len(lj.Sessions) != 0 {
 		t.Fatalf("still listed: %+v", lj)
 	}
 }
@@ -346,12 +346,12 @@ func TestResetReplacesTheSandbox(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("reset", defaultConfig)
 	old := e.startSandbox(repo)
-	r := e.mustSbx(repo, "reset", "--wait", "--json")
+	r := e.mustNook(repo, "reset", "--wait", "--json")
 	st := decode[startJSON](t, r.stdout)
 	if st.Session.RunID == "" || st.Session.RunID == old {
 		t.Fatalf("reset kept the old run: %s", r)
 	}
-	all := decode[listJSON](t, e.mustSbx(repo, "list", "--all", "--json").stdout)
+	all := decode[listJSON](t, e.mustNook(repo, "list", "--all", "--json").stdout)
 	states := map[string]string{}
 	for _, s := range all.Sessions {
 		states[s.RunID] = s.Status
@@ -367,11 +367,11 @@ func TestInitWritesTemplateOnce(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("init", defaultConfig)
 	os.Remove(filepath.Join(repo, ".rwx", "sandbox.yml"))
-	e.mustSbx(repo, "init")
+	e.mustNook(repo, "init")
 	if !strings.Contains(readFile(t, filepath.Join(repo, ".rwx", "sandbox.yml")), "rwx-sandbox") {
 		t.Fatal("template lacks the sandbox task")
 	}
-	if r := e.sbx(repo, "init"); r.code == 0 || !strings.Contains(r.stderr, "already exists") {
+	if r := e.nook(repo, "init"); r.code == 0 || !strings.Contains(r.stderr, "already exists") {
 		t.Fatalf("init over an existing file: %s", r)
 	}
 }
@@ -448,7 +448,7 @@ func TestLegacyImport(t *testing.T) {
 	legacy := `{"version":1,"sandboxes":{"main:` + cfg + `":{"runId":"` + run + `","configFile":"` + cfg + `"}}}`
 	writeFile(t, filepath.Join(repo, ".rwx", "sandboxes", "sandboxes.json"), legacy)
 	e.startDaemon()
-	ej := decode[execJSON](t, e.mustSbx(repo, "exec", "--no-sync", "--json", "--", "true").stdout)
+	ej := decode[execJSON](t, e.mustNook(repo, "exec", "--no-sync", "--json", "--", "true").stdout)
 	if ej.RunID != run {
 		t.Fatalf("the legacy session's run %s was not used; exec ran in %s", run, ej.RunID)
 	}

@@ -26,7 +26,7 @@ func (e *env) tmux(t *testing.T, dir, command string) *tmuxPane {
 	bin := needTool(t, "tmux", "apt-get install tmux")
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
-	p := &tmuxPane{t: t, bin: bin, sock: "sbxe2e-" + hex.EncodeToString(b), env: e.with("TERM=xterm-256color")}
+	p := &tmuxPane{t: t, bin: bin, sock: "nooke2e-" + hex.EncodeToString(b), env: e.with("TERM=xterm-256color")}
 	t.Cleanup(func() { _ = exec.Command(bin, "-L", p.sock, "kill-server").Run() })
 	p.run("-f", "/dev/null", "new-session", "-d", "-x", "100", "-y", "30", "-c", dir, command)
 	return p
@@ -75,10 +75,10 @@ func (p *tmuxPane) waitFor(re string) string {
 	}
 }
 
-// TestShellUnderPseudoTerminal types into `sbx shell` running in a real
+// TestShellUnderPseudoTerminal types into `nook shell` running in a real
 // terminal (tmux): the remote side has a tty with the caller's TERM and
 // size, follows a resize, gets Ctrl-C, Ctrl-Z and Ctrl-D as keys (so the
-// remote job is interrupted, stopped and its stdin ended, while sbx lives
+// remote job is interrupted, stopped and its stdin ended, while nook lives
 // on), syncs both ways, exits with the shell's status, and leaves the
 // local terminal as it found it (cooked, echoing).
 func TestShellUnderPseudoTerminal(t *testing.T) {
@@ -90,7 +90,7 @@ func TestShellUnderPseudoTerminal(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("shell", defaultConfig)
 	writeFile(t, filepath.Join(repo, "local.txt"), "from the laptop\n")
-	p := e.tmux(t, repo, "sbx shell; echo EXIT=$?; stty -a; sleep 600")
+	p := e.tmux(t, repo, "nook shell; echo EXIT=$?; stty -a; sleep 600")
 
 	p.line("echo READY-$((40+2)); tty; echo TERM=$TERM; stty size; cat local.txt")
 	p.waitFor(`READY-42`)
@@ -113,7 +113,7 @@ func TestShellUnderPseudoTerminal(t *testing.T) {
 		}
 	}
 
-	// Ctrl-C interrupts the remote command, not sbx. The key goes once the
+	// Ctrl-C interrupts the remote command, not nook. The key goes once the
 	// command runs (it says so, then becomes sleep in the same process).
 	p.line("sh -c 'echo C-$((0+1)); exec sleep 300'")
 	p.waitFor(`C-1`)
@@ -150,11 +150,11 @@ func TestExecTTYNeedsATerminal(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("notty", defaultConfig)
-	r := e.sbx(repo, "exec", "-t", "--", "true")
+	r := e.nook(repo, "exec", "-t", "--", "true")
 	if r.code != 125 || !strings.Contains(r.stderr, "needs a terminal") {
 		t.Fatalf("exec -t without a terminal: %s", r)
 	}
-	r = e.sbx(repo, "shell")
+	r = e.nook(repo, "shell")
 	if r.code != 125 || !strings.Contains(r.stderr, "needs a terminal") {
 		t.Fatalf("shell without a terminal: %s", r)
 	}

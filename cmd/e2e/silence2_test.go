@@ -29,15 +29,15 @@ func TestReattachToAHelperThatGoesSilentEndsAtItsBoundAndSaysSo(t *testing.T) {
 	d := e.startDaemon()
 	repo := e.newRepo("silenthelper", defaultConfig)
 	run := e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	e.waitHelper(t, run)
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	counter := counterFile(t, "silenthelper")
 	// The running holder keeps its inode; every later start of the helper
 	// (the daemon's question) gets the silent one.
 	script := fmt.Sprintf(`for f in .git/sandboxd/bin/sandboxd-helper-*; do printf '#!/bin/sh\nexec sleep 120\n' > "$f.new" && chmod 755 "$f.new" && mv -f "$f.new" "$f"; done
 echo ran >> %s; sleep 60`, counter)
-	cmd := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", script)
+	cmd := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", script)
 	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
 	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": b.silence.Milliseconds(), "drop": true})
 	start := time.Now()
@@ -56,9 +56,9 @@ echo ran >> %s; sleep 60`, counter)
 	t.Logf("a reattach to a silent helper ended %v after the silence began\n%s", took.Round(time.Millisecond), r.stderr)
 }
 
-// TestDetachedCommandRunsOnAndAttachGivesItsOutputAndStatus: `sbx exec
+// TestDetachedCommandRunsOnAndAttachGivesItsOutputAndStatus: `nook exec
 // --detach` prints the command's id and returns while the command still
-// runs in the sandbox (with the local changes pushed first); `sbx attach
+// runs in the sandbox (with the local changes pushed first); `nook attach
 // ID` gives all its output and exits with its own status, as often as
 // asked, without running it again; an unknown id starts nothing.
 func TestDetachedCommandRunsOnAndAttachGivesItsOutputAndStatus(t *testing.T) {
@@ -69,49 +69,49 @@ func TestDetachedCommandRunsOnAndAttachGivesItsOutputAndStatus(t *testing.T) {
 	d := e.startDaemon()
 	repo := e.newRepo("detach", defaultConfig)
 	run := e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	e.waitHelper(t, run)
 	writeFile(t, filepath.Join(repo, "local.txt"), "pushed before\n")
 	counter := counterFile(t, "detach")
 	script := fmt.Sprintf(`echo ran >> %s; cat local.txt; echo err >&2; sleep 3; echo after the detach; echo done >> %s; exit 7`, counter, counter)
 	start := time.Now()
-	r := e.sbx(repo, "exec", "--detach", "--", "sh", "-c", script)
+	r := e.nook(repo, "exec", "--detach", "--", "sh", "-c", script)
 	took := time.Since(start)
 	id := strings.TrimSpace(r.stdout)
 	if r.code != 0 || !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(id) {
 		d.stop(t)
-		t.Fatalf("sbx exec --detach: %s\n%s", r, d.logs)
+		t.Fatalf("nook exec --detach: %s\n%s", r, d.logs)
 	}
 	if strings.Contains(readFileOr(counter), "done") {
-		t.Errorf("sbx exec --detach returned after %v, once the command was over: it waited for it", took)
+		t.Errorf("nook exec --detach returned after %v, once the command was over: it waited for it", took)
 	}
-	if !strings.Contains(r.stderr, "sbx attach "+id) {
-		t.Errorf("sbx exec --detach does not say how to follow the command:\n%s", r.stderr)
+	if !strings.Contains(r.stderr, "nook attach "+id) {
+		t.Errorf("nook exec --detach does not say how to follow the command:\n%s", r.stderr)
 	}
 	for i := 0; i < 2; i++ {
-		a := e.sbx(repo, "attach", id)
+		a := e.nook(repo, "attach", id)
 		if a.code != 7 || a.stdout != "pushed before\nafter the detach\n" || !strings.Contains(a.stderr, "err") {
 			d.stop(t)
-			t.Fatalf("sbx attach %s (%d): %s\n%s", id, i+1, a, d.logs)
+			t.Fatalf("nook attach %s (%d): %s\n%s", id, i+1, a, d.logs)
 		}
 	}
 	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
 		t.Errorf("the detached command ran %d times", n)
 	}
 	// The sandbox serves synced execs as before.
-	if x := e.sbx(repo, "exec", "--", "cat", "local.txt"); x.code != 0 || x.stdout != "pushed before\n" {
+	if x := e.nook(repo, "exec", "--", "cat", "local.txt"); x.code != 0 || x.stdout != "pushed before\n" {
 		t.Errorf("a synced exec after the detached command: %s", x)
 	}
-	if u := e.sbx(repo, "attach", strings.Repeat("0", 32)); u.code == 0 || !strings.Contains(u.stderr, "never started") {
-		t.Errorf("sbx attach of an unknown id: %s", u)
+	if u := e.nook(repo, "attach", strings.Repeat("0", 32)); u.code == 0 || !strings.Contains(u.stderr, "never started") {
+		t.Errorf("nook attach of an unknown id: %s", u)
 	}
-	t.Logf("sbx exec --detach returned in %v", took.Round(time.Millisecond))
+	t.Logf("nook exec --detach returned in %v", took.Round(time.Millisecond))
 }
 
-// TestHeldCommandStopsWhenSbxDiesWithoutDetach: with durable exec on, an
-// sbx exec that is killed (not detached) stops its command, as without the
+// TestHeldCommandStopsWhenNookDiesWithoutDetach: with durable exec on, an
+// nook exec that is killed (not detached) stops its command, as without the
 // holder: only --detach leaves a command running without a caller.
-func TestHeldCommandStopsWhenSbxDiesWithoutDetach(t *testing.T) {
+func TestHeldCommandStopsWhenNookDiesWithoutDetach(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.startLocalcloud()
@@ -119,17 +119,17 @@ func TestHeldCommandStopsWhenSbxDiesWithoutDetach(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("nodetach", defaultConfig)
 	run := e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	e.waitHelper(t, run)
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	counter := counterFile(t, "nodetach")
-	cmd := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", fmt.Sprintf("echo ran >> %s; sleep 3; echo survived >> %s", counter, counter))
+	cmd := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", fmt.Sprintf("echo ran >> %s; sleep 3; echo survived >> %s", counter, counter))
 	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
 	_ = cmd.cmd.Process.Kill()
 	cmd.wait(t, 30*time.Second)
 	time.Sleep(5 * time.Second)
 	if got := readFileOr(counter); strings.Contains(got, "survived") {
-		t.Errorf("a held command whose sbx was killed ran on:\n%s", got)
+		t.Errorf("a held command whose nook was killed ran on:\n%s", got)
 	}
 }
 
@@ -144,13 +144,13 @@ func TestDetachWithoutTheHelperFailsAtOnceAndRunsNothing(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("nohelper", defaultConfig)
 	e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	counter := counterFile(t, "nohelper")
 	start := time.Now()
-	r := e.sbx(repo, "exec", "--detach", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
+	r := e.nook(repo, "exec", "--detach", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
 	took := time.Since(start)
 	if r.code == 0 || !strings.Contains(r.stderr, "the sandbox helper does not run on this sandbox") || took > 10*time.Second {
-		t.Errorf("sbx exec --detach without the helper (after %v): %s", took, r)
+		t.Errorf("nook exec --detach without the helper (after %v): %s", took, r)
 	}
 	if got := readFileOr(counter); got != "" {
 		t.Errorf("the command ran: %q", got)
@@ -159,7 +159,7 @@ func TestDetachWithoutTheHelperFailsAtOnceAndRunsNothing(t *testing.T) {
 
 // TestMCPExecOnANewCheckoutReportsTheSandboxStartAsProgress: an MCP exec
 // call with a progress token on a checkout without a sandbox receives the
-// sandbox's start (its phases, as sbx prints them on stderr) as
+// sandbox's start (its phases, as nook prints them on stderr) as
 // notifications/progress on that token before its result.
 func TestMCPExecOnANewCheckoutReportsTheSandboxStartAsProgress(t *testing.T) {
 	t.Parallel()
@@ -169,7 +169,7 @@ func TestMCPExecOnANewCheckoutReportsTheSandboxStartAsProgress(t *testing.T) {
 	var mu sync.Mutex
 	var msgs []string
 	var toks []any
-	cmd := e.sbxCmd(repo, "mcp")
+	cmd := e.nookCmd(repo, "mcp")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	c := sdk.NewClient(&sdk.Implementation{Name: "e2e", Version: "1"}, &sdk.ClientOptions{
@@ -184,7 +184,7 @@ func TestMCPExecOnANewCheckoutReportsTheSandboxStartAsProgress(t *testing.T) {
 	defer cancel()
 	cs, err := c.Connect(ctx, &sdk.CommandTransport{Command: cmd}, nil)
 	if err != nil {
-		t.Fatalf("connect to sbx mcp: %v\n%s", err, stderr.String())
+		t.Fatalf("connect to nook mcp: %v\n%s", err, stderr.String())
 	}
 	defer cs.Close()
 	params := &sdk.CallToolParams{Name: "exec", Arguments: map[string]any{"command": "echo hi"}}

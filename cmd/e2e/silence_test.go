@@ -68,11 +68,11 @@ func TestExecAfterASilenceDuringTheLeaseRunsWithinTheKeepaliveBound(t *testing.T
 	repo := e.newRepo("silence", defaultConfig)
 	e.startSandbox(repo)
 	counter := counterFile(t, "silence")
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 
 	// Within the lease (250 ms): the lock is held by the connection that
 	// goes silent.
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 	silenced := time.Now()
 	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": silenceFor.Milliseconds(), "drop": true})
 
@@ -81,12 +81,12 @@ func TestExecAfterASilenceDuringTheLeaseRunsWithinTheKeepaliveBound(t *testing.T
 	// lock, which went silent: it may or may not run, as any command
 	// that is running when the network goes away).
 	time.Sleep(500 * time.Millisecond)
-	during := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo during >> "+counter)
+	during := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo during >> "+counter)
 	time.Sleep(time.Until(silenced.Add(silenceFor)))
 
 	// Case 2: the first exec after the network came back.
 	start := time.Now()
-	after := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo after >> "+counter)
+	after := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "echo after >> "+counter)
 	took := time.Since(start)
 	rd := during.wait(t, 2*time.Minute)
 
@@ -133,7 +133,7 @@ func TestLockWaitEndsAtItsBoundWithAReport(t *testing.T) {
 	repo := e.newRepo("lockbound", defaultConfig)
 	run := e.startSandbox(repo)
 	counter := counterFile(t, "lockbound")
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 	time.Sleep(500 * time.Millisecond) // the daemon's lease ends
 
 	// Another client takes the lock, then its network goes away.
@@ -168,7 +168,7 @@ func TestLockWaitEndsAtItsBoundWithAReport(t *testing.T) {
 	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": 60_000, "drop": true})
 
 	start := time.Now()
-	r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
+	r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
 	took := time.Since(start)
 	checkFailure(t, "an exec behind a lock that is never freed", r)
 	if !strings.Contains(r.stderr, "waiting for the sandbox's lock since") || !strings.Contains(r.stderr, "held by another client") || !strings.Contains(r.stderr, "lock_timeout") {
@@ -196,11 +196,11 @@ func TestQueueWaitSaysSinceWhenAndEndsAtItsBound(t *testing.T) {
 	repo := e.newRepo("queuebound", defaultConfig)
 	e.startSandbox(repo)
 	counter := counterFile(t, "queuebound")
-	long := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo long >> "+counter+"; sleep 4")
+	long := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo long >> "+counter+"; sleep 4")
 	waitUntil(t, 30*time.Second, "the long command to start", func() bool { return strings.Contains(readFileOr(counter), "long") })
 
 	start := time.Now()
-	r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo behind >> "+counter)
+	r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "echo behind >> "+counter)
 	took := time.Since(start)
 	checkFailure(t, "an exec behind a long command", r)
 	if !strings.Contains(r.stderr, "ahead in its queue) since ") || !strings.Contains(r.stderr, "queue_timeout") {
@@ -246,7 +246,7 @@ func TestDaemonThatWasStoppedReplacesSilentConnectionsAtOnce(t *testing.T) {
 	t.Cleanup(func() { _ = d.cmd.Process.Signal(syscall.SIGCONT) })
 	repo := e.newRepo("sleepwake", defaultConfig)
 	run := e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 	time.Sleep(500 * time.Millisecond) // the lease ends: no lock held
 	before := lc.agentConnections(t, run)
 
@@ -270,7 +270,7 @@ func TestDaemonThatWasStoppedReplacesSilentConnectionsAtOnce(t *testing.T) {
 	}
 	reconnected := time.Since(woke)
 	start := time.Now()
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 	took := time.Since(start)
 	if took > 2*time.Second {
 		t.Errorf("the first exec after the wake took %v", took)
@@ -296,7 +296,7 @@ func TestCommandRunsAcrossASilenceThatHoldsItsBytes(t *testing.T) {
 	e.startSandbox(repo)
 	counter := counterFile(t, "across")
 	script := fmt.Sprintf("echo ran >> %s; i=1; while [ $i -le %d ]; do echo line $i; i=$((i+1)); sleep %s; done; exit 7", counter, lines, fmt.Sprint(every.Seconds()))
-	cmd := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", script)
+	cmd := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", script)
 	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
 	time.Sleep(every)
 	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": silence.Milliseconds()})
@@ -333,12 +333,12 @@ func TestExecDuringANetworkOutageSaysWhatItWaitsForAndRuns(t *testing.T) {
 	repo := e.newRepo("outage", defaultConfig)
 	e.startSandbox(repo)
 	counter := counterFile(t, "outage")
-	e.mustSbx(repo, "exec", "--no-sync", "--", "true")
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 	time.Sleep(500 * time.Millisecond) // the lease ends: no lock held
 
 	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": outage.Milliseconds(), "new": true})
 	start := time.Now()
-	r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
+	r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter)
 	took := time.Since(start)
 	if r.code != 0 {
 		t.Fatalf("an exec during an outage of %v: %s", outage, r)
@@ -395,12 +395,12 @@ func TestHeldCommandSurvivesASilenceThatDropsItsConnection(t *testing.T) {
 	d := e.startDaemon()
 	repo := e.newRepo("held", defaultConfig)
 	run := e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	e.waitHelper(t, run)
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	counter := counterFile(t, "held")
 	script := fmt.Sprintf("echo ran >> %s; i=1; while [ $i -le %d ]; do echo line $i; i=$((i+1)); sleep %s; done; exit 7", counter, lines, fmt.Sprint(every.Seconds()))
-	cmd := e.sbxBackground(repo, "exec", "--no-sync", "--", "sh", "-c", script)
+	cmd := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", script)
 	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
 	time.Sleep(every)
 	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": silence.Milliseconds(), "drop": true})

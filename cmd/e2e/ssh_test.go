@@ -33,7 +33,7 @@ func (e *env) sshRun(t *testing.T, dir, bin string, args ...string) result {
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }
 
-// TestOpenSSHThroughTheDaemon: `sbx ssh-config` gives the real OpenSSH
+// TestOpenSSHThroughTheDaemon: `nook ssh-config` gives the real OpenSSH
 // client a host per live sandbox whose ProxyCommand carries the stream over
 // the daemon, with the pinned host key and the run's key (files 0600), so
 // ssh, scp (SFTP and classic), sftp and rsync work with no prompt; a wrong host key is refused; an
@@ -47,12 +47,12 @@ func TestOpenSSHThroughTheDaemon(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("sshrepo", defaultConfig)
-	e.mustSbx(repo, "start", "--wait")
+	e.mustNook(repo, "start", "--wait")
 
-	r := e.mustSbx(repo, "ssh-config")
+	r := e.mustNook(repo, "ssh-config")
 	cfg := filepath.Join(e.root, "ssh.config")
 	writeFile(t, cfg, r.stdout)
-	m := regexp.MustCompile(`(?m)^Host (sbx-sshrepo-main) `).FindStringSubmatch(r.stdout)
+	m := regexp.MustCompile(`(?m)^Host (nook-sshrepo-main) `).FindStringSubmatch(r.stdout)
 	if m == nil {
 		t.Fatalf("no host for the sandbox in:\n%s", r.stdout)
 	}
@@ -132,12 +132,12 @@ func TestOpenSSHThroughTheDaemon(t *testing.T) {
 		t.Fatalf("ssh with a wrong pinned key: %s", r)
 	}
 	// ssh-config writes the pinned key again.
-	e.mustSbx(repo, "ssh-config")
+	e.mustNook(repo, "ssh-config")
 	if readFile(t, kh) != pinned {
-		t.Fatal("sbx ssh-config did not restore the pinned host key")
+		t.Fatal("nook ssh-config did not restore the pinned host key")
 	}
 
-	if r := e.sbx(e.root, "proxy", "--stdio", "sbx-nothing-here"); r.code != 125 || !strings.Contains(r.stderr, "sbx ssh-config") {
+	if r := e.nook(e.root, "proxy", "--stdio", "nook-nothing-here"); r.code != 125 || !strings.Contains(r.stderr, "nook ssh-config") {
 		t.Fatalf("proxy to an unknown host: %s", r)
 	}
 }

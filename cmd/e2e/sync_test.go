@@ -70,7 +70,7 @@ func TestSyncParity(t *testing.T) {
 		writeFile(t, filepath.Join(repo, "new.txt"), "brand new\n")
 		writeFile(t, filepath.Join(repo, "README.md"), "edited\n")
 		before := treeSnapshot(t, repo)
-		r := e.mustSbx(repo, "exec", "--", "sh", "-c", "cat new.txt README.md")
+		r := e.mustNook(repo, "exec", "--", "sh", "-c", "cat new.txt README.md")
 		if r.stdout != "brand new\nedited\n" {
 			t.Fatalf("sandbox saw %q", r.stdout)
 		}
@@ -80,7 +80,7 @@ func TestSyncParity(t *testing.T) {
 	t.Run("sandbox edits come back", func(t *testing.T) {
 		repo := e.newRepo("p2", defaultConfig)
 		before := treeSnapshot(t, repo)
-		r := e.mustSbx(repo, "exec", "--json", "--", "sh", "-c", "echo created > made.txt; echo changed > README.md")
+		r := e.mustNook(repo, "exec", "--json", "--", "sh", "-c", "echo created > made.txt; echo changed > README.md")
 		ej := decode[execJSON](t, r.stdout)
 		want := map[string]string{}
 		for k, v := range before {
@@ -96,7 +96,7 @@ func TestSyncParity(t *testing.T) {
 
 	t.Run("echo hello world", func(t *testing.T) {
 		repo := e.newRepo("p3", defaultConfig)
-		if r := e.mustSbx(repo, "exec", "--", "bash", "-c", "echo hello world"); r.stdout != "hello world\n" {
+		if r := e.mustNook(repo, "exec", "--", "bash", "-c", "echo hello world"); r.stdout != "hello world\n" {
 			t.Fatalf("stdout %q", r.stdout)
 		}
 	})
@@ -104,12 +104,12 @@ func TestSyncParity(t *testing.T) {
 	t.Run("a file deleted locally does not come back", func(t *testing.T) {
 		repo := e.newRepo("p4", defaultConfig)
 		writeFile(t, filepath.Join(repo, "temp.txt"), "temp\n")
-		if r := e.mustSbx(repo, "exec", "--", "cat", "temp.txt"); r.stdout != "temp\n" {
+		if r := e.mustNook(repo, "exec", "--", "cat", "temp.txt"); r.stdout != "temp\n" {
 			t.Fatalf("first exec saw %q", r.stdout)
 		}
 		os.Remove(filepath.Join(repo, "temp.txt"))
 		before := treeSnapshot(t, repo)
-		r := e.sbx(repo, "exec", "--", "test", "-e", "temp.txt")
+		r := e.nook(repo, "exec", "--", "test", "-e", "temp.txt")
 		if r.code != 1 {
 			t.Fatalf("temp.txt still exists in the sandbox: %s", r)
 		}
@@ -118,14 +118,14 @@ func TestSyncParity(t *testing.T) {
 
 	t.Run("unpushed commit and uncommitted file survive", func(t *testing.T) {
 		repo := e.newRepo("p5", defaultConfig)
-		e.mustSbx(repo, "start", "--wait")
+		e.mustNook(repo, "start", "--wait")
 		writeFile(t, filepath.Join(repo, "committed.txt"), "local commit\n")
 		e.git(repo, "add", "committed.txt")
 		e.git(repo, "commit", "-q", "-m", "unpushed")
 		writeFile(t, filepath.Join(repo, "dirty.txt"), "uncommitted\n")
 		head := e.git(repo, "rev-parse", "HEAD")
 		before := treeSnapshot(t, repo)
-		r := e.mustSbx(repo, "exec", "--", "cat", "committed.txt", "dirty.txt")
+		r := e.mustNook(repo, "exec", "--", "cat", "committed.txt", "dirty.txt")
 		if r.stdout != "local commit\nuncommitted\n" {
 			t.Fatalf("sandbox saw %q", r.stdout)
 		}
@@ -152,7 +152,7 @@ func TestSyncEdgeCases(t *testing.T) {
 		e.git(repo, "mv", "README.md", "README2.md")
 		writeFile(t, filepath.Join(repo, "run.sh"), "#!/bin/sh\necho ran\n")
 		os.Chmod(filepath.Join(repo, "run.sh"), 0o755)
-		r := e.mustSbx(repo, "exec", "--", "sh", "-c",
+		r := e.mustNook(repo, "exec", "--", "sh", "-c",
 			`od -An -tx1 blob.bin | tr -d ' \n'; echo; cat "sp ace ünï'q.txt"; test ! -e README.md && cat README2.md; ./run.sh;`+
 				` printf '\001\000\377' > out.bin; rm README2.md; chmod +x .rwx/sandbox.yml; mv "sp ace ünï'q.txt" "renamed ü.txt"`)
 		if r.stdout != "00010203fffe000a0d\nodd name\nhello\nran\n" && r.stdout != "000102fffe000a0d\nodd name\nhello\nran\n" {
@@ -176,7 +176,7 @@ func TestSyncEdgeCases(t *testing.T) {
 		repo := e.newRepo("nosync", defaultConfig)
 		writeFile(t, filepath.Join(repo, "local.txt"), "local\n")
 		before := treeSnapshot(t, repo)
-		if r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "test ! -e local.txt && echo made > made.txt"); r.code != 0 {
+		if r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "test ! -e local.txt && echo made > made.txt"); r.code != 0 {
 			t.Fatalf("--no-sync pushed the local file: %s", r)
 		}
 		assertTree(t, repo, before)
@@ -184,11 +184,11 @@ func TestSyncEdgeCases(t *testing.T) {
 
 	t.Run("conflict keeps both sides", func(t *testing.T) {
 		repo := e.newRepo("conflict", defaultConfig)
-		e.mustSbx(repo, "start", "--wait")
+		e.mustNook(repo, "start", "--wait")
 		readme := filepath.Join(repo, "README.md")
 		// The command edits README.md in the sandbox while the local copy
 		// changes during the exec.
-		cmd := e.sbxCmd(repo, "exec", "--", "sh", "-c", "echo sandbox-edit > README.md; sleep 1")
+		cmd := e.nookCmd(repo, "exec", "--", "sh", "-c", "echo sandbox-edit > README.md; sleep 1")
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		if err := cmd.Start(); err != nil {
@@ -213,7 +213,7 @@ func TestSyncEdgeCases(t *testing.T) {
 		e.git(repo, "add", "-A")
 		e.git(repo, "commit", "-q", "-m", "init")
 		writeFile(t, filepath.Join(repo, "f.txt"), "local only\n")
-		if r := e.mustSbx(repo, "exec", "--", "cat", "f.txt"); r.stdout != "local only\n" {
+		if r := e.mustNook(repo, "exec", "--", "cat", "f.txt"); r.stdout != "local only\n" {
 			t.Fatalf("sandbox saw %q", r.stdout)
 		}
 	})
@@ -224,7 +224,7 @@ func TestSyncEdgeCases(t *testing.T) {
 		e.git(repo, "add", ".gitattributes")
 		e.git(repo, "commit", "-q", "-m", "lfs")
 		writeFile(t, filepath.Join(repo, "big.bin"), "pretend large\n")
-		r := e.sbx(repo, "exec", "--", "true")
+		r := e.nook(repo, "exec", "--", "true")
 		if !strings.Contains(r.stderr, "big.bin") || !strings.Contains(strings.ToLower(r.stderr), "lfs") {
 			t.Fatalf("no LFS warning naming big.bin: %s", r)
 		}
@@ -232,10 +232,10 @@ func TestSyncEdgeCases(t *testing.T) {
 
 	t.Run("killed exec self-heals", func(t *testing.T) {
 		repo := e.newRepo("killed", defaultConfig)
-		e.mustSbx(repo, "start", "--wait")
+		e.mustNook(repo, "start", "--wait")
 		writeFile(t, filepath.Join(repo, "work.txt"), "precious\n")
 		before := treeSnapshot(t, repo)
-		cmd := e.sbxCmd(repo, "exec", "--", "sh", "-c", "echo dirty > dirt.txt; echo ready; sleep 30")
+		cmd := e.nookCmd(repo, "exec", "--", "sh", "-c", "echo dirty > dirt.txt; echo ready; sleep 30")
 		out, _ := cmd.StdoutPipe()
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -245,7 +245,7 @@ func TestSyncEdgeCases(t *testing.T) {
 		cmd.Process.Signal(syscall.SIGKILL)
 		cmd.Wait()
 		assertTree(t, repo, before)
-		r := e.mustSbx(repo, "exec", "--", "sh", "-c", "test ! -e dirt.txt && cat work.txt")
+		r := e.mustNook(repo, "exec", "--", "sh", "-c", "test ! -e dirt.txt && cat work.txt")
 		if r.stdout != "precious\n" {
 			t.Fatalf("next exec did not self-heal: %s", r)
 		}
@@ -263,19 +263,19 @@ func TestSandboxHelperServesTheSync(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("helper", defaultConfig)
-	e.mustSbx(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
 	// The server starts in the background after the first synced exec.
 	waitUntil(t, 20*time.Second, "the helper's server", func() bool {
-		r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "ls .git/sandboxd/helper/*.sock .git/sandboxd/bin/sandboxd-helper-*")
+		r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "ls .git/sandboxd/helper/*.sock .git/sandboxd/bin/sandboxd-helper-*")
 		return r.code == 0
 	})
 	writeFile(t, filepath.Join(repo, "local.txt"), "local\n")
-	e.mustSbx(repo, "exec", "--", "sh", "-c", "echo made > made.txt")
+	e.mustNook(repo, "exec", "--", "sh", "-c", "echo made > made.txt")
 	// Between execs, something in the sandbox edits a tracked file and
 	// leaves a stray one: the next synced exec brings both back first
 	// (issue 30), then the sandbox is as the checkout.
-	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", "echo sandbox > README.md; echo stray > stray.txt")
-	r := e.mustSbx(repo, "exec", "--", "sh", "-c", "cat README.md local.txt made.txt stray.txt")
+	e.mustNook(repo, "exec", "--no-sync", "--", "sh", "-c", "echo sandbox > README.md; echo stray > stray.txt")
+	r := e.mustNook(repo, "exec", "--", "sh", "-c", "cat README.md local.txt made.txt stray.txt")
 	if want := "sandbox\nlocal\nmade\nstray\n"; r.stdout != want {
 		t.Fatalf("the sandbox's edits did not come back: %q, want %q", r.stdout, want)
 	}
@@ -285,11 +285,11 @@ func TestSandboxHelperServesTheSync(t *testing.T) {
 	// That exec (run again once the edits came back) was the helper's
 	// native run: native.err holds its stderr, empty when it did not
 	// decline, and run's result starts with its push line.
-	if r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "cat .git/sandboxd/native.err; sed -n 1p .git/sandboxd/run | cut -d' ' -f1"); r.code != 0 || r.stdout != "push\n" {
+	if r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "cat .git/sandboxd/native.err; sed -n 1p .git/sandboxd/run | cut -d' ' -f1"); r.code != 0 || r.stdout != "push\n" {
 		t.Fatalf("the sync did not go through the helper's native sync: %s", r)
 	}
 	// And the command's edits still come back.
-	e.mustSbx(repo, "exec", "--", "sh", "-c", "echo again >> made.txt")
+	e.mustNook(repo, "exec", "--", "sh", "-c", "echo again >> made.txt")
 	if got := readFile(t, filepath.Join(repo, "made.txt")); got != "made\nagain\n" {
 		t.Fatalf("made.txt is %q", got)
 	}
@@ -300,7 +300,7 @@ func TestSandboxHelperServesTheSync(t *testing.T) {
 		t.Fatalf("made.txt is %q after the interrupted exec", got)
 	}
 	// run's result file: the pull was run's, and so was the report.
-	if r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "sed -n 2p .git/sandboxd/run"); r.stdout != "reported\n" {
+	if r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "sed -n 2p .git/sandboxd/run"); r.stdout != "reported\n" {
 		t.Fatalf("the interrupted exec did not go through the helper's run: %s", r)
 	}
 }

@@ -19,7 +19,7 @@ func TestSyncPushAndNormalize(t *testing.T) {
 
 	t.Run("a 50-commit unpushed history reaches the sandbox by push", func(t *testing.T) {
 		repo := e.newRepo("commits", defaultConfig)
-		e.mustSbx(repo, "start", "--wait")
+		e.mustNook(repo, "start", "--wait")
 		for i := 0; i < 50; i++ {
 			writeFile(t, filepath.Join(repo, fmt.Sprintf("c%02d.txt", i)), fmt.Sprintf("commit %d\n", i))
 			e.git(repo, "add", "-A")
@@ -28,7 +28,7 @@ func TestSyncPushAndNormalize(t *testing.T) {
 		head := e.git(repo, "rev-parse", "HEAD")
 		writeFile(t, filepath.Join(repo, "wip.txt"), "uncommitted\n")
 		before := treeSnapshot(t, repo)
-		r := e.mustSbx(repo, "exec", "--", "sh", "-c", "git rev-parse HEAD refs/rwx/sync-push; git rev-list --count HEAD; cat c49.txt wip.txt")
+		r := e.mustNook(repo, "exec", "--", "sh", "-c", "git rev-parse HEAD refs/rwx/sync-push; git rev-list --count HEAD; cat c49.txt wip.txt")
 		if want := head + "\n" + head + "\n51\ncommit 49\nuncommitted\n"; r.stdout != want {
 			t.Fatalf("sandbox saw %q, want %q", r.stdout, want)
 		}
@@ -42,7 +42,7 @@ func TestSyncPushAndNormalize(t *testing.T) {
 		repo := e.newRepo("normalize", defaultConfig)
 		writeFile(t, filepath.Join(repo, ".gitignore"), "dist/\n")
 		writeFile(t, filepath.Join(repo, "temp.txt"), "temp\n")
-		e.mustSbx(repo, "exec", "--", "sh", "-c", "mkdir -p dist && echo built > dist/app.js && echo gen > gen.txt")
+		e.mustNook(repo, "exec", "--", "sh", "-c", "mkdir -p dist && echo built > dist/app.js && echo gen > gen.txt")
 		if readFile(t, filepath.Join(repo, "gen.txt")) != "gen\n" {
 			t.Fatal("the generated file was not pulled")
 		}
@@ -51,13 +51,13 @@ func TestSyncPushAndNormalize(t *testing.T) {
 		}
 		// Between execs the sandbox keeps what the command made (what a
 		// background dev server would serve).
-		if r := e.mustSbx(repo, "exec", "--no-sync", "--", "cat", "dist/app.js", "gen.txt", "temp.txt"); r.stdout != "built\ngen\ntemp\n" {
+		if r := e.mustNook(repo, "exec", "--no-sync", "--", "cat", "dist/app.js", "gen.txt", "temp.txt"); r.stdout != "built\ngen\ntemp\n" {
 			t.Fatalf("between execs the sandbox has %q", r.stdout)
 		}
 		os.Remove(filepath.Join(repo, "temp.txt"))
 		os.Remove(filepath.Join(repo, "gen.txt"))
 		before := treeSnapshot(t, repo)
-		r := e.sbx(repo, "exec", "--", "sh", "-c", "cat dist/app.js; test ! -e temp.txt && test ! -e gen.txt")
+		r := e.nook(repo, "exec", "--", "sh", "-c", "cat dist/app.js; test ! -e temp.txt && test ! -e gen.txt")
 		if r.code != 0 || r.stdout != "built\n" {
 			t.Fatalf("second exec: %s", r)
 		}
@@ -73,9 +73,9 @@ func TestSyncPushAndNormalize(t *testing.T) {
 		e.git(repo, "push", "-q")
 		pushed := strings.Replace(lines, "one", "one (pushed)", 1)
 		writeFile(t, filepath.Join(repo, "f.txt"), pushed)
-		e.mustSbx(repo, "start", "--wait")
+		e.mustNook(repo, "start", "--wait")
 		gate := filepath.Join(e.root, "rej-go")
-		cmd := e.sbxCmd(repo, "exec", "--json", "--", "sh", "-c",
+		cmd := e.nookCmd(repo, "exec", "--json", "--", "sh", "-c",
 			"sed -i -e 's/^two$/two (sandbox)/' -e 's/^eleven$/eleven (sandbox)/' f.txt; echo ready; while [ ! -e "+gate+" ]; do sleep 0.02; done")
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -111,7 +111,7 @@ func TestSyncPushAndNormalize(t *testing.T) {
 			t.Fatalf("the .rej was not reported:\nstderr %s\njson %s", stderr.String(), rest.String())
 		}
 		// The next exec warns about it.
-		if r := e.sbx(repo, "exec", "--", "true"); !strings.Contains(r.stderr, "f.txt.rej") {
+		if r := e.nook(repo, "exec", "--", "true"); !strings.Contains(r.stderr, "f.txt.rej") {
 			t.Fatalf("next exec did not warn: %s", r)
 		}
 	})
@@ -131,7 +131,7 @@ func TestSyncPullSurvivesDaemonKill(t *testing.T) {
 			d := e.startDaemon("SANDBOXD_TEST_PAUSE=" + phase + ":" + gate)
 			repo := e.newRepo("crash-"+phase, defaultConfig)
 			writeFile(t, filepath.Join(repo, "local.txt"), "mine\n")
-			cmd := e.sbxCmd(repo, "exec", "--", "sh", "-c", "echo made > made.txt; echo edited > README.md; rm local.txt")
+			cmd := e.nookCmd(repo, "exec", "--", "sh", "-c", "echo made > made.txt; echo edited > README.md; rm local.txt")
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
@@ -144,7 +144,7 @@ func TestSyncPullSurvivesDaemonKill(t *testing.T) {
 			case <-time.After(20 * time.Second):
 				_ = cmd.Process.Kill()
 				<-done
-				t.Log("sbx did not end after the daemon was killed (a separate fix)")
+				t.Log("nook did not end after the daemon was killed (a separate fix)")
 			}
 			if phase != "pull-before-ack" {
 				if _, err := os.Stat(filepath.Join(repo, "made.txt")); err == nil {
@@ -154,7 +154,7 @@ func TestSyncPullSurvivesDaemonKill(t *testing.T) {
 
 			d2 := e.startDaemon()
 			defer d2.stop(t)
-			r := e.mustSbx(repo, "exec", "--", "sh", "-c", "cat made.txt README.md; test ! -e local.txt")
+			r := e.mustNook(repo, "exec", "--", "sh", "-c", "cat made.txt README.md; test ! -e local.txt")
 			if r.stdout != "made\nedited\n" {
 				t.Fatalf("the sandbox's edits did not survive: %s", r)
 			}
@@ -172,7 +172,7 @@ func TestSyncPullSurvivesDaemonKill(t *testing.T) {
 			// local tree again.
 			os.Remove(filepath.Join(repo, "made.txt"))
 			before := treeSnapshot(t, repo)
-			if r := e.sbx(repo, "exec", "--", "test", "!", "-e", "made.txt"); r.code != 0 || strings.Contains(r.stderr, "never pulled") {
+			if r := e.nook(repo, "exec", "--", "test", "!", "-e", "made.txt"); r.code != 0 || strings.Contains(r.stderr, "never pulled") {
 				t.Fatalf("next exec: %s", r)
 			}
 			assertTree(t, repo, before)
@@ -194,19 +194,19 @@ func waitForFile(t *testing.T, path string, timeout time.Duration) {
 	}
 }
 
-// sbx push syncs without running a command; sbx exec --reset replaces the
+// nook push syncs without running a command; nook exec --reset replaces the
 // sandbox and runs in one call.
 func TestPushAndExecReset(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("pushreset", defaultConfig)
-	e.mustSbx(repo, "start", "--wait")
+	e.mustNook(repo, "start", "--wait")
 	writeFile(t, filepath.Join(repo, "c.txt"), "committed\n")
 	e.git(repo, "add", "c.txt")
 	e.git(repo, "commit", "-q", "-m", "local")
 	writeFile(t, filepath.Join(repo, "w.txt"), "wip\n")
-	r := e.mustSbx(repo, "push", "--json")
+	r := e.mustNook(repo, "push", "--json")
 	j := decode[struct {
 		RunID   string   `json:"runId"`
 		Files   []string `json:"files"`
@@ -215,19 +215,19 @@ func TestPushAndExecReset(t *testing.T) {
 	if j.RunID == "" || !j.Commits || strings.Join(j.Files, ",") != "w.txt" {
 		t.Fatalf("push answered %s", r.stdout)
 	}
-	if r := e.mustSbx(repo, "exec", "--no-sync", "--", "cat", "c.txt", "w.txt"); r.stdout != "committed\nwip\n" {
+	if r := e.mustNook(repo, "exec", "--no-sync", "--", "cat", "c.txt", "w.txt"); r.stdout != "committed\nwip\n" {
 		t.Fatalf("after push the sandbox has %q", r.stdout)
 	}
-	if r := e.mustSbx(repo, "push"); !strings.Contains(r.stdout, "Pushed") {
+	if r := e.mustNook(repo, "push"); !strings.Contains(r.stdout, "Pushed") {
 		t.Fatalf("push said %s", r)
 	}
 
-	r = e.mustSbx(repo, "exec", "--reset", "--json", "--", "cat", "w.txt")
+	r = e.mustNook(repo, "exec", "--reset", "--json", "--", "cat", "w.txt")
 	ex := decode[execJSON](t, r.stdout)
 	if !strings.Contains(r.stdout, `"text":"wip\n"`) || ex.RunID == "" || ex.RunID == j.RunID {
 		t.Fatalf("exec --reset: %s (first run %s)", r, j.RunID)
 	}
-	l := decode[listJSON](t, e.mustSbx(repo, "list", "--json").stdout)
+	l := decode[listJSON](t, e.mustNook(repo, "list", "--json").stdout)
 	active := 0
 	for _, s := range l.Sessions {
 		if s.Status == "ready" || s.Status == "starting" {

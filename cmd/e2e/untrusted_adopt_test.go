@@ -58,17 +58,17 @@ func TestForeignRunInTheCLIFileIsNotAdopted(t *testing.T) {
 		}
 		events := e.followEvents("")
 		// The daemon has seen the checkout: its watch reads the file.
-		e.sbx(victim, "status")
+		e.nook(victim, "status")
 		writeFile(t, cliStoragePath(victim), c.file)
 		secret := "secret-" + c.branch + ".env"
 		writeFile(t, filepath.Join(victim, secret), "TOKEN=user-secret\n")
-		ej := decode[execJSON](t, e.mustSbx(victim, "exec", "--json", "--", "cat", secret).stdout)
+		ej := decode[execJSON](t, e.mustNook(victim, "exec", "--json", "--", "cat", secret).stdout)
 		if ej.RunID == c.run || ej.RunID == foreign || ej.RunID == otherBranch {
 			t.Fatalf("%s: the exec ran in the foreign run %s", c.name, ej.RunID)
 		}
 		// The foreign run never saw the file (looked at without syncing).
-		e.mustSbx(attacker, "start", "--wait", "--id", c.run)
-		if r := e.sbx(attacker, "exec", "--no-sync", "--id", c.run, "--", "sh", "-c", "test ! -e "+secret); r.code != 0 {
+		e.mustNook(attacker, "start", "--wait", "--id", c.run)
+		if r := e.nook(attacker, "exec", "--no-sync", "--id", c.run, "--", "sh", "-c", "test ! -e "+secret); r.code != 0 {
 			t.Fatalf("%s: the foreign run %s holds %s: %s", c.name, c.run, secret, r)
 		}
 		ev := events.waitFor(t, 20*time.Second, "adoption refused", func(ev map[string]any) bool {
@@ -92,8 +92,8 @@ func TestForeignRunInTheCLIFileIsNotAdopted(t *testing.T) {
 		data, _ := ev["data"].(map[string]any)
 		return ev["type"] == "session.adopted" && ev["runId"] == run && data["from"] == "rwx-cli"
 	})
-	if ej := decode[execJSON](t, e.mustSbx(victim, "exec", "--no-sync", "--json", "--", "true").stdout); ej.RunID != run {
-		t.Fatalf("sbx exec ran in %s, want the CLI's run %s", ej.RunID, run)
+	if ej := decode[execJSON](t, e.mustNook(victim, "exec", "--no-sync", "--json", "--", "true").stdout); ej.RunID != run {
+		t.Fatalf("nook exec ran in %s, want the CLI's run %s", ej.RunID, run)
 	}
 }
 
@@ -117,7 +117,7 @@ func cliRun(t *testing.T, cli *fakeCLI, repo, branch string) string {
 	return res.RunID
 }
 
-// rawMCP is `sbx mcp` driven line by line, as a broken or hostile client
+// rawMCP is `nook mcp` driven line by line, as a broken or hostile client
 // would.
 type rawMCP struct {
 	t       *testing.T
@@ -128,7 +128,7 @@ type rawMCP struct {
 
 func (e *env) rawMCP(t *testing.T, dir string, args ...string) *rawMCP {
 	t.Helper()
-	cmd := e.sbxCmd(dir, append([]string{"mcp"}, args...)...)
+	cmd := e.nookCmd(dir, append([]string{"mcp"}, args...)...)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -149,7 +149,7 @@ func (e *env) rawMCP(t *testing.T, dir string, args ...string) *rawMCP {
 		for sc.Scan() {
 			var a map[string]any
 			if err := json.Unmarshal(sc.Bytes(), &a); err != nil {
-				t.Errorf("sbx mcp wrote a line that is not JSON: %q", sc.Text())
+				t.Errorf("nook mcp wrote a line that is not JSON: %q", sc.Text())
 				continue
 			}
 			m.answers <- a
@@ -164,7 +164,7 @@ func (e *env) rawMCP(t *testing.T, dir string, args ...string) *rawMCP {
 		case <-time.After(10 * time.Second):
 			cmd.Process.Kill()
 			<-done
-			t.Errorf("sbx mcp did not end within 10s of its stdin closing")
+			t.Errorf("nook mcp did not end within 10s of its stdin closing")
 		}
 	})
 	return m
@@ -173,7 +173,7 @@ func (e *env) rawMCP(t *testing.T, dir string, args ...string) *rawMCP {
 func (m *rawMCP) send(line string) {
 	m.t.Helper()
 	if _, err := io.WriteString(m.in, line+"\n"); err != nil {
-		m.t.Fatalf("write %q to sbx mcp: %v (stderr: %s)", line, err, m.stderr)
+		m.t.Fatalf("write %q to nook mcp: %v (stderr: %s)", line, err, m.stderr)
 	}
 }
 
@@ -182,11 +182,11 @@ func (m *rawMCP) next(what string) map[string]any {
 	select {
 	case a, ok := <-m.answers:
 		if !ok {
-			m.t.Fatalf("sbx mcp ended before answering %s; stderr: %s", what, m.stderr)
+			m.t.Fatalf("nook mcp ended before answering %s; stderr: %s", what, m.stderr)
 		}
 		return a
 	case <-time.After(60 * time.Second):
-		m.t.Fatalf("sbx mcp did not answer %s within 60s", what)
+		m.t.Fatalf("nook mcp did not answer %s within 60s", what)
 	}
 	return nil
 }
@@ -197,7 +197,7 @@ func errorCode(a map[string]any) float64 {
 	return code
 }
 
-// TestMCPSurvivesMalformedLinesAndStaysInItsCheckout: `sbx mcp` answers a
+// TestMCPSurvivesMalformedLinesAndStaysInItsCheckout: `nook mcp` answers a
 // line that is not JSON with -32700 and one that is not a JSON-RPC message
 // ([] among them) with -32600, and serves the requests after them; started
 // in a checkout, it refuses a call naming another checkout (by cwd or by

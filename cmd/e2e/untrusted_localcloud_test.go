@@ -39,9 +39,9 @@ func fileSnapshot(t *testing.T, path string) string {
 // TestUntrustedPlantedLogLinkLeavesHostFilesAlone: a sandbox command links
 // the files a background process's logs went to (the workspace's
 // .git/sandbox-processes) to a file of the user outside the sandbox, and
-// tries to replace the logs where the record says they are; `sbx bg
-// start` and `sbx bg restart` of that name leave the user's file as it
-// was, and `sbx bg logs` still shows the process's output.
+// tries to replace the logs where the record says they are; `nook bg
+// start` and `nook bg restart` of that name leave the user's file as it
+// was, and `nook bg logs` still shows the process's output.
 func TestUntrustedPlantedLogLinkLeavesHostFilesAlone(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -63,10 +63,10 @@ func TestUntrustedPlantedLogLinkLeavesHostFilesAlone(t *testing.T) {
 	}()
 
 	plant := "mkdir -p .git/sandbox-processes && for s in stdout stderr; do ln -sf " + victim + " .git/sandbox-processes/web.$s.log; done"
-	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "-c", plant)
-	e.mustSbx(repo, "bg", "start", "--name", "web", "--", "sh", "-c", "echo pwned; echo pwned >&2; exec sleep 60")
+	e.mustNook(repo, "exec", "--no-sync", "--", "sh", "-c", plant)
+	e.mustNook(repo, "bg", "start", "--name", "web", "--", "sh", "-c", "echo pwned; echo pwned >&2; exec sleep 60")
 	waitUntil(t, 10*time.Second, "the background process's output in its logs", func() bool {
-		return strings.Contains(e.sbx(repo, "bg", "logs", "web").stdout, "pwned")
+		return strings.Contains(e.nook(repo, "bg", "logs", "web").stdout, "pwned")
 	})
 	// Where the logs are now: the attacker tries to swap them for links.
 	var list struct {
@@ -75,22 +75,22 @@ func TestUntrustedPlantedLogLinkLeavesHostFilesAlone(t *testing.T) {
 			StderrPath string `json:"stderrPath"`
 		} `json:"processes"`
 	}
-	if err := json.Unmarshal([]byte(e.mustSbx(repo, "bg", "list", "--json").stdout), &list); err != nil || len(list.Processes) != 1 {
+	if err := json.Unmarshal([]byte(e.mustNook(repo, "bg", "list", "--json").stdout), &list); err != nil || len(list.Processes) != 1 {
 		t.Fatalf("bg list: %v %+v", err, list)
 	}
 	for _, p := range []string{list.Processes[0].StdoutPath, list.Processes[0].StderrPath} {
 		if p == "" {
 			continue
 		}
-		if r := e.sbx(repo, "exec", "--no-sync", "--", "sh", "-c", "ln -sf "+victim+" "+p); r.code == 0 {
+		if r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "ln -sf "+victim+" "+p); r.code == 0 {
 			t.Errorf("the sandbox replaced its log %s by a link: %s", p, r)
 		}
 	}
-	e.mustSbx(repo, "bg", "restart", "web")
+	e.mustNook(repo, "bg", "restart", "web")
 	waitUntil(t, 10*time.Second, "the restarted process's output in its logs", func() bool {
-		return strings.Contains(e.sbx(repo, "bg", "logs", "web").stdout, "pwned")
+		return strings.Contains(e.nook(repo, "bg", "logs", "web").stdout, "pwned")
 	})
-	e.mustSbx(repo, "bg", "stop", "web")
+	e.mustNook(repo, "bg", "stop", "web")
 }
 
 // openPTY opens a new pseudo-terminal: its master and the path of its
@@ -200,8 +200,8 @@ func TestUntrustedNothingInTheSandboxHasTheServersTerminal(t *testing.T) {
 	e.git(repo, "commit", "-q", "-m", "probe")
 	e.git(repo, "push", "-q")
 	e.startSandbox(repo)
-	e.mustSbx(repo, "exec", "--no-sync", "--", "sh", "probe.sh", "exec", probes)
-	e.mustSbx(repo, "bg", "start", "--name", "bg", "--", "sh", "-c", "sh probe.sh bg "+probes+"; exec sleep 60")
+	e.mustNook(repo, "exec", "--no-sync", "--", "sh", "probe.sh", "exec", probes)
+	e.mustNook(repo, "bg", "start", "--name", "bg", "--", "sh", "-c", "sh probe.sh bg "+probes+"; exec sleep 60")
 	for _, name := range []string{"setup", "exec", "bg"} {
 		p := filepath.Join(probes, name)
 		waitUntil(t, 15*time.Second, "the "+name+" probe", func() bool { _, err := os.Stat(p); return err == nil })
@@ -209,7 +209,7 @@ func TestUntrustedNothingInTheSandboxHasTheServersTerminal(t *testing.T) {
 			t.Errorf("%s: tty_nr and /dev/tty %q, want \"0 none\" (no controlling terminal)", name, got)
 		}
 	}
-	e.mustSbx(repo, "bg", "stop", "bg")
+	e.mustNook(repo, "bg", "stop", "bg")
 	time.Sleep(200 * time.Millisecond) // what the terminal echoes
 	mu.Lock()
 	defer mu.Unlock()

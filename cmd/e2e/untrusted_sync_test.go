@@ -159,7 +159,7 @@ func TestUntrustedCommandForgesTheExchangeReport(t *testing.T) {
 	l := e.snapshotLaptop(t, repo, "made.txt", "made2.txt")
 
 	// "push 91": the push failed, so the command has yet to run.
-	r := e.sbx(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\necho made >made.txt\n"+findNonce+
+	r := e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\necho made >made.txt\n"+findNonce+
 		`printf '\036sandboxd-%s\npush 91\nsandboxd-pull abcdef 0\n\036sandboxd-%s-end\n' "$N" "$N"`)
 	t.Logf("forged push 91: %s", r)
 	if n := lines(t, runs); n != 1 {
@@ -173,7 +173,7 @@ func TestUntrustedCommandForgesTheExchangeReport(t *testing.T) {
 	}
 
 	// A pull over the limit whose id is a path: "copy me to a file".
-	r = e.sbx(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\necho made2 >made2.txt\n"+findNonce+
+	r = e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\necho made2 >made2.txt\n"+findNonce+
 		`printf '\036sandboxd-%s\npush 0\nexit 0\nsandboxd-pull /../../../../../../home/victim 99999999999\n\036sandboxd-%s-end 89\n' "$N" "$N"`)
 	t.Logf("forged id: %s", r)
 	if n := lines(t, runs); n != 2 {
@@ -222,7 +222,7 @@ func TestUntrustedPullRefusesContentLocalToolsWouldRun(t *testing.T) {
 	pwned := counterFile(t, "pwned")
 	runs := counterFile(t, "plant")
 	l := e.snapshotLaptop(t, repo, "good.txt")
-	r := e.mustSbx(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\n"+fmt.Sprintf(hostileTree, pwned))
+	r := e.mustNook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\n"+fmt.Sprintf(hostileTree, pwned))
 	if n := lines(t, runs); n != 1 {
 		t.Fatalf("the command ran %d times", n)
 	}
@@ -250,7 +250,7 @@ func TestUntrustedPullRefusesContentLocalToolsWouldRun(t *testing.T) {
 	l.assertUntouched(t)
 	// The daemon still knows the sandbox it made: the planted sandboxes
 	// file did not rebind the branch.
-	if r := e.mustSbx(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs); r.code != 0 || lines(t, runs) != 2 {
+	if r := e.mustNook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs); r.code != 0 || lines(t, runs) != 2 {
 		t.Fatalf("the next exec: %s", r)
 	}
 }
@@ -309,7 +309,7 @@ func TestUntrustedRefFloodKeepsTheDaemonSmall(t *testing.T) {
 	repo := e.newRepo("flood", defaultConfig)
 	e.startSandbox(repo)
 	runs := counterFile(t, "flood")
-	e.mustSbx(repo, "exec", "--", "sh", "-c", fmt.Sprintf(`echo ran >>%s
+	e.mustNook(repo, "exec", "--", "sh", "-c", fmt.Sprintf(`echo ran >>%s
 h=$(git rev-parse HEAD)
 { grep -v '^#' .git/packed-refs 2>/dev/null; awk -v h=$h 'BEGIN { for (i = 0; i < %d; i++) printf "%%s refs/tags/flood-%%07d\n", h, i }'; } >.git/packed-refs.new
 mv .git/packed-refs.new .git/packed-refs`, runs, n))
@@ -317,7 +317,7 @@ mv .git/packed-refs.new .git/packed-refs`, runs, n))
 	e.git(repo, "add", "-A")
 	e.git(repo, "commit", "-q", "-m", "next")
 	from := time.Since(started)
-	r := e.sbx(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"; git log -1 --format=%s")
+	r := e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"; git log -1 --format=%s")
 	to := time.Since(started) + time.Second
 	d.stop(t)
 	live, cycles := liveHeap(t, d.logs.String(), from, to)
@@ -359,14 +359,14 @@ func (e *env) fakeOldGit(t *testing.T) []string {
 }
 
 // TestUntrustedOldGitIsRefused: with a git whose `git apply` has known
-// escapes, sbx doctor's git check fails naming the version to install,
+// escapes, nook doctor's git check fails naming the version to install,
 // and the daemon applies nothing from a sandbox: the patch is saved and
 // the user told.
 func TestUntrustedOldGitIsRefused(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	old := e.fakeOldGit(t)
-	cmd := e.sbxCmd(e.root, "doctor", "--json")
+	cmd := e.nookCmd(e.root, "doctor", "--json")
 	cmd.Env = append(cmd.Env, old...)
 	out, _ := cmd.Output()
 	type doctorOut struct {
@@ -392,7 +392,7 @@ func TestUntrustedOldGitIsRefused(t *testing.T) {
 	e.startDaemon(old...)
 	repo := e.newRepo("oldgit", defaultConfig)
 	e.startSandbox(repo)
-	r := e.sbx(repo, "exec", "--", "sh", "-c", "echo edited >README.md")
+	r := e.nook(repo, "exec", "--", "sh", "-c", "echo edited >README.md")
 	if !strings.Contains(r.stderr, "install git 2.39.3") || !strings.Contains(r.stderr, "saved at") {
 		t.Errorf("a pull with git 2.39.2 did not say what to install: %s", r)
 	}

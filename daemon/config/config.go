@@ -94,7 +94,7 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// ReconcileInterval is the period of the reconcile loop.
 	ReconcileInterval time.Duration
-	// HistoryRetention is how long ended sessions are kept for `sbx list
+	// HistoryRetention is how long ended sessions are kept for `nook list
 	// --all`; 0 keeps them forever.
 	HistoryRetention time.Duration
 	// LogLevel is the minimum level logged.

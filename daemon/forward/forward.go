@@ -117,7 +117,7 @@ func (m *Manager) Open(spec Spec) (Info, error) {
 		for ok, f := range m.fwds {
 			if ok != k && f.spec.LocalPort == spec.LocalPort {
 				m.mu.Unlock()
-				return Info{}, errdefs.Conflict(fmt.Errorf("local port %d is in use by sandboxd's forward %q of run %s: choose another --local-port, or stop that one (sbx bg stop %s)", spec.LocalPort, f.spec.Name, f.spec.RunID, f.spec.Name))
+				return Info{}, errdefs.Conflict(fmt.Errorf("local port %d is in use by sandboxd's forward %q of run %s: choose another --local-port, or stop that one (nook bg stop %s)", spec.LocalPort, f.spec.Name, f.spec.RunID, f.spec.Name))
 			}
 		}
 	}

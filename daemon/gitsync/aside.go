@@ -26,7 +26,7 @@ type DiskFullError struct {
 }
 
 func (e *DiskFullError) Error() string {
-	where := "they stay in the sandbox and the next exec or `sbx push` brings them back"
+	where := "they stay in the sandbox and the next exec or `nook push` brings them back"
 	if e.Saved != "" {
 		where = fmt.Sprintf("the full patch is saved at %s (apply it with `git apply --3way %s` once there is room)", e.Saved, e.Saved)
 	}

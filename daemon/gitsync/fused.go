@@ -146,7 +146,7 @@ func fusable(patch []byte, nonce string) bool {
 		bytes.IndexByte(patch, 0) < 0 && !bytes.Contains(append([]byte{'\n'}, patch...), []byte("\n"+heredocWord(nonce)+"\n"))
 }
 
-func heredocWord(nonce string) string { return "SBX_" + nonce }
+func heredocWord(nonce string) string { return "NOOK_" + nonce }
 
 // Command is the remote command of the exchange.
 func (x *Exchange) Command() string { return x.script }

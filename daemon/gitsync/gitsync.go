@@ -190,7 +190,7 @@ type Patch struct {
 	// Sandbox names the sandbox (its run id) for the cache of pushed
 	// commits; empty disables the cache.
 	Sandbox string
-	// PushOnly says no pull follows (sbx push): the push records no pending
+	// PushOnly says no pull follows (nook push): the push records no pending
 	// edits, so the next exec's push does not bring back what happens in
 	// the sandbox meanwhile.
 	PushOnly bool

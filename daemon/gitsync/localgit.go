@@ -120,7 +120,7 @@ func (s *Syncer) openRepo(ctx context.Context, dir string) (repo, error) {
 		if ctx.Err() != nil {
 			return repo{}, ctx.Err()
 		}
-		return repo{}, newError(ErrNotGitRepository, err, "%s is not inside a git working tree (%v): run sbx inside a git checkout, or use --no-sync", dir, err)
+		return repo{}, newError(ErrNotGitRepository, err, "%s is not inside a git working tree (%v): run nook inside a git checkout, or use --no-sync", dir, err)
 	}
 	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
 	if len(lines) != 3 {

@@ -52,10 +52,10 @@ func (s *Syncer) prepare(ctx context.Context, repoRoot, baseSHA, native string) 
 		return nil, err
 	}
 	if baseSHA == "" {
-		return nil, errdefs.Invalid(errors.New("the session has no base commit to sync against: run `sbx reset` to start a sandbox at your current commit"))
+		return nil, errdefs.Invalid(errors.New("the session has no base commit to sync against: run `nook reset` to start a sandbox at your current commit"))
 	}
 	if !shaPattern.MatchString(baseSHA) {
-		return nil, errdefs.Invalid(fmt.Errorf("the base commit %q is not a full commit id: run `sbx reset` to start a new sandbox", baseSHA))
+		return nil, errdefs.Invalid(fmt.Errorf("the base commit %q is not a full commit id: run `nook reset` to start a new sandbox", baseSHA))
 	}
 
 	if s.changes == nil {

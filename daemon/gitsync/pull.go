@@ -101,7 +101,7 @@ func (s *Syncer) recover(ctx context.Context, r Runner, rp repo, out *limitedBuf
 	if tooLarge {
 		id, size, ok := parseHeader(out.buf.Bytes())
 		if !ok {
-			return res, false, errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox holds edits of an earlier exec that were never pulled, but its answer does not name a valid exec (something in the sandbox wrote .git/sandboxd/pending?): they stay in the sandbox; `sbx reset` drops them"))
+			return res, false, errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox holds edits of an earlier exec that were never pulled, but its answer does not name a valid exec (something in the sandbox wrote .git/sandboxd/pending?): they stay in the sandbox; `nook reset` drops them"))
 		}
 		res.ID = id
 		saved, err := s.fetchToFile(ctx, r, rp, id, size)

@@ -62,7 +62,7 @@ func (s *Syncer) pushCommits(ctx context.Context, r Runner, rp repo, head string
 		if msg != "" {
 			err = fmt.Errorf("%w; the sandbox said: %s", err, msg)
 		}
-		return errdefs.Unavailable(newError(ErrPushCommits, err, "push your commits to the sandbox (git push of %s): %s: %v; run `sbx reset` if this persists, or use --no-sync", short(head), step, err))
+		return errdefs.Unavailable(newError(ErrPushCommits, err, "push your commits to the sandbox (git push of %s): %s: %v; run `nook reset` if this persists, or use --no-sync", short(head), step, err))
 	}
 	br := bufio.NewReaderSize(outR, 64<<10)
 	// The advertisement comes before anything is sent: bounded in time
@@ -211,7 +211,7 @@ func readAdvertisement(br *bufio.Reader) (advertisement, error) {
 	var total int64
 	for refs := 0; ; refs++ {
 		if refs > maxAdvertRefs {
-			return adv, fmt.Errorf("the sandbox advertises more than %d refs: remove refs there (git for-each-ref | wc -l), or run `sbx reset`", maxAdvertRefs)
+			return adv, fmt.Errorf("the sandbox advertises more than %d refs: remove refs there (git for-each-ref | wc -l), or run `nook reset`", maxAdvertRefs)
 		}
 		line, flush, err := readPktInto(br, buf)
 		if err != nil {
@@ -221,7 +221,7 @@ func readAdvertisement(br *bufio.Reader) (advertisement, error) {
 			return adv, nil
 		}
 		if total += int64(len(line)) + 4; total > maxAdvertBytes {
-			return adv, fmt.Errorf("the sandbox's ref advertisement is over %s: remove refs there, or run `sbx reset`", formatBytes(maxAdvertBytes))
+			return adv, fmt.Errorf("the sandbox's ref advertisement is over %s: remove refs there, or run `nook reset`", formatBytes(maxAdvertBytes))
 		}
 		line = bytes.TrimSuffix(line, []byte("\n"))
 		if first {

@@ -514,7 +514,7 @@ func (s *Syncer) pushFailed(ctx context.Context, r Runner, rp repo, p *Patch, co
 	switch code {
 	case exitUnpulled, exitUnpulledTooLarge:
 		if attempt > 1 {
-			return false, errdefs.Unavailable(newError(ErrSandboxGit, nil, "the sandbox keeps reporting edits that were not pulled: run `sbx reset` if this persists"))
+			return false, errdefs.Unavailable(newError(ErrSandboxGit, nil, "the sandbox keeps reporting edits that were not pulled: run `nook reset` if this persists"))
 		}
 		pr, changed, err := s.recover(ctx, r, rp, out, code == exitUnpulledTooLarge)
 		res.Recovered = pr
@@ -527,7 +527,7 @@ func (s *Syncer) pushFailed(ctx context.Context, r Runner, rp repo, p *Patch, co
 	case exitNoBase:
 		if res.Commits || attempt > 0 {
 			return false, errdefs.Conflict(newError(ErrBaseMissing, nil,
-				"the sandbox does not have commit %s even after a git push to it: run `sbx reset`, or use --no-sync", short(p.HeadSHA)))
+				"the sandbox does not have commit %s even after a git push to it: run `nook reset`, or use --no-sync", short(p.HeadSHA)))
 		}
 		s.forget(p.Sandbox)
 		if err := s.pushCommits(ctx, r, rp, p.HeadSHA); err != nil {
@@ -540,7 +540,7 @@ func (s *Syncer) pushFailed(ctx context.Context, r Runner, rp repo, p *Patch, co
 	case exitNoGit:
 		return false, errdefs.Conflict(newError(ErrNoGit, nil, "git is not installed in the sandbox: add a task that installs git before the sandbox task, or use --no-sync"))
 	case exitApply:
-		return false, errdefs.Conflict(newError(ErrApplyFailed, nil, "your changes did not apply in the sandbox (it was reset to %s): %s; run `sbx reset` if this persists", short(p.HeadSHA), msg))
+		return false, errdefs.Conflict(newError(ErrApplyFailed, nil, "your changes did not apply in the sandbox (it was reset to %s): %s; run `nook reset` if this persists", short(p.HeadSHA), msg))
 	default:
 		return false, errdefs.Unavailable(newError(ErrSandboxGit, nil, "push your changes to the sandbox: %s (exit %d): %s", pushStep(code), code, msg))
 	}
@@ -605,7 +605,7 @@ func (s *Syncer) pullFailed(ctx context.Context, r Runner, rp repo, code int, ou
 	case exitTooLarge:
 		id, size, ok := parseHeader(out.buf.Bytes())
 		if !ok {
-			return "", nil, "", errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox's answer to the pull does not name a valid exec (something in the sandbox wrote .git/sandboxd/pending?): its changes were not pulled and stay in the sandbox; `sbx reset` drops them"))
+			return "", nil, "", errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox's answer to the pull does not name a valid exec (something in the sandbox wrote .git/sandboxd/pending?): its changes were not pulled and stay in the sandbox; `nook reset` drops them"))
 		}
 		saved, err := s.fetchToFile(ctx, r, rp, id, size)
 		if err != nil {
@@ -670,7 +670,7 @@ func (s *Syncer) fetchToFile(ctx context.Context, r Runner, rp repo, id string, 
 		return "", errors.New("no valid exec id in the sandbox's answer")
 	}
 	if size > s.maxSaved {
-		return "", fmt.Errorf("the sandbox states a patch of %s, over the %s a saved patch may be (fetch it yourself: it is the sandbox's %s; or `sbx reset` to drop it)",
+		return "", fmt.Errorf("the sandbox states a patch of %s, over the %s a saved patch may be (fetch it yourself: it is the sandbox's %s; or `nook reset` to drop it)",
 			formatBytes(size), formatBytes(s.maxSaved), keptPatch)
 	}
 	dir := filepath.Join(rp.stateDir(), "pulls")

@@ -39,7 +39,7 @@ func TestStrayEditsComeBackAtTheNextExec(t *testing.T) {
 	assertTree(t, f.sandbox, tree(t, f.local))
 }
 
-// A push alone (sbx push) brings them back first and says so.
+// A push alone (nook push) brings them back first and says so.
 func TestStrayEditsComeBackBeforeAPush(t *testing.T) {
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
 	f.push()

@@ -1,4 +1,4 @@
-// Package paths resolves where sandboxd, sbx and sandboxd-localcloud keep
+// Package paths resolves where sandboxd, nook and sandboxd-localcloud keep
 // their files, following the XDG base directory specification; on macOS,
 // where the XDG variables are normally unset, the defaults are under
 // ~/Library/Application Support/sandboxd (each XDG variable that is set

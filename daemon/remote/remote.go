@@ -34,7 +34,7 @@ type Settings struct {
 	// RWX Cloud.
 	Host        string
 	Token       string
-	TokenSource string // where the token came from, for `sbx config`
+	TokenSource string // where the token came from, for `nook config`
 	// Local remote.
 	LocalcloudDir    string
 	LocalcloudBinary string

@@ -461,7 +461,7 @@ func TestRemoteFailuresSayWhatToDo(t *testing.T) {
 		{500, "failed on its side"},
 	} {
 		msg := (&APIError{Op: "connection info", Status: c.status, Message: "boom"}).Error()
-		if !strings.Contains(msg, c.want) || !strings.Contains(msg, "sbx config") {
+		if !strings.Contains(msg, c.want) || !strings.Contains(msg, "nook config") {
 			t.Errorf("%d: %q", c.status, msg)
 		}
 	}

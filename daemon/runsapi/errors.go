@@ -50,9 +50,9 @@ func (e *APIError) Error() string {
 func (e *APIError) advice() string {
 	switch {
 	case e.Status == http.StatusServiceUnavailable || e.Status == http.StatusTooManyRequests:
-		return " (the remote is unavailable or overloaded for now: reads are retried by themselves; wait a minute and run the command again, `sbx config` shows which remote this is)"
+		return " (the remote is unavailable or overloaded for now: reads are retried by themselves; wait a minute and run the command again, `nook config` shows which remote this is)"
 	case e.Status >= 500:
-		return " (the remote failed on its side: run the command again; if it keeps failing, the remote's status or logs tell why, `sbx config` shows which remote this is)"
+		return " (the remote failed on its side: run the command again; if it keeps failing, the remote's status or logs tell why, `nook config` shows which remote this is)"
 	}
 	return ""
 }

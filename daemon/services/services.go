@@ -267,7 +267,7 @@ func (s *Services) Sessions() backend.SessionBackend { return s.manager }
 // Events implements daemon.Services.
 func (s *Services) Events() backend.EventSource { return s.bus }
 
-// SSH is OpenSSH access to the sandboxes (sbx ssh-config, sbx proxy).
+// SSH is OpenSSH access to the sandboxes (nook ssh-config, nook proxy).
 func (s *Services) SSH() backend.SSHBackend { return s.manager }
 
 // sshDir holds the key files written for OpenSSH; none without a state

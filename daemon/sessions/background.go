@@ -95,7 +95,7 @@ func (m *Manager) bgSession(ctx context.Context, t ipc.Target) (*store.Session, 
 		return nil, p, err
 	}
 	if s.RunID == "" {
-		return nil, p, errdefs.Conflictf("the sandbox of %s is still being created: wait for it (`sbx start --wait`), then retry", s.RepoRoot)
+		return nil, p, errdefs.Conflictf("the sandbox of %s is still being created: wait for it (`nook start --wait`), then retry", s.RepoRoot)
 	}
 	s, err = m.waitReady(ctx, s, 0)
 	if err == nil {
@@ -278,7 +278,7 @@ func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListRe
 			// the remote (or of the sandbox), and its forward leads
 			// nowhere.
 			rec.Status = "gone"
-			detail = fmt.Sprintf("the sandbox no longer has it (the remote restarted?): `sbx bg restart %s` starts it again", bg.Name)
+			detail = fmt.Sprintf("the sandbox no longer has it (the remote restarted?): `nook bg restart %s` starts it again", bg.Name)
 		} else if err != nil {
 			detail = err.Error()
 		} else {
@@ -465,7 +465,7 @@ func (m *Manager) waitPort(ctx context.Context, s *store.Session, rec processRec
 		}
 		if st.Status != "running" {
 			m.closeForward(s, rec.Key)
-			return m.bgProcess(s, st), errdefs.Conflict(fmt.Errorf("background process %q ended (%s) before port %d was ready: see `sbx bg logs %s`", rec.Key, describeEnd(st), rec.TargetPort, rec.Key))
+			return m.bgProcess(s, st), errdefs.Conflict(fmt.Errorf("background process %q ended (%s) before port %d was ready: see `nook bg logs %s`", rec.Key, describeEnd(st), rec.TargetPort, rec.Key))
 		}
 		if m.now().After(deadline) {
 			out.Detail = fmt.Sprintf("port %d did not answer within %s; the process and the forward are kept", rec.TargetPort, portReadyTimeout)
@@ -582,7 +582,7 @@ func (m *Manager) closeRunForwards(s *store.Session) {
 
 // restoreForwards reopens the forwards of the live sessions (after a
 // daemon restart) on their local ports. A port that is taken now is
-// reported in `sbx list` and events, and retried on the next start or
+// reported in `nook list` and events, and retried on the next start or
 // restart of the process.
 func (m *Manager) restoreForwards(live []*store.Session) {
 	if m.opts.Forwards == nil {

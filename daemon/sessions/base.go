@@ -25,10 +25,10 @@ func (m *Manager) learnBase(ctx context.Context, r gitsync.Runner, s *store.Sess
 	}
 	sha := strings.TrimSpace(out.String())
 	if code != 0 || !fullSHA.MatchString(sha) {
-		return "", errdefs.Conflictf("the sandbox %s has no commit checked out (%s): `sbx reset` starts one at your current commit", s.RunID, printable(strings.TrimSpace(errb.String()), 512))
+		return "", errdefs.Conflictf("the sandbox %s has no commit checked out (%s): `nook reset` starts one at your current commit", s.RunID, printable(strings.TrimSpace(errb.String()), 512))
 	}
 	if _, err := m.git.output(ctx, s.RepoRoot, "cat-file", "-e", sha+"^{commit}"); err != nil {
-		return "", errdefs.Conflictf("the sandbox %s is at commit %s, which %s does not have: fetch it (git fetch), or `sbx reset` to start a sandbox at your current commit", s.RunID, sha[:12], s.RepoRoot)
+		return "", errdefs.Conflictf("the sandbox %s is at commit %s, which %s does not have: fetch it (git fetch), or `nook reset` to start a sandbox at your current commit", s.RunID, sha[:12], s.RepoRoot)
 	}
 	if _, err := m.st.Update(s.ID, func(s *store.Session) error {
 		if s.BaseSHA == "" {

@@ -19,7 +19,7 @@ import (
 // BgForward forwards a local port to a port of a running background
 // process (its own target port by default) without restarting it, as `rwx
 // sandbox tunnel --key K --port P` does: the process may have been started
-// by sbx, by the RWX CLI or predefined in the config. The forward is the
+// by nook, by the RWX CLI or predefined in the config. The forward is the
 // daemon's, recorded with the process like one bg start opened.
 func (m *Manager) BgForward(ctx context.Context, req ipc.BgForwardRequest) (ipc.BgProcess, error) {
 	if m.opts.Forwards == nil {
@@ -39,7 +39,7 @@ func (m *Manager) BgForward(ctx context.Context, req ipc.BgForwardRequest) (ipc.
 	}
 	rec.Key = req.Name
 	if rec.Status != "running" {
-		return m.bgProcess(s, rec), errdefs.Conflictf("background process %q is not running (%s): start it first (`sbx bg start --key %s`)", req.Name, describeEnd(rec), req.Name)
+		return m.bgProcess(s, rec), errdefs.Conflictf("background process %q is not running (%s): start it first (`nook bg start --key %s`)", req.Name, describeEnd(rec), req.Name)
 	}
 	port := req.Port
 	if port == 0 {
@@ -69,7 +69,7 @@ func (m *Manager) BgForward(ctx context.Context, req ipc.BgForwardRequest) (ipc.
 }
 
 // predefinedProcess is a background process the sandbox config defines
-// under a key, started with `sbx bg start --key KEY`. localcloud ignores
+// under a key, started with `nook bg start --key KEY`. localcloud ignores
 // the field; RWX reads its own.
 type predefinedProcess struct {
 	Key  string `yaml:"key"`

@@ -23,7 +23,7 @@ const (
 )
 
 // agentProcesses returns the processes the agent runs for the run, whoever
-// started them (sbx or the RWX CLI: the agent's directives are the shared
+// started them (nook or the RWX CLI: the agent's directives are the shared
 // truth), by key; ok is false when the agent cannot list them (then only
 // the names sandboxd recorded are known). The list is bounded in size and
 // time like every process answer, and a record that is not a valid one

@@ -53,7 +53,7 @@ func (m *Manager) branchPlace(t ipc.Target) (place, bool, error) {
 		}
 		fmt.Fprintf(&b, "\n  %s  run %s (%s)", rels[i], s.RunID, s.State)
 	}
-	return p, false, errdefs.Conflictf("branch %s of %s has %d live sandboxes:%s\nname one: give its config (for example `sbx exec %s -- CMD`) or --id RUN",
+	return p, false, errdefs.Conflictf("branch %s of %s has %d live sandboxes:%s\nname one: give its config (for example `nook exec %s -- CMD`) or --id RUN",
 		p.Branch, p.RepoRoot, len(live), b.String(), rels[0])
 }
 

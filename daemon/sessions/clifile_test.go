@@ -98,7 +98,7 @@ func TestCLIFileRunsAreAdoptedOnlyWhenTheRemoteConfirmsThem(t *testing.T) {
 	api := &claimsRemote{
 		sandboxed: map[string]rwxapi.CLIState{
 			"foreign-checkout": {Branch: "main", ConfigFile: otherCfg},
-			"foreign-sbx":      {Branch: "old", ConfigFile: otherCfg, RepoRoot: other, ConfigRel: ".rwx/sandbox.yml"},
+			"foreign-nook":     {Branch: "old", ConfigFile: otherCfg, RepoRoot: other, ConfigRel: ".rwx/sandbox.yml"},
 			"foreign-branch":   {Branch: "elsewhere", ConfigFile: cfg},
 			"relative":         {Branch: "rel", ConfigFile: ".rwx/sandbox.yml"},
 			"legit":            {Branch: "feature", ConfigFile: cfg},
@@ -131,7 +131,7 @@ func TestCLIFileRunsAreAdoptedOnlyWhenTheRemoteConfirmsThem(t *testing.T) {
 	// Version 0: the old cwd:branch:config keys are read as such.
 	file := map[string]any{"sandboxes": map[string]any{
 		"main:" + cfg:                       rec("foreign-checkout"),
-		repo + ":old:.rwx/sandbox.yml":      rec("foreign-sbx"),
+		repo + ":old:.rwx/sandbox.yml":      rec("foreign-nook"),
 		"elsewhere:" + cfg:                  map[string]any{"runId": "foreign-branch-claimed-as-main", "configFile": cfg},
 		"dev:" + cfg:                        rec("foreign-branch"),
 		"rel:" + cfg:                        rec("relative"),
@@ -161,7 +161,7 @@ func TestCLIFileRunsAreAdoptedOnlyWhenTheRemoteConfirmsThem(t *testing.T) {
 			t.Errorf("run %s adopted as %+v", s.RunID, s.Identity)
 		}
 	}
-	for _, run := range []string{"foreign-checkout", "foreign-sbx", "foreign-branch", "relative", "not-listed", "foreign-branch-claimed-as-main"} {
+	for _, run := range []string{"foreign-checkout", "foreign-nook", "foreign-branch", "relative", "not-listed", "foreign-branch-claimed-as-main"} {
 		if _, err := st.ByRunID(run); err == nil {
 			t.Errorf("run %s was adopted", run)
 		}

@@ -111,7 +111,7 @@ func (m *Manager) Reset(ctx context.Context, req ipc.StartRequest) (ipc.StartRes
 	return ipc.StartResponse{Session: m.info(s), Created: true, Replaced: replaced, Edits: edits}, nil
 }
 
-// attach makes an existing run the session of the caller (sbx start --id).
+// attach makes an existing run the session of the caller (nook start --id).
 func (m *Manager) attach(ctx context.Context, req ipc.StartRequest) (ipc.StartResponse, error) {
 	if s, err := m.st.ByRunID(req.RunID); err == nil && !s.State.Terminal() {
 		if req.Wait {
@@ -129,7 +129,7 @@ func (m *Manager) attach(ctx context.Context, req ipc.StartRequest) (ipc.StartRe
 		return ipc.StartResponse{}, fmt.Errorf("look up run %s: %w", req.RunID, err)
 	}
 	if ci.Polling.Completed {
-		return ipc.StartResponse{}, errdefs.Gone(fmt.Errorf("run %s is no longer active: start a new sandbox with `sbx start`", req.RunID))
+		return ipc.StartResponse{}, errdefs.Gone(fmt.Errorf("run %s is no longer active: start a new sandbox with `nook start`", req.RunID))
 	}
 	id := store.Identity{ConfigFile: "run:" + req.RunID}
 	if req.Cwd != "" {
@@ -278,7 +278,7 @@ func (m *Manager) runDefinition(ctx context.Context, p place, init map[string]st
 	cfgBytes, err := repofile.ReadFile(ctx, p.RepoRoot, p.ConfigFile, repofile.MaxFileBytes)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return def, "", "", errdefs.Invalidf("no sandbox config at %s: create one with `sbx init`", p.ConfigFile)
+			return def, "", "", errdefs.Invalidf("no sandbox config at %s: create one with `nook init`", p.ConfigFile)
 		}
 		return def, "", "", fmt.Errorf("read the sandbox config: %w", err)
 	}

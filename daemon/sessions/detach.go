@@ -15,7 +15,7 @@ import (
 	"golang.org/x/crypto/ssh"
 )
 
-// Detached execs (sbx exec --detach, sbx attach): the command is started
+// Detached execs (nook exec --detach, nook attach): the command is started
 // under the sandbox helper's holder and followed later, by its id.
 
 // holderWaitTimeout bounds the wait for the sandbox helper to serve on a
@@ -71,7 +71,7 @@ func (m *Manager) waitHolder(ctx context.Context, conn *sshpool.Conn, what strin
 
 // launchHeld starts command under the holder without attaching: the
 // command runs on with an empty stdin. It is sent once: a launch whose
-// answer was lost is not sent again (sbx attach tells whether it runs).
+// answer was lost is not sent again (nook attach tells whether it runs).
 func (m *Manager) launchHeld(ctx context.Context, lc *lockedConn, helper, command string) (string, error) {
 	id := newExecID()
 	bin := ".git/sandboxd/bin/" + helper
@@ -85,7 +85,7 @@ func (m *Manager) launchHeld(ctx context.Context, lc *lockedConn, helper, comman
 		if errors.Is(err, sshpool.ErrNotSent) {
 			return "", errdefs.Unavailable(fmt.Errorf("start the detached command: %w; it did not run", err))
 		}
-		return "", errdefs.Unavailable(fmt.Errorf("start the detached command: %w; it may or may not run: see `sbx attach %s`", err, id))
+		return "", errdefs.Unavailable(fmt.Errorf("start the detached command: %w; it may or may not run: see `nook attach %s`", err, id))
 	}
 	if st.Code != 0 || st.Signal != "" {
 		return "", errdefs.Unavailable(fmt.Errorf("the sandbox helper refused to start the detached command (exit %d); it did not run", st.Code))
@@ -101,7 +101,7 @@ func (m *Manager) attachHeld(ctx context.Context, req ipc.ExecRequest, stream ba
 	started := m.now()
 	id := req.Attach
 	if !execIDPattern.MatchString(id) {
-		return ipc.ExecResult{}, errdefs.Invalidf("%q is not an exec id (32 hex digits, as `sbx exec --detach` printed it)", id)
+		return ipc.ExecResult{}, errdefs.Invalidf("%q is not an exec id (32 hex digits, as `nook exec --detach` printed it)", id)
 	}
 	s, _, err := m.lookupBranch(ctx, req.Target)
 	if err != nil {
@@ -121,7 +121,7 @@ func (m *Manager) attachHeld(ctx context.Context, req ipc.ExecRequest, stream ba
 	}
 	// Following a command needs no lock: the holder only reads its files.
 	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.connect(ctx, s) }}
-	helper, err := m.waitHolder(ctx, conn, "sbx attach")
+	helper, err := m.waitHolder(ctx, conn, "nook attach")
 	if err != nil {
 		return ipc.ExecResult{}, err
 	}
@@ -139,13 +139,13 @@ func (m *Manager) attachHeld(ctx context.Context, req ipc.ExecRequest, stream ba
 		if ctx.Err() != nil {
 			return ipc.ExecResult{}, errdefs.Canceled(fmt.Errorf("the attach was cancelled because the client went away: %w", err))
 		}
-		return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("following command %s: %w; it may still run: `sbx attach %s` again", id, err, id))
+		return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("following command %s: %w; it may still run: `nook attach %s` again", id, err, id))
 	}
 	if hs, err = m.holdState(ctx, lc, bin, id); err != nil {
 		return ipc.ExecResult{}, err
 	}
 	if !hs.Ended || hs.ExitCode == nil || *hs.ExitCode < 0 || *hs.ExitCode > 255 {
-		return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("the attach to command %s ended but the sandbox reports no exit status for it; it may still run: `sbx attach %s` again", id, id))
+		return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("the attach to command %s ended but the sandbox reports no exit status for it; it may still run: `nook attach %s` again", id, id))
 	}
 	res := ipc.ExecResult{RunID: s.RunID, RunURL: s.RunURL, PulledFiles: []string{}, ExitCode: *hs.ExitCode, ExecID: id}
 	if hs.Signal != "" && signalName.MatchString(hs.Signal) {

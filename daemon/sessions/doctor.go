@@ -75,7 +75,7 @@ func (m *Manager) checkSandbox(ctx context.Context, s *store.Session) []ipc.Doct
 	conn, err := m.opts.Pool.Get(ctx, target(s))
 	if err != nil {
 		return []ipc.DoctorCheck{{Name: name, Detail: fmt.Sprintf("cannot connect to %s: %v", s.Address, err),
-			Fix: fmt.Sprintf("`sbx status --id %s` asks the remote whether the run lives; `sbx reset` in %s starts a new one", s.RunID, s.RepoRoot)}}
+			Fix: fmt.Sprintf("`nook status --id %s` asks the remote whether the run lives; `nook reset` in %s starts a new one", s.RunID, s.RepoRoot)}}
 	}
 	// `date +%s` answers a dozen bytes.
 	out, errb := newAnswer(64), newAnswer(1024)
@@ -85,7 +85,7 @@ func (m *Manager) checkSandbox(ctx context.Context, s *store.Session) []ipc.Doct
 	after := m.now()
 	if err != nil || exitCode(st) != 0 {
 		return []ipc.DoctorCheck{{Name: name, Detail: fmt.Sprintf("a command over SSH failed: %v %s", err, printable(strings.TrimSpace(errb.String()), 512)),
-			Fix: "see sandboxd's log; `sbx reset` starts a new sandbox"}}
+			Fix: "see sandboxd's log; `nook reset` starts a new sandbox"}}
 	}
 	checks := []ipc.DoctorCheck{{Name: name, OK: true, Detail: fmt.Sprintf("%s (%s) answers in %s", s.RunID, s.Branch, after.Sub(before).Round(time.Millisecond))}}
 	secs, err := strconv.ParseInt(strings.TrimSpace(out.String()), 10, 64)
@@ -106,7 +106,7 @@ func (m *Manager) checkSandbox(ctx context.Context, s *store.Session) []ipc.Doct
 // RWX Cloud for the network's or the token's.
 func remoteFix(info RemoteInfo, err error) string {
 	if info.Name != "local" {
-		return "check the network and the access token (`sbx config` says where it comes from)"
+		return "check the network and the access token (`nook config` says where it comes from)"
 	}
 	msg := err.Error()
 	if strings.Contains(msg, "bwrap") || strings.Contains(msg, "bubblewrap") || strings.Contains(msg, "namespace") || strings.Contains(msg, "isolat") {

@@ -78,7 +78,7 @@ func (m *Manager) drifted(s *store.Session) bool {
 }
 
 // driftWarning is the drift warning an exec of session s prints: once per
-// change of the config (not on every exec), worded as `sbx status` words it.
+// change of the config (not on every exec), worded as `nook status` words it.
 func (m *Manager) driftWarning(s *store.Session) string {
 	if !m.drifted(s) {
 		return ""

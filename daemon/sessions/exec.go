@@ -44,7 +44,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 		return ipc.ExecResult{}, errdefs.Invalidf("a detached command has no terminal: leave out -t")
 	}
 	if len(req.Argv) == 0 {
-		return ipc.ExecResult{}, errdefs.Invalidf("no command given: pass it after --, for example `sbx exec -- make test`")
+		return ipc.ExecResult{}, errdefs.Invalidf("no command given: pass it after --, for example `nook exec -- make test`")
 	}
 	if req.Reset {
 		// The config changed: a new sandbox first, in the same call.
@@ -85,7 +85,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 	qcancel()
 	if err != nil {
 		if ctx.Err() == nil {
-			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("waited %s for the sandbox (%d ahead in its queue); the command did not run: retry once the commands ahead are over, or run `sbx reset` to start a new sandbox (queue_timeout in sandboxd's config sets this bound)", queueTimeout, ahead))
+			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("waited %s for the sandbox (%d ahead in its queue); the command did not run: retry once the commands ahead are over, or run `nook reset` to start a new sandbox (queue_timeout in sandboxd's config sets this bound)", queueTimeout, ahead))
 		}
 		return ipc.ExecResult{}, errdefs.Canceled(fmt.Errorf("waiting for the sandbox: %w", err))
 	}
@@ -126,7 +126,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 		if holder, err = m.waitHolder(withLockProgress(ctx, func(msg string) {
 			_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
 			m.progress(s, ipc.PhaseWaiting, msg)
-		}), lc.conn, "sbx exec --detach"); err != nil {
+		}), lc.conn, "nook exec --detach"); err != nil {
 			return ipc.ExecResult{}, err
 		}
 	}
@@ -343,7 +343,7 @@ func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, 
 			return out, nil
 		}
 		if attempt > 0 {
-			return out, errdefs.Unavailable(errors.New("sync your changes to the sandbox: it kept reporting edits of earlier execs: run `sbx reset` if this persists"))
+			return out, errdefs.Unavailable(errors.New("sync your changes to the sandbox: it kept reporting edits of earlier execs: run `nook reset` if this persists"))
 		}
 	}
 }

@@ -243,7 +243,7 @@ func helperWait(ctx context.Context, what string, bound time.Duration, ask func(
 	err := ask(actx)
 	t.Stop()
 	if err != nil && ctx.Err() == nil && actx.Err() != nil {
-		return errdefs.Unavailable(fmt.Errorf("the sandbox helper did not %s within %s (is the sandbox overloaded, or was the helper replaced?): the command may still be running in the sandbox; see it with `sbx exec -- ps -ef`, or `sbx reset` for a fresh sandbox: %w", what, bound, err))
+		return errdefs.Unavailable(fmt.Errorf("the sandbox helper did not %s within %s (is the sandbox overloaded, or was the helper replaced?): the command may still be running in the sandbox; see it with `nook exec -- ps -ef`, or `nook reset` for a fresh sandbox: %w", what, bound, err))
 	}
 	return err
 }

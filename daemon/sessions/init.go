@@ -21,13 +21,13 @@ func (m *Manager) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitRespon
 	if _, err := os.Stat(req.Cwd); err != nil {
 		return ipc.InitResponse{}, errdefs.Invalidf("cwd %s does not exist: %v", req.Cwd, err)
 	}
-	// A config belongs to a checkout: outside one, sbx could only leave a
+	// A config belongs to a checkout: outside one, nook could only leave a
 	// stray file in whatever directory the user happened to be in.
 	base, err := findRepoRoot(req.Cwd)
 	if err != nil {
 		var nr *notRepoError
 		if errors.As(err, &nr) {
-			return ipc.InitResponse{}, errdefs.Invalidf("%s is not inside a git repository: sbx init writes the sandbox config of a checkout; cd into your project (or run `git init` first)", req.Cwd)
+			return ipc.InitResponse{}, errdefs.Invalidf("%s is not inside a git repository: nook init writes the sandbox config of a checkout; cd into your project (or run `git init` first)", req.Cwd)
 		}
 		return ipc.InitResponse{}, err
 	}
@@ -79,12 +79,12 @@ func (m *Manager) Init(ctx context.Context, req ipc.InitRequest) (ipc.InitRespon
 // run code), or through a symbolic link leading out of the repository.
 func initTarget(base, file string) error {
 	if !within(base, file) {
-		return errdefs.Invalidf("%s is outside %s: sbx init writes the sandbox config inside the repository (default %s)", file, base, DefaultConfigRel)
+		return errdefs.Invalidf("%s is outside %s: nook init writes the sandbox config inside the repository (default %s)", file, base, DefaultConfigRel)
 	}
 	rel, _ := filepath.Rel(base, file)
 	for _, part := range strings.Split(filepath.ToSlash(rel), "/") {
 		if part == ".git" {
-			return errdefs.Invalidf("%s is inside .git: sbx init writes the sandbox config in the working tree (default %s)", file, DefaultConfigRel)
+			return errdefs.Invalidf("%s is inside .git: nook init writes the sandbox config in the working tree (default %s)", file, DefaultConfigRel)
 		}
 	}
 	// The deepest existing directory must resolve inside the repository
@@ -109,7 +109,7 @@ func initTarget(base, file string) error {
 		return fmt.Errorf("resolve %s: %w", dir, err)
 	}
 	if !within(realBase, realDir) {
-		return errdefs.Invalidf("%s leads to %s, outside %s: sbx init writes only inside the repository", dir, realDir, base)
+		return errdefs.Invalidf("%s leads to %s, outside %s: nook init writes only inside the repository", dir, realDir, base)
 	}
 	return nil
 }

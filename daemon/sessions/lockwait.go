@@ -169,7 +169,7 @@ func (m *Manager) requestLock(ctx context.Context, s *store.Session, l *lease, c
 				// Granted as it was given up: hand it back.
 				m.unlockLost(s.RunID, conn)
 			}
-			return errdefs.Unavailable(&lockTimeoutError{msg: fmt.Sprintf("the sandbox's lock is still not granted after %s (%s); the command did not run: retry later, or run `sbx reset` for a new sandbox (lock_timeout in sandboxd's config sets this bound)",
+			return errdefs.Unavailable(&lockTimeoutError{msg: fmt.Sprintf("the sandbox's lock is still not granted after %s (%s); the command did not run: retry later, or run `nook reset` for a new sandbox (lock_timeout in sandboxd's config sets this bound)",
 				lockTimeout, m.lockHolderText(l))})
 		case <-ctx.Done():
 			cancel()

@@ -111,7 +111,7 @@ type Options struct {
 	CreateTimeout time.Duration
 	// TokenTTL is the lifetime asked for scoped tokens (default 24h).
 	TokenTTL time.Duration
-	// SSHDir is where the OpenSSH files of `sbx ssh-config` are written
+	// SSHDir is where the OpenSSH files of `nook ssh-config` are written
 	// (the state directory's ssh/); empty turns SSH access off.
 	SSHDir string
 	// DaemonConfig is the part of sandboxd's configuration the manager
@@ -133,7 +133,7 @@ type Options struct {
 }
 
 // DaemonConfig is the part of sandboxd's own configuration the manager uses
-// (history retention) or shows in `sbx config`.
+// (history retention) or shows in `nook config`.
 type DaemonConfig struct {
 	File              string
 	ReconcileInterval time.Duration
@@ -302,7 +302,7 @@ func (m *Manager) publish(typ string, s *store.Session, data any) {
 }
 
 // progress publishes a phase of session s's start, for the clients waiting
-// on it (sbx shows them) and for `sbx events`.
+// on it (nook shows them) and for `nook events`.
 func (m *Manager) progress(s *store.Session, phase, message string) {
 	m.publish(eventProgress, s, ipc.Progress{Phase: phase, Message: message, RunURL: m.browserURL(s.RunURL), RepoRoot: s.RepoRoot, Branch: s.Branch, ConfigFile: s.ConfigFile})
 }

@@ -41,7 +41,7 @@ func (m *Manager) Prune(ctx context.Context, req ipc.PruneRequest) (ipc.PruneRes
 		if !s.State.Terminal() {
 			ended, err := m.stopSession(ctx, s, "pruned: "+detail)
 			if err != nil {
-				resp.Warnings = append(resp.Warnings, fmt.Sprintf("run %s kept: could not end it (%v); run `sbx prune` again", s.RunID, err))
+				resp.Warnings = append(resp.Warnings, fmt.Sprintf("run %s kept: could not end it (%v); run `nook prune` again", s.RunID, err))
 				continue
 			}
 			p.Session = m.info(ended)

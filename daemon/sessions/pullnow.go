@@ -69,7 +69,7 @@ func (m *Manager) endEdits(ctx context.Context, s *store.Session, discard bool) 
 	if !discard {
 		e, err := m.pullBeforeStop(ctx, s)
 		if err != nil {
-			return e, errdefs.Conflict(fmt.Errorf("sandbox %s was not stopped: its edits could not be pulled first (%w); run `sbx pull` to retry, or stop it with --discard to drop them", s.RunID, err))
+			return e, errdefs.Conflict(fmt.Errorf("sandbox %s was not stopped: its edits could not be pulled first (%w); run `nook pull` to retry, or stop it with --discard to drop them", s.RunID, err))
 		}
 		return e, nil
 	}

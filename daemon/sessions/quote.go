@@ -74,7 +74,7 @@ func unsafeShellRune(r rune) bool {
 func remoteCommand(dir string, env map[string]string, argv []string) string {
 	cd := ""
 	if dir != "" {
-		msg := "sbx: the sandbox has no directory " + dir + " (yours, relative to the repository root): " +
+		msg := "nook: the sandbox has no directory " + dir + " (yours, relative to the repository root): " +
 			"a directory git ignores or that holds no file is not synced; run at the root with --root"
 		cd = "cd -- " + quoteArg(dir, false) + " 2>/dev/null || { printf '%s\\n' " + quoteArg(msg, true) + " >&2; exit 125; }\n"
 	}

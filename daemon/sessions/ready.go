@@ -94,7 +94,7 @@ wait:
 	}
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-			return s, errdefs.Timeout(fmt.Errorf("sandbox run %s is not ready after %s; it may still be provisioning (see %s`sbx status`)", s.RunID, timeout, urlOr(m.browserURL(s.RunURL))))
+			return s, errdefs.Timeout(fmt.Errorf("sandbox run %s is not ready after %s; it may still be provisioning (see %s`nook status`)", s.RunID, timeout, urlOr(m.browserURL(s.RunURL))))
 		}
 		return s, err
 	}
@@ -114,7 +114,7 @@ func (m *Manager) pollReady(ctx context.Context, id string) (*store.Session, err
 			return s, endedError(s)
 		}
 		if s.RunID == "" {
-			return s, errdefs.Conflictf("session %s has no run yet: its create did not finish; run `sbx start` again", s.ID)
+			return s, errdefs.Conflictf("session %s has no run yet: its create did not finish; run `nook start` again", s.ID)
 		}
 		remote, err := m.remote(ctx)
 		if err != nil {
@@ -287,7 +287,7 @@ func endedError(s *store.Session) error {
 	if reason == "" {
 		reason = string(s.State)
 	}
-	return errdefs.Gone(fmt.Errorf("sandbox run %s has ended (%s): run the command again to start a new sandbox, or `sbx reset`", s.RunID, reason))
+	return errdefs.Gone(fmt.Errorf("sandbox run %s has ended (%s): run the command again to start a new sandbox, or `nook reset`", s.RunID, reason))
 }
 
 // CheckAlive tells the SSH pool whether a run is still worth reconnecting

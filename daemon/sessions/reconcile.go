@@ -380,10 +380,10 @@ func (m *Manager) Status(ctx context.Context, req ipc.StatusRequest) (ipc.ProbeR
 	}
 	if errors.Is(err, errdefs.ErrNotFound) && p.RepoRoot != "" {
 		// No sandbox for this checkout is an answer, not a failure.
-		detail := "no sandbox for this checkout, branch and config: `sbx start` or `sbx exec -- CMD` starts one"
+		detail := "no sandbox for this checkout, branch and config: `nook start` or `nook exec -- CMD` starts one"
 		if _, err := os.Lstat(p.ConfigFile); errors.Is(err, os.ErrNotExist) {
 			// start and exec would fail for lack of a config.
-			detail = fmt.Sprintf("no sandbox, and no sandbox config at %s: create one with `sbx init`, then `sbx start` or `sbx exec -- CMD` starts a sandbox", p.configRel())
+			detail = fmt.Sprintf("no sandbox, and no sandbox config at %s: create one with `nook init`, then `nook start` or `nook exec -- CMD` starts a sandbox", p.configRel())
 		}
 		return ipc.ProbeResponse{
 			Session:   ipc.SessionInfo{RepoRoot: p.RepoRoot, Branch: p.Branch, ConfigFile: p.ConfigFile, Status: ProbeNoSandbox},
@@ -415,7 +415,7 @@ func (m *Manager) Probe(ctx context.Context, id string) (ipc.ProbeResponse, erro
 	s, err := m.st.Get(id)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			return ipc.ProbeResponse{}, errdefs.NotFoundf("no session %s: `sbx list --all` shows the known ones", id)
+			return ipc.ProbeResponse{}, errdefs.NotFoundf("no session %s: `nook list --all` shows the known ones", id)
 		}
 		return ipc.ProbeResponse{}, err
 	}

@@ -41,7 +41,7 @@ func findRepoRoot(dir string) (string, error) {
 type notRepoError struct{ dir string }
 
 func (e *notRepoError) Error() string {
-	return fmt.Sprintf("%s is not inside a git repository: run sbx from your project's checkout", e.dir)
+	return fmt.Sprintf("%s is not inside a git repository: run nook from your project's checkout", e.dir)
 }
 
 // withIDHint adds the --id alternative to a not-a-repository error, for the
@@ -79,7 +79,7 @@ func findConfig(cwd, repoRoot, explicit string) (string, error) {
 		}
 	}
 	// Not found: the identity still names the default so that a later
-	// `sbx init` creates the file this session expects.
+	// `nook init` creates the file this session expects.
 	return filepath.Join(repoRoot, DefaultConfigRel), nil
 }
 

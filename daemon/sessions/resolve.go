@@ -83,7 +83,7 @@ func (m *Manager) lookup(ctx context.Context, t ipc.Target) (*store.Session, pla
 		if !errors.Is(err, store.ErrNotFound) {
 			return nil, place{}, err
 		}
-		return nil, place{}, errdefs.NotFoundf("no session for run %s: attach to it with `sbx start --id %s`", t.RunID, t.RunID)
+		return nil, place{}, errdefs.NotFoundf("no session for run %s: attach to it with `nook start --id %s`", t.RunID, t.RunID)
 	}
 	p, err := m.locate(t)
 	if err != nil {
@@ -104,7 +104,7 @@ func (m *Manager) lookupIn(ctx context.Context, p place) (*store.Session, place,
 	if s, err := m.adoptLocal(ctx, p); err != nil || s != nil {
 		return s, p, err
 	}
-	return nil, p, errdefs.NotFoundf("no sandbox for %s (branch %s, config %s): start one with `sbx start`", p.RepoRoot, p.Branch, p.configRel())
+	return nil, p, errdefs.NotFoundf("no sandbox for %s (branch %s, config %s): start one with `nook start`", p.RepoRoot, p.Branch, p.configRel())
 }
 
 // adoptLocal handles the local, API-free adoption paths: a detached-HEAD

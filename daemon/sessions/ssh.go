@@ -37,7 +37,7 @@ type sshHost struct {
 	s    *store.Session
 }
 
-// sshHosts names the ready sessions: "sbx-<repo>-<branch>" (plus the config
+// sshHosts names the ready sessions: "nook-<repo>-<branch>" (plus the config
 // when it is not the default one), with the run id's start added where two
 // would share a name. The order is stable.
 func (m *Manager) sshHosts() ([]sshHost, error) {
@@ -51,9 +51,9 @@ func (m *Manager) sshHosts() ([]sshHost, error) {
 		if s.State.Terminal() || s.RunID == "" || s.Address == "" || s.PrivateUserKey == "" || s.PublicHostKey == "" {
 			continue
 		}
-		base := "sbx-" + hostLabel(filepath.Base(s.RepoRoot))
+		base := "nook-" + hostLabel(filepath.Base(s.RepoRoot))
 		if s.RepoRoot == "" {
-			base = "sbx-" + hostLabel(s.RunID)
+			base = "nook-" + hostLabel(s.RunID)
 		} else if s.Branch != "" {
 			base += "-" + hostLabel(s.Branch)
 		}
@@ -127,7 +127,7 @@ func (m *Manager) writeSSHFiles(h sshHost) (ipc.SSHHost, error) {
 	if err != nil {
 		return ipc.SSHHost{}, fmt.Errorf("read the sandbox's host key: %w", err)
 	}
-	alias := "sbx-" + hostLabel(h.s.RunID)
+	alias := "nook-" + hostLabel(h.s.RunID)
 	out := ipc.SSHHost{
 		Name: h.name, RunID: h.s.RunID, RepoRoot: h.s.RepoRoot, Branch: h.s.Branch, User: sshUser,
 		IdentityFile:   filepath.Join(dir, "id"),
@@ -170,13 +170,13 @@ func (m *Manager) DialSSH(ctx context.Context, req ipc.SSHProxyRequest) (net.Con
 			return nil, err
 		}
 		for _, h := range hosts {
-			if h.name == req.Host || "sbx-"+hostLabel(h.s.RunID) == req.Host {
+			if h.name == req.Host || "nook-"+hostLabel(h.s.RunID) == req.Host {
 				s = h.s
 				break
 			}
 		}
 		if s == nil {
-			return nil, errdefs.NotFoundf("no live sandbox is called %s: `sbx ssh-config` lists the current ones (a sandbox that was stopped or reset has a new name or none)", req.Host)
+			return nil, errdefs.NotFoundf("no live sandbox is called %s: `nook ssh-config` lists the current ones (a sandbox that was stopped or reset has a new name or none)", req.Host)
 		}
 	} else {
 		var err error
@@ -184,13 +184,13 @@ func (m *Manager) DialSSH(ctx context.Context, req ipc.SSHProxyRequest) (net.Con
 			return nil, err
 		}
 		if s.State.Terminal() || s.Address == "" {
-			return nil, errdefs.Conflictf("the sandbox of run %s is not ready (%s): start it with `sbx start --wait`", s.RunID, s.State)
+			return nil, errdefs.Conflictf("the sandbox of run %s is not ready (%s): start it with `nook start --wait`", s.RunID, s.State)
 		}
 	}
 	d := net.Dialer{Timeout: sshDialTimeout}
 	conn, err := d.DialContext(ctx, "tcp", s.Address)
 	if err != nil {
-		return nil, errdefs.Unavailable(fmt.Errorf("connect to the SSH server of sandbox %s at %s: %w (check it with `sbx status`)", s.RunID, s.Address, err))
+		return nil, errdefs.Unavailable(fmt.Errorf("connect to the SSH server of sandbox %s at %s: %w (check it with `nook status`)", s.RunID, s.Address, err))
 	}
 	// An open SSH session (ssh, scp, an editor's remote) keeps the sandbox
 	// from the idle stop until it closes.

@@ -34,7 +34,7 @@ func (m *Manager) Stop(ctx context.Context, req ipc.StopRequest) (ipc.StopRespon
 		if errors.Is(err, errdefs.ErrNotFound) && req.RunID != "" {
 			// A run sandboxd never knew is a mistake (a typo, another
 			// machine's run), not an already-stopped sandbox.
-			return ipc.StopResponse{}, errdefs.NotFoundf("run %s is unknown to sandboxd: `sbx list --all` lists the runs it knows", req.RunID)
+			return ipc.StopResponse{}, errdefs.NotFoundf("run %s is unknown to sandboxd: `nook list --all` lists the runs it knows", req.RunID)
 		}
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return ipc.StopResponse{Stopped: []ipc.SessionInfo{}}, nil

@@ -359,7 +359,7 @@ func (p *Pool) dial(ctx context.Context, t Target) (*Conn, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(dctx, "tcp", t.Address)
 	if err != nil {
-		return nil, fmt.Errorf("connect to sandbox %s at %s: %w (is the remote up? check with `sbx status`)", t.RunID, t.Address, err)
+		return nil, fmt.Errorf("connect to sandbox %s at %s: %w (is the remote up? check with `nook status`)", t.RunID, t.Address, err)
 	}
 	// The handshake has no context of its own: a deadline bounds it, and
 	// Forget/Close interrupt it.
@@ -377,7 +377,7 @@ func (p *Pool) dial(ctx context.Context, t Target) (*Conn, error) {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("SSH handshake with sandbox %s at %s: %w", t.RunID, t.Address, ctx.Err())
 		}
-		return nil, fmt.Errorf("SSH handshake with sandbox %s at %s failed (its agent may be restarting, overloaded or gone): %w; check it with `sbx status`: an ended sandbox is replaced by the next exec, `sbx reset` starts a new one", t.RunID, t.Address, err)
+		return nil, fmt.Errorf("SSH handshake with sandbox %s at %s failed (its agent may be restarting, overloaded or gone): %w; check it with `nook status`: an ended sandbox is replaced by the next exec, `nook reset` starts a new one", t.RunID, t.Address, err)
 	}
 	_ = nc.SetDeadline(time.Time{})
 	return newConn(p, t, ssh.NewClient(sc, chans, reqs), tc), nil
@@ -511,7 +511,7 @@ func pinnedHostKey(t Target, want ssh.PublicKey) ssh.HostKeyCallback {
 		if bytes.Equal(got.Marshal(), wantBytes) {
 			return nil
 		}
-		return fmt.Errorf("%w: sandbox %s at %s presented %s %s, expected %s %s; refusing to connect (if the sandbox was restarted, its connection info is stale: check it with `sbx status`)",
+		return fmt.Errorf("%w: sandbox %s at %s presented %s %s, expected %s %s; refusing to connect (if the sandbox was restarted, its connection info is stale: check it with `nook status`)",
 			ErrHostKeyMismatch, t.RunID, t.Address, got.Type(), ssh.FingerprintSHA256(got), want.Type(), ssh.FingerprintSHA256(want))
 	}
 }

@@ -716,7 +716,7 @@ func TestHandshakeFailureGivesAdvice(t *testing.T) {
 	tg.Address = testutil.GarbageListener(t, "not ssh\r\n")
 	p := newPool(t, Options{})
 	_, err := p.Get(context.Background(), tg)
-	if err == nil || !strings.Contains(err.Error(), "SSH handshake") || !strings.Contains(err.Error(), "sbx status") {
+	if err == nil || !strings.Contains(err.Error(), "SSH handshake") || !strings.Contains(err.Error(), "nook status") {
 		t.Fatalf("handshake with a non-SSH server: %v", err)
 	}
 }

@@ -169,7 +169,7 @@ func (r *runner) baselineA(ctx context.Context, repo string) error {
 }
 
 // baselineB is OpenSSH with a ControlMaster connection to the same agent,
-// paired with sbx exec --no-sync (alternating calls).
+// paired with nook exec --no-sync (alternating calls).
 func (r *runner) baselineB(ctx context.Context, repo string) error {
 	sshBin, err := exec.LookPath("ssh")
 	if err != nil {
@@ -217,7 +217,7 @@ func (r *runner) baselineB(ctx context.Context, repo string) error {
 		c := exec.Command(sshBin, append(slices.Clone(args[:len(args)-1]), "-O", "exit", args[len(args)-1])...)
 		_ = c.Run()
 	}()
-	var sshT, sbxT []time.Duration
+	var sshT, nookT []time.Duration
 	var ratios []float64
 	for i := -1; i < r.sz.n; i++ {
 		start := time.Now()
@@ -226,20 +226,20 @@ func (r *runner) baselineB(ctx context.Context, repo string) error {
 		}
 		a := time.Since(start)
 		start = time.Now()
-		if err := r.e.sbx(ctx, repo, "exec", "--no-sync", "--", "true"); err != nil {
+		if err := r.e.nook(ctx, repo, "exec", "--no-sync", "--", "true"); err != nil {
 			return err
 		}
 		b := time.Since(start)
 		if i >= 0 {
-			sshT, sbxT = append(sshT, a), append(sbxT, b)
+			sshT, nookT = append(sshT, a), append(nookT, b)
 			ratios = append(ratios, float64(b)/float64(a))
 		}
 	}
 	med, p95 := stats(sshT)
 	r.add(Row{Scenario: "baseline B: OpenSSH ControlMaster `ssh true`", N: len(sshT), MedianMs: med, P95Ms: p95, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1})
-	smed, sp95 := stats(sbxT)
+	smed, sp95 := stats(nookT)
 	slices.Sort(ratios)
-	r.add(Row{Scenario: "exec --no-sync -- true, sbx, paired with baseline B", N: len(sbxT), MedianMs: smed, P95Ms: sp95, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1,
+	r.add(Row{Scenario: "exec --no-sync -- true, nook, paired with baseline B", N: len(nookT), MedianMs: smed, P95Ms: sp95, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1,
 		Extra: map[string]float64{"paired_ratio_median": ratios[len(ratios)/2]}})
 	return nil
 }
@@ -430,11 +430,11 @@ func (r *runner) callers(ctx context.Context, name string, repos []string, per i
 	return row, nil
 }
 
-// list: `sbx list` with every session live (remote calls included).
+// list: `nook list` with every session live (remote calls included).
 func (r *runner) list(ctx context.Context) error {
 	sessions := r.live + len(r.sz.repoFiles)
-	row, err := r.measure(ctx, fmt.Sprintf("sbx list, %d sessions", sessions), r.sz.nList, 1, 1, nil, func(int) error {
-		return r.e.sbx(ctx, r.root, "list")
+	row, err := r.measure(ctx, fmt.Sprintf("nook list, %d sessions", sessions), r.sz.nList, 1, 1, nil, func(int) error {
+		return r.e.nook(ctx, r.root, "list")
 	})
 	if err != nil {
 		return err

@@ -25,7 +25,7 @@ import (
 
 // Options of one benchmark run.
 type Options struct {
-	Bin   string          // directory of sandboxd, sbx, sandboxd-localcloud
+	Bin   string          // directory of sandboxd, nook, sandboxd-localcloud
 	JSON  string          // where the JSON goes ("" for none)
 	Quick bool            // fewer samples and smaller sizes (the smoke test)
 	RTTs  []time.Duration // round-trip times to run at
@@ -88,7 +88,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sandboxd-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	self, _ := os.Executable()
-	bin := fs.String("bin", filepath.Dir(self), "directory holding sandboxd, sbx and sandboxd-localcloud")
+	bin := fs.String("bin", filepath.Dir(self), "directory holding sandboxd, nook and sandboxd-localcloud")
 	jsonOut := fs.String("json", "bench.json", "write the results as JSON to this file (\"\" for none)")
 	quick := fs.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "quick mode: few samples, small sizes (default from BENCH_QUICK=1)")
 	rtts := fs.String("rtt", "0,20ms", "round-trip times to run at, comma-separated")
@@ -131,7 +131,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		opts.RTTs = append(opts.RTTs, d)
 	}
-	for _, b := range []string{"sandboxd", "sbx", "sandboxd-localcloud"} {
+	for _, b := range []string{"sandboxd", "nook", "sandboxd-localcloud"} {
 		if _, err := os.Stat(filepath.Join(opts.Bin, b)); err != nil {
 			fmt.Fprintf(stderr, "sandboxd-bench: %s not found in %s: run `make build` or pass -bin\n", b, opts.Bin)
 			return 2

@@ -24,7 +24,7 @@ func TestQuickSmoke(t *testing.T) {
 	}
 	// Plain builds (not -race): this checks that the program works, and the
 	// race-built binaries are exercised by the end-to-end tests.
-	bin, err := testutil.Binaries(false, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/sbx",
+	bin, err := testutil.Binaries(false, "github.com/sandboxd/sandboxd/cmd/sandboxd", "github.com/sandboxd/sandboxd/cmd/nook",
 		"github.com/sandboxd/sandboxd/cmd/sandboxd-localcloud", "github.com/sandboxd/sandboxd/cmd/sandboxd-helper", "github.com/sandboxd/sandboxd/cmd/sandboxd-bench")
 	defer testutil.Cleanup()
 	if err != nil {
@@ -38,7 +38,7 @@ func TestQuickSmoke(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("sandboxd-bench -quick: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
-	for _, want := range []string{"median ms", "exec --no-sync -- true, sbx", "synced exec -- true", "32 callers on 1 sandbox", "sbx list", "READY=1", "ratios", "of silence"} {
+	for _, want := range []string{"median ms", "exec --no-sync -- true, nook", "synced exec -- true", "32 callers on 1 sandbox", "nook list", "READY=1", "ratios", "of silence"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("the table lacks %q:\n%s", want, stdout.String())
 		}

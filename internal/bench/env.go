@@ -38,7 +38,7 @@ type env struct {
 	lcHTTP  *http.Client
 	lcToken string
 	lcAPI   string
-	lastCPU time.Duration // user+system CPU of the last sbx run
+	lastCPU time.Duration // user+system CPU of the last nook run
 }
 
 func newEnv(bin, root string) (*env, error) {
@@ -222,15 +222,15 @@ func (e *env) connInfo(ctx context.Context, runID string) (rwxapi.ConnectionInfo
 	return ci, err
 }
 
-// sbx runs the sbx binary in dir; a non-zero exit is an error.
-func (e *env) sbx(ctx context.Context, dir string, args ...string) error {
-	cmd := exec.CommandContext(ctx, filepath.Join(e.bin, "sbx"), args...)
+// nook runs the nook binary in dir; a non-zero exit is an error.
+func (e *env) nook(ctx context.Context, dir string, args ...string) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(e.bin, "nook"), args...)
 	cmd.Dir = dir
 	cmd.Env = e.vars
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("sbx %s in %s: %w\n%s", strings.Join(args, " "), dir, err, out.Bytes())
+		return fmt.Errorf("nook %s in %s: %w\n%s", strings.Join(args, " "), dir, err, out.Bytes())
 	}
 	e.lastCPU = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	return nil

@@ -156,20 +156,20 @@ func (r *runner) ratios() {
 	}
 	for _, rtt := range r.opts.RTTs {
 		ms := int(rtt.Milliseconds())
-		add("sbx no-sync / OpenSSH ControlMaster (medians)", "exec --no-sync -- true, sbx, paired with baseline B", "baseline B: OpenSSH ControlMaster `ssh true`", ms, "target <= 0.6 at 0 ms")
-		add("sbx no-sync / client library (the shim's cost)", "exec --no-sync -- true, sbx", "exec --no-sync -- true, client library", ms, "")
-		add("sbx no-sync / agent floor", "exec --no-sync -- true, sbx", "agent direct: kept SSH connection, new channel + true", ms, "")
-		add("baseline A / sbx no-sync", "baseline A: API call + fresh SSH + lock + true + unlock", "exec --no-sync -- true, sbx", ms, "")
-		add(fmt.Sprintf("synced %d files / %d files, sbx", big, small), synced(big, "sbx"), synced(small, "sbx"), ms, "target <= 1.5")
-		add("synced / no-sync, sbx", synced(small, "sbx"), "exec --no-sync -- true, sbx", ms, "")
+		add("nook no-sync / OpenSSH ControlMaster (medians)", "exec --no-sync -- true, nook, paired with baseline B", "baseline B: OpenSSH ControlMaster `ssh true`", ms, "target <= 0.6 at 0 ms")
+		add("nook no-sync / client library (the shim's cost)", "exec --no-sync -- true, nook", "exec --no-sync -- true, client library", ms, "")
+		add("nook no-sync / agent floor", "exec --no-sync -- true, nook", "agent direct: kept SSH connection, new channel + true", ms, "")
+		add("baseline A / nook no-sync", "baseline A: API call + fresh SSH + lock + true + unlock", "exec --no-sync -- true, nook", ms, "")
+		add(fmt.Sprintf("synced %d files / %d files, nook", big, small), synced(big, "nook"), synced(small, "nook"), ms, "target <= 1.5")
+		add("synced / no-sync, nook", synced(small, "nook"), "exec --no-sync -- true, nook", ms, "")
 		same := func(files int) string {
-			return fmt.Sprintf("synced exec -- true, nothing changed since the last exec, %d files, sbx", files)
+			return fmt.Sprintf("synced exec -- true, nothing changed since the last exec, %d files, nook", files)
 		}
-		add(fmt.Sprintf("synced, nothing changed, %d files / %d files, sbx", big, small), same(big), same(small), ms, "")
+		add(fmt.Sprintf("synced, nothing changed, %d files / %d files, nook", big, small), same(big), same(small), ms, "")
 		for _, files := range r.sz.repoFiles {
-			add(fmt.Sprintf("sbx start --wait / RWX CLI start --wait, %d files", files), startRow(files, "sbx"), startRow(files, "RWX CLI"), ms, "target <= 1")
-			addExtra(fmt.Sprintf("sbx start --wait / RWX CLI start --wait, %d files, own share (but provisioning)", files), startRow(files, "sbx"), startRow(files, "RWX CLI"), "own_ms", ms)
+			add(fmt.Sprintf("nook start --wait / RWX CLI start --wait, %d files", files), startRow(files, "nook"), startRow(files, "RWX CLI"), ms, "target <= 1")
+			addExtra(fmt.Sprintf("nook start --wait / RWX CLI start --wait, %d files, own share (but provisioning)", files), startRow(files, "nook"), startRow(files, "RWX CLI"), "own_ms", ms)
 		}
-		add("RWX CLI synced / sbx synced", "baseline A: RWX CLI `rwx sandbox exec -- true`, 1 changed file", synced(small, "sbx"), ms, "")
+		add("RWX CLI synced / nook synced", "baseline A: RWX CLI `rwx sandbox exec -- true`, 1 changed file", synced(small, "nook"), ms, "")
 	}
 }

@@ -71,7 +71,7 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if len(opts.RTTs) == 0 {
 		opts.RTTs = []time.Duration{0, 20 * time.Millisecond}
 	}
-	root, err := os.MkdirTemp("", "sbxbench")
+	root, err := os.MkdirTemp("", "nookbench")
 	if err != nil {
 		return res, err
 	}
@@ -387,8 +387,8 @@ func (r *runner) waitFor(ctx context.Context, done func() (bool, error)) (bool, 
 	}
 }
 
-// cpuReferences are what sbx's CPU per exec compares with: the CPU of
-// `sbx --help` (the process alone: Go's start, parsing, exit) and of
+// cpuReferences are what nook's CPU per exec compares with: the CPU of
+// `nook --help` (the process alone: Go's start, parsing, exit) and of
 // sleep(1) waiting as long as an exec took (what this machine charges any
 // process for waiting: on a VM, waking up from a wait is not free).
 func (r *runner) cpuReferences(ctx context.Context, dir string, waitMs float64) (floor, waiting float64, err error) {
@@ -398,7 +398,7 @@ func (r *runner) cpuReferences(ctx context.Context, dir string, waitMs float64) 
 	}
 	var help, slept []time.Duration
 	for range r.sz.n {
-		if err := r.e.sbx(ctx, dir, "--help"); err != nil {
+		if err := r.e.nook(ctx, dir, "--help"); err != nil {
 			return 0, 0, err
 		}
 		help = append(help, r.e.lastCPU)
@@ -424,8 +424,8 @@ func (r *runner) libExec(ctx context.Context, repo string, noSync bool, argv ...
 func (r *runner) execNoSync(ctx context.Context, repo string) error {
 	ids := []string{r.runOf[repo]}
 	var cpu []time.Duration
-	row, err := r.measure(ctx, "exec --no-sync -- true, sbx", r.sz.n, 2, 1, ids, func(i int) error {
-		err := r.e.sbx(ctx, repo, "exec", "--no-sync", "--", "true")
+	row, err := r.measure(ctx, "exec --no-sync -- true, nook", r.sz.n, 2, 1, ids, func(i int) error {
+		err := r.e.nook(ctx, repo, "exec", "--no-sync", "--", "true")
 		if i >= 0 {
 			cpu = append(cpu, r.e.lastCPU)
 		}
@@ -439,7 +439,7 @@ func (r *runner) execNoSync(ctx context.Context, repo string) error {
 	if err != nil {
 		return err
 	}
-	row.Extra = map[string]float64{"sbx_cpu_ms": med, "sbx_help_cpu_ms": floor, "sleep_cpu_ms": waiting}
+	row.Extra = map[string]float64{"nook_cpu_ms": med, "nook_help_cpu_ms": floor, "sleep_cpu_ms": waiting}
 	r.add(row)
 	row, err = r.measure(ctx, "exec --no-sync -- true, client library", r.sz.n, 2, 1, ids, func(int) error {
 		_, err := r.libExec(ctx, repo, true, "true")
@@ -462,8 +462,8 @@ func (r *runner) execSynced(ctx context.Context) error {
 			return os.WriteFile(filepath.Join(repo, "README.md"), []byte("change "+tag+" "+strconv.Itoa(i)+"\n"), 0o644)
 		}
 		name := fmt.Sprintf("synced exec -- true, 1 changed file, %d files", files)
-		row, err := r.measureChanged(ctx, name+", sbx", n, ids, change, "sbx", func() error {
-			return r.e.sbx(ctx, repo, "exec", "--", "true")
+		row, err := r.measureChanged(ctx, name+", nook", n, ids, change, "nook", func() error {
+			return r.e.nook(ctx, repo, "exec", "--", "true")
 		})
 		if err != nil {
 			return err
@@ -479,8 +479,8 @@ func (r *runner) execSynced(ctx context.Context) error {
 		r.add(row)
 		// An agent running its tests again without an edit in between.
 		same := func(string, int) error { return nil }
-		row, err = r.measureChanged(ctx, fmt.Sprintf("synced exec -- true, nothing changed since the last exec, %d files, sbx", files), n, ids, same, "same", func() error {
-			return r.e.sbx(ctx, repo, "exec", "--", "true")
+		row, err = r.measureChanged(ctx, fmt.Sprintf("synced exec -- true, nothing changed since the last exec, %d files, nook", files), n, ids, same, "same", func() error {
+			return r.e.nook(ctx, repo, "exec", "--", "true")
 		})
 		if err != nil {
 			return err

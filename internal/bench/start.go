@@ -15,11 +15,11 @@ import (
 	"github.com/sandboxd/sandboxd/localcloud/runs"
 )
 
-// startWait times `sbx start --wait` from a stopped sandbox in each sized
+// startWait times `nook start --wait` from a stopped sandbox in each sized
 // repository (no setup steps: the config's one task is the sandbox), and,
 // when RWX_CLI names the RWX CLI, `rwx sandbox start --wait` in the same
 // repository against the same localcloud, the two alternating. Stopping is
-// outside the timing. The repository ends with a ready sandbox of sbx's.
+// outside the timing. The repository ends with a ready sandbox of nook's.
 // Past the smallest repository it runs at 0 ms RTT only: a large start is
 // local work (cloning, checking out), and it is the longest scenario.
 func (r *runner) startWait(ctx context.Context) error {
@@ -37,7 +37,7 @@ func (r *runner) startWait(ctx context.Context) error {
 		}
 		repo := r.sized[files]
 		n := r.sz.nStart[files]
-		var sbxT, rwxT, sbxOwn, rwxOwn []time.Duration
+		var nookT, rwxT, nookOwn, rwxOwn []time.Duration
 		// timed runs one start (from a stopped sandbox) and adds its time
 		// and its own share to all and own; start's false says it did
 		// not start and is not counted. The own share is all but
@@ -77,17 +77,17 @@ func (r *runner) startWait(ctx context.Context) error {
 				return true, nil
 			}, &rwxT, &rwxOwn)
 		}
-		startSbx := func() error {
+		startNook := func() error {
 			return timed(func() (bool, error) {
-				return true, r.e.sbx(ctx, repo, "start", "--wait")
-			}, &sbxT, &sbxOwn)
+				return true, r.e.nook(ctx, repo, "start", "--wait")
+			}, &nookT, &nookOwn)
 		}
 		for i := range n {
 			// Each tool goes first in turn: the start after another's
 			// removal pays for the file system's slow inodes.
-			first, second := startRWX, startSbx
+			first, second := startRWX, startNook
 			if i%2 == 1 {
-				first, second = startSbx, startRWX
+				first, second = startNook, startRWX
 			}
 			if err := first(); err != nil {
 				return err
@@ -108,7 +108,7 @@ func (r *runner) startWait(ctx context.Context) error {
 			r.add(Row{Scenario: startRow(files, how), N: len(all), MedianMs: med, P95Ms: p95, ExecsPerCall: -1, ChansPerCall: -1, APIPerCall: -1,
 				Extra: map[string]float64{"own_ms": omed}, Note: "own_ms: all but localcloud's provisioning"})
 		}
-		add("sbx", sbxT, sbxOwn)
+		add("nook", nookT, nookOwn)
 		if len(rwxT) > 0 {
 			add("RWX CLI", rwxT, rwxOwn)
 		}
@@ -123,7 +123,7 @@ func (r *runner) startWait(ctx context.Context) error {
 // after a mass deletion (recently_deleted), so the checkout's time varies
 // (docs/performance.md): own_ms is the tool's share.
 func (r *runner) stopAndClean(ctx context.Context, repo string) error {
-	if err := r.e.sbx(ctx, repo, "stop"); err != nil {
+	if err := r.e.nook(ctx, repo, "stop"); err != nil {
 		return err
 	}
 	removed, err := r.waitFor(ctx, func() (bool, error) {

@@ -208,7 +208,7 @@ func Binaries(race bool, pkgs ...string) (string, error) {
 	}
 	builds.mu.Unlock()
 	b.once.Do(func() {
-		dir, err := os.MkdirTemp("", "sbxtest-bin")
+		dir, err := os.MkdirTemp("", "nooktest-bin")
 		if err != nil {
 			b.err = fmt.Errorf("make a directory for the test binaries: %w", err)
 			return

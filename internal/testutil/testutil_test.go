@@ -74,7 +74,7 @@ func TestGarbageListenerAnswersGarbageThenCloses(t *testing.T) {
 // under CI: run as a child test binary, whose outcome is read.
 func TestMissingToolFailsUnderCIAndSkipsElsewhere(t *testing.T) {
 	if os.Getenv("TESTUTIL_CHILD") == "1" {
-		NeedTool(t, "sbx-no-such-tool", "apt-get install nothing")
+		NeedTool(t, "nook-no-such-tool", "apt-get install nothing")
 		return
 	}
 	for _, c := range []struct {
@@ -84,7 +84,7 @@ func TestMissingToolFailsUnderCIAndSkipsElsewhere(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestMissingToolFailsUnderCIAndSkipsElsewhere$", "-test.v")
 		cmd.Env = append(os.Environ(), "TESTUTIL_CHILD=1", "CI="+c.ci)
 		out, _ := cmd.CombinedOutput()
-		if !strings.Contains(string(out), c.want) || !strings.Contains(string(out), "sbx-no-such-tool is not installed") {
+		if !strings.Contains(string(out), c.want) || !strings.Contains(string(out), "nook-no-such-tool is not installed") {
 			t.Errorf("CI=%q: want %s naming the tool:\n%s", c.ci, c.want, out)
 		}
 	}
@@ -99,17 +99,17 @@ func TestRaceEnvKeepsTheUsersSettings(t *testing.T) {
 
 func TestBinariesAreTakenFromMakeTestsBuild(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "sbx"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "nook"), []byte("#!/bin/sh\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv(PrebuiltEnv, dir)
-	got, err := Binaries(false, "github.com/sandboxd/sandboxd/cmd/sbx")
+	got, err := Binaries(false, "github.com/sandboxd/sandboxd/cmd/nook")
 	if err != nil || got != dir {
 		t.Fatalf("Binaries = %q, %v; want the prebuilt %s", got, err, dir)
 	}
 	// One binary missing there: built here instead (not run: the test only
 	// checks where it would look).
-	if prebuilt(false, []string{"github.com/sandboxd/sandboxd/cmd/sbx", "github.com/sandboxd/sandboxd/cmd/sandboxd"}) != "" {
+	if prebuilt(false, []string{"github.com/sandboxd/sandboxd/cmd/nook", "github.com/sandboxd/sandboxd/cmd/sandboxd"}) != "" {
 		t.Fatal("a prebuilt directory lacking a binary was taken")
 	}
 }

@@ -27,7 +27,7 @@ const shortSHALen = 7
 // file without running git and refreshed when HEAD changes on disk. After
 // the first call for a repository, Branch is a map read plus one stat of
 // HEAD: the watcher's notice arrives a moment after the change, and a
-// caller that switched branches and runs sbx at once must not be answered
+// caller that switched branches and runs nook at once must not be answered
 // with the old branch.
 type Branches struct {
 	w        *Watcher

@@ -1,5 +1,5 @@
 // Package client is the one typed Go client of sandboxd's socket API, used by
-// sbx, editor integrations and the tests. Errors come back as errdefs kinds
+// nook, editor integrations and the tests. Errors come back as errdefs kinds
 // (errors.Is(err, errdefs.ErrNotFound)) carrying the daemon's message; a
 // daemon that is not running is a *NotRunningError.
 //
@@ -185,7 +185,7 @@ func (c *Client) received(resp *response, upgrade bool) error {
 	case resp.status == 101 && upgrade, resp.status/100 == 2:
 		return nil
 	case resp.status == 101:
-		return errdefs.Internal(errors.New("sandboxd answered 101 Switching Protocols to a request that asked for no upgrade: is another program serving the socket? (sbx version)"))
+		return errdefs.Internal(errors.New("sandboxd answered 101 Switching Protocols to a request that asked for no upgrade: is another program serving the socket? (nook version)"))
 	}
 	return decodeError(resp)
 }
@@ -272,7 +272,7 @@ func transportError(ctx context.Context, method, path string, err error) error {
 	if method == methodPost && path == "/v1/exec" {
 		// The daemon answers before it runs the command (the started
 		// frame): no answer means nothing ran.
-		return errdefs.Unavailable(fmt.Errorf("%s %s: the connection to sandboxd failed before it answered (did the daemon stop? `sbx daemon status` tells), so the command did not run and it is safe to retry: %w", method, path, err))
+		return errdefs.Unavailable(fmt.Errorf("%s %s: the connection to sandboxd failed before it answered (did the daemon stop? `nook daemon status` tells), so the command did not run and it is safe to retry: %w", method, path, err))
 	}
 	return errdefs.Unavailable(fmt.Errorf("%s %s: the connection to sandboxd failed (did the daemon stop?): %w", method, path, err))
 }

@@ -107,7 +107,7 @@ func TestErrorsKeepTheirKind(t *testing.T) {
 }
 
 func TestNotRunning(t *testing.T) {
-	dir, err := os.MkdirTemp("", "sbx")
+	dir, err := os.MkdirTemp("", "nook")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestExecStdinEchoAndStreams(t *testing.T) {
 		if err := st.Send(ipc.ExecOutput{Type: ipc.ExecStarted}); err != nil {
 			return ipc.ExecResult{}, err
 		}
-		fmtErr := st.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: "config drift: run sbx reset"})
+		fmtErr := st.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: "config drift: run nook reset"})
 		if fmtErr != nil {
 			return ipc.ExecResult{}, fmtErr
 		}
@@ -168,7 +168,7 @@ func TestExecStdinEchoAndStreams(t *testing.T) {
 	if stderr.String() != "done\n" || res.ExitCode != len(payload)%256 || res.PulledFiles == nil {
 		t.Fatalf("stderr %q result %+v", stderr.String(), res)
 	}
-	if strings.Join(frames, ",") != "started:,warning:config drift: run sbx reset" {
+	if strings.Join(frames, ",") != "started:,warning:config drift: run nook reset" {
 		t.Fatalf("frames %v", frames)
 	}
 	if req := s.Sessions.Requests()[0].(ipc.ExecRequest); !req.Stdin || req.Argv[0] != "cat" {

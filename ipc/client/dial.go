@@ -10,7 +10,7 @@ import (
 
 // dialUnix connects to the Unix socket at path and returns the connection
 // as a pollable file (reads, writes and deadlines through the runtime's
-// poller). net's dialer would do the same, but linking net costs every sbx
+// poller). net's dialer would do the same, but linking net costs every nook
 // start its package initialisation and a larger binary.
 func dialUnix(ctx context.Context, path string, timeout time.Duration) (*os.File, error) {
 	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)

@@ -84,7 +84,7 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 			return ipc.ExecResult{}, up.failed()
 		}
 		if ctx.Err() == nil {
-			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd closed the connection before answering (did it die or restart?): the command had not been reported started, so it most likely did not run; check `sbx daemon status`, then run it again: %w", err))
+			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd closed the connection before answering (did it die or restart?): the command had not been reported started, so it most likely did not run; check `nook daemon status`, then run it again: %w", err))
 		}
 		return ipc.ExecResult{}, transportError(ctx, methodPost, path, err)
 	}
@@ -133,7 +133,7 @@ func (c *Client) readExec(ctx context.Context, body io.Reader, status int, opts 
 				return ipc.ExecResult{}, transportError(ctx, methodPost, "/v1/exec", err)
 			}
 			if !started {
-				return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd's answer ended before the command started (did the daemon die or restart?): the command most likely did not run; check `sbx daemon status`, then run it again: %w", err))
+				return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd's answer ended before the command started (did the daemon die or restart?): the command most likely did not run; check `nook daemon status`, then run it again: %w", err))
 			}
 			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd's answer ended after the command started and before its result (did the daemon die or restart?): the command may have run, in full or in part, and its edits were not brought back; check the sandbox before running it again: %w", err))
 		}

@@ -11,9 +11,9 @@ import (
 	"github.com/sandboxd/sandboxd/ipc"
 )
 
-// The exec's frames are coded by hand on sbx's path: encoding/json works a
+// The exec's frames are coded by hand on nook's path: encoding/json works a
 // type's fields out by reflection the first time it meets the type, a
-// sizeable share of the CPU a short-lived `sbx exec` costs. What the hand
+// sizeable share of the CPU a short-lived `nook exec` costs. What the hand
 // code does not take (a string that is not UTF-8, a key it does not know, a
 // null, a number that is not an integer) goes to encoding/json, so the hand
 // code only has to agree with it where it answers; FuzzExecWire checks that.

@@ -38,7 +38,7 @@ func frames(t testing.TB) [][]byte {
 	return out
 }
 
-// The hand decoder decodes what the daemon sends itself (so sbx's path
+// The hand decoder decodes what the daemon sends itself (so nook's path
 // skips encoding/json), and agrees with encoding/json on it.
 func TestExecWireDecodesTheDaemonsFrames(t *testing.T) {
 	for _, b := range frames(t) {

@@ -12,7 +12,7 @@ import (
 )
 
 // The client speaks HTTP/1.1 itself, one request per connection, rather than
-// through net/http: sbx starts on every command an agent runs, and net/http
+// through net/http: nook starts on every command an agent runs, and net/http
 // (with the TLS, MIME and proxy packages it links) costs each start its
 // package initialisation and the page faults of a larger binary. Only what
 // sandboxd's socket API uses is here: requests with a whole body
@@ -49,7 +49,7 @@ func (e *ProtocolError) Error() string {
 }
 
 // How an answer can end too early. Each wraps io.EOF or io.ErrUnexpectedEOF.
-// (Literals rather than fmt.Errorf: they cost sbx's start nothing.)
+// (Literals rather than fmt.Errorf: they cost nook's start nothing.)
 var (
 	errNoAnswer error = &earlyEnd{"the connection closed before an answer", io.EOF}
 	errHeadCut  error = &earlyEnd{"the answer ended within its head", io.ErrUnexpectedEOF}

@@ -16,7 +16,7 @@ import (
 )
 
 // The tests here may use net/http: they check the client's own HTTP/1.1
-// against it, and test code is not linked into sbx.
+// against it, and test code is not linked into nook.
 
 // readAll reads a response from raw and its whole body (at most limit
 // bytes, so that a test of a hostile answer cannot grow without end).
@@ -210,7 +210,7 @@ func TestRequestIsWhatNetHTTPReads(t *testing.T) {
 		{method: methodPost, path: "/v1/ssh/proxy", contentType: "application/json", body: []byte(`{"host":"h"}`), upgrade: "sandboxd-ssh"},
 		{method: methodGet, path: "/v1/sessions/" + escape("a/b c?d", false) + "/probe"},
 	} {
-		raw := appendRequest(nil, r, "sbx/1.0\r\nX-Injected: 1")
+		raw := appendRequest(nil, r, "nook/1.0\r\nX-Injected: 1")
 		if r.chunked {
 			raw = append(raw, "4\r\nbody\r\n0\r\n\r\n"...)
 		}
@@ -228,7 +228,7 @@ func TestRequestIsWhatNetHTTPReads(t *testing.T) {
 			q.Set(k, v)
 		}
 		if hr.Method != r.method || hr.URL.EscapedPath() != r.path || hr.URL.RawQuery != q.Encode() || hr.Host != "sandboxd" ||
-			hr.UserAgent() != "sbx/1.0X-Injected: 1" || hr.Header.Get("X-Injected") != "" || hr.Header.Get("Content-Type") != r.contentType || string(body) != wantBody {
+			hr.UserAgent() != "nook/1.0X-Injected: 1" || hr.Header.Get("X-Injected") != "" || hr.Header.Get("Content-Type") != r.contentType || string(body) != wantBody {
 			t.Fatalf("net/http read %s %s?%s UA %q type %q body %q from %q", hr.Method, hr.URL.EscapedPath(), hr.URL.RawQuery, hr.UserAgent(), hr.Header.Get("Content-Type"), body, raw)
 		}
 		for k, v := range r.query {

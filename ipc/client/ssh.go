@@ -32,7 +32,7 @@ func (c *Client) SSHProxy(ctx context.Context, req ipc.SSHProxyRequest) (io.Read
 	}
 	if resp.status != 101 {
 		cc.close()
-		return nil, errdefs.Internal(fmt.Errorf("sandboxd answered %d to a proxy request instead of switching protocols: is it an older version? (sbx version)", resp.status))
+		return nil, errdefs.Internal(fmt.Errorf("sandboxd answered %d to a proxy request instead of switching protocols: is it an older version? (nook version)", resp.status))
 	}
 	cc.stop()
 	return &upgraded{conn: cc.conn, br: cc.br}, nil

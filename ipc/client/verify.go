@@ -22,7 +22,7 @@ type UntrustedError struct {
 }
 
 func (e *UntrustedError) Error() string {
-	return fmt.Sprintf("refusing to talk to %s: %s. Nothing was sent; another local user may be impersonating sandboxd. Remove the path (or set SANDBOXD_SOCKET to a socket in a directory only you can write) and run sbx again", e.Socket, e.Reason)
+	return fmt.Sprintf("refusing to talk to %s: %s. Nothing was sent; another local user may be impersonating sandboxd. Remove the path (or set SANDBOXD_SOCKET to a socket in a directory only you can write) and run nook again", e.Socket, e.Reason)
 }
 
 // Is makes an UntrustedError match errdefs.ErrUnauthorized.

@@ -21,7 +21,7 @@ import (
 
 // TestMain lets the test binary play an impostor daemon of another user.
 func TestMain(m *testing.M) {
-	if sock := os.Getenv("SBX_TEST_IMPOSTOR"); sock != "" {
+	if sock := os.Getenv("NOOK_TEST_IMPOSTOR"); sock != "" {
 		os.Exit(impostor(sock))
 	}
 	os.Exit(m.Run())
@@ -76,7 +76,7 @@ func listenAndCount(t *testing.T, sock string) chan int64 {
 }
 
 func TestRefusesASocketDirectoryOthersCanWrite(t *testing.T) {
-	dir, err := os.MkdirTemp("", "sbx")
+	dir, err := os.MkdirTemp("", "nook")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestRefusesADaemonOfAnotherUser(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The test binary, where the other user may run it.
-	shared, err := os.MkdirTemp("", "sbxshared")
+	shared, err := os.MkdirTemp("", "nookshared")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestRefusesADaemonOfAnotherUser(t *testing.T) {
 
 	startImpostor := func(sock string) *bufio.Reader {
 		cmd := exec.Command(exe)
-		cmd.Env = append(os.Environ(), "SBX_TEST_IMPOSTOR="+sock)
+		cmd.Env = append(os.Environ(), "NOOK_TEST_IMPOSTOR="+sock)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
 		out, err := cmd.StdoutPipe()
 		must(t, err)
@@ -168,7 +168,7 @@ func TestRefusesADaemonOfAnotherUser(t *testing.T) {
 
 	// Our directory and a socket file of ours, but the process behind it is
 	// another user's: only the peer credentials tell.
-	ours, err := os.MkdirTemp("", "sbxours")
+	ours, err := os.MkdirTemp("", "nookours")
 	must(t, err)
 	t.Cleanup(func() { os.RemoveAll(ours) })
 	tmp := filepath.Join(theirs, "other.sock")

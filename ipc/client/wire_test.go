@@ -25,7 +25,7 @@ import (
 // answer returns.
 func fakeDaemon(t *testing.T, answer func(c net.Conn, req *http.Request)) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "sbx")
+	dir, err := os.MkdirTemp("", "nook")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,8 +169,8 @@ func (a *sshAgent) SSHHosts(context.Context) (ipc.SSHHostsResponse, error) {
 }
 
 func (a *sshAgent) DialSSH(ctx context.Context, req ipc.SSHProxyRequest) (net.Conn, error) {
-	if req.Host == "sbx-missing" {
-		return nil, errdefs.NotFoundf("no sandbox host %s: see `sbx ssh-config`", req.Host)
+	if req.Host == "nook-missing" {
+		return nil, errdefs.NotFoundf("no sandbox host %s: see `nook ssh-config`", req.Host)
 	}
 	a.dialed <- req
 	ours, theirs := net.Pipe()
@@ -186,7 +186,7 @@ func (a *sshAgent) DialSSH(ctx context.Context, req ipc.SSHProxyRequest) (net.Co
 // sent right behind the 101 (possibly read along with its head) reach the
 // caller first, then the stream flows both ways.
 func TestSSHProxyCarriesTheStream(t *testing.T) {
-	dir, err := os.MkdirTemp("", "sbx")
+	dir, err := os.MkdirTemp("", "nook")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,12 +206,12 @@ func TestSSHProxyCarriesTheStream(t *testing.T) {
 	})
 
 	c := client.New(sock)
-	_, err = c.SSHProxy(ctx(t), ipc.SSHProxyRequest{Host: "sbx-missing"})
-	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "no sandbox host sbx-missing") {
+	_, err = c.SSHProxy(ctx(t), ipc.SSHProxyRequest{Host: "nook-missing"})
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "no sandbox host nook-missing") {
 		t.Fatalf("unknown host: %v", err)
 	}
 	pctx, cancel := context.WithCancel(ctx(t))
-	stream, err := c.SSHProxy(pctx, ipc.SSHProxyRequest{Host: "sbx-repo-main"})
+	stream, err := c.SSHProxy(pctx, ipc.SSHProxyRequest{Host: "nook-repo-main"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestSSHProxyCarriesTheStream(t *testing.T) {
 	defer time.AfterFunc(10*time.Second, func() { stream.Close() }).Stop()
 	// The request's context bounds the request, not the stream it became.
 	cancel()
-	if got := <-agent.dialed; got.Host != "sbx-repo-main" {
+	if got := <-agent.dialed; got.Host != "nook-repo-main" {
 		t.Fatalf("dialed %+v", got)
 	}
 	if c.DaemonVersion() != "ssh-1" {

@@ -1,5 +1,5 @@
 // Package ipctest runs the socket API over a real Unix socket with fake
-// backends, for tests of the server, the client and sbx.
+// backends, for tests of the server, the client and nook.
 package ipctest
 
 import (
@@ -42,7 +42,7 @@ type Options struct {
 // Start serves the API with fake backends until the test ends.
 func Start(t testing.TB, o Options) *Server {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "sbx")
+	dir, err := os.MkdirTemp("", "nook")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func (s *Server) getEvents(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if s.b.Events == nil {
-		return errdefs.Unavailable(errors.New("events are not available: the daemon has not finished starting (or failed to); see `sbx daemon status`"))
+		return errdefs.Unavailable(errors.New("events are not available: the daemon has not finished starting (or failed to); see `nook daemon status`"))
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()

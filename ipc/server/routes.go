@@ -267,7 +267,7 @@ func (s *Server) daemon() (DaemonBackend, error) {
 
 func (s *Server) sessions() (SessionBackend, error) {
 	if s.b.Sessions == nil {
-		return nil, errdefs.Unavailable(errors.New("sessions are not available: the daemon has not finished starting (or failed to); see `sbx daemon status` and the daemon's log"))
+		return nil, errdefs.Unavailable(errors.New("sessions are not available: the daemon has not finished starting (or failed to); see `nook daemon status` and the daemon's log"))
 	}
 	return s.b.Sessions, nil
 }

@@ -16,7 +16,7 @@ import (
 
 func (s *Server) sshBackend() (SSHBackend, error) {
 	if s.b.SSH == nil {
-		return nil, errdefs.Unavailable(errors.New("SSH access is not available in this daemon: the daemon has not finished starting (or failed to); see `sbx daemon status`"))
+		return nil, errdefs.Unavailable(errors.New("SSH access is not available in this daemon: the daemon has not finished starting (or failed to); see `nook daemon status`"))
 	}
 	return s.b.SSH, nil
 }
@@ -35,7 +35,7 @@ func getSSHHosts(b SSHBackend, ctx context.Context, _ struct{}) (ipc.SSHHostsRes
 // to connect is an ordinary JSON error.
 func (s *Server) postSSHProxy(w http.ResponseWriter, r *http.Request) error {
 	if !strings.EqualFold(r.Header.Get("Upgrade"), ipc.SSHProxyProtocol) {
-		return errdefs.Invalidf("this route upgrades the connection: send \"Connection: Upgrade\" and \"Upgrade: %s\" (sbx proxy --stdio HOST does)", ipc.SSHProxyProtocol)
+		return errdefs.Invalidf("this route upgrades the connection: send \"Connection: Upgrade\" and \"Upgrade: %s\" (nook proxy --stdio HOST does)", ipc.SSHProxyProtocol)
 	}
 	req, err := jsonBody[ipc.SSHProxyRequest](r)
 	if err != nil {

@@ -6,7 +6,7 @@ import (
 )
 
 // DirectiveProcessList answers {"processes":[record...]}: every managed
-// process of the run, whoever started it (sbx or the RWX CLI), so that each
+// process of the run, whoever started it (nook or the RWX CLI), so that each
 // client lists the other's. Agents without it run it as a command, which
 // is not found (exit 127): clients fall back to the names they know.
 const DirectiveProcessList = "__rwx_sandbox_process_list__"

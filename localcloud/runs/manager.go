@@ -81,7 +81,7 @@ type Manager struct {
 type entry struct {
 	Run
 	agent    *agent.Agent
-	sbx      *sandbox.Sandbox        // the run's isolation, from its setup steps to its end
+	nook     *sandbox.Sandbox        // the run's isolation, from its setup steps to its end
 	cancel   context.CancelCauseFunc // of provisioning
 	logFile  *os.File
 	connInfo rwxapi.ConnectionInfo // cached while sandboxable
@@ -563,8 +563,8 @@ func (m *Manager) completeLocked(e *entry, reason Reason, detail string) {
 	if e.cancel != nil {
 		e.cancel(errors.New(string(reason)))
 	}
-	a, logf, sb := e.agent, e.logFile, e.sbx
-	e.agent, e.logFile, e.sbx = nil, nil, nil
+	a, logf, sb := e.agent, e.logFile, e.nook
+	e.agent, e.logFile, e.nook = nil, nil, nil
 	if logf != nil {
 		fmt.Fprintf(logf, "==> run completed (%s)\n", e.Ended())
 	}
@@ -840,9 +840,9 @@ func (m *Manager) Close() error {
 			agents = append(agents, e.agent)
 			e.agent = nil
 		}
-		if e.sbx != nil {
-			sandboxes = append(sandboxes, e.sbx)
-			e.sbx = nil
+		if e.nook != nil {
+			sandboxes = append(sandboxes, e.nook)
+			e.nook = nil
 		}
 	}
 	m.mu.Unlock()
@@ -970,8 +970,8 @@ func (m *Manager) sandboxLocked(ctx context.Context, e *entry) (*sandbox.Sandbox
 	if m.cfg.Sandboxes == nil {
 		return nil, nil
 	}
-	if e.sbx != nil {
-		return e.sbx, nil
+	if e.nook != nil {
+		return e.nook, nil
 	}
 	logs := m.processDir(e.ID)
 	if err := os.MkdirAll(logs, 0o755); err != nil {
@@ -981,7 +981,7 @@ func (m *Manager) sandboxLocked(ctx context.Context, e *entry) (*sandbox.Sandbox
 	if err != nil {
 		return nil, fmt.Errorf("start the run's sandbox: %w", err)
 	}
-	e.sbx = sb
+	e.nook = sb
 	m.wg.Add(1)
 	go m.watchSandbox(e.ID, sb)
 	return sb, nil
@@ -999,7 +999,7 @@ func (m *Manager) watchSandbox(id string, sb *sandbox.Sandbox) {
 	defer disk.Stop()
 	fail := func(detail string) {
 		m.mu.Lock()
-		if e := m.runs[id]; e != nil && e.sbx == sb && e.State != Completed {
+		if e := m.runs[id]; e != nil && e.nook == sb && e.State != Completed {
 			m.completeLocked(e, ReasonFailed, detail)
 			m.saveQuietLocked()
 		}

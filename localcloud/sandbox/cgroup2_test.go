@@ -85,7 +85,7 @@ func TestCgroupV2(t *testing.T) {
 	for _, f := range []string{"cgroup.procs", "memory.max", "memory.events", "pids.max", "cpu.weight", "memory.swap.max"} {
 		os.Remove(filepath.Join(dirs[0], f)) // a fake group: rmdir needs it empty
 	}
-	left := filepath.Join(base, "sbx-run-2-"+strconv.Itoa(dead.Process.Pid)+"-1")
+	left := filepath.Join(base, "nook-run-2-"+strconv.Itoa(dead.Process.Pid)+"-1")
 	if err := os.Mkdir(left, 0o755); err != nil {
 		t.Fatal(err)
 	}

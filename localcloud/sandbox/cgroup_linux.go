@@ -115,7 +115,7 @@ func creatorPID(name string) int {
 		pid, _ := strconv.Atoi(rest)
 		return pid
 	}
-	if !strings.HasPrefix(name, "sbx-") {
+	if !strings.HasPrefix(name, "nook-") {
 		return 0
 	}
 	f := strings.Split(name, "-")

@@ -987,9 +987,9 @@ func validPath(p string) bool {
 	return filepath.IsAbs(p) && filepath.Clean(p) == p && !strings.ContainsAny(p, "'\n")
 }
 
-// hostname is the run's hostname: "sbx-" and the run id, cut to a label.
+// hostname is the run's hostname: "nook-" and the run id, cut to a label.
 func hostname(id string) string {
-	h := "sbx-" + strings.Map(func(r rune) rune {
+	h := "nook-" + strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
 			return r
 		}

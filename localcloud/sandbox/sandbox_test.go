@@ -161,7 +161,7 @@ func TestFilesystemConfined(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(ws, "made")); err != nil || string(b) != "x\n" {
 		t.Fatalf("the workspace write is not on the host: %v %q", err, b)
 	}
-	for _, p := range []string{"/usr/sbx-escape", "/etc/sbx-escape", "/sbx-escape"} {
+	for _, p := range []string{"/usr/nook-escape", "/etc/nook-escape", "/nook-escape"} {
 		if out, err := sh(t, sb, ws, "echo x > "+p); err == nil {
 			t.Errorf("the sandbox wrote %s: %q", p, out)
 		}
@@ -230,8 +230,8 @@ func TestProcessesConfined(t *testing.T) {
 	if out, err := sh(t, sb, ws, "kill -0 "+strconv.Itoa(self)+" || ls /proc | grep -x "+strconv.Itoa(self)); err == nil {
 		t.Errorf("the sandbox sees pid %d: %q", self, out)
 	}
-	if out, _ := sh(t, sb, ws, "hostname"); !strings.HasPrefix(out, "sbx-") {
-		t.Errorf("hostname = %q, want sbx-...", out)
+	if out, _ := sh(t, sb, ws, "hostname"); !strings.HasPrefix(out, "nook-") {
+		t.Errorf("hostname = %q, want nook-...", out)
 	}
 	if _, err := sh(t, sb, ws, "setsid sleep 3171 > /dev/null 2>&1 < /dev/null & echo $! > pid"); err != nil {
 		t.Fatal(err)

@@ -45,7 +45,7 @@ func must(t *testing.T, env []string, name string, args ...string) string {
 
 // TestDebInstallsRunsAndRemoves builds the .deb from the real binaries,
 // checks its metadata and contents with dpkg-deb, installs it into a
-// throwaway root with dpkg, runs the installed sbx version (which starts the
+// throwaway root with dpkg, runs the installed nook version (which starts the
 // installed sandboxd), and removes it, leaving nothing behind. The
 // postinst starts nothing: a systemctl on PATH that records its calls is
 // never called.
@@ -57,7 +57,7 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	bin, share := filepath.Join(tmp, "bin"), filepath.Join(tmp, "share")
 	// The commands are the root module's (packaging/ is a module of its own).
 	must(t, nil, "go", "-C", "../..", "build", "-trimpath", "-ldflags", "-X main.Version=v9.8.7", "-o", bin+"/",
-		"./cmd/sbx", "./cmd/sbx/sbx-mcp", "./cmd/sandboxd", "./cmd/sandboxd-localcloud", "./cmd/sandboxd-helper")
+		"./cmd/nook", "./cmd/nook/nook-mcp", "./cmd/sandboxd", "./cmd/sandboxd-localcloud", "./cmd/sandboxd-helper")
 	gen := func(rel string, name string, args ...string) {
 		path := filepath.Join(share, rel)
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
@@ -67,11 +67,11 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	gen("man/man1/sbx.1", "sbx", "man")
+	gen("man/man1/nook.1", "nook", "man")
 	gen("man/man1/sandboxd.1", "sandboxd", "--man")
-	gen("bash-completion/completions/sbx", "sbx", "completion", "bash")
-	gen("zsh/site-functions/_sbx", "sbx", "completion", "zsh")
-	gen("fish/vendor_completions.d/sbx.fish", "sbx", "completion", "fish")
+	gen("bash-completion/completions/nook", "nook", "completion", "bash")
+	gen("zsh/site-functions/_nook", "nook", "completion", "zsh")
+	gen("fish/vendor_completions.d/nook.fish", "nook", "completion", "fish")
 
 	t.Run("make install", func(t *testing.T) { testMakeInstall(t, bin, share) })
 
@@ -110,11 +110,11 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	}
 	list := must(t, nil, "dpkg-deb", "-c", deb)
 	for _, want := range []string{
-		"./usr/bin/sbx", "./usr/bin/sbx-mcp", "./usr/bin/sandboxd", "./usr/bin/sandboxd-localcloud", "./usr/bin/sandboxd-helper",
+		"./usr/bin/nook", "./usr/bin/nook-mcp", "./usr/bin/sandboxd", "./usr/bin/sandboxd-localcloud", "./usr/bin/sandboxd-helper",
 		"./usr/lib/systemd/user/sandboxd.service", "./usr/lib/systemd/user/sandboxd.socket",
-		"./usr/share/bash-completion/completions/sbx", "./usr/share/zsh/vendor-completions/_sbx",
-		"./usr/share/fish/vendor_completions.d/sbx.fish",
-		"./usr/share/man/man1/sbx.1.gz", "./usr/share/man/man1/sandboxd.1.gz",
+		"./usr/share/bash-completion/completions/nook", "./usr/share/zsh/vendor-completions/_nook",
+		"./usr/share/fish/vendor_completions.d/nook.fish",
+		"./usr/share/man/man1/nook.1.gz", "./usr/share/man/man1/sandboxd.1.gz",
 		"./usr/share/doc/sandboxd/copyright", "./usr/share/doc/sandboxd/README.md", "./usr/share/doc/sandboxd/json.md",
 	} {
 		if !strings.Contains(list, want+"\n") {
@@ -154,26 +154,26 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 		t.Errorf("the postinst ran systemctl %s", b)
 	}
 
-	// The installed sbx starts the installed sandboxd and reports both.
+	// The installed nook starts the installed sandboxd and reports both.
 	home := filepath.Join(tmp, "home")
 	env := []string{"HOME=" + home, "PATH=/usr/bin:/bin",
 		"XDG_RUNTIME_DIR=" + filepath.Join(home, "run"), "XDG_STATE_HOME=" + filepath.Join(home, "state"),
 		"XDG_CONFIG_HOME=" + filepath.Join(home, "config"), "XDG_DATA_HOME=" + filepath.Join(home, "data")}
 	os.MkdirAll(filepath.Join(home, "run"), 0o700)
-	sbx := filepath.Join(root, "usr", "bin", "sbx")
+	nook := filepath.Join(root, "usr", "bin", "nook")
 	t.Cleanup(func() {
-		cmd := exec.Command(sbx, "daemon", "stop")
+		cmd := exec.Command(nook, "daemon", "stop")
 		cmd.Env = env
 		_ = cmd.Run()
 	})
-	v := must(t, env, sbx, "version")
-	if !strings.Contains(v, "sbx       v9.8.7") || !strings.Contains(v, "sandboxd  v9.8.7") {
-		t.Fatalf("installed sbx version:\n%s", v)
+	v := must(t, env, nook, "version")
+	if !strings.Contains(v, "nook       v9.8.7") || !strings.Contains(v, "sandboxd  v9.8.7") {
+		t.Fatalf("installed nook version:\n%s", v)
 	}
-	must(t, env, sbx, "daemon", "stop")
-	// The installed sbx mcp is the sbx-mcp installed next to it: it answers
+	must(t, env, nook, "daemon", "stop")
+	// The installed nook mcp is the nook-mcp installed next to it: it answers
 	// an MCP initialize request (and ends with its input).
-	cmd := exec.Command(sbx, "mcp")
+	cmd := exec.Command(nook, "mcp")
 	cmd.Env = env
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -192,7 +192,7 @@ func TestDebInstallsRunsAndRemoves(t *testing.T) {
 	line, _ := bufio.NewReader(mcpOut).ReadString('\n')
 	in.Close()
 	if err := cmd.Wait(); err != nil || !strings.Contains(line, `"serverInfo"`) {
-		t.Fatalf("installed sbx mcp: %v\n%s%s", err, line, stderr.String())
+		t.Fatalf("installed nook mcp: %v\n%s%s", err, line, stderr.String())
 	}
 
 	// Removal leaves no file of the package.
@@ -290,8 +290,8 @@ func testMakeInstall(t *testing.T, bin, share string) {
 	if !strings.Contains(out, "systemctl --user enable") {
 		t.Errorf("no systemctl advice for ~/.config/systemd/user:\n%s", out)
 	}
-	for _, f := range []string{"bin/sbx", "bin/sbx-mcp", "share/man/man1/sbx.1", "share/man/man1/sandboxd.1", "share/bash-completion/completions/sbx",
-		"share/zsh/site-functions/_sbx", "share/fish/vendor_completions.d/sbx.fish"} {
+	for _, f := range []string{"bin/nook", "bin/nook-mcp", "share/man/man1/nook.1", "share/man/man1/sandboxd.1", "share/bash-completion/completions/nook",
+		"share/zsh/site-functions/_nook", "share/fish/vendor_completions.d/nook.fish"} {
 		if _, err := os.Stat(filepath.Join(home, ".local", f)); err != nil {
 			t.Errorf("make install did not install %s: %v", f, err)
 		}

@@ -229,7 +229,7 @@ func addFile(tw *tar.Writer, src, name string, mode os.FileMode, mtime time.Time
 // pages gzipped (as Debian policy wants them) and the systemd user units
 // pointing at /usr/bin/sandboxd.
 func prepareStage(stage string, o Options) error {
-	for _, page := range []string{"sbx.1", "sandboxd.1"} {
+	for _, page := range []string{"nook.1", "sandboxd.1"} {
 		b, err := os.ReadFile(filepath.Join(o.Share, "man", "man1", page))
 		if err != nil {
 			return fmt.Errorf("read the generated man page (run `make man` first): %w", err)
