@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -161,5 +163,36 @@ func TestStopDiscardDropsTheEditsAndSaysWhich(t *testing.T) {
 	}
 	if got := readFile(t, filepath.Join(l.repo, "README.md")); got != "hello\n" {
 		t.Fatalf("--discard pulled README.md: %q", got)
+	}
+}
+
+// TestStopWaitsForARunningExecAndBringsItsEditsBack: `nook stop` while a
+// command runs waits for it (the exec queue) instead of pulling under it
+// and ending the run it runs in: the command completes with its own
+// status, its late edit comes back, and then the sandbox stops.
+func TestStopWaitsForARunningExecAndBringsItsEditsBack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startDaemon()
+	repo := e.newRepo("stopwait", defaultConfig)
+	e.startSandbox(repo)
+	cmd := e.nookCmd(repo, "exec", "--", "sh", "-c", "sleep 3; echo late > late.txt; exit 7")
+	var out strings.Builder
+	cmd.Stderr = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // the command runs
+	r := e.mustNook(repo, "stop")
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 7 {
+		t.Fatalf("the exec under a stop ended with %v (want its own exit 7): %s; stop: %s", err, out.String(), r)
+	}
+	if got := readFile(t, filepath.Join(repo, "late.txt")); got != "late\n" {
+		t.Fatalf("the running command's edit did not come back: %q; stop: %s", got, r)
+	}
+	if st := e.nook(repo, "status"); strings.Contains(st.stdout, "connected") {
+		t.Fatalf("the sandbox still runs after the stop: %s", st)
 	}
 }

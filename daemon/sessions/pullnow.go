@@ -67,6 +67,13 @@ func (m *Manager) endEdits(ctx context.Context, s *store.Session, discard bool) 
 	ctx, cancel := context.WithTimeout(ctx, endPullTimeout)
 	defer cancel()
 	if !discard {
+		// In the exec queue: an exec still running ends first (its edits
+		// come back with it), and the pull never overlaps one.
+		release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(int) {})
+		if err != nil {
+			return e, errdefs.Conflict(fmt.Errorf("sandbox %s was not stopped: a command still runs in it after %s (%w); stop it again once the command is over, or with --discard to drop its edits", s.RunID, endPullTimeout, err))
+		}
+		defer release()
 		e, err := m.pullBeforeStop(ctx, s)
 		if err != nil {
 			return e, errdefs.Conflict(fmt.Errorf("sandbox %s was not stopped: its edits could not be pulled first (%w); run `nook pull` to retry, or stop it with --discard to drop them", s.RunID, err))
