@@ -266,15 +266,19 @@ local function on_event(ev)
   vim.cmd('redrawstatus')
 end
 
--- refresh reloads the sessions (repository roots) from GET /v1/sessions.
-function M.refresh(cb)
-  http.call('GET', '/v1/sessions', nil, nil, function(err, r)
+-- refresh reloads the sessions (repository roots) from GET /v1/sessions;
+-- with resync (the event stream was just (re)opened, so events may have
+-- been missed) the daemon's status of each session replaces ours.
+function M.refresh(cb, resync)
+  -- With resync, ended sessions too: a stop missed while the stream was
+  -- down must show.
+  http.call('GET', resync and '/v1/sessions?all=true' or '/v1/sessions', nil, nil, function(err, r)
     if not err then
       for _, s in ipairs(r.sessions or {}) do
         local cur = state.sessions[s.id] or {}
         cur.repoRoot, cur.branch, cur.runId = s.repoRoot, s.branch, s.runId
         cur.status = cur.status or s.status
-        if cur.status == 'unknown' or not cur.seen then cur.status = s.status end
+        if resync or cur.status == 'unknown' or not cur.seen then cur.status = s.status end
         cur.seen = true
         if s.configDrift then state.drift[s.id] = true end
         state.sessions[s.id] = cur
@@ -297,7 +301,7 @@ function M.follow()
       vim.defer_fn(function() M.follow() end, 2000)
     end,
   })
-  M.refresh()
+  M.refresh(nil, true)
 end
 
 -- statusline is for 'statusline': "nook:ready", "nook:ready ▶1", "⏳2" for
