@@ -384,7 +384,9 @@ func (a *Agent) serveConn(nc net.Conn) {
 	}
 	_ = nc.SetDeadline(time.Time{})
 	a.mu.Lock()
-	if a.ctx.Err() != nil {
+	// Refused again after the handshake: one accepted before the fault
+	// began would otherwise outlive the drop of every connection.
+	if a.ctx.Err() != nil || a.cfg.Refuse != nil && a.cfg.Refuse() {
 		a.mu.Unlock()
 		conn.Close()
 		return
