@@ -126,8 +126,12 @@ func TestShellUnderPseudoTerminal(t *testing.T) {
 	p.keys("C-z")
 	p.line("echo Z-$((3+3)); kill -9 %1")
 	p.waitFor(`Z-6`)
-	// Ctrl-D ends the remote command's input.
-	p.line("cat > typed.txt")
+	// Ctrl-D ends the remote command's input. The text is typed once the
+	// shell has given the terminal back its cooked mode (it has when the
+	// command line prints): keys typed ahead of that land while readline
+	// holds the terminal raw, where ^D is a byte, not an end of file.
+	p.line("echo CAT-$((3+4)); cat > typed.txt")
+	p.waitFor(`CAT-7`)
 	p.line("typed remotely")
 	p.keys("C-d")
 	p.line("echo D-$((4+4)); exit 7")
