@@ -2,12 +2,9 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"golang.org/x/crypto/ssh"
 
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/client"
@@ -29,27 +26,7 @@ func TestLeaseServesAnotherClientDuringABurst(t *testing.T) {
 	run := e.startSandbox(repo)
 	e.mustNook(repo, "exec", "--no-sync", "--", "true")
 
-	var ci struct {
-		Address        string `json:"address"`
-		PublicHostKey  string `json:"public_host_key"`
-		PrivateUserKey string `json:"private_user_key"`
-	}
-	if err := json.Unmarshal(lc.call(t, "GET", "/mint/api/sandbox_connection_info?sandbox_key="+run, nil), &ci); err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hostKey, _, _, _, err := ssh.ParseAuthorizedKey([]byte(ci.PublicHostKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := ssh.Dial("tcp", ci.Address, &ssh.ClientConfig{User: "rwx-cli", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hostKey), Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := lc.sshTo(t, run)
 	run1 := func(cmd string) {
 		s, err := other.NewSession()
 		if err != nil {

@@ -8,8 +8,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/crypto/ssh"
 )
 
 // silenceBounds are the figures of a silence test: the agent frees a
@@ -137,27 +135,7 @@ func TestLockWaitEndsAtItsBoundWithAReport(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // the daemon's lease ends
 
 	// Another client takes the lock, then its network goes away.
-	var ci struct {
-		Address        string `json:"address"`
-		PublicHostKey  string `json:"public_host_key"`
-		PrivateUserKey string `json:"private_user_key"`
-	}
-	if err := json.Unmarshal(lc.call(t, "GET", "/mint/api/sandbox_connection_info?sandbox_key="+run, nil), &ci); err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.ParsePrivateKey([]byte(ci.PrivateUserKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hostKey, _, _, _, err := ssh.ParseAuthorizedKey([]byte(ci.PublicHostKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	other, err := ssh.Dial("tcp", ci.Address, &ssh.ClientConfig{User: "rwx-cli", Auth: []ssh.AuthMethod{ssh.PublicKeys(signer)}, HostKeyCallback: ssh.FixedHostKey(hostKey), Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
+	other := lc.sshTo(t, run)
 	sess, err := other.NewSession()
 	if err != nil {
 		t.Fatal(err)
