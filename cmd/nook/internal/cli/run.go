@@ -305,7 +305,14 @@ func (a *app) stop(ctx context.Context) int {
 		return a.usage(&usageError{cmd: a.p.cmd, msg: "--all stops every sandbox: give either --all or --id/config, not both"})
 	}
 	var resp ipc.StopResponse
-	err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.Stop(ctx, req); return err })
+	err := a.call(ctx, func(ctx context.Context) (err error) {
+		// A stop waits for a running command before pulling: the daemon
+		// says so as progress.
+		stop := a.followProgress(ctx, a.prog, nil, a.sys.Now())
+		defer func() { stop(); a.prog.done() }()
+		resp, err = a.c.Stop(ctx, req)
+		return err
+	})
 	for _, e := range resp.Edits {
 		a.endEdits(e)
 	}
