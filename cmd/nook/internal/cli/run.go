@@ -248,13 +248,13 @@ func (a *app) list(ctx context.Context) int {
 		return ExitOK
 	}
 	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tSTATUS\tREPOSITORY\tBRANCH\tCONFIG\tLAST EXEC\tIDLE\tIDLE STOP")
+	fmt.Fprintln(tw, "RUN\tSTATUS\tREPOSITORY\tBRANCH\tCONFIG\tLAST EXEC\tIDLE\tIDLE STOP\tEXPIRES")
 	for _, s := range resp.Sessions {
 		status := s.Status
 		if s.Reason != "" && a.p.bools["all"] {
 			status += " (" + s.Reason + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, status, s.RepoRoot, s.Branch, relConfig(s), a.ago(s.LastExecAt), idleColumn(s), a.stopColumn(s))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, status, s.RepoRoot, s.Branch, relConfig(s), a.ago(s.LastExecAt), idleColumn(s), a.stopColumn(s), a.expiresColumn(s))
 	}
 	tw.Flush()
 	for _, s := range resp.Sessions {
@@ -381,7 +381,11 @@ func (a *app) status(ctx context.Context) int {
 	fmt.Fprintf(tw, "run\t%s%s\n", s.RunID, spaced(s.RunURL))
 	fmt.Fprintf(tw, "probe\t%s\n", probe)
 	if resp.ExpiresAt != nil {
-		fmt.Fprintf(tw, "expires\t%s\n", resp.ExpiresAt.Local().Format(time.RFC3339))
+		line := resp.ExpiresAt.Local().Format(time.RFC3339)
+		if p := s.ExpiryPulledAt; p != nil {
+			line += ", its edits pulled ahead at " + p.Local().Format("15:04:05")
+		}
+		fmt.Fprintf(tw, "expires\t%s\n", line)
 	}
 	fmt.Fprintf(tw, "repository\t%s\nbranch\t%s\nconfig\t%s\n", s.RepoRoot, s.Branch, relConfig(s))
 	state := l.State
