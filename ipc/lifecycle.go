@@ -51,6 +51,18 @@ type KeepResponse struct {
 	Session SessionInfo `json:"session"`
 }
 
+// Expiring is the data of a session.expiring event: the run ends at
+// ExpiresAt (as its remote reports), and the sandbox's edits were pulled
+// ahead of it (applied, or saved and named), or Error says why not (the
+// pull is tried again until the end).
+type Expiring struct {
+	ExpiresAt   time.Time `json:"expiresAt"`
+	PulledFiles []string  `json:"pulledFiles"`
+	SavedPatch  string    `json:"savedPatch,omitempty"`
+	Warnings    []string  `json:"warnings,omitempty"`
+	Error       string    `json:"error,omitempty"`
+}
+
 // IdleWarning is the data of a session.idle_warning event: the sandbox
 // will be stopped at StopsAt unless it is used (or kept) before.
 type IdleWarning struct {

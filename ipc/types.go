@@ -110,6 +110,12 @@ type SessionInfo struct {
 	IdleStopAt *time.Time `json:"idleStopAt,omitempty"`
 	// Kept is true when `nook keep` pinned it: the idle stop leaves it.
 	Kept bool `json:"kept,omitempty"`
+	// ExpiresAt is when the run ends, when its remote says (the local
+	// remote does; RWX Cloud does not).
+	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	// ExpiryPulledAt is when the sandbox's edits were pulled ahead of
+	// ExpiresAt (absent until then).
+	ExpiryPulledAt *time.Time `json:"expiryPulledAt,omitempty"`
 }
 
 // StartResponse answers start and reset.

@@ -91,8 +91,11 @@ type ConnectionInfo struct {
 	PublicHostKey  string  `json:"public_host_key"`
 	PrivateUserKey string  `json:"private_user_key"`
 	Polling        Polling `json:"polling"`
-	// ExpiresAt is set by remotes that know when the run will end
-	// (RFC 3339); absent otherwise.
+	// ExpiresAt is when the run will end (RFC 3339), set by remotes that
+	// know it: the local remote (the earlier of its maximum lifetime and
+	// idle deadline). RWX Cloud does not report it (its connection info
+	// and run status carry no end); sandboxd's own field, optional.
+	// sandboxd pulls the sandbox's edits pull_before_expiry ahead of it.
 	ExpiresAt string `json:"expires_at,omitempty"`
 	// Status says what the remote is doing while the run provisions
 	// ("setup step deps (1/2)"), when it says: the local remote does; nook

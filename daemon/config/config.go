@@ -45,6 +45,9 @@ const (
 	// DefaultRWXIdleStop is idle_stop on RWX Cloud when the file says
 	// nothing (docs/daemon.md says why); the local remote has none.
 	DefaultRWXIdleStop = 30 * time.Minute
+	// DefaultPullBeforeExpiry is how long before a remote-reported end of
+	// a run its sandbox's edits are pulled.
+	DefaultPullBeforeExpiry = 2 * time.Minute
 )
 
 // IdleStopAuto is Config.IdleStop when the file does not set idle_stop: the
@@ -115,6 +118,9 @@ type Config struct {
 	// IdleStop stops a sandbox nobody used for that long (0: never;
 	// IdleStopAuto: the remote's default, see EffectiveIdleStop).
 	IdleStop time.Duration
+	// PullBeforeExpiry is how long before the end a remote reports for a
+	// run (expires_at) the sandbox's edits are pulled (0: never).
+	PullBeforeExpiry time.Duration
 
 	// File is the config file this was loaded from (it may not exist).
 	File string
@@ -141,6 +147,7 @@ func Default() Config {
 		SSHProbeTimeout:   DefaultSSHProbeTimeout,
 		QueueTimeout:      DefaultQueueTimeout,
 		IdleStop:          IdleStopAuto,
+		PullBeforeExpiry:  DefaultPullBeforeExpiry,
 	}
 }
 
@@ -171,7 +178,7 @@ func (c Config) Equal(o Config) bool {
 		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout &&
 		c.LockTimeout == o.LockTimeout && c.SSHProbeTimeout == o.SSHProbeTimeout &&
 		c.QueueTimeout == o.QueueTimeout && c.DurableExec == o.DurableExec &&
-		c.IdleStop == o.IdleStop
+		c.IdleStop == o.IdleStop && c.PullBeforeExpiry == o.PullBeforeExpiry
 }
 
 // LogValue makes the configuration safe to log: the token is left out.
@@ -194,6 +201,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("queue_timeout", c.QueueTimeout),
 		slog.Bool("durable_exec", c.DurableExec),
 		slog.Duration("idle_stop", c.EffectiveIdleStop()),
+		slog.Duration("pull_before_expiry", c.PullBeforeExpiry),
 	)
 }
 
@@ -222,6 +230,7 @@ type file struct {
 	QueueTimeout      *string `json:"queue_timeout"`
 	DurableExec       *bool   `json:"durable_exec"`
 	IdleStop          *string `json:"idle_stop"`
+	PullBeforeExpiry  *string `json:"pull_before_expiry"`
 }
 
 // Load reads the configuration: defaults, then the config file
@@ -385,6 +394,7 @@ func (c *Config) apply(raw []byte) error {
 		{"ssh_probe_timeout", f.SSHProbeTimeout, &c.SSHProbeTimeout, 10 * time.Millisecond, ""},
 		{"queue_timeout", f.QueueTimeout, &c.QueueTimeout, 100 * time.Millisecond, ""},
 		{"idle_stop", f.IdleStop, &c.IdleStop, time.Second, "never stop an idle sandbox"},
+		{"pull_before_expiry", f.PullBeforeExpiry, &c.PullBeforeExpiry, time.Second, "never pull before a reported expiry"},
 	}
 	for _, d := range durations {
 		if d.src == nil {

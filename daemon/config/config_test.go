@@ -80,7 +80,8 @@ func TestLoadFullFile(t *testing.T) {
 		"lock_timeout": "3m",
 		"ssh_probe_timeout": "2s",
 		"queue_timeout": "45m",
-		"idle_stop": "45m"
+		"idle_stop": "45m",
+		"pull_before_expiry": "5m"
 	}`, 0o600)
 	c, err := Load(l, env)
 	if err != nil {
@@ -92,7 +93,7 @@ func TestLoadFullFile(t *testing.T) {
 		ShutdownTimeout: 5 * time.Second, ReconcileInterval: time.Minute,
 		HistoryRetention: 48 * time.Hour, LogLevel: slog.LevelDebug, APITimeout: 2 * time.Second,
 		LockTimeout: 3 * time.Minute, SSHProbeTimeout: 2 * time.Second, QueueTimeout: 45 * time.Minute,
-		IdleStop: 45 * time.Minute,
+		IdleStop: 45 * time.Minute, PullBeforeExpiry: 5 * time.Minute,
 	}
 	if !c.Equal(want) {
 		t.Fatalf("got %v, want %v", c, want)

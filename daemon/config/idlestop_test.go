@@ -39,3 +39,34 @@ func TestIdleStopDefaultsPerRemoteAndParses(t *testing.T) {
 		}
 	}
 }
+
+// TestPullBeforeExpiryDefaultsToTwoMinutesAndParses: pulled 2m before a
+// reported end by default, "0s" turns it off, below 1s is refused.
+func TestPullBeforeExpiryDefaultsToTwoMinutesAndParses(t *testing.T) {
+	for _, tc := range []struct {
+		file string
+		want time.Duration
+		err  string
+	}{
+		{`{}`, 2 * time.Minute, ""},
+		{`{"pull_before_expiry": "0s"}`, 0, ""},
+		{`{"pull_before_expiry": "10m"}`, 10 * time.Minute, ""},
+		{`{"pull_before_expiry": "10ms"}`, 0, "at least 1s"},
+	} {
+		l, env := testLayout(t, nil)
+		writeFile(t, l.ConfigFile(), tc.file, 0o600)
+		c, err := Load(l, env)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: want an error with %q, got %v", tc.file, tc.err, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", tc.file, err)
+		}
+		if c.PullBeforeExpiry != tc.want {
+			t.Errorf("%s: pull_before_expiry %s, want %s", tc.file, c.PullBeforeExpiry, tc.want)
+		}
+	}
+}

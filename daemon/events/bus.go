@@ -36,20 +36,23 @@ const (
 	// SessionIdleWarning announces the idle stop of a sandbox about a
 	// minute ahead (ipc.IdleWarning).
 	SessionIdleWarning = "session.idle_warning"
-	ExecQueued         = "exec.queued"
-	ExecStarted        = "exec.started"
-	ExecFinished       = "exec.finished"
-	SyncPushed         = "sync.pushed"
-	ConnectionUp       = "connection.up"
-	ConnectionDown     = "connection.down"
-	ReconcileFinished  = "reconcile.finished"
-	ConfigDrift        = "config.drift"
-	BranchChanged      = "branch.changed"
-	BackgroundStarted  = "background.started"
-	BackgroundStopped  = "background.stopped"
-	ForwardOpened      = "forward.opened"
-	ForwardClosed      = "forward.closed"
-	ForwardFailed      = "forward.failed"
+	// SessionExpiring says that a sandbox's edits were pulled (or could
+	// not be) ahead of the end its remote reports (ipc.Expiring).
+	SessionExpiring   = "session.expiring"
+	ExecQueued        = "exec.queued"
+	ExecStarted       = "exec.started"
+	ExecFinished      = "exec.finished"
+	SyncPushed        = "sync.pushed"
+	ConnectionUp      = "connection.up"
+	ConnectionDown    = "connection.down"
+	ReconcileFinished = "reconcile.finished"
+	ConfigDrift       = "config.drift"
+	BranchChanged     = "branch.changed"
+	BackgroundStarted = "background.started"
+	BackgroundStopped = "background.stopped"
+	ForwardOpened     = "forward.opened"
+	ForwardClosed     = "forward.closed"
+	ForwardFailed     = "forward.failed"
 
 	// StreamGap and StreamClosed are synthesized per subscription, never
 	// published: they describe that subscriber's stream, not the daemon, and

@@ -178,6 +178,11 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		defer s.wg.Done()
 		m.RunIdleStop(runCtx)
 	}()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		m.RunExpiryPull(runCtx)
+	}()
 	return s, nil
 }
 
@@ -252,8 +257,9 @@ func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Op
 func daemonConfig(cfg config.Config) sessions.DaemonConfig {
 	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention,
 		LockTimeout: cfg.LockTimeout, ProbeTimeout: cfg.SSHProbeTimeout, QueueTimeout: cfg.QueueTimeout,
-		DurableExec: cfg.DurableExec,
-		IdleStop:    cfg.EffectiveIdleStop()}
+		DurableExec:      cfg.DurableExec,
+		IdleStop:         cfg.EffectiveIdleStop(),
+		PullBeforeExpiry: cfg.PullBeforeExpiry}
 }
 
 func fileExists(p string) bool {

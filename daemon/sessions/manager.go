@@ -153,6 +153,9 @@ type DaemonConfig struct {
 	DurableExec bool
 	// IdleStop stops a ready sandbox unused for that long (0: never).
 	IdleStop time.Duration
+	// PullBeforeExpiry pulls a sandbox's edits that long before the end
+	// its remote reports (0: never).
+	PullBeforeExpiry time.Duration
 }
 
 // Manager implements backend.SessionBackend.
@@ -178,6 +181,10 @@ type Manager struct {
 	cliRefused map[string]bool   // records of the CLI's file whose run the remote did not confirm
 
 	bg bgState // port forwards that could not be reopened
+
+	// expiryPull is the pull before expiry (pullBeforeStop; tests time
+	// it without a sandbox).
+	expiryPull func(ctx context.Context, s *store.Session) (ipc.EndEdits, error)
 
 	wg sync.WaitGroup // background work: rehydration, exec records
 
@@ -207,6 +214,8 @@ type sessionRuntime struct {
 	pollErrs int
 	// idle is what the idle stop knows of the session's use (idle.go).
 	idle idleState
+	// expiry is the pull before the reported end's state (expiry.go).
+	expiry expiryState
 }
 
 // New returns a Manager. Call Rehydrate once after New to re-learn the
@@ -250,6 +259,7 @@ func New(opts Options) (*Manager, error) {
 		cliRefused: make(map[string]bool),
 		cliReads:   make(map[string]*bool),
 	}
+	m.expiryPull = m.pullBeforeStop
 	m.recordsDone = sync.NewCond(&m.records)
 	m.tallies = map[string]execTally{}
 	m.flushNow = make(chan struct{}, 1)
@@ -336,6 +346,7 @@ func (m *Manager) info(s *store.Session) ipc.SessionInfo {
 	}
 	in.Kept = s.Kept
 	m.idleInfo(s, &in)
+	m.expiryInfo(s, &in)
 	m.mu.Lock()
 	if r, ok := m.runtime[s.ID]; ok {
 		in.ConfigDrift = r.drift

@@ -69,7 +69,7 @@ func (m *Manager) endEdits(ctx context.Context, s *store.Session, discard bool) 
 	if !discard {
 		// In the exec queue: an exec still running ends first (its edits
 		// come back with it), and the pull never overlaps one.
-		release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(int) {})
+		release, err := m.opts.Queue.Acquire(ctx, s.RunID, m.endWaitProgress(s))
 		if err != nil {
 			return e, errdefs.Conflict(fmt.Errorf("sandbox %s was not stopped: a command still runs in it after %s (%w); stop it again once the command is over, or with --discard to drop its edits", s.RunID, endPullTimeout, err))
 		}
@@ -99,6 +99,16 @@ func (m *Manager) endEdits(ctx context.Context, s *store.Session, discard bool) 
 		e.Discarded = files
 	}
 	return e, nil
+}
+
+// endWaitProgress says, as session.progress (nook stop and reset show
+// it), that ending session s waits in its exec queue, for what and since
+// when.
+func (m *Manager) endWaitProgress(s *store.Session) func(ahead int) {
+	since := m.now()
+	return func(ahead int) {
+		m.progress(s, ipc.PhaseWaiting, fmt.Sprintf("waiting for the command running in sandbox %s to end before pulling its edits (%d ahead in its queue) since %s", s.RunID, ahead, since.Local().Format("15:04:05")))
+	}
 }
 
 // hasCheckout says session s's checkout is still there to take edits.

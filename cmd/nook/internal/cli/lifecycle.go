@@ -102,6 +102,18 @@ func (a *app) stopColumn(s ipc.SessionInfo) string {
 	return a.until(s.IdleStopAt)
 }
 
+// expiresColumn is the EXPIRES column: when the remote ends the run, when
+// it says, and whether the edits were pulled ahead of it.
+func (a *app) expiresColumn(s ipc.SessionInfo) string {
+	if s.ExpiresAt == nil {
+		return "-"
+	}
+	if s.ExpiryPulledAt != nil {
+		return a.until(s.ExpiresAt) + " (pulled)"
+	}
+	return a.until(s.ExpiresAt)
+}
+
 // until says how far ahead t is ("in 4m", "now").
 func (a *app) until(t *time.Time) string {
 	d := t.Sub(a.sys.Now())

@@ -248,13 +248,13 @@ func (a *app) list(ctx context.Context) int {
 		return ExitOK
 	}
 	tw := tabwriter.NewWriter(a.sys.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "RUN\tSTATUS\tREPOSITORY\tBRANCH\tCONFIG\tLAST EXEC\tIDLE\tIDLE STOP")
+	fmt.Fprintln(tw, "RUN\tSTATUS\tREPOSITORY\tBRANCH\tCONFIG\tLAST EXEC\tIDLE\tIDLE STOP\tEXPIRES")
 	for _, s := range resp.Sessions {
 		status := s.Status
 		if s.Reason != "" && a.p.bools["all"] {
 			status += " (" + s.Reason + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, status, s.RepoRoot, s.Branch, relConfig(s), a.ago(s.LastExecAt), idleColumn(s), a.stopColumn(s))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.RunID, status, s.RepoRoot, s.Branch, relConfig(s), a.ago(s.LastExecAt), idleColumn(s), a.stopColumn(s), a.expiresColumn(s))
 	}
 	tw.Flush()
 	for _, s := range resp.Sessions {
@@ -305,7 +305,14 @@ func (a *app) stop(ctx context.Context) int {
 		return a.usage(&usageError{cmd: a.p.cmd, msg: "--all stops every sandbox: give either --all or --id/config, not both"})
 	}
 	var resp ipc.StopResponse
-	err := a.call(ctx, func(ctx context.Context) (err error) { resp, err = a.c.Stop(ctx, req); return err })
+	err := a.call(ctx, func(ctx context.Context) (err error) {
+		// A stop waits for a running command before pulling: the daemon
+		// says so as progress.
+		stop := a.followProgress(ctx, a.prog, nil, a.sys.Now())
+		defer func() { stop(); a.prog.done() }()
+		resp, err = a.c.Stop(ctx, req)
+		return err
+	})
 	for _, e := range resp.Edits {
 		a.endEdits(e)
 	}
@@ -374,7 +381,11 @@ func (a *app) status(ctx context.Context) int {
 	fmt.Fprintf(tw, "run\t%s%s\n", s.RunID, spaced(s.RunURL))
 	fmt.Fprintf(tw, "probe\t%s\n", probe)
 	if resp.ExpiresAt != nil {
-		fmt.Fprintf(tw, "expires\t%s\n", resp.ExpiresAt.Local().Format(time.RFC3339))
+		line := resp.ExpiresAt.Local().Format(time.RFC3339)
+		if p := s.ExpiryPulledAt; p != nil {
+			line += ", its edits pulled ahead at " + p.Local().Format("15:04:05")
+		}
+		fmt.Fprintf(tw, "expires\t%s\n", line)
 	}
 	fmt.Fprintf(tw, "repository\t%s\nbranch\t%s\nconfig\t%s\n", s.RepoRoot, s.Branch, relConfig(s))
 	state := l.State

@@ -5,7 +5,7 @@ local http = require('nook.http')
 local M = {}
 
 -- state is what the statusline shows, fed by the event stream.
-local state = { sessions = {}, running = {}, queued = {}, drift = {}, events = nil, connected = false, last = nil }
+local state = { sessions = {}, running = {}, queued = {}, drift = {}, idle = {}, events = nil, connected = false, last = nil }
 M._state = state
 
 local function notify(msg, level)
@@ -237,11 +237,52 @@ local function session_here()
   return best
 end
 
+-- epoch parses an RFC 3339 time ("2026-11-27T15:04:05.5+01:00") to Unix
+-- seconds, independently of the local time zone; nil when it is not one.
+local function epoch(ts)
+  if type(ts) ~= 'string' then return nil end
+  local y, mo, d, h, mi, sec, rest = ts:match('^(%d+)-(%d+)-(%d+)T(%d+):(%d+):(%d+)%.?%d*(.*)$')
+  if not y then return nil end
+  y, mo, d = tonumber(y), tonumber(mo), tonumber(d)
+  -- Days from the civil date (proleptic Gregorian).
+  if mo <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * (mo + (mo > 2 and -3 or 9)) + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  local days = era * 146097 + doe - 719468
+  local t = days * 86400 + tonumber(h) * 3600 + tonumber(mi) * 60 + tonumber(sec)
+  if rest == 'Z' or rest == 'z' then return t end
+  local sign, oh, om = rest:match('^([+-])(%d%d):(%d%d)$')
+  if not sign then return nil end
+  local off = tonumber(oh) * 3600 + tonumber(om) * 60
+  return sign == '+' and t - off or t + off
+end
+M._epoch = epoch
+
+-- The idle countdown redraws the statusline every second while a
+-- session.idle_warning stands.
+local idle_timer
+local function idle_tick()
+  if next(state.idle) == nil then
+    if idle_timer then idle_timer:stop(); idle_timer:close(); idle_timer = nil end
+    return
+  end
+  if idle_timer then return end
+  idle_timer = vim.loop.new_timer()
+  idle_timer:start(1000, 1000, vim.schedule_wrap(function() vim.cmd('redrawstatus') end))
+end
+
 local function on_event(ev)
   state.last = ev
   local id = ev.sessionId
   if ev.type == 'stream.closed' then return end
   if not id or id == '' or id == vim.NIL then return end
+  -- An idle warning stands until anything else happens to its session
+  -- (an exec, a push, a connection, the stop itself).
+  local stops = ev.type == 'session.idle_warning' and type(ev.data) == 'table' and epoch(ev.data.stopsAt) or nil
+  state.idle[id] = stops
+  idle_tick()
   local s = state.sessions[id] or { status = 'unknown' }
   state.sessions[id] = s
   local t = ev.type
@@ -304,8 +345,17 @@ function M.follow()
   M.refresh(nil, true)
 end
 
--- statusline is for 'statusline': "nook:ready", "nook:ready ▶1", "⏳2" for
--- queued execs, "drift" when the sandbox config changed since it started.
+-- countdown words the time left before an idle stop: "58s", "1m05s".
+local function countdown(secs)
+  secs = math.max(math.floor(secs), 0)
+  if secs < 60 then return secs .. 's' end
+  return string.format('%dm%02ds', math.floor(secs / 60), secs % 60)
+end
+
+-- statusline is for 'statusline': "nook:ready", "running" while an exec
+-- runs, "queued:N" for queued execs, "drift" when the sandbox config
+-- changed since it started, "idle stop in 58s" after a
+-- session.idle_warning until the sandbox is used again.
 function M.statusline()
   if not state.events then pcall(M.follow) end
   local id = session_here()
@@ -315,6 +365,7 @@ function M.statusline()
   if (state.running[id] or 0) > 0 then table.insert(parts, 'running') end
   if (state.queued[id] or 0) > 0 then table.insert(parts, 'queued:' .. state.queued[id]) end
   if state.drift[id] then table.insert(parts, 'drift') end
+  if state.idle[id] then table.insert(parts, 'idle stop in ' .. countdown(state.idle[id] - os.time())) end
   return table.concat(parts, ' ')
 end
 
