@@ -320,7 +320,9 @@ func (s *Server) Start(ctx context.Context) error {
 			}
 		}()
 	}
-	serve(s.httpsLn, &tls.Config{Certificates: []tls.Certificate{s.cert}, MinVersion: tls.VersionTLS12})
+	// HTTP/2, which the daemon's client prefers: its pings find a
+	// connection that went silent (HTTP/1.1 has no such check).
+	serve(s.httpsLn, &tls.Config{Certificates: []tls.Certificate{s.cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2", "http/1.1"}})
 	if s.httpLn != nil {
 		serve(s.httpLn, nil)
 	}

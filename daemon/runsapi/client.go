@@ -28,6 +28,12 @@ const (
 	DefaultBackoff    = 250 * time.Millisecond
 	DefaultMaxBackoff = 5 * time.Second
 	DefaultUserAgent  = "sandboxd"
+	// A connection that has said nothing for DefaultPingAfter is pinged;
+	// one that does not answer within DefaultPingTimeout is closed, so a
+	// call on a connection that went silent (sleep, a new network) fails
+	// over instead of waiting out Timeout.
+	DefaultPingAfter   = 10 * time.Second
+	DefaultPingTimeout = 5 * time.Second
 )
 
 // maxErrorBody bounds how much of an error answer is read.
@@ -49,6 +55,10 @@ type Options struct {
 	HTTPClient *http.Client
 	// Timeout bounds each request, body included (default 30s).
 	Timeout time.Duration
+	// PingAfter and PingTimeout are the health check of the kept HTTP/2
+	// connections (defaults DefaultPingAfter, DefaultPingTimeout). They
+	// apply to the client built from RootCAs, not to HTTPClient.
+	PingAfter, PingTimeout time.Duration
 	// MaxRetries is how many times an idempotent GET is sent again after a
 	// transient failure (5xx, 429, timeout, connection error): 0 means
 	// DefaultMaxRetries, a negative value disables retries. POSTs are never
@@ -99,6 +109,12 @@ func New(opts Options) (*Client, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
 	}
+	if opts.PingAfter <= 0 {
+		opts.PingAfter = DefaultPingAfter
+	}
+	if opts.PingTimeout <= 0 {
+		opts.PingTimeout = DefaultPingTimeout
+	}
 	if opts.Backoff <= 0 {
 		opts.Backoff = DefaultBackoff
 	}
@@ -130,6 +146,9 @@ func New(opts Options) (*Client, error) {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = &tls.Config{RootCAs: opts.RootCAs, MinVersion: tls.VersionTLS12}
 		tr.MaxIdleConnsPerHost = 8
+		// A silent connection does not close: only a ping finds it out.
+		// The GET that waited on it is then retried on a new one.
+		tr.HTTP2 = &http.HTTP2Config{SendPingTimeout: opts.PingAfter, PingTimeout: opts.PingTimeout}
 		hc = &http.Client{
 			Transport: tr,
 			// The API answers directly; a redirect would resend the bearer
