@@ -30,7 +30,8 @@ local ok, err = xpcall(function()
   local done
   nook.exec('true', { on_exit = function() done = true end })
   wait(30000, function() return done end, 'the exec')
-  wait(10000, function() return nook.statusline():find('idle stop', 1, true) == nil end, 'the countdown to clear')
+  -- The exec's end may reach the statusline after on_exit ("running").
+  wait(10000, function() return nook.statusline() == 'nook:ready' end, 'the countdown to clear and the exec to end')
   out.after_use = nook.statusline()
 end, debug.traceback)
 if not ok then out.error = err end
