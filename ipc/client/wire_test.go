@@ -58,7 +58,8 @@ func fakeDaemon(t *testing.T, answer func(c net.Conn, req *http.Request)) string
 }
 
 // A peer that answers something other than sandboxd's HTTP/1.1 gets a
-// clear error, promptly, whatever it sends or keeps sending.
+// clear error, promptly, whatever it sends or keeps sending (an endless
+// head stops at the client's bound).
 func TestHostileAnswersGiveClearErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -66,9 +67,9 @@ func TestHostileAnswersGiveClearErrors(t *testing.T) {
 		want   string
 		kind   errdefs.Kind
 	}{
-		{"not HTTP", func(c net.Conn) { io.WriteString(c, "SSH-2.0-OpenSSH_9.6\r\n") }, "not valid HTTP/1.1", errdefs.KindUnavailable},
-		{"closed at once", func(c net.Conn) {}, "closed before an answer", errdefs.KindUnavailable},
-		{"head cut", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Le") }, "ended within its head", errdefs.KindUnavailable},
+		{"not HTTP", func(c net.Conn) { io.WriteString(c, "SSH-2.0-OpenSSH_9.6\r\n") }, "malformed HTTP response", errdefs.KindUnavailable},
+		{"closed at once", func(c net.Conn) {}, "the connection to sandboxd failed (did the daemon stop?): EOF", errdefs.KindUnavailable},
+		{"head cut", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Le") }, "malformed MIME header", errdefs.KindUnavailable},
 		{"endless head", func(c net.Conn) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\n")
 			line := "X-Pad: " + strings.Repeat("p", 1000) + "\r\n"
@@ -77,7 +78,7 @@ func TestHostileAnswersGiveClearErrors(t *testing.T) {
 					return
 				}
 			}
-		}, "head longer than", errdefs.KindUnavailable},
+		}, "headers exceeded 65536 bytes", errdefs.KindUnavailable},
 		{"endless line", func(c net.Conn) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Pad: ")
 			for {
@@ -85,7 +86,7 @@ func TestHostileAnswersGiveClearErrors(t *testing.T) {
 					return
 				}
 			}
-		}, "longer than 8192 bytes", errdefs.KindUnavailable},
+		}, "headers exceeded 65536 bytes", errdefs.KindUnavailable},
 		{"error without JSON", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 9\r\n\r\nupstream!") }, "sandboxd answered 502 Bad Gateway: upstream!", errdefs.KindUnavailable},
 		{"body cut", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"version\":") }, "decode the answer to GET /v1/version", errdefs.KindInternal},
 	} {
