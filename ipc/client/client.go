@@ -82,16 +82,20 @@ func New(socketPath string, opts ...Option) *Client {
 	for _, o := range opts {
 		o(c)
 	}
-	c.hc = &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return c.dial(ctx)
+	c.hc = &http.Client{
+		// sandboxd never redirects: a 3xx is an answer, taken as an error.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				return c.dial(ctx)
+			},
+			DisableKeepAlives:      true,
+			DisableCompression:     true,
+			MaxResponseHeaderBytes: maxHeaderBytes,
+			// The socket is local: no proxy, whatever the environment says.
+			Proxy: nil,
 		},
-		DisableKeepAlives:      true,
-		DisableCompression:     true,
-		MaxResponseHeaderBytes: maxHeaderBytes,
-		// The socket is local: no proxy, whatever the environment says.
-		Proxy: nil,
-	}}
+	}
 	return c
 }
 

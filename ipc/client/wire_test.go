@@ -88,6 +88,9 @@ func TestHostileAnswersGiveClearErrors(t *testing.T) {
 			}
 		}, "headers exceeded 65536 bytes", errdefs.KindUnavailable},
 		{"error without JSON", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 9\r\n\r\nupstream!") }, "sandboxd answered 502 Bad Gateway: upstream!", errdefs.KindUnavailable},
+		{"redirect", func(c net.Conn) {
+			io.WriteString(c, "HTTP/1.1 307 Temporary Redirect\r\nLocation: /v1/elsewhere\r\nContent-Length: 0\r\n\r\n")
+		}, "sandboxd answered 307 Temporary Redirect", errdefs.KindInternal},
 		{"body cut", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"version\":") }, "decode the answer to GET /v1/version", errdefs.KindInternal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
