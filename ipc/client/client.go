@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -82,12 +83,24 @@ func New(socketPath string, opts ...Option) *Client {
 	for _, o := range opts {
 		o(c)
 	}
-	c.hc = &http.Client{
+	c.hc = c.httpClient(nil)
+	return c
+}
+
+// httpClient is an http.Client whose connections are this client's dial;
+// onClose, when set, is called once the connection is closed, for whatever
+// reason.
+func (c *Client) httpClient(onClose func()) *http.Client {
+	return &http.Client{
 		// sandboxd never redirects: a 3xx is an answer, taken as an error.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				return c.dial(ctx)
+				conn, err := c.dial(ctx)
+				if err != nil || onClose == nil {
+					return conn, err
+				}
+				return &hookedConn{Conn: conn, onClose: onClose}, nil
 			},
 			DisableKeepAlives:      true,
 			DisableCompression:     true,
@@ -96,7 +109,19 @@ func New(socketPath string, opts ...Option) *Client {
 			Proxy: nil,
 		},
 	}
-	return c
+}
+
+// hookedConn calls onClose once the connection is closed.
+type hookedConn struct {
+	net.Conn
+	once    sync.Once
+	onClose func()
+}
+
+func (h *hookedConn) Close() error {
+	err := h.Conn.Close()
+	h.once.Do(h.onClose)
+	return err
 }
 
 // SocketPath is the socket this client talks to.
@@ -146,6 +171,8 @@ type request struct {
 	length  int64
 	header  http.Header
 	upgrade string
+	// onConnClose, when set, is called once the call's connection closes.
+	onConnClose func()
 }
 
 // jsonRequest is a request whose body, unless in is nil, is in as JSON.
@@ -199,7 +226,11 @@ func (c *Client) send(ctx context.Context, r request) (*http.Response, error) {
 		req.Header.Set("Connection", "Upgrade")
 		req.Header.Set("Upgrade", r.upgrade)
 	}
-	return c.hc.Do(req)
+	hc := c.hc
+	if r.onConnClose != nil {
+		hc = c.httpClient(r.onConnClose)
+	}
+	return hc.Do(req)
 }
 
 // connectFailed reports whether err is the dialer's: nothing was sent.

@@ -60,6 +60,11 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 		pr, pw := io.Pipe()
 		up = &uplink{pw: pw, done: make(chan struct{})}
 		r.body, r.length = pr, -1
+		// The transport waits for the body's writer before it reports a
+		// connection that failed before the answer; that writer may be
+		// waiting for stdin that never comes (a terminal). The
+		// connection's close ends the body.
+		r.onConnClose = func() { pr.CloseWithError(errConnClosed) }
 		go up.run(ctx, first, opts.Stdin, opts.Signals, opts.Resizes)
 		defer up.stop()
 	} else {
@@ -90,6 +95,9 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 	}
 	return res, err
 }
+
+// errConnClosed ends an exec's request stream whose connection closed.
+var errConnClosed = errors.New("the connection to sandboxd closed")
 
 // pathExec is the exec's route.
 const pathExec = "/v1/exec"

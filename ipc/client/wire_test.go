@@ -250,3 +250,25 @@ func TestSSHProxyCarriesTheStream(t *testing.T) {
 		}
 	}
 }
+
+// An exec whose stdin stays open (a terminal nobody types in) still ends
+// when the daemon closes the connection before answering: it says the
+// daemon went away and that the command most likely did not run.
+func TestExecWithStdinOpenEndsWhenTheDaemonCloses(t *testing.T) {
+	sock := fakeDaemon(t, func(c net.Conn, req *http.Request) {})
+	stdin, stdinW := io.Pipe()
+	defer stdinW.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.New(sock).Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"true"}}, client.ExecOptions{Stdin: stdin})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "did it die") || !strings.Contains(err.Error(), "did not run") {
+			t.Fatalf("exec after the daemon closed: %v, want unavailable saying it most likely did not run", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("exec still waiting 5s after the daemon closed the connection")
+	}
+}
