@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 
@@ -40,7 +41,7 @@ func (c *Client) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr i
 		return ipc.ExecResult{}, err
 	}
 	defer resp.Body.Close()
-	return c.readExec(ctx, resp.Body, resp.StatusCode, ExecOptions{Stdout: stdout, Stderr: stderr}, nil)
+	return c.readExec(ctx, ndjsonFrames{json.NewDecoder(resp.Body)}, resp.StatusCode, ExecOptions{Stdout: stdout, Stderr: stderr}, nil)
 }
 
 // BgForward is POST /v1/bg/forward.

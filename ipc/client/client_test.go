@@ -22,7 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
-func start(t *testing.T) (*ipctest.Server, *client.Client) {
+func start(t testing.TB) (*ipctest.Server, *client.Client) {
 	t.Helper()
 	s := ipctest.Start(t, ipctest.Options{Server: server.Options{Version: "test-7"}})
 	c := client.New(s.Socket)

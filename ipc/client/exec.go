@@ -51,7 +51,10 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 	defer cancel()
 	// The connection closes when ctx ends, which cancels a queued or
 	// running command.
-	r := request{method: http.MethodPost, path: pathExec, contentType: ipc.ContentTypeNDJSON}
+	r := request{method: http.MethodPost, path: pathExec, contentType: ipc.ContentTypeNDJSON,
+		// Output as binary frames, without base64; a daemon that does not
+		// know the header answers NDJSON, which is read as well.
+		header: http.Header{ipc.HeaderExecFrames: {ipc.ExecFramesBinary}}}
 	var up *uplink
 	if opts.Stdin != nil || opts.Signals != nil || opts.Resizes != nil {
 		// The request body is a stream the uplink writes into while the
@@ -88,7 +91,11 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 	if err := c.received(resp, false); err != nil {
 		return ipc.ExecResult{}, err
 	}
-	res, err := c.readExec(ctx, resp.Body, resp.StatusCode, opts, up)
+	var frames frameSource = ndjsonFrames{json.NewDecoder(resp.Body)}
+	if resp.Header.Get("Content-Type") == ipc.ContentTypeExecFrames {
+		frames = binaryFrames{ipc.NewFrameReader(resp.Body)}
+	}
+	res, err := c.readExec(ctx, frames, resp.StatusCode, opts, up)
 	if up != nil {
 		// End the request stream cleanly before the connection closes.
 		up.stop()
@@ -117,13 +124,45 @@ func execRequest(req ipc.ExecRequest, opts ExecOptions) ([]byte, error) {
 	return first, nil
 }
 
+// frameSource yields an exec's answer frame by frame. A frame's Data is
+// valid until the next call.
+type frameSource interface {
+	next() (ipc.ExecOutput, error)
+}
+
+// ndjsonFrames reads the answer as NDJSON.
+type ndjsonFrames struct{ dec *json.Decoder }
+
+func (n ndjsonFrames) next() (f ipc.ExecOutput, err error) {
+	err = n.dec.Decode(&f)
+	return f, err
+}
+
+// binaryFrames reads the answer as binary frames (ipc.HeaderExecFrames).
+type binaryFrames struct{ fr *ipc.FrameReader }
+
+func (b binaryFrames) next() (f ipc.ExecOutput, err error) {
+	kind, payload, err := b.fr.Next()
+	switch {
+	case err != nil:
+		return f, err
+	case kind == ipc.FrameStdout:
+		return ipc.ExecOutput{Type: ipc.ExecStdout, Data: payload}, nil
+	case kind == ipc.FrameStderr:
+		return ipc.ExecOutput{Type: ipc.ExecStderr, Data: payload}, nil
+	}
+	if err := json.Unmarshal(payload, &f); err != nil {
+		return f, fmt.Errorf("%w: a control frame that is not an exec frame's JSON: %w", ipc.ErrFrame, err)
+	}
+	return f, nil
+}
+
 // readExec relays output frames until the final one.
-func (c *Client) readExec(ctx context.Context, body io.Reader, status int, opts ExecOptions, up *uplink) (ipc.ExecResult, error) {
-	dec := json.NewDecoder(body)
+func (c *Client) readExec(ctx context.Context, frames frameSource, status int, opts ExecOptions, up *uplink) (ipc.ExecResult, error) {
 	started := false
 	for {
-		var f ipc.ExecOutput
-		if err := dec.Decode(&f); err != nil {
+		f, err := frames.next()
+		if err != nil {
 			if up != nil && up.failed() != nil {
 				return ipc.ExecResult{}, up.failed()
 			}

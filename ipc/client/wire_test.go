@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -270,5 +271,48 @@ func TestExecWithStdinOpenEndsWhenTheDaemonCloses(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("exec still waiting 5s after the daemon closed the connection")
+	}
+}
+
+// Exec asks for binary frames and reads what the daemon answers: binary
+// frames, or NDJSON from a daemon that does not know the header. A binary
+// answer cut within a frame after the command started says the command
+// may have run.
+func TestExecReadsBinaryFramesOrNDJSON(t *testing.T) {
+	binaryFrame := func(kind byte, payload string) string {
+		return string(ipc.AppendFrameHead(nil, kind, len(payload))) + payload
+	}
+	for _, tc := range []struct {
+		name, contentType, body string
+		stdout, want            string
+	}{
+		{"ndjson", ipc.ContentTypeNDJSON, `{"type":"started"}` + "\n" + `{"type":"stdout","data":"aGk="}` + "\n" + `{"type":"exit","result":{"exitCode":4}}` + "\n", "hi", ""},
+		{"binary", ipc.ContentTypeExecFrames, binaryFrame(ipc.FrameControl, `{"type":"started"}`) + binaryFrame(ipc.FrameStdout, "hi\x00") + binaryFrame(ipc.FrameControl, `{"type":"exit","result":{"exitCode":4}}`), "hi\x00", ""},
+		{"binary cut", ipc.ContentTypeExecFrames, binaryFrame(ipc.FrameControl, `{"type":"started"}`) + binaryFrame(ipc.FrameStdout, "hi")[:9], "", "the command may have run"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := fakeDaemon(t, func(c net.Conn, req *http.Request) {
+				if req.Header.Get(ipc.HeaderExecFrames) != ipc.ExecFramesBinary {
+					io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: "+tc.contentType+"\r\nTransfer-Encoding: chunked\r\n\r\n")
+				io.WriteString(chunkWriter{c}, tc.body)
+				if tc.want == "" {
+					io.WriteString(c, "0\r\n\r\n")
+				}
+			})
+			var out bytes.Buffer
+			res, err := client.New(sock).Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"true"}}, client.ExecOptions{Stdout: &out})
+			if tc.want != "" {
+				if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("%v, want unavailable saying %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil || res.ExitCode != 4 || out.String() != tc.stdout {
+				t.Fatalf("result %+v, %v, stdout %q", res, err, out.String())
+			}
+		})
 	}
 }
