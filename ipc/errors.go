@@ -14,8 +14,7 @@ const StatusClientClosed = 499
 // kind's first status is the one the server answers with; the others also
 // stand for it in answers that carry no JSON code (a proxy, an older
 // daemon). KindInternal is also the fallback both ways. The statuses are
-// plain numbers so that the wire contract (and so every client) does not
-// link net/http.
+// plain numbers so that the wire contract does not link net/http.
 var kindStatuses = []struct {
 	kind     errdefs.Kind
 	statuses []int

@@ -33,26 +33,15 @@ func TestNookDoesNotLinkTheMCPServer(t *testing.T) {
 	}
 }
 
-// nook stays thin: it speaks the socket API's HTTP/1.1 itself (ipc/client)
-// and needs the wire types only (ipc), so it links no HTTP client or
-// server machinery, router or TLS, whose package initialisation and pages
-// every start would pay.
-func TestNookDoesNotLinkHTTPMachinery(t *testing.T) {
+// nook is a client: it speaks the socket API through ipc/client (net/http
+// over a Unix dialer) and needs the wire types (ipc), never the daemon's
+// router or server.
+func TestNookDoesNotLinkTheServer(t *testing.T) {
 	for _, pkg := range nookDeps(t) {
-		for _, banned := range []string{"net/http", "net/url", "net/textproto", "mime", "crypto/tls", "crypto/x509", "github.com/gorilla/mux", "github.com/sandboxd/sandboxd/ipc/server"} {
+		for _, banned := range []string{"github.com/gorilla/mux", "github.com/sandboxd/sandboxd/ipc/server", "github.com/sandboxd/sandboxd/daemon/sessions"} {
 			if within(pkg, banned) {
-				t.Errorf("nook links %s: keep nook thin (ipc holds the wire types without HTTP machinery; ipc/client speaks HTTP/1.1 by hand; the server is ipc/server)", pkg)
+				t.Errorf("nook links %s: keep the server in the daemon (ipc/server, daemon/sessions); nook needs ipc and ipc/client only", pkg)
 			}
-		}
-	}
-}
-
-// nook dials the daemon's socket itself (ipc/client's dialUnix): package
-// net, its initialisation and its size are not paid by every command.
-func TestNookDoesNotLinkNet(t *testing.T) {
-	for _, pkg := range nookDeps(t) {
-		if pkg == "net" {
-			t.Errorf("nook links net: ipc/client dials the Unix socket with system calls so that nook starts without it")
 		}
 	}
 }

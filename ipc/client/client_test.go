@@ -22,7 +22,7 @@ import (
 	"github.com/sandboxd/sandboxd/ipc/server"
 )
 
-func start(t *testing.T) (*ipctest.Server, *client.Client) {
+func start(t testing.TB) (*ipctest.Server, *client.Client) {
 	t.Helper()
 	s := ipctest.Start(t, ipctest.Options{Server: server.Options{Version: "test-7"}})
 	c := client.New(s.Socket)
@@ -421,5 +421,50 @@ func TestExecsBackToBack(t *testing.T) {
 		if _, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{strconv.Itoa(i)}}, client.ExecOptions{Stdout: &out}); err != nil {
 			t.Fatalf("exec %d: %v", i, err)
 		}
+	}
+}
+
+// failingStdin yields some bytes, then fails as a broken terminal does.
+type failingStdin struct{ sent bool }
+
+func (f *failingStdin) Read(p []byte) (int, error) {
+	if !f.sent {
+		f.sent = true
+		return copy(p, "partial input\n"), nil
+	}
+	return 0, errors.New("read /dev/tty: input/output error")
+}
+
+// A stdin the client fails to read abandons the request stream: the daemon
+// sees it broken (the command is cancelled), never a clean end of input on
+// which the command would go on with half of it; the caller is told that
+// reading stdin failed.
+func TestExecStdinReadErrorAbandonsTheStream(t *testing.T) {
+	s, c := start(t)
+	seen := make(chan string, 1)
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
+		in, _ := io.ReadAll(st.Stdin())
+		// The input reader cancels the exec when the body breaks; give it
+		// the moment it takes after the stdin channel closed.
+		select {
+		case <-ctx.Done():
+			seen <- "cancelled after " + strconv.Quote(string(in))
+			return ipc.ExecResult{}, errdefs.Canceled(context.Cause(ctx))
+		case <-time.After(2 * time.Second):
+			seen <- "a clean end of input after " + strconv.Quote(string(in))
+			return ipc.ExecResult{ExitCode: 0}, nil
+		}
+	}
+	_, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"cat"}}, client.ExecOptions{Stdin: &failingStdin{}})
+	if err == nil || !strings.Contains(err.Error(), "read stdin to forward it") || !strings.Contains(err.Error(), "input/output error") {
+		t.Fatalf("exec with a failing stdin: %v, want the stdin read error", err)
+	}
+	select {
+	case got := <-seen:
+		if !strings.HasPrefix(got, "cancelled") {
+			t.Fatalf("the daemon saw %s", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the backend never ran or never ended")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
@@ -15,7 +16,7 @@ import (
 type EventStream struct {
 	ctx    context.Context
 	cancel context.CancelFunc
-	cc     *callConn
+	body   io.Closer
 	dec    *json.Decoder
 }
 
@@ -23,12 +24,12 @@ type EventStream struct {
 // ctx ends or Close.
 func (c *Client) Events(ctx context.Context, since *uint64) (*EventStream, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	resp, cc, err := c.roundTrip(ctx, request{method: methodGet, path: "/v1/events", query: sinceQuery(since)})
+	resp, err := c.roundTrip(ctx, request{method: http.MethodGet, path: "/v1/events", query: sinceQuery(since)})
 	if err != nil {
 		cancel()
 		return nil, err
 	}
-	return &EventStream{ctx: ctx, cancel: cancel, cc: cc, dec: json.NewDecoder(resp.body)}, nil
+	return &EventStream{ctx: ctx, cancel: cancel, body: resp.Body, dec: json.NewDecoder(resp.Body)}, nil
 }
 
 // StreamClosedError is the reason the daemon gave for ending the stream (a
@@ -66,6 +67,5 @@ func (s *EventStream) Next() (ipc.Event, error) {
 // Close ends the stream.
 func (s *EventStream) Close() error {
 	s.cancel()
-	s.cc.close()
-	return nil
+	return s.body.Close()
 }

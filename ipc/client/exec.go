@@ -1,14 +1,13 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
+	"net/http"
 	"sync"
 
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -50,56 +49,65 @@ func (c *Client) Exec(ctx context.Context, req ipc.ExecRequest, opts ExecOptions
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	const path = "/v1/exec"
 	// The connection closes when ctx ends, which cancels a queued or
 	// running command.
-	cc, err := c.connect(ctx, methodPost, path)
-	if err != nil {
-		return ipc.ExecResult{}, err
-	}
-	defer cc.close()
-
-	r := request{method: methodPost, path: path, contentType: ipc.ContentTypeNDJSON}
-	streaming := opts.Stdin != nil || opts.Signals != nil || opts.Resizes != nil
-	if streaming {
-		r.chunked = true
-	} else {
-		// Nothing will follow the request: one plain body.
-		r.body = append(first, '\n')
-	}
-	if _, err := cc.Write(appendRequest(nil, r, c.userAgent)); err != nil {
-		return ipc.ExecResult{}, transportError(ctx, methodPost, path, err)
-	}
+	r := request{method: http.MethodPost, path: pathExec, contentType: ipc.ContentTypeNDJSON,
+		// Output as binary frames, without base64; a daemon that does not
+		// know the header answers NDJSON, which is read as well.
+		header: http.Header{ipc.HeaderExecFrames: {ipc.ExecFramesBinary}}}
 	var up *uplink
-	if streaming {
-		// Each frame the uplink writes goes out as one chunk, written by
-		// the uplink itself: no pipe, no copying goroutine.
-		up = &uplink{pw: &chunkedConn{w: cc.conn}, done: make(chan struct{})}
+	if opts.Stdin != nil || opts.Signals != nil || opts.Resizes != nil {
+		// The request body is a stream the uplink writes into while the
+		// answer streams back: net/http's transport sends it chunked, each
+		// read of the pipe one chunk, flushed at once.
+		pr, pw := io.Pipe()
+		up = &uplink{pw: pw, done: make(chan struct{})}
+		r.body, r.length = pr, -1
+		// The transport waits for the body's writer before it reports a
+		// connection that failed before the answer; that writer may be
+		// waiting for stdin that never comes (a terminal). The
+		// connection's close ends the body.
+		r.onConnClose = func() { pr.CloseWithError(errConnClosed) }
 		go up.run(ctx, first, opts.Stdin, opts.Signals, opts.Resizes)
 		defer up.stop()
+	} else {
+		// Nothing will follow the request: one plain body.
+		body := append(first, '\n')
+		r.body, r.length = bytes.NewReader(body), int64(len(body))
 	}
-	resp, err := readResponse(cc.br)
+	resp, err := c.send(ctx, r)
 	if err != nil {
-		if up != nil && up.failed() != nil && ctx.Err() == nil {
+		switch {
+		case connectFailed(err) || ctx.Err() != nil:
+			return ipc.ExecResult{}, transportError(ctx, r.method, r.path, err)
+		case up != nil && up.failed() != nil:
 			return ipc.ExecResult{}, up.failed()
 		}
-		if ctx.Err() == nil {
-			return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd closed the connection before answering (did it die or restart?): the command had not been reported started, so it most likely did not run; check `nook daemon status`, then run it again: %w", err))
-		}
-		return ipc.ExecResult{}, transportError(ctx, methodPost, path, err)
+		return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd closed the connection before answering (did it die or restart?): the command had not been reported started, so it most likely did not run; check `nook daemon status`, then run it again: %w", unwrapURL(err)))
 	}
 	// The body is never read to its end: the daemon ends it only after it
-	// saw this request end. The connection's close ends both.
+	// saw this request end. Closing it closes the connection.
+	defer resp.Body.Close()
 	if err := c.received(resp, false); err != nil {
 		return ipc.ExecResult{}, err
 	}
-	res, err := c.readExec(ctx, resp.body, resp.status, opts, up)
+	var frames frameSource = ndjsonFrames{json.NewDecoder(resp.Body)}
+	if resp.Header.Get("Content-Type") == ipc.ContentTypeExecFrames {
+		frames = binaryFrames{ipc.NewFrameReader(resp.Body)}
+	}
+	res, err := c.readExec(ctx, frames, resp.StatusCode, opts, up)
 	if up != nil {
 		// End the request stream cleanly before the connection closes.
 		up.stop()
 	}
 	return res, err
 }
+
+// errConnClosed ends an exec's request stream whose connection closed.
+var errConnClosed = errors.New("the connection to sandboxd closed")
+
+// pathExec is the exec's route.
+const pathExec = "/v1/exec"
 
 // execRequest is the first line of an exec's request stream: req with the
 // streams opts gives.
@@ -109,9 +117,6 @@ func execRequest(req ipc.ExecRequest, opts ExecOptions) ([]byte, error) {
 	if err := req.CheckText(); err != nil {
 		return nil, err
 	}
-	if first, ok := appendExecRequest(nil, req); ok {
-		return first, nil
-	}
 	first, err := json.Marshal(req)
 	if err != nil {
 		return nil, errdefs.Invalidf("encode the exec request: %v", err)
@@ -119,9 +124,41 @@ func execRequest(req ipc.ExecRequest, opts ExecOptions) ([]byte, error) {
 	return first, nil
 }
 
+// frameSource yields an exec's answer frame by frame. A frame's Data is
+// valid until the next call.
+type frameSource interface {
+	next() (ipc.ExecOutput, error)
+}
+
+// ndjsonFrames reads the answer as NDJSON.
+type ndjsonFrames struct{ dec *json.Decoder }
+
+func (n ndjsonFrames) next() (f ipc.ExecOutput, err error) {
+	err = n.dec.Decode(&f)
+	return f, err
+}
+
+// binaryFrames reads the answer as binary frames (ipc.HeaderExecFrames).
+type binaryFrames struct{ fr *ipc.FrameReader }
+
+func (b binaryFrames) next() (f ipc.ExecOutput, err error) {
+	kind, payload, err := b.fr.Next()
+	switch {
+	case err != nil:
+		return f, err
+	case kind == ipc.FrameStdout:
+		return ipc.ExecOutput{Type: ipc.ExecStdout, Data: payload}, nil
+	case kind == ipc.FrameStderr:
+		return ipc.ExecOutput{Type: ipc.ExecStderr, Data: payload}, nil
+	}
+	if err := json.Unmarshal(payload, &f); err != nil {
+		return f, fmt.Errorf("%w: a control frame that is not an exec frame's JSON: %w", ipc.ErrFrame, err)
+	}
+	return f, nil
+}
+
 // readExec relays output frames until the final one.
-func (c *Client) readExec(ctx context.Context, body io.Reader, status int, opts ExecOptions, up *uplink) (ipc.ExecResult, error) {
-	frames := frameReader{br: bufio.NewReaderSize(body, 32<<10)}
+func (c *Client) readExec(ctx context.Context, frames frameSource, status int, opts ExecOptions, up *uplink) (ipc.ExecResult, error) {
 	started := false
 	for {
 		f, err := frames.next()
@@ -130,7 +167,7 @@ func (c *Client) readExec(ctx context.Context, body io.Reader, status int, opts 
 				return ipc.ExecResult{}, up.failed()
 			}
 			if ctx.Err() != nil {
-				return ipc.ExecResult{}, transportError(ctx, methodPost, "/v1/exec", err)
+				return ipc.ExecResult{}, transportError(ctx, http.MethodPost, pathExec, err)
 			}
 			if !started {
 				return ipc.ExecResult{}, errdefs.Unavailable(fmt.Errorf("sandboxd's answer ended before the command started (did the daemon die or restart?): the command most likely did not run; check `nook daemon status`, then run it again: %w", err))
@@ -177,21 +214,13 @@ func write(w io.Writer, p []byte) error {
 	return err
 }
 
-var errUplinkDone = errors.New("exec request stream ended")
-
-// uplinkWriter is where an uplink writes its frames: the connection itself,
-// a chunk a frame (chunkedConn). Close and CloseWithError(errUplinkDone)
-// end the stream cleanly; another error abandons it.
-type uplinkWriter interface {
-	io.Writer
-	Close() error
-	CloseWithError(err error) error
-}
-
-// uplink writes the request stream: the request line, then stdin and
-// signal frames.
+// uplink writes the request stream: the request line, then stdin, signal
+// and resize frames. Closing pw ends the stream cleanly (the transport
+// sends the last chunk); CloseWithError abandons it (the transport closes
+// the connection without one, so the daemon sees the stream broken, not
+// complete).
 type uplink struct {
-	pw   uplinkWriter
+	pw   *io.PipeWriter
 	done chan struct{}
 	once sync.Once
 
@@ -201,7 +230,7 @@ type uplink struct {
 
 func (u *uplink) stop() {
 	u.once.Do(func() { close(u.done) })
-	_ = u.pw.CloseWithError(errUplinkDone)
+	_ = u.pw.Close()
 }
 
 func (u *uplink) failed() error {
@@ -221,17 +250,15 @@ func (u *uplink) fail(err error) {
 func (u *uplink) run(ctx context.Context, first []byte, stdin io.Reader, signals <-chan string, resizes <-chan ipc.WindowSize) {
 	// However the uplink ends, the request stream ends with it: with the
 	// last chunk, unless it was abandoned (the daemon then sees it broken).
-	defer u.pw.CloseWithError(errUplinkDone)
+	defer u.pw.Close()
 	enc := func(v ipc.ExecInput) bool {
-		b, ok := appendExecInput(nil, v)
-		if !ok {
-			var err error
-			if b, err = json.Marshal(v); err != nil {
-				u.fail(errdefs.Invalidf("encode an exec frame: %v", err))
-				return false
-			}
+		b, err := json.Marshal(v)
+		if err != nil {
+			u.fail(errdefs.Invalidf("encode an exec frame: %v", err))
+			_ = u.pw.CloseWithError(err)
+			return false
 		}
-		_, err := u.pw.Write(append(b, '\n'))
+		_, err = u.pw.Write(append(b, '\n'))
 		return err == nil
 	}
 	if _, err := u.pw.Write(append(first, '\n')); err != nil {
@@ -315,94 +342,5 @@ func pumpStdin(r io.Reader, chunks chan<- []byte, errc chan<- error, done <-chan
 			errc <- err
 			return
 		}
-	}
-}
-
-// chunkedConn is the request body of a streaming Exec: each Write is
-// one HTTP/1.1 chunk on the connection, and ending the stream cleanly
-// writes the last chunk, once.
-type chunkedConn struct {
-	mu     sync.Mutex
-	w      io.Writer
-	closed bool
-}
-
-func (c *chunkedConn) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return 0, io.ErrClosedPipe
-	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	buf := make([]byte, 0, len(p)+20)
-	buf = strconv.AppendInt(buf, int64(len(p)), 16)
-	buf = append(buf, "\r\n"...)
-	buf = append(buf, p...)
-	buf = append(buf, "\r\n"...)
-	if _, err := c.w.Write(buf); err != nil {
-		c.closed = true
-		return 0, err
-	}
-	return len(p), nil
-}
-
-func (c *chunkedConn) Close() error { return c.CloseWithError(nil) }
-
-// CloseWithError ends the body: with the last chunk when err is nil or
-// errUplinkDone, abandoned otherwise (the connection's close tells).
-func (c *chunkedConn) CloseWithError(err error) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return nil
-	}
-	c.closed = true
-	if err != nil && !errors.Is(err, errUplinkDone) {
-		return nil
-	}
-	_, werr := io.WriteString(c.w, "0\r\n\r\n")
-	return werr
-}
-
-// frameReader reads the exec's answer, a stream of JSON frames: one a line
-// from this daemon, which the hand decoder takes; from the first frame it
-// does not take, encoding/json reads the rest, as it once read the whole
-// stream.
-type frameReader struct {
-	br   *bufio.Reader
-	long []byte
-	dec  *json.Decoder
-}
-
-func (r *frameReader) next() (f ipc.ExecOutput, err error) {
-	if r.dec != nil {
-		err = r.dec.Decode(&f)
-		return f, err
-	}
-	for {
-		line, err := r.br.ReadSlice('\n')
-		if err == bufio.ErrBufferFull {
-			// A frame longer than the buffer (a large chunk of output).
-			r.long = append(r.long[:0], line...)
-			for err == bufio.ErrBufferFull {
-				line, err = r.br.ReadSlice('\n')
-				r.long = append(r.long, line...)
-			}
-			line = r.long
-		}
-		if len(bytes.TrimSpace(line)) == 0 {
-			if err != nil {
-				return f, err
-			}
-			continue
-		}
-		if f, ok := decodeExecOutput(line); ok {
-			return f, nil
-		}
-		r.dec = json.NewDecoder(io.MultiReader(bytes.NewReader(append([]byte(nil), line...)), r.br))
-		err = r.dec.Decode(&f)
-		return f, err
 	}
 }

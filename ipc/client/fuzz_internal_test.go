@@ -34,7 +34,7 @@ func FuzzExecOutputFrames(f *testing.F) {
 	c := &Client{}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var stdout, stderr bytes.Buffer
-		res, err := c.readExec(context.Background(), bytes.NewReader(body), 200, ExecOptions{Stdout: &stdout, Stderr: &stderr}, nil)
+		res, err := c.readExec(context.Background(), ndjsonFrames{json.NewDecoder(bytes.NewReader(body))}, 200, ExecOptions{Stdout: &stdout, Stderr: &stderr}, nil)
 
 		// What an independent reading of the stream says should happen.
 		var wantOut, wantErr []byte

@@ -3,6 +3,7 @@ package client
 import (
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -36,7 +37,7 @@ func (e *UntrustedError) Is(target error) bool { return target == errdefs.ErrUna
 // credentials from the kernel). Whoever created /tmp/sandboxd-$UID first
 // otherwise receives the argv of every exec (passwords included) and may
 // answer anything.
-func verifyDaemon(conn *os.File, socket string) error {
+func verifyDaemon(conn net.Conn, socket string) error {
 	uid := os.Getuid()
 	untrusted := func(format string, a ...any) error {
 		return &UntrustedError{Socket: socket, Reason: fmt.Sprintf(format, a...)}

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -58,7 +59,8 @@ func fakeDaemon(t *testing.T, answer func(c net.Conn, req *http.Request)) string
 }
 
 // A peer that answers something other than sandboxd's HTTP/1.1 gets a
-// clear error, promptly, whatever it sends or keeps sending.
+// clear error, promptly, whatever it sends or keeps sending (an endless
+// head stops at the client's bound).
 func TestHostileAnswersGiveClearErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -66,9 +68,9 @@ func TestHostileAnswersGiveClearErrors(t *testing.T) {
 		want   string
 		kind   errdefs.Kind
 	}{
-		{"not HTTP", func(c net.Conn) { io.WriteString(c, "SSH-2.0-OpenSSH_9.6\r\n") }, "not valid HTTP/1.1", errdefs.KindUnavailable},
-		{"closed at once", func(c net.Conn) {}, "closed before an answer", errdefs.KindUnavailable},
-		{"head cut", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Le") }, "ended within its head", errdefs.KindUnavailable},
+		{"not HTTP", func(c net.Conn) { io.WriteString(c, "SSH-2.0-OpenSSH_9.6\r\n") }, "malformed HTTP response", errdefs.KindUnavailable},
+		{"closed at once", func(c net.Conn) {}, "the connection to sandboxd failed (did the daemon stop?): EOF", errdefs.KindUnavailable},
+		{"head cut", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Le") }, "malformed MIME header", errdefs.KindUnavailable},
 		{"endless head", func(c net.Conn) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\n")
 			line := "X-Pad: " + strings.Repeat("p", 1000) + "\r\n"
@@ -77,7 +79,7 @@ func TestHostileAnswersGiveClearErrors(t *testing.T) {
 					return
 				}
 			}
-		}, "head longer than", errdefs.KindUnavailable},
+		}, "headers exceeded 65536 bytes", errdefs.KindUnavailable},
 		{"endless line", func(c net.Conn) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Pad: ")
 			for {
@@ -85,8 +87,11 @@ func TestHostileAnswersGiveClearErrors(t *testing.T) {
 					return
 				}
 			}
-		}, "longer than 8192 bytes", errdefs.KindUnavailable},
+		}, "headers exceeded 65536 bytes", errdefs.KindUnavailable},
 		{"error without JSON", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 9\r\n\r\nupstream!") }, "sandboxd answered 502 Bad Gateway: upstream!", errdefs.KindUnavailable},
+		{"redirect", func(c net.Conn) {
+			io.WriteString(c, "HTTP/1.1 307 Temporary Redirect\r\nLocation: /v1/elsewhere\r\nContent-Length: 0\r\n\r\n")
+		}, "sandboxd answered 307 Temporary Redirect", errdefs.KindInternal},
 		{"body cut", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"version\":") }, "decode the answer to GET /v1/version", errdefs.KindInternal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -244,5 +249,70 @@ func TestSSHProxyCarriesTheStream(t *testing.T) {
 		if line, err := br.ReadString('\n'); err != nil || line != msg {
 			t.Fatalf("echo of %d bytes: %d bytes, %v", len(msg), len(line), err)
 		}
+	}
+}
+
+// An exec whose stdin stays open (a terminal nobody types in) still ends
+// when the daemon closes the connection before answering: it says the
+// daemon went away and that the command most likely did not run.
+func TestExecWithStdinOpenEndsWhenTheDaemonCloses(t *testing.T) {
+	sock := fakeDaemon(t, func(c net.Conn, req *http.Request) {})
+	stdin, stdinW := io.Pipe()
+	defer stdinW.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.New(sock).Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"true"}}, client.ExecOptions{Stdin: stdin})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "did it die") || !strings.Contains(err.Error(), "did not run") {
+			t.Fatalf("exec after the daemon closed: %v, want unavailable saying it most likely did not run", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("exec still waiting 5s after the daemon closed the connection")
+	}
+}
+
+// Exec asks for binary frames and reads what the daemon answers: binary
+// frames, or NDJSON from a daemon that does not know the header. A binary
+// answer cut within a frame after the command started says the command
+// may have run.
+func TestExecReadsBinaryFramesOrNDJSON(t *testing.T) {
+	binaryFrame := func(kind byte, payload string) string {
+		return string(ipc.AppendFrameHead(nil, kind, len(payload))) + payload
+	}
+	for _, tc := range []struct {
+		name, contentType, body string
+		stdout, want            string
+	}{
+		{"ndjson", ipc.ContentTypeNDJSON, `{"type":"started"}` + "\n" + `{"type":"stdout","data":"aGk="}` + "\n" + `{"type":"exit","result":{"exitCode":4}}` + "\n", "hi", ""},
+		{"binary", ipc.ContentTypeExecFrames, binaryFrame(ipc.FrameControl, `{"type":"started"}`) + binaryFrame(ipc.FrameStdout, "hi\x00") + binaryFrame(ipc.FrameControl, `{"type":"exit","result":{"exitCode":4}}`), "hi\x00", ""},
+		{"binary cut", ipc.ContentTypeExecFrames, binaryFrame(ipc.FrameControl, `{"type":"started"}`) + binaryFrame(ipc.FrameStdout, "hi")[:9], "", "the command may have run"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := fakeDaemon(t, func(c net.Conn, req *http.Request) {
+				if req.Header.Get(ipc.HeaderExecFrames) != ipc.ExecFramesBinary {
+					io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: "+tc.contentType+"\r\nTransfer-Encoding: chunked\r\n\r\n")
+				io.WriteString(chunkWriter{c}, tc.body)
+				if tc.want == "" {
+					io.WriteString(c, "0\r\n\r\n")
+				}
+			})
+			var out bytes.Buffer
+			res, err := client.New(sock).Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/r"}, Argv: []string{"true"}}, client.ExecOptions{Stdout: &out})
+			if tc.want != "" {
+				if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), tc.want) {
+					t.Fatalf("%v, want unavailable saying %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil || res.ExitCode != 4 || out.String() != tc.stdout {
+				t.Fatalf("result %+v, %v, stdout %q", res, err, out.String())
+			}
+		})
 	}
 }

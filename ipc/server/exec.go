@@ -26,7 +26,9 @@ const (
 
 // postExec serves POST /v1/exec: a full-duplex NDJSON exchange. The request
 // body is an ExecRequest followed by ExecInput frames; the response is
-// ExecOutput frames ending with exit or error. Until the first frame is
+// ExecOutput frames ending with exit or error, as NDJSON or, when the
+// request asks (ipc.HeaderExecFrames), as binary frames that carry output
+// without base64. Until the first frame is
 // written, a failure is answered as an ordinary JSON error with its status.
 func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 	if err := noQuery(r); err != nil {
@@ -67,6 +69,7 @@ func (s *Server) postExec(w http.ResponseWriter, r *http.Request) error {
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
 	st := newExecStream(ctx, w, rc, req.Stdin, s.log)
+	st.binary = r.Header.Get(ipc.HeaderExecFrames) == ipc.ExecFramesBinary
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
@@ -135,6 +138,9 @@ type execStream struct {
 	rc  *http.ResponseController
 	log *slog.Logger
 
+	// binary: the client asked for binary frames (ipc.HeaderExecFrames).
+	binary bool
+
 	stdin   io.Reader
 	stdinCh chan []byte // nil when the request has no stdin
 	signals chan string
@@ -192,9 +198,35 @@ var errStreamDone = errors.New("the exec stream is closed")
 // write sends one frame and flushes it. The first frame commits the 200
 // header. A failed write means the client is gone.
 func (st *execStream) write(f ipc.ExecOutput, final bool) error {
-	b, err := json.Marshal(f)
-	if err != nil {
-		return fmt.Errorf("encode exec frame: %w", err)
+	var head, payload []byte
+	switch {
+	case st.binary && (f.Type == ipc.ExecStdout || f.Type == ipc.ExecStderr):
+		kind := ipc.FrameStdout
+		if f.Type == ipc.ExecStderr {
+			kind = ipc.FrameStderr
+		}
+		if len(f.Data) > ipc.MaxFramePayload {
+			// One frame a piece: a reader refuses longer ones.
+			for p := f.Data; len(p) > 0; {
+				n := min(len(p), ipc.MaxFramePayload)
+				if err := st.write(ipc.ExecOutput{Type: f.Type, Data: p[:n]}, false); err != nil {
+					return err
+				}
+				p = p[n:]
+			}
+			return nil
+		}
+		head, payload = ipc.AppendFrameHead(nil, kind, len(f.Data)), f.Data
+	default:
+		b, err := json.Marshal(f)
+		if err != nil {
+			return fmt.Errorf("encode exec frame: %w", err)
+		}
+		if st.binary {
+			head, payload = ipc.AppendFrameHead(nil, ipc.FrameControl, len(b)), b
+		} else {
+			payload = append(b, '\n')
+		}
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -208,12 +240,22 @@ func (st *execStream) write(f ipc.ExecOutput, final bool) error {
 		st.done = true
 	}
 	if !st.started {
-		st.w.Header().Set("Content-Type", ipc.ContentTypeNDJSON)
+		ct := ipc.ContentTypeNDJSON
+		if st.binary {
+			ct = ipc.ContentTypeExecFrames
+		}
+		st.w.Header().Set("Content-Type", ct)
 		st.w.Header().Set("X-Content-Type-Options", "nosniff")
 		st.w.WriteHeader(http.StatusOK)
 		st.started = true
 	}
-	if _, err := st.w.Write(append(b, '\n')); err != nil {
+	if head != nil {
+		if _, err := st.w.Write(head); err != nil {
+			st.werr = fmt.Errorf("write to the client: %w", err)
+			return st.werr
+		}
+	}
+	if _, err := st.w.Write(payload); err != nil {
 		st.werr = fmt.Errorf("write to the client: %w", err)
 		return st.werr
 	}
