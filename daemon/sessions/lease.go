@@ -12,11 +12,22 @@ import (
 )
 
 // DefaultLockIdle is how long the agent lock stays held after this daemon's
-// last exec on a sandbox, and also the longest it is held through a burst
-// before it is given up at the next exec boundary (the agent grants it in
-// request order, so a waiting client goes first): a client on another
-// machine waits at most this long plus the exec that is running.
+// last exec on a sandbox.
 const DefaultLockIdle = 250 * time.Millisecond
+
+// Through a burst of execs the lock is given up at an exec boundary (the
+// agent grants it in request order, so a waiting client goes first) and
+// asked for again at once. Nothing tells this daemon that another client
+// waits, and learning whether one took the lock costs round trips that the
+// burst's next exec waits for; so the yield comes once the burst has held
+// the lock for LockIdle and served lockBurstExecs execs, or at the latest
+// after lockBurstHolds times LockIdle. A burst then pays the yield on a
+// small share of its execs, and a client on another machine waits at most
+// lockBurstHolds × LockIdle (2 s by default) plus the exec that is running.
+const (
+	lockBurstExecs = 32
+	lockBurstHolds = 8
+)
 
 // lease holds the sandbox agent's lock across a burst of this daemon's
 // execs on one run. Execs on a run are serialized by the exec queue, so at
@@ -26,6 +37,7 @@ type lease struct {
 	mu        sync.Mutex
 	conn      *sshpool.Conn // the connection that holds the agent lock; nil when not held
 	since     time.Time     // when conn took the lock
+	uses      int           // execs served since conn took the lock
 	busy      bool          // an exec uses the lease
 	gen       uint64        // bumped on every use: a stale idle timer does nothing
 	timer     *time.Timer
@@ -66,6 +78,7 @@ func (m *Manager) lockSandbox(ctx context.Context, s *store.Session) (conn *sshp
 	l.mu.Lock()
 	l.busy = true
 	l.gen++
+	l.uses++
 	if l.timer != nil {
 		l.timer.Stop()
 		l.timer = nil
@@ -124,7 +137,10 @@ func (m *Manager) takeLock(ctx context.Context, s *store.Session, l *lease) (*ss
 		err = m.requestLock(ctx, s, l, conn, since, deadline)
 		if err == nil {
 			l.mu.Lock()
-			l.conn, l.since, l.lost = conn, m.now(), nil
+			l.conn, l.since, l.lost, l.uses = conn, m.now(), nil, 0
+			if l.busy {
+				l.uses = 1
+			}
 			l.mu.Unlock()
 			return conn, nil
 		}
@@ -157,8 +173,8 @@ func (m *Manager) relock(ctx context.Context, s *store.Session) (*sshpool.Conn, 
 
 // leaseIdle ends an exec's use of the lease: the lock is released after
 // LockIdle unless another exec comes first (at once when the manager is
-// closing, or when it was held for LockIdle through a burst: then it is
-// asked for again at once, see yield).
+// closing, or when a burst held it long enough: then it is asked for
+// again at once, see yieldDue and yield).
 func (m *Manager) leaseIdle(l *lease, s *store.Session) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -171,14 +187,21 @@ func (m *Manager) leaseIdle(l *lease, s *store.Session) {
 	switch {
 	case m.isClosing():
 		go m.release(l, s.RunID, gen)
-	case m.now().Sub(l.since) >= m.opts.LockIdle:
+	case m.yieldDue(l):
 		go m.yield(l, s, gen)
 	default:
 		l.timer = time.AfterFunc(m.opts.LockIdle, func() { m.release(l, s.RunID, gen) })
 	}
 }
 
-// yield gives the lock up after a burst held it for LockIdle, so that a
+// yieldDue says a burst has held l's lock long enough to give it up at
+// this exec boundary. The caller holds l.mu.
+func (m *Manager) yieldDue(l *lease) bool {
+	held := m.now().Sub(l.since)
+	return held >= lockBurstHolds*m.opts.LockIdle || held >= m.opts.LockIdle && l.uses >= lockBurstExecs
+}
+
+// yield gives the lock up after a burst held it long enough, so that a
 // client waiting for it goes first (the agent grants it in request order),
 // and asks for it again at once: the burst's next exec then finds it held,
 // or waits for that request instead of paying an unlock and a lock round

@@ -170,8 +170,8 @@ func waitRetaken(t *testing.T, a *agent.Agent, before int64, n int64, m *Manager
 	})
 }
 
-// When a burst has held the lock for LockIdle, the lease yields it at the
-// exec boundary and asks for it again at once: the next exec sends no lock
+// When a burst has held the lock for lockBurstHolds × LockIdle, the lease
+// yields it at the exec boundary and asks for it again at once: the next exec sends no lock
 // request of its own (nor waits for an unlock).
 func TestLeaseYieldsAndTakesTheLockBackBeforeTheNextExec(t *testing.T) {
 	a, target := startAgent(t)
@@ -184,7 +184,7 @@ func TestLeaseYieldsAndTakesTheLockBackBeforeTheNextExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := a.Stats().ExecRequests
-	clock.add(2 * time.Hour) // held through a burst for LockIdle
+	clock.add(9 * time.Hour) // held through a burst for lockBurstHolds × LockIdle
 	done()
 	waitRetaken(t, a, before, 2, m, s.RunID)
 	if got := a.Stats().ExecRequests - before; got != 2 {
@@ -228,7 +228,7 @@ func TestLeaseStopDoesNotWaitForTheRetake(t *testing.T) {
 		granted <- err
 	}()
 	time.Sleep(100 * time.Millisecond) // the other request is queued first
-	clock.add(2 * time.Hour)
+	clock.add(9 * time.Hour)
 	done()
 	if err := <-granted; err != nil {
 		t.Fatalf("the other client was not granted the lock after the yield: %v", err)
@@ -258,5 +258,38 @@ func waitUntilTrue(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Issue 29: a burst that has held the lock for LockIdle keeps it until it
+// has served lockBurstExecs execs, so that the yield's round trips land on
+// a small share of its execs; the exec that completes the count yields.
+func TestLeaseYieldsOnlyAfterTheBurstServedEnoughExecs(t *testing.T) {
+	a, target := startAgent(t)
+	m, s, clock := leaseManager(t, target)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	exec := func() {
+		t.Helper()
+		_, done, err := m.lockSandbox(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done()
+	}
+	exec()
+	clock.add(2 * time.Hour) // past LockIdle, short of lockBurstHolds × LockIdle
+	before := a.Stats().ExecRequests
+	for range lockBurstExecs - 2 {
+		exec()
+	}
+	time.Sleep(200 * time.Millisecond) // a yield would have sent its unlock by now
+	if got := a.Stats().ExecRequests - before; got != 0 {
+		t.Fatalf("%d exec requests during a burst of %d execs, want 0 (no yield yet)", got, lockBurstExecs-1)
+	}
+	exec() // the lockBurstExecs-th
+	waitRetaken(t, a, before, 2, m, s.RunID)
+	if got := a.Stats().ExecRequests - before; got != 2 {
+		t.Fatalf("%d exec requests after the yield, want 2 (unlock, lock)", got)
 	}
 }
