@@ -42,14 +42,18 @@ const (
 	SyncPushed         = "sync.pushed"
 	ConnectionUp       = "connection.up"
 	ConnectionDown     = "connection.down"
-	ReconcileFinished  = "reconcile.finished"
-	ConfigDrift        = "config.drift"
-	BranchChanged      = "branch.changed"
-	BackgroundStarted  = "background.started"
-	BackgroundStopped  = "background.stopped"
-	ForwardOpened      = "forward.opened"
-	ForwardClosed      = "forward.closed"
-	ForwardFailed      = "forward.failed"
+	// SandboxState is a change of a sandbox controller's state
+	// (connecting, ready, leased, reconnecting, ended), with the one it
+	// left and why.
+	SandboxState      = "sandbox.state"
+	ReconcileFinished = "reconcile.finished"
+	ConfigDrift       = "config.drift"
+	BranchChanged     = "branch.changed"
+	BackgroundStarted = "background.started"
+	BackgroundStopped = "background.stopped"
+	ForwardOpened     = "forward.opened"
+	ForwardClosed     = "forward.closed"
+	ForwardFailed     = "forward.failed"
 
 	// StreamGap and StreamClosed are synthesized per subscription, never
 	// published: they describe that subscriber's stream, not the daemon, and

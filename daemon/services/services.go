@@ -20,7 +20,6 @@ import (
 	"github.com/sandboxd/sandboxd/daemon"
 	"github.com/sandboxd/sandboxd/daemon/config"
 	"github.com/sandboxd/sandboxd/daemon/events"
-	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/forward"
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/daemon/helper"
@@ -112,6 +111,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 				}
 			}
 			s.bus.Publish(typ, s.manager.SessionOfRun(runID), runID, data)
+			s.manager.ConnectionChanged(runID, up, err)
 		},
 	})
 	// Port forwards dial through the manager, which knows each run's
@@ -121,7 +121,6 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		Store:             deps.Store,
 		Remotes:           s.remote,
 		Pool:              s.pool,
-		Queue:             execq.New(),
 		Sync:              gitsync.New(gitsync.Options{Logger: log, Pause: pause, Changes: s.trees}),
 		Events:            s.bus,
 		Branches:          branches,

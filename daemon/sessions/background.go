@@ -10,7 +10,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/events"
@@ -58,32 +57,6 @@ type processRecord struct {
 	Signal      string `json:"signal"`
 	StdoutPath  string `json:"stdoutPath"`
 	StderrPath  string `json:"stderrPath"`
-}
-
-// bgState is the runtime state of forwards: why a stored forward could not
-// be reopened (by run id and name).
-type bgState struct {
-	mu     sync.Mutex
-	failed map[string]string
-}
-
-func (b *bgState) setFailed(runID, name, why string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.failed == nil {
-		b.failed = make(map[string]string)
-	}
-	if why == "" {
-		delete(b.failed, runID+"\x00"+name)
-		return
-	}
-	b.failed[runID+"\x00"+name] = why
-}
-
-func (b *bgState) failure(runID, name string) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.failed[runID+"\x00"+name]
 }
 
 // bgSession finds the caller's sandbox, which must exist already (as with
@@ -352,7 +325,7 @@ func (m *Manager) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr 
 // syncing the working tree when asked (what a background process serves
 // must be the latest local state).
 func (m *Manager) bgLocked(ctx context.Context, s *store.Session, p place, doSync bool, fn func(execer) (processRecord, error)) (processRecord, error) {
-	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(int) {})
+	release, err := m.sandboxOf(s).line.Acquire(ctx, func(int) {})
 	if err != nil {
 		return processRecord{}, errdefs.Canceled(fmt.Errorf("waiting for the sandbox: %w", err))
 	}
@@ -549,7 +522,7 @@ func (m *Manager) openForward(s *store.Session, name string, port, localPort int
 }
 
 func (m *Manager) forwardOpened(s *store.Session, info forward.Info) {
-	m.bg.setFailed(s.RunID, info.Name, "")
+	m.sandboxOf(s).setForwardFailed(info.Name, "")
 	m.publish(events.ForwardOpened, s, map[string]any{"name": info.Name, "localPort": info.LocalPort, "targetPort": info.TargetPort, "url": info.URL()})
 }
 
@@ -557,7 +530,7 @@ func (m *Manager) closeForward(s *store.Session, name string) {
 	if m.opts.Forwards == nil {
 		return
 	}
-	m.bg.setFailed(s.RunID, name, "")
+	m.sandboxOf(s).setForwardFailed(name, "")
 	if m.opts.Forwards.Close(s.RunID, name) {
 		m.publish(events.ForwardClosed, s, map[string]any{"name": name})
 	}
@@ -595,7 +568,7 @@ func (m *Manager) restoreForwards(live []*store.Session) {
 			}
 			info, err := m.opts.Forwards.Open(forward.Spec{RunID: s.RunID, Name: bg.Name, TargetPort: bg.TargetPort, LocalPort: bg.LocalPort})
 			if err != nil {
-				m.bg.setFailed(s.RunID, bg.Name, err.Error())
+				m.sandboxOf(s).setForwardFailed(bg.Name, err.Error())
 				m.log.Warn("restore port forward", "run", s.RunID, "name", bg.Name, "local", bg.LocalPort, "err", err)
 				m.publish(events.ForwardFailed, s, map[string]any{"name": bg.Name, "localPort": bg.LocalPort, "targetPort": bg.TargetPort, "error": err.Error()})
 				continue
@@ -622,7 +595,7 @@ func (m *Manager) forwardView(s *store.Session, bg store.Background) ipc.Forward
 		f.LocalPort, f.TargetPort, f.State = info.LocalPort, info.TargetPort, "listening"
 	} else {
 		f.State = "failed"
-		f.Error = m.bg.failure(s.RunID, bg.Name)
+		f.Error = m.sandboxIfAny(s.ID).forwardFailure(bg.Name)
 		if f.Error == "" {
 			f.Error = "not listening"
 			if s.State.Terminal() {

@@ -13,7 +13,6 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
-	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/localcloud/agent"
 	"github.com/sandboxd/sandboxd/store"
@@ -125,7 +124,7 @@ func leaseManager(t *testing.T, target sshpool.Target) (*Manager, *store.Session
 	t.Cleanup(func() { st.Close() })
 	pool := sshpool.New(sshpool.Options{})
 	t.Cleanup(func() { pool.Close() })
-	m, err := New(Options{Store: st, Remotes: fakeSource{}, Pool: pool, Queue: execq.New(), Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{},
+	m, err := New(Options{Store: st, Remotes: fakeSource{}, Pool: pool, Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{},
 		LockIdle: time.Hour, Now: clock.now})
 	if err != nil {
 		t.Fatal(err)
@@ -159,9 +158,9 @@ func (c *leaseClock) add(d time.Duration) {
 
 // waitRetaken waits until the agent has seen n more exec requests than
 // before and the lease holds the lock again, with no request in flight.
-func waitRetaken(t *testing.T, a *agent.Agent, before int64, n int64, m *Manager, runID string) {
+func waitRetaken(t *testing.T, a *agent.Agent, before int64, n int64, m *Manager, s *store.Session) {
 	t.Helper()
-	l := m.leaseFor(runID)
+	l := m.leaseFor(s)
 	waitUntilTrue(t, "the lock taken again after the yield", func() bool {
 		l.mu.Lock()
 		idle := l.acquiring == nil && l.releasing == nil && l.conn != nil
@@ -186,7 +185,7 @@ func TestLeaseYieldsAndTakesTheLockBackBeforeTheNextExec(t *testing.T) {
 	before := a.Stats().ExecRequests
 	clock.add(9 * time.Hour) // held through a burst for lockBurstHolds × LockIdle
 	done()
-	waitRetaken(t, a, before, 2, m, s.RunID)
+	waitRetaken(t, a, before, 2, m, s)
 	if got := a.Stats().ExecRequests - before; got != 2 {
 		t.Fatalf("%d exec requests after the yield, want 2 (unlock, lock)", got)
 	}
@@ -235,14 +234,14 @@ func TestLeaseStopDoesNotWaitForTheRetake(t *testing.T) {
 	}
 	// The lease's own request now waits behind the other client, which
 	// keeps the lock: stopping gives it up.
-	l := m.leaseFor(s.RunID)
+	l := m.leaseFor(s)
 	waitUntilTrue(t, "the lease to ask for the lock again", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.acquiring != nil
 	})
 	stopped := make(chan struct{})
-	go func() { m.releaseNow(s.RunID); close(stopped) }()
+	go func() { m.releaseNow(m.sandboxOf(s)); close(stopped) }()
 	select {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
@@ -288,7 +287,7 @@ func TestLeaseYieldsOnlyAfterTheBurstServedEnoughExecs(t *testing.T) {
 		t.Fatalf("%d exec requests during a burst of %d execs, want 0 (no yield yet)", got, lockBurstExecs-1)
 	}
 	exec() // the lockBurstExecs-th
-	waitRetaken(t, a, before, 2, m, s.RunID)
+	waitRetaken(t, a, before, 2, m, s)
 	if got := a.Stats().ExecRequests - before; got != 2 {
 		t.Fatalf("%d exec requests after the yield, want 2 (unlock, lock)", got)
 	}

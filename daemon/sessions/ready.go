@@ -160,13 +160,12 @@ func (m *Manager) pollReady(ctx context.Context, id string) (*store.Session, err
 func (m *Manager) notePollFailure(id string, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r, ok := m.runtime[id]
+	r, ok := m.runtimeLocked(id)
 	if !ok {
 		if err == nil {
 			return
 		}
-		r = &sessionRuntime{}
-		m.runtime[id] = r
+		r = &m.sandboxLocked(id).rt
 	}
 	r.pollErr = err
 	if err == nil {
@@ -180,7 +179,7 @@ func (m *Manager) notePollFailure(id string, err error) {
 func (m *Manager) pollFailure(id string) (n int, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if r, ok := m.runtime[id]; ok {
+	if r, ok := m.runtimeLocked(id); ok {
 		return r.pollErrs, r.pollErr
 	}
 	return 0, nil

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/forward"
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/daemon/runsapi"
@@ -130,7 +129,7 @@ func newTestManager(t *testing.T, api *fakeRemoteAPI, timeout time.Duration) (*M
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Queue: execq.New(), Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{}})
+	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,305 @@
+package sessions
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/events"
+	"github.com/sandboxd/sandboxd/daemon/execq"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// sandboxState is where a sandbox's controller is.
+type sandboxState int
+
+const (
+	// stateConnecting: no connection to the sandbox has come up yet.
+	stateConnecting sandboxState = iota
+	// stateReady: connected, and this daemon does not hold the agent lock.
+	stateReady
+	// stateLeased: this daemon holds the agent lock (lease.go).
+	stateLeased
+	// stateReconnecting: the kept connection dropped; the pool redials.
+	stateReconnecting
+	// stateEnded: the session ended or the daemon closes; final.
+	stateEnded
+)
+
+func (s sandboxState) String() string {
+	switch s {
+	case stateConnecting:
+		return "connecting"
+	case stateReady:
+		return "ready"
+	case stateLeased:
+		return "leased"
+	case stateReconnecting:
+		return "reconnecting"
+	case stateEnded:
+		return "ended"
+	}
+	return "unknown"
+}
+
+// sandbox is the controller of one session's sandbox: it owns what the
+// daemon keeps about it at run time, which a restart re-learns: the exec
+// line, the lease on the agent lock, the runtime facts (rehydration check,
+// config drift, expiry, poll errors, idle use), the exec statistics not yet
+// written and the forwards that could not be reopened. Its state changes in
+// one place (setState), which logs and publishes the change; the one
+// goroutine it runs (the lease's timers, run) and every goroutine it starts
+// (spawn) are joined by end.
+//
+// The kept connection is the pool's (daemon/sshpool) and the helper's
+// state is daemon/helper's, keyed by connection; the controller follows the
+// connection's ups and downs through connectionChanged.
+type sandbox struct {
+	m  *Manager
+	id string // session id
+
+	mu        sync.Mutex
+	runID     string
+	state     sandboxState
+	since     time.Time         // when state was entered (the manager's clock; zero: at creation)
+	fwdFailed map[string]string // why a stored forward could not be reopened, by name
+	closed    bool              // end began: spawn runs nothing more
+
+	rt      sessionRuntime // guarded by m.mu
+	lease   lease          // guarded by lease.mu
+	line    *execq.Line
+	tally   execTally // guarded by m.records
+	pending bool      // tally is in m.pending; guarded by m.records
+
+	wake   chan struct{} // the lease's task changed
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// newSandbox returns the controller of session id and starts its loop.
+func newSandbox(m *Manager, id string) *sandbox {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &sandbox{m: m, id: id, state: stateConnecting, line: execq.NewLine(),
+		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+	c.lease.owner = c
+	c.wg.Add(1)
+	go c.run()
+	return c
+}
+
+// sandboxLocked returns session id's controller, creating it on first use.
+// m.mu must be held.
+func (m *Manager) sandboxLocked(id string) *sandbox {
+	c, ok := m.sandboxes[id]
+	if !ok {
+		c = newSandbox(m, id)
+		m.sandboxes[id] = c
+	}
+	return c
+}
+
+// sandboxOf returns the controller of session s, creating it on first use.
+func (m *Manager) sandboxOf(s *store.Session) *sandbox {
+	m.mu.Lock()
+	c := m.sandboxLocked(s.ID)
+	m.mu.Unlock()
+	if s.RunID != "" {
+		c.mu.Lock()
+		c.runID = s.RunID
+		c.mu.Unlock()
+	}
+	return c
+}
+
+// sandboxIfAny returns session id's controller, nil when it has none.
+func (m *Manager) sandboxIfAny(id string) *sandbox {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sandboxes[id]
+}
+
+// runtimeLocked returns the runtime facts of session id, if it has a
+// controller. m.mu must be held.
+func (m *Manager) runtimeLocked(id string) (*sessionRuntime, bool) {
+	if c, ok := m.sandboxes[id]; ok {
+		return &c.rt, true
+	}
+	return nil, false
+}
+
+// setState is the one place where a controller's state changes: it logs
+// the change and publishes it (sandbox.state). An ended controller stays
+// ended.
+func (c *sandbox) setState(to sandboxState, why string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	from := c.state
+	if from == to || from == stateEnded {
+		return
+	}
+	c.state, c.since = to, c.m.now()
+	level := "info"
+	if to == stateLeased || from == stateLeased {
+		level = "debug" // once per burst of execs
+	}
+	args := []any{"session", c.id, "run", c.runID, "from", from.String(), "to", to.String(), "why", why}
+	if level == "debug" {
+		c.m.log.Debug("sandbox state", args...)
+	} else {
+		c.m.log.Info("sandbox state", args...)
+	}
+	// Under c.mu: subscribers see the changes in the order they happened.
+	c.m.opts.Events.Publish(events.SandboxState, c.id, c.runID, map[string]string{"state": to.String(), "from": from.String(), "reason": why})
+}
+
+// current returns the controller's state and since when it holds.
+func (c *sandbox) current() (sandboxState, time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.state, c.since
+}
+
+// connectionChanged follows the kept connection: up is ready (a new
+// connection holds no lock), down is reconnecting.
+func (c *sandbox) connectionChanged(up bool, err error) {
+	if up {
+		c.setState(stateReady, "connected")
+		return
+	}
+	why := "the connection dropped"
+	if err != nil {
+		why += ": " + err.Error()
+	}
+	c.setState(stateReconnecting, why)
+}
+
+// ConnectionChanged tells the controller of run runID that its kept
+// connection came up or went down (the pool's OnState).
+func (m *Manager) ConnectionChanged(runID string, up bool, err error) {
+	if runID == "" {
+		return
+	}
+	m.mu.Lock()
+	var found []*sandbox
+	for _, c := range m.sandboxes {
+		c.mu.Lock()
+		if c.runID == runID {
+			found = append(found, c)
+		}
+		c.mu.Unlock()
+	}
+	m.mu.Unlock()
+	for _, c := range found {
+		c.connectionChanged(up, err)
+	}
+}
+
+// spawn runs f in a goroutine that end joins; once end began, f runs in
+// the caller's goroutine instead.
+func (c *sandbox) spawn(f func()) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		f()
+		return
+	}
+	c.wg.Add(1)
+	c.mu.Unlock()
+	go func() {
+		defer c.wg.Done()
+		f()
+	}()
+}
+
+// poke tells the loop that the lease's task changed.
+func (c *sandbox) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the controller's loop: it runs the lease's task (the idle
+// release, the yield of a burst) when it is due, until end.
+func (c *sandbox) run() {
+	defer c.wg.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		c.lease.mu.Lock()
+		t := c.lease.task
+		var wait time.Duration
+		if t.kind != taskNone {
+			if wait = time.Until(t.at); wait <= 0 {
+				c.lease.task = leaseTask{}
+			}
+		}
+		c.lease.mu.Unlock()
+		var due <-chan time.Time
+		if t.kind != taskNone {
+			if wait <= 0 {
+				c.runTask(t)
+				continue
+			}
+			timer.Reset(wait)
+			due = timer.C
+		}
+		select {
+		case <-c.ctx.Done():
+			return
+		case <-c.wake:
+			timer.Stop()
+		case <-due:
+		}
+	}
+}
+
+// runTask runs one due task of the lease.
+func (c *sandbox) runTask(t leaseTask) {
+	switch t.kind {
+	case taskRelease:
+		c.m.release(&c.lease, t.session.RunID, t.gen)
+	case taskYield:
+		c.m.yield(&c.lease, t.session, t.gen)
+	}
+}
+
+// end releases the lock if held, enters the ended state and joins every
+// goroutine of the controller (each is bounded: an unlock by
+// unlockTimeout, a yield's lock request by the cancel).
+func (c *sandbox) end(why string) {
+	c.m.releaseNow(c)
+	c.setState(stateEnded, why)
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.cancel()
+	c.wg.Wait()
+}
+
+// setForwardFailed records why forward name could not be reopened ("":
+// it was).
+func (c *sandbox) setForwardFailed(name, why string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if why == "" {
+		delete(c.fwdFailed, name)
+		return
+	}
+	if c.fwdFailed == nil {
+		c.fwdFailed = make(map[string]string)
+	}
+	c.fwdFailed[name] = why
+}
+
+// forwardFailure says why forward name could not be reopened.
+func (c *sandbox) forwardFailure(name string) string {
+	if c == nil {
+		return ""
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fwdFailed[name]
+}
