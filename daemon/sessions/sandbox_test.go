@@ -1,0 +1,140 @@
+package sessions
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/events"
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/ipc"
+)
+
+// stateEvents records the sandbox.state events a manager publishes.
+type stateEvents struct {
+	mu  sync.Mutex
+	got []string // "from>to"
+}
+
+func (e *stateEvents) Publish(typ, sessionID, runID string, data any) ipc.Event {
+	if typ != events.SandboxState {
+		return ipc.Event{}
+	}
+	d := data.(map[string]string)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.got = append(e.got, d["from"]+">"+d["state"])
+	return ipc.Event{}
+}
+
+func (e *stateEvents) list() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return strings.Join(e.got, " ")
+}
+
+// Issue 27: a sandbox's controller goes through explicit states, changed
+// in one place that publishes each change in order; the time of a change
+// is the manager's clock; once ended it stays ended.
+func TestSandboxStatesChangeInOnePlaceAndArePublished(t *testing.T) {
+	_, target := startAgent(t)
+	m, s, clock := leaseManager(t, target)
+	ev := &stateEvents{}
+	m.opts.Events = ev
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	c := m.sandboxOf(s)
+	if st, _ := c.current(); st != stateConnecting {
+		t.Fatalf("a new controller is %s, want connecting", st)
+	}
+	m.ConnectionChanged(s.RunID, true, nil)
+	clock.add(time.Minute)
+	_, done, err := m.lockSandbox(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, since := c.current(); st != stateLeased || !since.Equal(clock.now()) {
+		t.Fatalf("after the lock: %s since %v, want leased since %v", st, since, clock.now())
+	}
+	done()
+	m.ConnectionChanged(s.RunID, false, fmt.Errorf("reset by peer"))
+	m.ConnectionChanged(s.RunID, true, nil)
+	m.releaseNow(c) // the lock went with the connection; nothing to send
+	m.dropRuntime(s.ID)
+	c.setState(stateReady, "too late")
+	want := "connecting>ready ready>leased leased>reconnecting reconnecting>ready ready>ended"
+	if got := ev.list(); got != want {
+		t.Fatalf("state events\n got %s\nwant %s", got, want)
+	}
+}
+
+// Issue 27: ending a controller joins every goroutine it started, even
+// the lock request of a yield that waits behind another client: nothing
+// of the controller runs once end returns.
+func TestSandboxEndLeavesNoGoroutineBehind(t *testing.T) {
+	_, target := startAgent(t)
+	m, s, clock := leaseManager(t, target)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := m.sandboxOf(s)
+	_, done, err := m.lockSandbox(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another client asks for the lock while the lease holds it, and keeps
+	// it once granted: the lease's own request after the yield waits.
+	other := sshpool.New(sshpool.Options{})
+	defer other.Close()
+	oc, err := other.Get(ctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	granted := make(chan error, 1)
+	go func() {
+		_, err := oc.ExecOnce(ctx, directiveLock, sshpool.Stdio{})
+		granted <- err
+	}()
+	time.Sleep(100 * time.Millisecond) // the other request is queued first
+	clock.add(9 * time.Hour)
+	done()
+	if err := <-granted; err != nil {
+		t.Fatal(err)
+	}
+	waitUntilTrue(t, "the lease to ask for the lock again", func() bool {
+		c.lease.mu.Lock()
+		defer c.lease.mu.Unlock()
+		return c.lease.acquiring != nil
+	})
+	m.mu.Lock()
+	delete(m.sandboxes, s.ID)
+	m.mu.Unlock()
+	c.end("test")
+	if left := controllerGoroutines(); left != "" {
+		t.Fatalf("goroutines of the controller still run after end:\n%s", left)
+	}
+}
+
+// controllerGoroutines returns the stacks of the goroutines, other than the
+// caller's, that run or were started by this package's non-test code.
+func controllerGoroutines() string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var left []string
+	for i, g := range strings.Split(string(buf), "\n\n") {
+		if i == 0 { // the caller's
+			continue
+		}
+		for _, line := range strings.Split(g, "\n") {
+			if strings.Contains(line, "sandboxd/daemon/sessions.(*sandbox)") || strings.Contains(line, "sandboxd/daemon/sessions.(*Manager)") {
+				left = append(left, g)
+				break
+			}
+		}
+	}
+	return strings.Join(left, "\n\n")
+}
