@@ -120,7 +120,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	m, err := sessions.New(sessions.Options{
 		Store:             deps.Store,
 		Remotes:           s.remote,
-		Pool:              s.pool,
+		Pool:              sessions.Links(s.pool),
 		Sync:              gitsync.New(gitsync.Options{Logger: log, Pause: pause, Changes: s.trees}),
 		Events:            s.bus,
 		Branches:          branches,

@@ -237,7 +237,7 @@ func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target, progress, wa
 // agent that moved (the local remote restarted) is followed, anything else
 // is reported as unavailable and the session kept.
 func (m *Manager) connect(ctx context.Context, s *store.Session) (*sshpool.Conn, error) {
-	conn, err := m.opts.Pool.Get(ctx, target(s))
+	conn, err := m.sandboxOf(s).link.Get(ctx, target(s))
 	if err == nil {
 		return conn, nil
 	}
@@ -257,7 +257,7 @@ func (m *Manager) connect(ctx context.Context, s *store.Session) (*sshpool.Conn,
 		if merr != nil {
 			return nil, merr
 		}
-		if conn, err = m.opts.Pool.Get(ctx, target(moved)); err == nil {
+		if conn, err = m.sandboxOf(moved).link.Get(ctx, target(moved)); err == nil {
 			return conn, nil
 		}
 	}

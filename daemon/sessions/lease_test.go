@@ -75,7 +75,8 @@ func TestLockedConnRelocksBeforeTheRetry(t *testing.T) {
 			t.Fatalf("lock: %v %+v", err, st)
 		}
 	}
-	first, err := pool.Get(ctx, target)
+	link := pool.NewLink()
+	first, err := link.Get(ctx, target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestLockedConnRelocksBeforeTheRetry(t *testing.T) {
 	relocks := 0
 	lc := &lockedConn{conn: first, relock: func(ctx context.Context) (*sshpool.Conn, error) {
 		relocks++
-		c, err := pool.Get(ctx, target)
+		c, err := link.Get(ctx, target)
 		if err != nil {
 			return nil, err
 		}
@@ -124,7 +125,7 @@ func leaseManager(t *testing.T, target sshpool.Target) (*Manager, *store.Session
 	t.Cleanup(func() { st.Close() })
 	pool := sshpool.New(sshpool.Options{})
 	t.Cleanup(func() { pool.Close() })
-	m, err := New(Options{Store: st, Remotes: fakeSource{}, Pool: pool, Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{},
+	m, err := New(Options{Store: st, Remotes: fakeSource{}, Pool: Links(pool), Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{},
 		LockIdle: time.Hour, Now: clock.now})
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +215,7 @@ func TestLeaseStopDoesNotWaitForTheRetake(t *testing.T) {
 	// Another client asks for the lock while the lease holds it.
 	other := sshpool.New(sshpool.Options{})
 	defer other.Close()
-	oc, err := other.Get(ctx, target)
+	oc, err := other.NewLink().Get(ctx, target)
 	if err != nil {
 		t.Fatal(err)
 	}

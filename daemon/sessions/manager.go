@@ -54,12 +54,25 @@ type RemoteSource interface {
 	Info() RemoteInfo
 }
 
-// Pool is the persistent SSH connection pool (*sshpool.Pool satisfies it).
+// Pool hands out the kept SSH connections, one Link per sandbox's
+// controller (Links adapts *sshpool.Pool).
 type Pool interface {
+	NewLink() Link
+}
+
+// Link is one sandbox's kept SSH connection (*sshpool.Link satisfies it).
+type Link interface {
 	Get(ctx context.Context, t sshpool.Target) (*sshpool.Conn, error)
 	Ensure(t sshpool.Target)
-	Forget(runID string)
+	Forget()
 }
+
+// Links is the Pool of an *sshpool.Pool.
+func Links(p *sshpool.Pool) Pool { return sshLinks{p} }
+
+type sshLinks struct{ p *sshpool.Pool }
+
+func (l sshLinks) NewLink() Link { return l.p.NewLink() }
 
 // Syncer moves the working tree to the sandbox and back (*gitsync.Syncer).
 type Syncer interface {
@@ -274,6 +287,7 @@ func (m *Manager) dropRuntime(id string) {
 	}
 	if c != nil {
 		c.end("the session ended")
+		c.link.Forget()
 	}
 }
 

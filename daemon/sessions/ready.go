@@ -240,7 +240,7 @@ func (m *Manager) markReady(s *store.Session, ci rwxapi.ConnectionInfo) (*store.
 	if !wasReady {
 		m.progress(s, ipc.PhaseConnecting, s.Address)
 	}
-	m.opts.Pool.Ensure(target(s))
+	m.sandboxOf(s).link.Ensure(target(s))
 	m.watchConfig(s)
 	if !wasReady {
 		m.publish(eventSessionReady, s, map[string]string{"address": s.Address})
@@ -269,8 +269,8 @@ func (m *Manager) end(s *store.Session, state store.State, reason, event string)
 		updated = s
 	}
 	m.closeRunForwards(s)
-	if s.RunID != "" {
-		m.opts.Pool.Forget(s.RunID)
+	if c := m.sandboxIfAny(s.ID); c != nil {
+		c.link.Forget()
 	}
 	m.dropRuntime(s.ID)
 	if !s.State.Terminal() {

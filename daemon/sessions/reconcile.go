@@ -467,7 +467,7 @@ func (m *Manager) probe(ctx context.Context, s *store.Session) (ipc.ProbeRespons
 // probeConnection runs one command over the held connection: it proves the
 // connection works and reports whether the sync snapshot ref exists.
 func (m *Manager) probeConnection(ctx context.Context, s *store.Session) (bool, error) {
-	conn, err := m.opts.Pool.Get(ctx, target(s))
+	conn, err := m.sandboxOf(s).link.Get(ctx, target(s))
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
 	}

@@ -82,9 +82,13 @@ func (f fakeSource) Info() RemoteInfo                       { return RemoteInfo{
 
 type nopPool struct{}
 
-func (nopPool) Get(context.Context, sshpool.Target) (*sshpool.Conn, error) { return nil, nil }
-func (nopPool) Ensure(sshpool.Target)                                      {}
-func (nopPool) Forget(string)                                              {}
+func (nopPool) NewLink() Link { return nopLink{} }
+
+type nopLink struct{}
+
+func (nopLink) Get(context.Context, sshpool.Target) (*sshpool.Conn, error) { return nil, nil }
+func (nopLink) Ensure(sshpool.Target)                                      {}
+func (nopLink) Forget()                                                    {}
 
 type nopSync struct{}
 

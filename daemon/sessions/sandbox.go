@@ -51,9 +51,9 @@ func (s sandboxState) String() string {
 // goroutine it runs (the lease's timers, run) and every goroutine it starts
 // (spawn) are joined by end.
 //
-// The kept connection is the pool's (daemon/sshpool) and the helper's
-// state is daemon/helper's, keyed by connection; the controller follows the
-// connection's ups and downs through connectionChanged.
+// Its kept connection is a link of the pool (daemon/sshpool), whose ups
+// and downs it follows through connectionChanged; the helper's state is
+// daemon/helper's, keyed by connection.
 type sandbox struct {
 	m  *Manager
 	id string // session id
@@ -68,6 +68,7 @@ type sandbox struct {
 	rt      sessionRuntime // guarded by m.mu
 	lease   lease          // guarded by lease.mu
 	line    *execq.Line
+	link    Link      // the kept connection (daemon/sshpool)
 	tally   execTally // guarded by m.records
 	pending bool      // tally is in m.pending; guarded by m.records
 
@@ -81,7 +82,7 @@ type sandbox struct {
 func newSandbox(m *Manager, id string) *sandbox {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &sandbox{m: m, id: id, state: stateConnecting, line: execq.NewLine(),
-		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+		link: m.opts.Pool.NewLink(), wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
 	c.lease.owner = c
 	c.wg.Add(1)
 	go c.run()

@@ -90,7 +90,7 @@ func TestSandboxEndLeavesNoGoroutineBehind(t *testing.T) {
 	// it once granted: the lease's own request after the yield waits.
 	other := sshpool.New(sshpool.Options{})
 	defer other.Close()
-	oc, err := other.Get(ctx, target)
+	oc, err := other.NewLink().Get(ctx, target)
 	if err != nil {
 		t.Fatal(err)
 	}

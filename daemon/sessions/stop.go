@@ -89,7 +89,7 @@ func (m *Manager) endRun(ctx context.Context, s *store.Session) error {
 		m.releaseNow(c)
 	}
 	if s.State == store.StateReady {
-		if conn, err := m.opts.Pool.Get(ctx, target(s)); err == nil {
+		if conn, err := m.sandboxOf(s).link.Get(ctx, target(s)); err == nil {
 			if err := m.directive(ctx, conn, directiveEnd); err == nil {
 				return nil
 			}
