@@ -125,7 +125,7 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		Events:            s.bus,
 		Branches:          branches,
 		Watcher:           w,
-		Forwards:          s.forwards,
+		Forwards:          sessions.ForwardSets(s.forwards),
 		Logger:            log,
 		DaemonConfig:      daemonConfig(deps.Config),
 		SSHDir:            sshDir(deps.Layout),

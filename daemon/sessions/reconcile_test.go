@@ -221,9 +221,10 @@ func (f *recordingForwards) Open(spec forward.Spec) (forward.Info, error) {
 	f.opened = append(f.opened, spec)
 	return forward.Info{Spec: spec}, nil
 }
-func (f *recordingForwards) Close(string, string) bool               { return false }
-func (f *recordingForwards) CloseRun(string) []forward.Info          { return nil }
-func (f *recordingForwards) Get(string, string) (forward.Info, bool) { return forward.Info{}, false }
+func (f *recordingForwards) NewSet() ForwardSet              { return f }
+func (f *recordingForwards) Close(string) bool               { return false }
+func (f *recordingForwards) CloseAll() []forward.Info        { return nil }
+func (f *recordingForwards) Get(string) (forward.Info, bool) { return forward.Info{}, false }
 
 // TestRehydrateReopensForwardsFirst: Rehydrate reopens the port forwards of
 // the live sessions before it returns, while the remote has answered none

@@ -52,8 +52,9 @@ func (s sandboxState) String() string {
 // (spawn) are joined by end.
 //
 // Its kept connection is a link of the pool (daemon/sshpool), whose ups
-// and downs it follows through connectionChanged; the helper's state is
-// daemon/helper's, keyed by connection.
+// and downs it follows through connectionChanged, and its forwards a set
+// of daemon/forward's; the helper's state is daemon/helper's, keyed by
+// connection.
 type sandbox struct {
 	m  *Manager
 	id string // session id
@@ -68,9 +69,10 @@ type sandbox struct {
 	rt      sessionRuntime // guarded by m.mu
 	lease   lease          // guarded by lease.mu
 	line    *execq.Line
-	link    Link      // the kept connection (daemon/sshpool)
-	tally   execTally // guarded by m.records
-	pending bool      // tally is in m.pending; guarded by m.records
+	link    Link       // the kept connection (daemon/sshpool)
+	fwds    ForwardSet // its local port forwards (daemon/forward); nil without Options.Forwards
+	tally   execTally  // guarded by m.records
+	pending bool       // tally is in m.pending; guarded by m.records
 
 	wake   chan struct{} // the lease's task changed
 	ctx    context.Context
@@ -84,6 +86,9 @@ func newSandbox(m *Manager, id string) *sandbox {
 	c := &sandbox{m: m, id: id, state: stateConnecting, line: execq.NewLine(),
 		link: m.opts.Pool.NewLink(), wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
 	c.lease.owner = c
+	if m.opts.Forwards != nil {
+		c.fwds = m.opts.Forwards.NewSet()
+	}
 	c.wg.Add(1)
 	go c.run()
 	return c
