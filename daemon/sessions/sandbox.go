@@ -272,12 +272,13 @@ func (c *sandbox) runTask(t leaseTask) {
 	}
 }
 
-// end releases the lock if held, enters the ended state and joins every
+// end enters the ended state, releases the lock if held and joins every
 // goroutine of the controller (each is bounded: an unlock by
-// unlockTimeout, a yield's lock request by the cancel).
+// unlockTimeout, a yield's lock request by the cancel). Ended first: an
+// unlock that fails on a connection already forgotten says nothing more.
 func (c *sandbox) end(why string) {
-	c.m.releaseNow(c)
 	c.setState(stateEnded, why)
+	c.m.releaseNow(c)
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
