@@ -65,6 +65,7 @@ type sandbox struct {
 	since     time.Time         // when state was entered (the manager's clock; zero: at creation)
 	fwdFailed map[string]string // why a stored forward could not be reopened, by name
 	closed    bool              // end began: spawn runs nothing more
+	looping   bool              // run was started
 
 	rt      sessionRuntime // guarded by m.mu
 	lease   lease          // guarded by lease.mu
@@ -80,7 +81,9 @@ type sandbox struct {
 	wg     sync.WaitGroup
 }
 
-// newSandbox returns the controller of session id and starts its loop.
+// newSandbox returns the controller of session id. Its loop starts with
+// the first task of its lease (a controller of a session that never runs a
+// command costs no goroutine).
 func newSandbox(m *Manager, id string) *sandbox {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &sandbox{m: m, id: id, state: stateConnecting, line: execq.NewLine(),
@@ -89,8 +92,6 @@ func newSandbox(m *Manager, id string) *sandbox {
 	if m.opts.Forwards != nil {
 		c.fwds = m.opts.Forwards.NewSet()
 	}
-	c.wg.Add(1)
-	go c.run()
 	return c
 }
 
@@ -218,8 +219,15 @@ func (c *sandbox) spawn(f func()) {
 	}()
 }
 
-// poke tells the loop that the lease's task changed.
+// poke tells the loop that the lease's task changed, starting it first.
 func (c *sandbox) poke() {
+	c.mu.Lock()
+	if !c.looping && !c.closed {
+		c.looping = true
+		c.wg.Add(1)
+		go c.run()
+	}
+	c.mu.Unlock()
 	select {
 	case c.wake <- struct{}{}:
 	default:

@@ -138,3 +138,17 @@ func controllerGoroutines() string {
 	}
 	return strings.Join(left, "\n\n")
 }
+
+// A controller whose session never runs a command (a listed or touched
+// session, one that ended) costs no goroutine: its loop starts with the
+// lease's first task.
+func TestSandboxOfAnIdleSessionRunsNoGoroutine(t *testing.T) {
+	_, target := startAgent(t)
+	m, _, _ := leaseManager(t, target)
+	for i := range 50 {
+		m.touch(fmt.Sprintf("session-%d", i))
+	}
+	if left := controllerGoroutines(); left != "" {
+		t.Fatalf("idle controllers run goroutines:\n%s", left)
+	}
+}
