@@ -44,17 +44,16 @@ func (s sandboxState) String() string {
 
 // sandbox is the controller of one session's sandbox: it owns what the
 // daemon keeps about it at run time, which a restart re-learns: the exec
-// line, the lease on the agent lock, the runtime facts (rehydration check,
-// config drift, expiry, poll errors, idle use), the exec statistics not yet
-// written and the forwards that could not be reopened. Its state changes in
-// one place (setState), which logs and publishes the change; the one
-// goroutine it runs (the lease's timers, run) and every goroutine it starts
-// (spawn) are joined by end.
-//
-// Its kept connection is a link of the pool (daemon/sshpool), whose ups
-// and downs it follows through connectionChanged, and its forwards a set
-// of daemon/forward's; the helper's state is daemon/helper's, keyed by
-// connection.
+// line, the kept connection (a link of daemon/sshpool), the lease on the
+// agent lock, the local port forwards (a set of daemon/forward) and the
+// ones that could not be reopened, the runtime facts (rehydration check,
+// config drift, expiry, poll errors, idle use) and the exec statistics not
+// yet written. Its state changes in one place (setState), which logs and
+// publishes the change; the one goroutine it runs (the lease's timers,
+// run) and every goroutine it starts (spawn) are joined by end. It follows
+// the connection's ups and downs through connectionChanged. The helper's
+// state stays daemon/helper's, keyed by connection, and the sync's
+// daemon/gitsync's.
 type sandbox struct {
 	m  *Manager
 	id string // session id
