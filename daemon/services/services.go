@@ -1,5 +1,5 @@
 // Package services assembles the daemon's working parts — event bus, file
-// watching, remote, SSH pool, exec queue, sync, session manager, reconcile
+// watching, remote, SSH pool, port forwards, sync, session manager, reconcile
 // loop — into the daemon.Services served on the socket.
 package services
 
