@@ -272,7 +272,7 @@ func (m *Manager) rt(id string) *sessionRuntime {
 	return &m.sandboxLocked(id).rt
 }
 
-// dropRuntime ends the controller of an ended session and forgets it.
+// dropRuntime forgets the controller of an ended session and ends it.
 func (m *Manager) dropRuntime(id string) {
 	m.mu.Lock()
 	c := m.sandboxes[id]
@@ -285,10 +285,19 @@ func (m *Manager) dropRuntime(id string) {
 	if cancelWatch != nil {
 		cancelWatch()
 	}
-	if c != nil {
-		c.end("the session ended")
-		c.link.Forget()
+	if c == nil {
+		return
 	}
+	c.setState(stateEnded, "the session ended")
+	c.link.Forget()
+	// Joined by Close, not here: the session may be ended from the
+	// controller's own loop (a yield's reconnect that finds the run over),
+	// which end waits for.
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		c.end("the session ended")
+	}()
 }
 
 // remote returns the configured remote client.

@@ -3,6 +3,7 @@ package sessions
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"runtime"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/events"
+	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/ipc"
 )
@@ -150,5 +152,41 @@ func TestSandboxOfAnIdleSessionRunsNoGoroutine(t *testing.T) {
 	}
 	if left := controllerGoroutines(); left != "" {
 		t.Fatalf("idle controllers run goroutines:\n%s", left)
+	}
+}
+
+// A yield's reconnect that finds the run over ends the session from the
+// controller's own loop: ending it must not wait for that loop (it would
+// wait for itself), and the controller still ends and joins its loop.
+func TestSandboxEndedFromItsOwnYieldEndsWithoutDeadlock(t *testing.T) {
+	a, target := startAgent(t)
+	m, s, clock := leaseManager(t, target)
+	api := newFakeRemoteAPI(t)
+	api.connStatus.Store(http.StatusNotFound) // the run is over
+	client, err := runsapi.New(runsapi.Options{BaseURL: api.srv.URL, Token: "tok", Timeout: 5 * time.Second, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.opts.Remotes = fakeSource{client}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c := m.sandboxOf(s)
+	_, done, err := m.lockSandbox(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Close() // the sandbox is gone with its run
+	clock.add(9 * time.Hour)
+	done() // the yield: the unlock fails, the reconnect asks the remote
+	waitUntilTrue(t, "the controller to end", func() bool {
+		st, _ := c.current()
+		return st == stateEnded
+	})
+	joined := make(chan struct{})
+	go func() { c.wg.Wait(); close(joined) }()
+	select {
+	case <-joined:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the controller's loop did not end: ending the session from it waits for itself")
 	}
 }
