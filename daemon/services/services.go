@@ -111,7 +111,6 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 				}
 			}
 			s.bus.Publish(typ, s.manager.SessionOfRun(runID), runID, data)
-			s.manager.ConnectionChanged(runID, up, err)
 		},
 	})
 	// Port forwards dial through the manager, which knows each run's

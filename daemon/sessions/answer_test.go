@@ -23,7 +23,7 @@ func TestProcessRecordsFromTheSandboxAreCheckedAndBounded(t *testing.T) {
 	_, target := startAgent(t)
 	pool := sshpool.New(sshpool.Options{})
 	t.Cleanup(func() { pool.Close() })
-	conn, err := pool.NewLink().Get(context.Background(), target)
+	conn, err := pool.NewLink(nil).Get(context.Background(), target)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ func TestLockedConnRelocksBeforeTheRetry(t *testing.T) {
 			t.Fatalf("lock: %v %+v", err, st)
 		}
 	}
-	link := pool.NewLink()
+	link := pool.NewLink(nil)
 	first, err := link.Get(ctx, target)
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +215,7 @@ func TestLeaseStopDoesNotWaitForTheRetake(t *testing.T) {
 	// Another client asks for the lock while the lease holds it.
 	other := sshpool.New(sshpool.Options{})
 	defer other.Close()
-	oc, err := other.NewLink().Get(ctx, target)
+	oc, err := other.NewLink(nil).Get(ctx, target)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,9 +55,10 @@ type RemoteSource interface {
 }
 
 // Pool hands out the kept SSH connections, one Link per sandbox's
-// controller (Links adapts *sshpool.Pool).
+// controller (Links adapts *sshpool.Pool); onState hears the link's
+// connection come up and go down.
 type Pool interface {
-	NewLink() Link
+	NewLink(onState func(up bool, err error)) Link
 }
 
 // Link is one sandbox's kept SSH connection (*sshpool.Link satisfies it).
@@ -72,7 +73,7 @@ func Links(p *sshpool.Pool) Pool { return sshLinks{p} }
 
 type sshLinks struct{ p *sshpool.Pool }
 
-func (l sshLinks) NewLink() Link { return l.p.NewLink() }
+func (l sshLinks) NewLink(onState func(up bool, err error)) Link { return l.p.NewLink(onState) }
 
 // Syncer moves the working tree to the sandbox and back (*gitsync.Syncer).
 type Syncer interface {

@@ -82,7 +82,7 @@ func (f fakeSource) Info() RemoteInfo                       { return RemoteInfo{
 
 type nopPool struct{}
 
-func (nopPool) NewLink() Link { return nopLink{} }
+func (nopPool) NewLink(func(bool, error)) Link { return nopLink{} }
 
 type nopLink struct{}
 

@@ -86,7 +86,8 @@ type sandbox struct {
 func newSandbox(m *Manager, id string) *sandbox {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &sandbox{m: m, id: id, state: stateConnecting, line: execq.NewLine(),
-		link: m.opts.Pool.NewLink(), wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+	c.link = m.opts.Pool.NewLink(c.connectionChanged)
 	c.lease.owner = c
 	if m.opts.Forwards != nil {
 		c.fwds = m.opts.Forwards.NewSet()
@@ -166,11 +167,16 @@ func (c *sandbox) current() (sandboxState, time.Time) {
 	return c.state, c.since
 }
 
-// connectionChanged follows the kept connection: up is ready (a new
-// connection holds no lock), down is reconnecting.
+// connectionChanged follows the kept connection (its link's state
+// callback): down is reconnecting; up is ready after connecting or
+// reconnecting. A leased controller stays leased on an up: the callback
+// runs in the pool's goroutine and may come after the lock request that
+// the new connection carried.
 func (c *sandbox) connectionChanged(up bool, err error) {
 	if up {
-		c.setState(stateReady, "connected")
+		if st, _ := c.current(); st == stateConnecting || st == stateReconnecting {
+			c.setState(stateReady, "connected")
+		}
 		return
 	}
 	why := "the connection dropped"
@@ -178,27 +184,6 @@ func (c *sandbox) connectionChanged(up bool, err error) {
 		why += ": " + err.Error()
 	}
 	c.setState(stateReconnecting, why)
-}
-
-// ConnectionChanged tells the controller of run runID that its kept
-// connection came up or went down (the pool's OnState).
-func (m *Manager) ConnectionChanged(runID string, up bool, err error) {
-	if runID == "" {
-		return
-	}
-	m.mu.Lock()
-	var found []*sandbox
-	for _, c := range m.sandboxes {
-		c.mu.Lock()
-		if c.runID == runID {
-			found = append(found, c)
-		}
-		c.mu.Unlock()
-	}
-	m.mu.Unlock()
-	for _, c := range found {
-		c.connectionChanged(up, err)
-	}
 }
 
 // spawn runs f in a goroutine that end joins; once end began, f runs in

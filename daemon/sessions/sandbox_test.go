@@ -54,18 +54,24 @@ func TestSandboxStatesChangeInOnePlaceAndArePublished(t *testing.T) {
 	if st, _ := c.current(); st != stateConnecting {
 		t.Fatalf("a new controller is %s, want connecting", st)
 	}
-	m.ConnectionChanged(s.RunID, true, nil)
+	// The link's connection comes up: it says so from the pool's goroutine.
+	if _, err := c.link.Get(ctx, target); err != nil {
+		t.Fatal(err)
+	}
+	waitUntilTrue(t, "the link's up to be heard", func() bool { st, _ := c.current(); return st == stateReady })
 	clock.add(time.Minute)
 	_, done, err := m.lockSandbox(ctx, s)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if st, since := c.current(); st != stateLeased || !since.Equal(clock.now()) {
-		t.Fatalf("after the lock: %s since %v, want leased since %v", st, since, clock.now())
+		t.Fatalf("after the lock: %s since %v, want leased since %v (events %s)", st, since, clock.now(), ev.list())
 	}
 	done()
-	m.ConnectionChanged(s.RunID, false, fmt.Errorf("reset by peer"))
-	m.ConnectionChanged(s.RunID, true, nil)
+	// What the link tells its controller when the connection drops and
+	// comes back.
+	c.connectionChanged(false, fmt.Errorf("reset by peer"))
+	c.connectionChanged(true, nil)
 	m.releaseNow(c) // the lock went with the connection; nothing to send
 	m.dropRuntime(s.ID)
 	c.setState(stateReady, "too late")
@@ -92,7 +98,7 @@ func TestSandboxEndLeavesNoGoroutineBehind(t *testing.T) {
 	// it once granted: the lease's own request after the yield waits.
 	other := sshpool.New(sshpool.Options{})
 	defer other.Close()
-	oc, err := other.NewLink().Get(ctx, target)
+	oc, err := other.NewLink(nil).Get(ctx, target)
 	if err != nil {
 		t.Fatal(err)
 	}

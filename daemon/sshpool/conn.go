@@ -67,7 +67,7 @@ func (c *Conn) start() {
 // monitor reports the connection up, waits for its end, and reports it down.
 func (c *Conn) monitor() {
 	defer c.pool.wg.Done()
-	c.pool.state(c.target.RunID, true, nil)
+	c.pool.state(c.link, c.target.RunID, true, nil)
 	werr := c.client.Wait()
 	c.mu.Lock()
 	c.closing = true

@@ -117,6 +117,7 @@ type Link struct {
 	wake    chan struct{}
 	ctx     context.Context // ended by Forget / Close
 	cancel  context.CancelFunc
+	onState func(up bool, err error) // set once by NewLink
 }
 
 // dialCall lets every caller wanting a connection share one dial.
@@ -163,10 +164,12 @@ func New(opts Options) *Pool {
 	}
 }
 
-// NewLink returns a link to one sandbox, not connected yet.
-func (p *Pool) NewLink() *Link {
+// NewLink returns a link to one sandbox, not connected yet. onState,
+// optional, hears its connection come up and go down (as Options.OnState,
+// from the pool's goroutines: it must not block long).
+func (p *Pool) NewLink(onState func(up bool, err error)) *Link {
 	ctx, cancel := context.WithCancel(p.ctx)
-	l := &Link{pool: p, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+	l := &Link{pool: p, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, onState: onState}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -491,7 +494,7 @@ func (p *Pool) giveUp(runID string, e *Link, err error) {
 	e.ensured = false
 	p.mu.Unlock()
 	p.log.Info("sandbox run is over; not reconnecting", "run", runID, "reason", err)
-	p.state(runID, false, fmt.Errorf("not reconnecting: %w", err))
+	p.state(e, runID, false, fmt.Errorf("not reconnecting: %w", err))
 }
 
 // connDown is called once per connection when it ends.
@@ -510,13 +513,16 @@ func (p *Pool) connDown(c *Conn, err error) {
 	p.mu.Unlock()
 	if current {
 		p.log.Info("sandbox connection down", "run", c.target.RunID, "err", err)
-		p.state(c.target.RunID, false, err)
+		p.state(c.link, c.target.RunID, false, err)
 	}
 }
 
-func (p *Pool) state(runID string, up bool, err error) {
+func (p *Pool) state(e *Link, runID string, up bool, err error) {
 	if p.opts.OnState != nil {
 		p.opts.OnState(runID, up, err)
+	}
+	if e != nil && e.onState != nil {
+		e.onState(up, err)
 	}
 }
 

@@ -55,7 +55,7 @@ func (p *testPool) link(runID string) *Link {
 	defer p.mu.Unlock()
 	l, ok := p.links[runID]
 	if !ok {
-		l = p.NewLink()
+		l = p.NewLink(nil)
 		p.links[runID] = l
 	}
 	return l
