@@ -183,26 +183,26 @@ func (p *Pool) NewLink(onState func(up bool, err error)) *Link {
 // Get returns the sandbox's healthy connection, or dials one now (joining a
 // dial already in flight). t is where the sandbox is now: when it differs
 // from the link's, the link follows it.
-func (e *Link) Get(ctx context.Context, t Target) (*Conn, error) {
+func (l *Link) Get(ctx context.Context, t Target) (*Conn, error) {
 	if t.RunID == "" || t.Address == "" {
 		return nil, errdefs.Invalidf("connect to a sandbox: run id and address are required (got run %q, address %q)", t.RunID, t.Address)
 	}
-	p := e.pool
+	p := l.pool
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return nil, ErrClosed
 	}
-	if e.ctx.Err() != nil {
+	if l.ctx.Err() != nil {
 		p.mu.Unlock()
 		return nil, ErrForgotten
 	}
-	e.retargetLocked(t)
-	if c := e.conn; c != nil && c.alive() {
+	l.retargetLocked(t)
+	if c := l.conn; c != nil && c.alive() {
 		p.mu.Unlock()
 		return c, nil
 	}
-	dc := p.startDialLocked(e)
+	dc := p.startDialLocked(l)
 	p.mu.Unlock()
 	select {
 	case <-dc.done:
@@ -215,48 +215,48 @@ func (e *Link) Get(ctx context.Context, t Target) (*Conn, error) {
 // Ensure keeps the sandbox connected in the background: it connects now if
 // needed and reconnects with backoff whenever the connection drops, until
 // Forget, Close, or CheckAlive says the run is over.
-func (e *Link) Ensure(t Target) {
+func (l *Link) Ensure(t Target) {
 	if t.RunID == "" || t.Address == "" {
 		return
 	}
-	p := e.pool
+	p := l.pool
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed || e.ctx.Err() != nil {
+	if p.closed || l.ctx.Err() != nil {
 		return
 	}
-	e.retargetLocked(t)
-	if e.ensured {
+	l.retargetLocked(t)
+	if l.ensured {
 		select {
-		case e.wake <- struct{}{}: // skip a pending backoff: the target may be new
+		case l.wake <- struct{}{}: // skip a pending backoff: the target may be new
 		default:
 		}
 		return
 	}
-	e.ensured = true
+	l.ensured = true
 	p.wg.Add(1)
-	go p.maintain(t.RunID, e)
+	go p.maintain(t.RunID, l)
 }
 
 // Forget closes the sandbox's connection and stops reconnecting it, for
 // good: the link's Get fails with ErrForgotten afterwards.
-func (e *Link) Forget() {
-	p := e.pool
+func (l *Link) Forget() {
+	p := l.pool
 	p.mu.Lock()
-	delete(p.links, e)
-	c := e.conn
+	delete(p.links, l)
+	c := l.conn
 	p.mu.Unlock()
-	e.cancel()
+	l.cancel()
 	if c != nil {
 		c.close(ErrForgotten)
 	}
 }
 
 // Connected reports whether the link has a healthy connection.
-func (e *Link) Connected() bool {
-	e.pool.mu.Lock()
-	defer e.pool.mu.Unlock()
-	return e.conn != nil && e.conn.alive()
+func (l *Link) Connected() bool {
+	l.pool.mu.Lock()
+	defer l.pool.mu.Unlock()
+	return l.conn != nil && l.conn.alive()
 }
 
 // Close closes every connection and waits for the pool's goroutines.
@@ -298,15 +298,15 @@ func (p *Pool) Live() int {
 
 // retargetLocked switches the link to t when the connection facts changed
 // (the remote restarted the agent). The caller holds the pool's mu.
-func (e *Link) retargetLocked(t Target) {
-	if e.target == (Target{}) {
-		e.target = t
+func (l *Link) retargetLocked(t Target) {
+	if l.target == (Target{}) {
+		l.target = t
 		return
 	}
-	if e.target != t {
-		e.target = t
-		if old := e.conn; old != nil && old.target != t {
-			e.conn = nil
+	if l.target != t {
+		l.target = t
+		if old := l.conn; old != nil && old.target != t {
+			l.conn = nil
 			go old.close(errors.New("the sandbox's connection details changed"))
 		}
 	}
