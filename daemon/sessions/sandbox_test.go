@@ -196,3 +196,22 @@ func TestSandboxEndedFromItsOwnYieldEndsWithoutDeadlock(t *testing.T) {
 		t.Fatal("the controller's loop did not end: ending the session from it waits for itself")
 	}
 }
+
+// The link's up is heard from the pool's goroutine, possibly after the
+// lock request that the new connection carried was granted: a leased
+// controller stays leased; a down always means reconnecting.
+func TestSandboxUpHeardAfterTheGrantLeavesItLeased(t *testing.T) {
+	_, target := startAgent(t)
+	m, s, _ := leaseManager(t, target)
+	c := m.sandboxOf(s)
+	c.setState(stateLeased, "granted")
+	c.connectionChanged(true, nil)
+	if st, _ := c.current(); st != stateLeased {
+		t.Fatalf("an up heard after the grant moved the controller to %s, want leased", st)
+	}
+	c.connectionChanged(false, nil)
+	c.connectionChanged(true, nil)
+	if st, _ := c.current(); st != stateReady {
+		t.Fatalf("after a down and an up: %s, want ready", st)
+	}
+}
