@@ -38,13 +38,17 @@ const (
 	SessionIdleWarning = "session.idle_warning"
 	// SessionExpiring says that a sandbox's edits were pulled (or could
 	// not be) ahead of the end its remote reports (ipc.Expiring).
-	SessionExpiring   = "session.expiring"
-	ExecQueued        = "exec.queued"
-	ExecStarted       = "exec.started"
-	ExecFinished      = "exec.finished"
-	SyncPushed        = "sync.pushed"
-	ConnectionUp      = "connection.up"
-	ConnectionDown    = "connection.down"
+	SessionExpiring = "session.expiring"
+	ExecQueued      = "exec.queued"
+	ExecStarted     = "exec.started"
+	ExecFinished    = "exec.finished"
+	SyncPushed      = "sync.pushed"
+	ConnectionUp    = "connection.up"
+	ConnectionDown  = "connection.down"
+	// SandboxState is a change of a sandbox controller's state
+	// (connecting, ready, leased, reconnecting, ended), with the one it
+	// left and why.
+	SandboxState      = "sandbox.state"
 	ReconcileFinished = "reconcile.finished"
 	ConfigDrift       = "config.drift"
 	BranchChanged     = "branch.changed"

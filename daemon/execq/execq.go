@@ -1,7 +1,8 @@
-// Package execq serializes work per key (one sandbox = one key) inside the
-// daemon process: one holder at a time per key, waiters served in arrival
-// order, different keys fully in parallel. It replaces the flock on a JSON
-// file that one-process-per-command clients need.
+// Package execq serializes the work on one sandbox inside the daemon
+// process: a Line has one holder at a time, waiters served in arrival
+// order; each sandbox's controller owns its own Line, so different
+// sandboxes run fully in parallel. It replaces the flock on a JSON file
+// that one-process-per-command clients need.
 package execq
 
 import (
@@ -17,21 +18,16 @@ import (
 // costs n wake-ups and n progress frames per exec (docs/performance.md).
 const PositionEvery = 500 * time.Millisecond
 
-// Queue is a set of FIFO lines, one per key. The zero value is not usable;
-// call New.
-type Queue struct {
-	mu    sync.Mutex
-	lines map[string]*line
-	every time.Duration // PositionEvery; shorter in tests
-}
-
-// line is the state of one key: the current holder and who waits behind it.
+// Line is one FIFO: the current holder and who waits behind it. The zero
+// value is not usable; call NewLine.
 // Invariant: waiters is non-empty only while held is true (a release hands
-// the key to the first waiter at once).
-type line struct {
+// the line to the first waiter at once).
+type Line struct {
+	mu      sync.Mutex
 	held    bool
 	holder  *ticket
 	waiters []*ticket
+	every   time.Duration // PositionEvery; shorter in tests
 }
 
 // ticket is one Acquire call.
@@ -40,40 +36,35 @@ type ticket struct {
 	released bool
 }
 
-// New returns an empty queue.
-func New() *Queue {
-	return &Queue{lines: make(map[string]*line), every: PositionEvery}
+// NewLine returns an empty line.
+func NewLine() *Line {
+	return &Line{every: PositionEvery}
 }
 
-// Acquire waits until the caller holds key, in arrival order, and returns
-// the function that releases it (safe to call more than once).
+// Acquire waits until the caller holds the line, in arrival order, and
+// returns the function that releases it (safe to call more than once).
 //
 // onPosition, when not nil, is called from the caller's goroutine with the
 // number of callers ahead (holder included) when the caller has to wait, and
 // then every PositionEvery while that number has changed. It is not called
-// when the key is free, and never under the queue's lock.
+// when the line is free, and never under the line's lock.
 //
-// When ctx ends before the key is granted, the caller leaves the line (the
+// When ctx ends before the line is granted, the caller leaves the line (the
 // ones behind it move up) and ctx's error is returned.
-func (q *Queue) Acquire(ctx context.Context, key string, onPosition func(position int)) (release func(), err error) {
+func (q *Line) Acquire(ctx context.Context, onPosition func(position int)) (release func(), err error) {
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("wait for %s: %w", key, err)
+		return nil, fmt.Errorf("wait for the sandbox's queue: %w", err)
 	}
 	t := &ticket{granted: make(chan struct{})}
 
 	q.mu.Lock()
-	l := q.lines[key]
-	if l == nil {
-		l = &line{}
-		q.lines[key] = l
-	}
-	if !l.held {
-		l.held, l.holder = true, t
+	if !q.held {
+		q.held, q.holder = true, t
 		q.mu.Unlock()
-		return q.releaser(key, t), nil
+		return q.releaser(t), nil
 	}
-	l.waiters = append(l.waiters, t)
-	position := len(l.waiters)
+	q.waiters = append(q.waiters, t)
+	position := len(q.waiters)
 	q.mu.Unlock()
 
 	reported := 0
@@ -93,55 +84,51 @@ func (q *Queue) Acquire(ctx context.Context, key string, onPosition func(positio
 	for {
 		select {
 		case <-t.granted:
-			return q.releaser(key, t), nil
+			return q.releaser(t), nil
 		case <-look:
-			report(q.position(key, t))
+			report(q.position(t))
 		case <-ctx.Done():
-			if q.leave(key, t) {
-				return nil, fmt.Errorf("wait for %s: %w", key, ctx.Err())
+			if q.leave(t) {
+				return nil, fmt.Errorf("wait for the sandbox's queue: %w", ctx.Err())
 			}
-			// Granted while ctx ended: the caller will not use the key, so
+			// Granted while ctx ended: the caller will not use the line, so
 			// pass it on at once.
-			q.release(key, t)
-			return nil, fmt.Errorf("wait for %s: %w", key, ctx.Err())
+			q.release(t)
+			return nil, fmt.Errorf("wait for the sandbox's queue: %w", ctx.Err())
 		}
 	}
 }
 
-// Len returns how many callers hold or wait for key.
-func (q *Queue) Len(key string) int {
+// Len returns how many callers hold or wait for the line.
+func (q *Line) Len() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	l := q.lines[key]
-	if l == nil {
-		return 0
-	}
-	n := len(l.waiters)
-	if l.held {
+	n := len(q.waiters)
+	if q.held {
 		n++
 	}
 	return n
 }
 
-func (q *Queue) releaser(key string, t *ticket) func() {
-	return func() { q.release(key, t) }
+func (q *Line) releaser(t *ticket) func() {
+	return func() { q.release(t) }
 }
 
-// release hands key from holder t to the first waiter. Releasing twice, or
-// releasing a ticket that no longer holds the key, does nothing.
-func (q *Queue) release(key string, t *ticket) {
+// release hands the line from holder t to the first waiter. Releasing
+// twice, or releasing a ticket that no longer holds the line, does nothing.
+func (q *Line) release(t *ticket) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if t.released {
 		return
 	}
 	t.released = true
-	l := q.lines[key]
-	if l == nil || l.holder != t {
+	l := q // the line's fields, under q.mu
+	if l.holder != t {
 		return
 	}
 	if len(l.waiters) == 0 {
-		delete(q.lines, key)
+		l.held, l.holder = false, nil
 		return
 	}
 	next := l.waiters[0]
@@ -151,13 +138,13 @@ func (q *Queue) release(key string, t *ticket) {
 	close(next.granted)
 }
 
-// leave removes waiting ticket t from key's line. It reports false when t was
-// granted meanwhile (it then holds the key).
-func (q *Queue) leave(key string, t *ticket) bool {
+// leave removes waiting ticket t from the line. It reports false when t
+// was granted meanwhile (it then holds the line).
+func (q *Line) leave(t *ticket) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	l := q.lines[key]
-	if l == nil || l.holder == t {
+	l := q // the line's fields, under q.mu
+	if l.holder == t {
 		return false
 	}
 	for i, w := range l.waiters {
@@ -170,14 +157,12 @@ func (q *Queue) leave(key string, t *ticket) bool {
 }
 
 // position returns t's current number of callers ahead, 0 once granted.
-func (q *Queue) position(key string, t *ticket) int {
+func (q *Line) position(t *ticket) int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if l := q.lines[key]; l != nil {
-		for i, w := range l.waiters {
-			if w == t {
-				return i + 1
-			}
+	for i, w := range q.waiters {
+		if w == t {
+			return i + 1
 		}
 	}
 	return 0

@@ -9,44 +9,44 @@ import (
 	"time"
 )
 
-// waitLen waits until key has n callers holding or waiting.
-func waitLen(t *testing.T, q *Queue, key string, n int) {
+// waitLen waits until the line has n callers holding or waiting.
+func waitLen(t *testing.T, q *Line, n int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for q.Len(key) != n {
+	for q.Len() != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("Len(%q) = %d, want %d", key, q.Len(key), n)
+			t.Fatalf("Len() = %d, want %d", q.Len(), n)
 		}
 		time.Sleep(time.Millisecond)
 	}
 }
 
-func TestFreeKeyIsGrantedAtOnce(t *testing.T) {
-	q := New()
+func TestFreeLineIsGrantedAtOnce(t *testing.T) {
+	q := NewLine()
 	called := false
-	release, err := q.Acquire(context.Background(), "a", func(int) { called = true })
+	release, err := q.Acquire(context.Background(), func(int) { called = true })
 	if err != nil {
 		t.Fatal(err)
 	}
 	if called {
 		t.Error("onPosition called for a free key")
 	}
-	if q.Len("a") != 1 {
-		t.Errorf("Len = %d, want 1", q.Len("a"))
+	if q.Len() != 1 {
+		t.Errorf("Len = %d, want 1", q.Len())
 	}
 	release()
 	release() // idempotent
-	if q.Len("a") != 0 {
-		t.Errorf("Len after release = %d, want 0", q.Len("a"))
+	if q.Len() != 0 {
+		t.Errorf("Len after release = %d, want 0", q.Len())
 	}
 }
 
 // Thirty callers arrive one after the other while the key is held; they run
 // strictly one at a time, in arrival order.
 func TestThirtyRunOneAtATimeInArrivalOrder(t *testing.T) {
-	q := New()
+	q := NewLine()
 	const n = 30
-	first, err := q.Acquire(context.Background(), "sb", nil)
+	first, err := q.Acquire(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func TestThirtyRunOneAtATimeInArrivalOrder(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			release, err := q.Acquire(context.Background(), "sb", nil)
+			release, err := q.Acquire(context.Background(), nil)
 			if err != nil {
 				t.Error(err)
 				return
@@ -75,7 +75,7 @@ func TestThirtyRunOneAtATimeInArrivalOrder(t *testing.T) {
 			time.Sleep(100 * time.Microsecond) // widen the window an overlap would need
 			running.Add(-1)
 		}()
-		waitLen(t, q, "sb", i+2) // caller i is in line before caller i+1 starts
+		waitLen(t, q, i+2) // caller i is in line before caller i+1 starts
 	}
 	first()
 	wg.Wait()
@@ -87,15 +87,15 @@ func TestThirtyRunOneAtATimeInArrivalOrder(t *testing.T) {
 			t.Fatalf("run order %v is not arrival order", order)
 		}
 	}
-	if q.Len("sb") != 0 {
-		t.Errorf("Len = %d after all released", q.Len("sb"))
+	if q.Len() != 0 {
+		t.Errorf("Len = %d after all released", q.Len())
 	}
 }
 
 func TestCancelledWaiterLeavesAndOthersMoveUp(t *testing.T) {
-	q := New()
+	q := NewLine()
 	q.every = time.Millisecond // waiters look at their place often
-	hold, _ := q.Acquire(context.Background(), "k", nil)
+	hold, _ := q.Acquire(context.Background(), nil)
 
 	type waiter struct {
 		positions chan int
@@ -107,7 +107,7 @@ func TestCancelledWaiterLeavesAndOthersMoveUp(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		w := &waiter{positions: make(chan int, 10), granted: make(chan func(), 1), cancel: cancel, err: make(chan error, 1)}
 		go func() {
-			release, err := q.Acquire(ctx, "k", func(p int) { w.positions <- p })
+			release, err := q.Acquire(ctx, func(p int) { w.positions <- p })
 			if err != nil {
 				w.err <- err
 				return
@@ -144,7 +144,7 @@ func TestCancelledWaiterLeavesAndOthersMoveUp(t *testing.T) {
 		t.Fatal("cancelled waiter did not return")
 	}
 	expect(c, 2) // moved up behind a
-	if got := q.Len("k"); got != 3 {
+	if got := q.Len(); got != 3 {
 		t.Fatalf("Len = %d, want 3 (holder, a, c)", got)
 	}
 	select {
@@ -163,77 +163,77 @@ func TestCancelledWaiterLeavesAndOthersMoveUp(t *testing.T) {
 	}
 	releaseA()
 	(<-c.granted)()
-	if q.Len("k") != 0 {
-		t.Errorf("Len = %d, want 0", q.Len("k"))
+	if q.Len() != 0 {
+		t.Errorf("Len = %d, want 0", q.Len())
 	}
 	a.cancel()
 	c.cancel()
 }
 
 func TestCancelledBeforeArrivalIsNotQueued(t *testing.T) {
-	q := New()
+	q := NewLine()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := q.Acquire(ctx, "k", nil); !errors.Is(err, context.Canceled) {
+	if _, err := q.Acquire(ctx, nil); !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
-	if q.Len("k") != 0 {
-		t.Fatalf("Len = %d, want 0", q.Len("k"))
+	if q.Len() != 0 {
+		t.Fatalf("Len = %d, want 0", q.Len())
 	}
 }
 
 func TestReleaseOfOldHolderDoesNotReleaseNext(t *testing.T) {
-	q := New()
-	r1, _ := q.Acquire(context.Background(), "k", nil)
+	q := NewLine()
+	r1, _ := q.Acquire(context.Background(), nil)
 	got := make(chan func(), 1)
 	go func() {
-		r2, err := q.Acquire(context.Background(), "k", nil)
+		r2, err := q.Acquire(context.Background(), nil)
 		if err == nil {
 			got <- r2
 		}
 	}()
-	waitLen(t, q, "k", 2)
+	waitLen(t, q, 2)
 	r1()
 	r2 := <-got
 	r1() // a stale second release must not free r2's hold
-	if q.Len("k") != 1 {
-		t.Fatalf("Len = %d, want 1 (r2 still holds)", q.Len("k"))
+	if q.Len() != 1 {
+		t.Fatalf("Len = %d, want 1 (r2 still holds)", q.Len())
 	}
 	r2()
 }
 
-func TestKeysAreIndependent(t *testing.T) {
-	q := New()
-	ra, _ := q.Acquire(context.Background(), "a", nil)
+func TestLinesAreIndependent(t *testing.T) {
+	a, b := NewLine(), NewLine()
+	ra, _ := a.Acquire(context.Background(), nil)
 	defer ra()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rb, err := q.Acquire(ctx, "b", func(int) { t.Error("b waited behind a") })
+	rb, err := b.Acquire(ctx, func(int) { t.Error("b waited behind a") })
 	if err != nil {
-		t.Fatalf("key b blocked by key a: %v", err)
+		t.Fatalf("line b blocked by line a: %v", err)
 	}
 	rb()
 }
 
-func TestGrantedWhileCancelledPassesTheKeyOn(t *testing.T) {
-	q := New()
+func TestGrantedWhileCancelledPassesTheLineOn(t *testing.T) {
+	q := NewLine()
 	for range 200 {
-		hold, _ := q.Acquire(context.Background(), "k", nil)
+		hold, _ := q.Acquire(context.Background(), nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			if release, err := q.Acquire(ctx, "k", nil); err == nil {
+			if release, err := q.Acquire(ctx, nil); err == nil {
 				release()
 			}
 		}()
-		waitLen(t, q, "k", 2)
+		waitLen(t, q, 2)
 		held := make(chan struct{})
 		go func() { hold(); close(held) }() // race the grant against the cancel
 		cancel()
 		<-done
 		<-held
-		if n := q.Len("k"); n != 0 {
+		if n := q.Len(); n != 0 {
 			t.Fatalf("Len = %d after both left, want 0 (key leaked)", n)
 		}
 	}
@@ -243,9 +243,9 @@ func TestGrantedWhileCancelledPassesTheKeyOn(t *testing.T) {
 // told they moved up (that was n wake-ups and n progress frames per exec
 // with n waiting); each looks at its place only every PositionEvery.
 func TestReleasesDoNotReportToEveryWaiter(t *testing.T) {
-	q := New()
+	q := NewLine()
 	q.every = time.Hour // no look during the test: only the first report
-	hold, err := q.Acquire(context.Background(), "k", nil)
+	hold, err := q.Acquire(context.Background(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,14 +256,14 @@ func TestReleasesDoNotReportToEveryWaiter(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			release, err := q.Acquire(context.Background(), "k", func(int) { reports[i].Add(1) })
+			release, err := q.Acquire(context.Background(), func(int) { reports[i].Add(1) })
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			release()
 		}()
-		waitLen(t, q, "k", i+2)
+		waitLen(t, q, i+2)
 	}
 	hold()
 	wg.Wait()

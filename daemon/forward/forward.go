@@ -1,5 +1,7 @@
 // Package forward owns the daemon's local port forwards: a listener on
-// 127.0.0.1 per forward, each accepted connection spliced to a port on the
+// 127.0.0.1 per forward, grouped in one Set per sandbox (owned by that
+// sandbox's controller), the Manager keeping what the sets share (the
+// dialer, every open forward for the conflicts of local ports, shutdown); each accepted connection spliced to a port on the
 // sandbox's loopback through the daemon's kept SSH connection. A forward is
 // not tied to any client: it lives until it is closed or its run ends, and
 // it needs nothing to "come back" after a reconnect, since every new local
@@ -55,20 +57,26 @@ type Options struct {
 	Holder func(port int) string
 }
 
-// Manager holds the forwards, keyed by run and name. Safe for concurrent use.
+// Manager holds what the sets of forwards share. Safe for concurrent use.
 type Manager struct {
 	opts Options
 	log  *slog.Logger
 
 	mu     sync.Mutex
-	fwds   map[key]*fwd
+	all    map[*fwd]struct{} // every open forward, of every set
 	closed bool
 	wg     sync.WaitGroup
 }
 
-type key struct{ runID, name string }
+// Set is the forwards of one sandbox, by name. Safe for concurrent use;
+// its map is guarded by the manager's mu.
+type Set struct {
+	m    *Manager
+	fwds map[string]*fwd
+}
 
 type fwd struct {
+	set    *Set
 	spec   Spec
 	ln     net.Listener
 	ctx    context.Context
@@ -88,41 +96,47 @@ func New(opts Options) *Manager {
 	if opts.Holder == nil {
 		opts.Holder = PortHolder
 	}
-	return &Manager{opts: opts, log: opts.Logger, fwds: make(map[key]*fwd)}
+	return &Manager{opts: opts, log: opts.Logger, all: make(map[*fwd]struct{})}
+}
+
+// NewSet returns an empty set of forwards, for one sandbox.
+func (m *Manager) NewSet() *Set {
+	return &Set{m: m, fwds: make(map[string]*fwd)}
 }
 
 // Open listens on the spec's local port and forwards it. An open forward of
-// the same run and name is kept when it already does the same, else
-// replaced. A local port that is taken is a conflict naming its holder.
-func (m *Manager) Open(spec Spec) (Info, error) {
+// the same name is kept when it already does the same, else replaced. A
+// local port that is taken is a conflict naming its holder.
+func (set *Set) Open(spec Spec) (Info, error) {
+	m := set.m
 	if spec.RunID == "" || spec.Name == "" {
 		return Info{}, errdefs.Invalidf("open a port forward: run id and name are required")
 	}
 	if spec.TargetPort < 1 || spec.TargetPort > 65535 || spec.LocalPort < 0 || spec.LocalPort > 65535 {
 		return Info{}, errdefs.Invalidf("open a port forward: ports must be 1-65535 (got sandbox port %d, local port %d)", spec.TargetPort, spec.LocalPort)
 	}
-	k := key{spec.RunID, spec.Name}
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
 		return Info{}, errdefs.Unavailable(errors.New("open a port forward: the daemon is shutting down"))
 	}
-	old := m.fwds[k]
+	old := set.fwds[spec.Name]
 	if old != nil && old.spec.TargetPort == spec.TargetPort && (spec.LocalPort == 0 || spec.LocalPort == old.spec.LocalPort) {
 		m.mu.Unlock()
 		return old.info(), nil
 	}
 	// Another forward of ours on the wanted port: say which.
 	if spec.LocalPort != 0 {
-		for ok, f := range m.fwds {
-			if ok != k && f.spec.LocalPort == spec.LocalPort {
+		for f := range m.all {
+			if f != old && f.spec.LocalPort == spec.LocalPort {
 				m.mu.Unlock()
 				return Info{}, errdefs.Conflict(fmt.Errorf("local port %d is in use by sandboxd's forward %q of run %s: choose another --local-port, or stop that one (nook bg stop %s)", spec.LocalPort, f.spec.Name, f.spec.RunID, f.spec.Name))
 			}
 		}
 	}
 	if old != nil {
-		delete(m.fwds, k)
+		delete(set.fwds, spec.Name)
+		delete(m.all, old)
 	}
 	m.mu.Unlock()
 	if old != nil {
@@ -141,15 +155,16 @@ func (m *Manager) Open(spec Spec) (Info, error) {
 	}
 	spec.LocalPort = ln.Addr().(*net.TCPAddr).Port
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &fwd{spec: spec, ln: ln, ctx: ctx, cancel: cancel, conns: make(map[net.Conn]struct{})}
+	f := &fwd{set: set, spec: spec, ln: ln, ctx: ctx, cancel: cancel, conns: make(map[net.Conn]struct{})}
 	m.mu.Lock()
-	if m.closed || m.fwds[k] != nil {
+	if m.closed || set.fwds[spec.Name] != nil {
 		// Closed, or a concurrent Open of the same name won.
 		m.mu.Unlock()
 		f.close()
 		return Info{}, errdefs.Conflict(fmt.Errorf("the forward %q of run %s changed while opening it: retry", spec.Name, spec.RunID))
 	}
-	m.fwds[k] = f
+	set.fwds[spec.Name] = f
+	m.all[f] = struct{}{}
 	m.wg.Add(1)
 	m.mu.Unlock()
 	go m.serve(f)
@@ -161,11 +176,13 @@ func listen(port int) (net.Listener, error) {
 	return net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 }
 
-// Close closes the forward of run and name, reporting whether there was one.
-func (m *Manager) Close(runID, name string) bool {
+// Close closes the forward name, reporting whether there was one.
+func (set *Set) Close(name string) bool {
+	m := set.m
 	m.mu.Lock()
-	f := m.fwds[key{runID, name}]
-	delete(m.fwds, key{runID, name})
+	f := set.fwds[name]
+	delete(set.fwds, name)
+	delete(m.all, f)
 	m.mu.Unlock()
 	if f == nil {
 		return false
@@ -174,15 +191,15 @@ func (m *Manager) Close(runID, name string) bool {
 	return true
 }
 
-// CloseRun closes every forward of a run and returns what it closed.
-func (m *Manager) CloseRun(runID string) []Info {
+// CloseAll closes every forward of the set and returns what it closed.
+func (set *Set) CloseAll() []Info {
+	m := set.m
 	m.mu.Lock()
-	var fs []*fwd
-	for k, f := range m.fwds {
-		if k.runID == runID {
-			fs = append(fs, f)
-			delete(m.fwds, k)
-		}
+	fs := make([]*fwd, 0, len(set.fwds))
+	for name, f := range set.fwds {
+		fs = append(fs, f)
+		delete(set.fwds, name)
+		delete(m.all, f)
 	}
 	m.mu.Unlock()
 	out := make([]Info, 0, len(fs))
@@ -193,33 +210,26 @@ func (m *Manager) CloseRun(runID string) []Info {
 	return out
 }
 
-// Get returns the forward of run and name.
-func (m *Manager) Get(runID, name string) (Info, bool) {
-	m.mu.Lock()
-	f := m.fwds[key{runID, name}]
-	m.mu.Unlock()
+// Get returns the forward name.
+func (set *Set) Get(name string) (Info, bool) {
+	set.m.mu.Lock()
+	f := set.fwds[name]
+	set.m.mu.Unlock()
 	if f == nil {
 		return Info{}, false
 	}
 	return f.info(), true
 }
 
-// List returns the forwards of a run ("" for all), by run and name.
-func (m *Manager) List(runID string) []Info {
-	m.mu.Lock()
-	var out []Info
-	for k, f := range m.fwds {
-		if runID == "" || k.runID == runID {
-			out = append(out, f.info())
-		}
+// List returns the forwards of the set, by name.
+func (set *Set) List() []Info {
+	set.m.mu.Lock()
+	out := make([]Info, 0, len(set.fwds))
+	for _, f := range set.fwds {
+		out = append(out, f.info())
 	}
-	m.mu.Unlock()
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].RunID != out[j].RunID {
-			return out[i].RunID < out[j].RunID
-		}
-		return out[i].Name < out[j].Name
-	})
+	set.m.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
 
@@ -227,11 +237,12 @@ func (m *Manager) List(runID string) []Info {
 func (m *Manager) Shutdown() {
 	m.mu.Lock()
 	m.closed = true
-	fs := make([]*fwd, 0, len(m.fwds))
-	for _, f := range m.fwds {
+	fs := make([]*fwd, 0, len(m.all))
+	for f := range m.all {
 		fs = append(fs, f)
+		delete(f.set.fwds, f.spec.Name)
 	}
-	m.fwds = make(map[key]*fwd)
+	m.all = make(map[*fwd]struct{})
 	m.mu.Unlock()
 	for _, f := range fs {
 		f.close()

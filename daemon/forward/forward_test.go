@@ -77,7 +77,8 @@ func TestForwardCarriesConnectionsUntilClosed(t *testing.T) {
 	d := &dialer{}
 	m := New(Options{Dialer: d})
 	defer m.Shutdown()
-	info, err := m.Open(Spec{RunID: "r1", Name: "web", TargetPort: target})
+	r1 := m.NewSet()
+	info, err := r1.Open(Spec{RunID: "r1", Name: "web", TargetPort: target})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,11 +98,11 @@ func TestForwardCarriesConnectionsUntilClosed(t *testing.T) {
 		t.Fatalf("after the sandbox came back: %v", err)
 	}
 	// Opening the same again keeps it; a different target replaces it.
-	same, err := m.Open(Spec{RunID: "r1", Name: "web", TargetPort: target})
+	same, err := r1.Open(Spec{RunID: "r1", Name: "web", TargetPort: target})
 	if err != nil || same.LocalPort != info.LocalPort {
 		t.Fatalf("reopen: %+v, %v", same, err)
 	}
-	if got := m.List("r1"); len(got) != 1 || got[0].Name != "web" {
+	if got := r1.List(); len(got) != 1 || got[0].Name != "web" {
 		t.Fatalf("list: %+v", got)
 	}
 	// An open connection is ended with its forward.
@@ -117,19 +118,19 @@ func TestForwardCarriesConnectionsUntilClosed(t *testing.T) {
 	if _, err := io.ReadFull(c, buf); err != nil {
 		t.Fatal(err)
 	}
-	closed := m.CloseRun("r1")
+	closed := r1.CloseAll()
 	if len(closed) != 1 {
-		t.Fatalf("CloseRun closed %+v", closed)
+		t.Fatalf("CloseAll closed %+v", closed)
 	}
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := c.Read(buf); err == nil {
 		t.Fatal("a forwarded connection outlived its forward")
 	}
 	if _, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", info.LocalPort), time.Second); err == nil {
-		t.Fatal("the local port still accepts after CloseRun")
+		t.Fatal("the local port still accepts after CloseAll")
 	}
-	if len(m.List("")) != 0 {
-		t.Fatal("forwards left after CloseRun")
+	if len(r1.List()) != 0 {
+		t.Fatal("forwards left after CloseAll")
 	}
 }
 
@@ -142,7 +143,8 @@ func TestPortInUseNamesItsHolder(t *testing.T) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	m := New(Options{Dialer: &dialer{}})
 	defer m.Shutdown()
-	_, err = m.Open(Spec{RunID: "r1", Name: "web", TargetPort: 80, LocalPort: port})
+	r1, r2 := m.NewSet(), m.NewSet()
+	_, err = r1.Open(Spec{RunID: "r1", Name: "web", TargetPort: 80, LocalPort: port})
 	if errdefs.KindOf(err) != errdefs.KindConflict {
 		t.Fatalf("open on a taken port: %v (kind %s), want a conflict", err, errdefs.KindOf(err))
 	}
@@ -151,11 +153,11 @@ func TestPortInUseNamesItsHolder(t *testing.T) {
 		t.Fatalf("error %q does not name the holder %q and the fix", err, want)
 	}
 	// A port held by another forward of ours names that forward.
-	info, err := m.Open(Spec{RunID: "r1", Name: "api", TargetPort: 81})
+	info, err := r1.Open(Spec{RunID: "r1", Name: "api", TargetPort: 81})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = m.Open(Spec{RunID: "r2", Name: "web", TargetPort: 80, LocalPort: info.LocalPort})
+	_, err = r2.Open(Spec{RunID: "r2", Name: "web", TargetPort: 80, LocalPort: info.LocalPort})
 	if errdefs.KindOf(err) != errdefs.KindConflict || !strings.Contains(err.Error(), `forward "api" of run r1`) {
 		t.Fatalf("open on our own forward's port: %v", err)
 	}

@@ -1,5 +1,5 @@
 // Package services assembles the daemon's working parts — event bus, file
-// watching, remote, SSH pool, exec queue, sync, session manager, reconcile
+// watching, remote, SSH pool, port forwards, sync, session manager, reconcile
 // loop — into the daemon.Services served on the socket.
 package services
 
@@ -20,7 +20,6 @@ import (
 	"github.com/sandboxd/sandboxd/daemon"
 	"github.com/sandboxd/sandboxd/daemon/config"
 	"github.com/sandboxd/sandboxd/daemon/events"
-	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/forward"
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/daemon/helper"
@@ -120,13 +119,12 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 	m, err := sessions.New(sessions.Options{
 		Store:             deps.Store,
 		Remotes:           s.remote,
-		Pool:              s.pool,
-		Queue:             execq.New(),
+		Pool:              sessions.Links(s.pool),
 		Sync:              gitsync.New(gitsync.Options{Logger: log, Pause: pause, Changes: s.trees}),
 		Events:            s.bus,
 		Branches:          branches,
 		Watcher:           w,
-		Forwards:          s.forwards,
+		Forwards:          sessions.ForwardSets(s.forwards),
 		Logger:            log,
 		DaemonConfig:      daemonConfig(deps.Config),
 		SSHDir:            sshDir(deps.Layout),

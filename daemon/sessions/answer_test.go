@@ -23,7 +23,7 @@ func TestProcessRecordsFromTheSandboxAreCheckedAndBounded(t *testing.T) {
 	_, target := startAgent(t)
 	pool := sshpool.New(sshpool.Options{})
 	t.Cleanup(func() { pool.Close() })
-	conn, err := pool.Get(context.Background(), target)
+	conn, err := pool.NewLink(nil).Get(context.Background(), target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestDoctorProbeOfAHostileSandboxIsBounded(t *testing.T) {
 			t.Cleanup(func() { pool.Close() })
 			api := newFakeRemoteAPI(t)
 			m, _ := newTestManager(t, api, time.Second)
-			m.opts.Pool = pool
+			m.opts.Pool = Links(pool)
 			s := &store.Session{RunID: target.RunID, Address: target.Address, PublicHostKey: target.PublicHostKey, PrivateUserKey: target.PrivateUserKey}
 			start := time.Now()
 			checks := m.checkSandbox(context.Background(), s)

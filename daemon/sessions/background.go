@@ -10,7 +10,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/events"
@@ -34,11 +33,24 @@ const (
 
 // Forwards owns the daemon's local port forwards (*forward.Manager).
 type Forwards interface {
-	Open(spec forward.Spec) (forward.Info, error)
-	Close(runID, name string) bool
-	CloseRun(runID string) []forward.Info
-	Get(runID, name string) (forward.Info, bool)
+	NewSet() ForwardSet
 }
+
+// ForwardSet is the forwards of one sandbox, owned by its controller
+// (*forward.Set satisfies it).
+type ForwardSet interface {
+	Open(spec forward.Spec) (forward.Info, error)
+	Close(name string) bool
+	CloseAll() []forward.Info
+	Get(name string) (forward.Info, bool)
+}
+
+// ForwardSets is the Forwards of a *forward.Manager.
+func ForwardSets(m *forward.Manager) Forwards { return forwardSets{m} }
+
+type forwardSets struct{ m *forward.Manager }
+
+func (f forwardSets) NewSet() ForwardSet { return f.m.NewSet() }
 
 // portReadyTimeout bounds waiting for a started process to listen on its
 // forwarded port (as the RWX CLI does).
@@ -58,32 +70,6 @@ type processRecord struct {
 	Signal      string `json:"signal"`
 	StdoutPath  string `json:"stdoutPath"`
 	StderrPath  string `json:"stderrPath"`
-}
-
-// bgState is the runtime state of forwards: why a stored forward could not
-// be reopened (by run id and name).
-type bgState struct {
-	mu     sync.Mutex
-	failed map[string]string
-}
-
-func (b *bgState) setFailed(runID, name, why string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.failed == nil {
-		b.failed = make(map[string]string)
-	}
-	if why == "" {
-		delete(b.failed, runID+"\x00"+name)
-		return
-	}
-	b.failed[runID+"\x00"+name] = why
-}
-
-func (b *bgState) failure(runID, name string) string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.failed[runID+"\x00"+name]
 }
 
 // bgSession finds the caller's sandbox, which must exist already (as with
@@ -352,7 +338,7 @@ func (m *Manager) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr 
 // syncing the working tree when asked (what a background process serves
 // must be the latest local state).
 func (m *Manager) bgLocked(ctx context.Context, s *store.Session, p place, doSync bool, fn func(execer) (processRecord, error)) (processRecord, error) {
-	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(int) {})
+	release, err := m.sandboxOf(s).line.Acquire(ctx, func(int) {})
 	if err != nil {
 		return processRecord{}, errdefs.Canceled(fmt.Errorf("waiting for the sandbox: %w", err))
 	}
@@ -522,11 +508,11 @@ func (m *Manager) DialSandbox(ctx context.Context, runID string, port int) (net.
 // else the sandbox's port number when free (`curl :8000` reaches port
 // 8000), else any free port. It reports whether it opened a new forward.
 func (m *Manager) openForward(s *store.Session, name string, port, localPort int, prev *store.Background) (bool, error) {
-	_, had := m.opts.Forwards.Get(s.RunID, name)
+	_, had := m.sandboxOf(s).fwds.Get(name)
 	spec := forward.Spec{RunID: s.RunID, Name: name, TargetPort: port, LocalPort: localPort}
 	if localPort == 0 && prev != nil && prev.LocalPort != 0 {
 		spec.LocalPort = prev.LocalPort
-		if info, err := m.opts.Forwards.Open(spec); err == nil {
+		if info, err := m.sandboxOf(s).fwds.Open(spec); err == nil {
 			m.forwardOpened(s, info)
 			return !had, nil
 		}
@@ -534,13 +520,13 @@ func (m *Manager) openForward(s *store.Session, name string, port, localPort int
 	}
 	if localPort == 0 && (prev == nil || prev.LocalPort == 0) {
 		spec.LocalPort = port
-		if info, err := m.opts.Forwards.Open(spec); err == nil {
+		if info, err := m.sandboxOf(s).fwds.Open(spec); err == nil {
 			m.forwardOpened(s, info)
 			return !had, nil
 		}
 		spec.LocalPort = 0
 	}
-	info, err := m.opts.Forwards.Open(spec)
+	info, err := m.sandboxOf(s).fwds.Open(spec)
 	if err != nil {
 		return false, err
 	}
@@ -549,7 +535,7 @@ func (m *Manager) openForward(s *store.Session, name string, port, localPort int
 }
 
 func (m *Manager) forwardOpened(s *store.Session, info forward.Info) {
-	m.bg.setFailed(s.RunID, info.Name, "")
+	m.sandboxOf(s).setForwardFailed(info.Name, "")
 	m.publish(events.ForwardOpened, s, map[string]any{"name": info.Name, "localPort": info.LocalPort, "targetPort": info.TargetPort, "url": info.URL()})
 }
 
@@ -557,25 +543,27 @@ func (m *Manager) closeForward(s *store.Session, name string) {
 	if m.opts.Forwards == nil {
 		return
 	}
-	m.bg.setFailed(s.RunID, name, "")
-	if m.opts.Forwards.Close(s.RunID, name) {
+	m.sandboxOf(s).setForwardFailed(name, "")
+	if m.sandboxOf(s).fwds.Close(name) {
 		m.publish(events.ForwardClosed, s, map[string]any{"name": name})
 	}
 }
 
 func (m *Manager) forwardOf(s *store.Session, name string) (forward.Info, bool) {
-	if m.opts.Forwards == nil {
+	c := m.sandboxIfAny(s.ID)
+	if c == nil || c.fwds == nil {
 		return forward.Info{}, false
 	}
-	return m.opts.Forwards.Get(s.RunID, name)
+	return c.fwds.Get(name)
 }
 
 // closeRunForwards closes the forwards of a session that ended.
 func (m *Manager) closeRunForwards(s *store.Session) {
-	if m.opts.Forwards == nil || s.RunID == "" {
+	c := m.sandboxIfAny(s.ID)
+	if c == nil || c.fwds == nil {
 		return
 	}
-	for _, info := range m.opts.Forwards.CloseRun(s.RunID) {
+	for _, info := range c.fwds.CloseAll() {
 		m.publish(events.ForwardClosed, s, map[string]any{"name": info.Name, "reason": "the sandbox ended"})
 	}
 }
@@ -593,9 +581,9 @@ func (m *Manager) restoreForwards(live []*store.Session) {
 			if !bg.Forwarding || bg.TargetPort == 0 {
 				continue
 			}
-			info, err := m.opts.Forwards.Open(forward.Spec{RunID: s.RunID, Name: bg.Name, TargetPort: bg.TargetPort, LocalPort: bg.LocalPort})
+			info, err := m.sandboxOf(s).fwds.Open(forward.Spec{RunID: s.RunID, Name: bg.Name, TargetPort: bg.TargetPort, LocalPort: bg.LocalPort})
 			if err != nil {
-				m.bg.setFailed(s.RunID, bg.Name, err.Error())
+				m.sandboxOf(s).setForwardFailed(bg.Name, err.Error())
 				m.log.Warn("restore port forward", "run", s.RunID, "name", bg.Name, "local", bg.LocalPort, "err", err)
 				m.publish(events.ForwardFailed, s, map[string]any{"name": bg.Name, "localPort": bg.LocalPort, "targetPort": bg.TargetPort, "error": err.Error()})
 				continue
@@ -622,7 +610,7 @@ func (m *Manager) forwardView(s *store.Session, bg store.Background) ipc.Forward
 		f.LocalPort, f.TargetPort, f.State = info.LocalPort, info.TargetPort, "listening"
 	} else {
 		f.State = "failed"
-		f.Error = m.bg.failure(s.RunID, bg.Name)
+		f.Error = m.sandboxIfAny(s.ID).forwardFailure(bg.Name)
 		if f.Error == "" {
 			f.Error = "not listening"
 			if s.State.Terminal() {

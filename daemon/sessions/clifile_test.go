@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/clifile"
-	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/rwxapi"
@@ -115,7 +114,7 @@ func TestCLIFileRunsAreAdoptedOnlyWhenTheRemoteConfirmsThem(t *testing.T) {
 	}
 	t.Cleanup(func() { st.Close() })
 	ev := &refusals{runs: map[string]string{}}
-	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Queue: execq.New(), Sync: nopSync{}, Events: ev, Branches: fixedBranch{}})
+	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Sync: nopSync{}, Events: ev, Branches: fixedBranch{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +251,7 @@ func TestCLIFileConfirmsWhatItCanWhenTheSecondListFails(t *testing.T) {
 	}
 	t.Cleanup(func() { st.Close() })
 	ev := &refusals{runs: map[string]string{}}
-	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Queue: execq.New(), Sync: nopSync{}, Events: ev, Branches: fixedBranch{}})
+	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Sync: nopSync{}, Events: ev, Branches: fixedBranch{}})
 	if err != nil {
 		t.Fatal(err)
 	}

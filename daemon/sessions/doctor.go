@@ -72,7 +72,7 @@ func (m *Manager) checkSandbox(ctx context.Context, s *store.Session) []ipc.Doct
 	name := "ssh " + s.RunID
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	conn, err := m.opts.Pool.Get(ctx, target(s))
+	conn, err := m.sandboxOf(s).link.Get(ctx, target(s))
 	if err != nil {
 		return []ipc.DoctorCheck{{Name: name, Detail: fmt.Sprintf("cannot connect to %s: %v", s.Address, err),
 			Fix: fmt.Sprintf("`nook status --id %s` asks the remote whether the run lives; `nook reset` in %s starts a new one", s.RunID, s.RepoRoot)}}

@@ -26,7 +26,7 @@ func (m *Manager) watchConfig(s *store.Session) {
 	cancel, err := m.opts.Watcher.WatchFile(file, func() {
 		h := hashFile(root, file)
 		m.mu.Lock()
-		r, ok := m.runtime[id]
+		r, ok := m.runtimeLocked(id)
 		if !ok {
 			m.mu.Unlock()
 			return
@@ -51,7 +51,7 @@ func (m *Manager) watchConfig(s *store.Session) {
 		r.cancelWatch = nil
 		return
 	}
-	if cur, ok := m.runtime[id]; !ok || cur != r {
+	if cur, ok := m.runtimeLocked(id); !ok || cur != r {
 		// The session ended while the watch was being set up.
 		cancel()
 		return
@@ -66,7 +66,7 @@ func (m *Manager) drifted(s *store.Session) bool {
 	}
 	if m.opts.Watcher != nil {
 		m.mu.Lock()
-		r, ok := m.runtime[s.ID]
+		r, ok := m.runtimeLocked(s.ID)
 		watching := ok && r.cancelWatch != nil
 		drift := ok && r.drift
 		m.mu.Unlock()
@@ -97,14 +97,15 @@ func (m *Manager) driftWarning(s *store.Session) string {
 // Close stops background work and waits for it.
 func (m *Manager) Close(ctx context.Context) error {
 	// Other clients of the sandboxes must not wait for leases to idle out.
-	m.releaseAll(ctx)
+	m.endAll(ctx)
 	m.mu.Lock()
 	for _, cancel := range m.cliWatches {
 		if cancel != nil {
 			cancel()
 		}
 	}
-	for _, r := range m.runtime {
+	for _, c := range m.sandboxes {
+		r := &c.rt
 		if r.cancelWatch != nil {
 			r.cancelWatch()
 			r.cancelWatch = nil

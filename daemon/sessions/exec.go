@@ -78,7 +78,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 	queueTimeout := m.queueTimeout()
 	qctx, qcancel := context.WithTimeout(ctx, queueTimeout)
 	ahead := 0
-	release, err := m.opts.Queue.Acquire(qctx, s.RunID, func(position int) {
+	release, err := m.sandboxOf(s).line.Acquire(qctx, func(position int) {
 		ahead = position
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Position: position})
 	})
@@ -237,7 +237,7 @@ func (m *Manager) sessionForExec(ctx context.Context, t ipc.Target, progress, wa
 // agent that moved (the local remote restarted) is followed, anything else
 // is reported as unavailable and the session kept.
 func (m *Manager) connect(ctx context.Context, s *store.Session) (*sshpool.Conn, error) {
-	conn, err := m.opts.Pool.Get(ctx, target(s))
+	conn, err := m.sandboxOf(s).link.Get(ctx, target(s))
 	if err == nil {
 		return conn, nil
 	}
@@ -257,7 +257,7 @@ func (m *Manager) connect(ctx context.Context, s *store.Session) (*sshpool.Conn,
 		if merr != nil {
 			return nil, merr
 		}
-		if conn, err = m.opts.Pool.Get(ctx, target(moved)); err == nil {
+		if conn, err = m.sandboxOf(moved).link.Get(ctx, target(moved)); err == nil {
 			return conn, nil
 		}
 	}
@@ -457,16 +457,21 @@ func exitCode(st sshpool.ExitStatus) int {
 func (m *Manager) recordExec(s *store.Session, res ipc.ExecResult) {
 	now := m.now()
 	m.publish(eventExecFinished, s, map[string]any{"exitCode": res.ExitCode, "durationMs": res.DurationMs})
+	c := m.sandboxOf(s)
 	m.records.Lock()
 	defer m.records.Unlock()
-	t := m.tallies[s.ID]
+	t := c.tally
 	// Concurrent execs take their times before the lock, so a later one
 	// may get here first: the latest time stays.
 	if now.After(t.last) {
 		t.last = now
 	}
 	t.count++
-	m.tallies[s.ID] = t
+	c.tally = t
+	if !c.pending {
+		c.pending = true
+		m.pending = append(m.pending, c)
+	}
 	if !m.flushing {
 		m.flushing = true
 		m.wg.Add(1)
@@ -495,8 +500,18 @@ func (m *Manager) flushRecords() {
 			t.Stop()
 		}
 		m.records.Lock()
-		batch := m.tallies
-		m.tallies = map[string]execTally{}
+		batch := make(map[string]execTally, len(m.pending))
+		for _, c := range m.pending {
+			// An ended controller and its successor may share the id.
+			t := batch[c.id]
+			if c.tally.last.After(t.last) {
+				t.last = c.tally.last
+			}
+			t.count += c.tally.count
+			batch[c.id] = t
+			c.tally, c.pending = execTally{}, false
+		}
+		m.pending = nil
 		m.writing = len(batch)
 		m.records.Unlock()
 		for id, t := range batch {
@@ -513,7 +528,7 @@ func (m *Manager) flushRecords() {
 		m.records.Lock()
 		m.writing = 0
 		m.recordsDone.Broadcast()
-		if len(m.tallies) == 0 {
+		if len(m.pending) == 0 {
 			m.flushing = false
 			m.records.Unlock()
 			return
@@ -527,7 +542,7 @@ func (m *Manager) flushRecords() {
 func (m *Manager) flushExecRecords() {
 	m.records.Lock()
 	defer m.records.Unlock()
-	for len(m.tallies) > 0 || m.writing > 0 {
+	for len(m.pending) > 0 || m.writing > 0 {
 		select {
 		case m.flushNow <- struct{}{}:
 		default:

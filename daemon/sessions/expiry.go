@@ -78,7 +78,8 @@ func (m *Manager) expiryDue(now time.Time) []dueExpiry {
 		return nil
 	}
 	var due []dueExpiry
-	for id, r := range m.runtime {
+	for id, c := range m.sandboxes {
+		r := &c.rt
 		at, x := r.expiresAt, &r.expiry
 		switch {
 		case at.IsZero() || x.pulling || x.pulledFor.Equal(at):
@@ -121,7 +122,7 @@ func (m *Manager) pullForExpiry(ctx context.Context, d dueExpiry) {
 	defer cancel()
 	// In the exec queue: a running command ends first (its edits come
 	// back with it) and the pull never overlaps one.
-	release, err := m.opts.Queue.Acquire(ctx, s.RunID, nil)
+	release, err := m.sandboxOf(s).line.Acquire(ctx, func(int) {})
 	if err != nil {
 		log.Warn("pull before expiry: wait for the sandbox's queue", "err", err)
 		m.publish(events.SessionExpiring, s, ipc.Expiring{ExpiresAt: d.at, PulledFiles: []string{}, Error: "a command still runs in the sandbox; its edits come back with it"})
@@ -155,7 +156,7 @@ func (m *Manager) expiryInfo(s *store.Session, in *ipc.SessionInfo) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r, ok := m.runtime[s.ID]
+	r, ok := m.runtimeLocked(s.ID)
 	if !ok || r.expiresAt.IsZero() {
 		return
 	}

@@ -151,7 +151,7 @@ func TestPullBeforeExpiryRunsOnceTheLeadTimeBeforeTheReportedEnd(t *testing.T) {
 func TestPullBeforeExpiryWaitsForTheRunningCommand(t *testing.T) {
 	f := newExpiryFixture(t, 2*time.Minute)
 	f.reportEnd(10 * time.Minute)
-	release, err := f.m.opts.Queue.Acquire(context.Background(), f.s.RunID, nil)
+	release, err := f.m.sandboxOf(f.s).line.Acquire(context.Background(), func(int) {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,11 +58,8 @@ func (m *Manager) touch(id string) {
 	now := m.now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if r, ok := m.runtime[id]; ok {
-		r.idle.lastActive, r.idle.warned = now, false
-		return
-	}
-	m.runtime[id] = &sessionRuntime{idle: idleState{lastActive: now}}
+	r := &m.sandboxLocked(id).rt
+	r.idle.lastActive, r.idle.warned = now, false
 }
 
 // hold marks session id busy until the returned release is called.
@@ -86,7 +83,7 @@ func (m *Manager) hold(id string) (release func()) {
 // idleFor reports how long session s has been unused, or busy when
 // something holds it. m.mu must be held.
 func (m *Manager) idleForLocked(s *store.Session, now time.Time) (idle time.Duration, busy bool) {
-	r := m.runtime[s.ID]
+	r, _ := m.runtimeLocked(s.ID)
 	last := latest(s.CreatedAt, s.LastExecAt)
 	if r != nil {
 		if r.idle.holds > 0 || r.idle.stopping {
@@ -197,7 +194,7 @@ func (m *Manager) stopIdle(ctx context.Context, s *store.Session, stop time.Dura
 	}
 	// The exec queue: nothing runs while the edits are pulled and the run
 	// ended; an exec waiting here finds the session ended.
-	release, err := m.opts.Queue.Acquire(ctx, s.RunID, nil)
+	release, err := m.sandboxOf(s).line.Acquire(ctx, nil)
 	if err != nil {
 		log.Warn("idle stop: wait for the sandbox's queue", "err", err)
 		return

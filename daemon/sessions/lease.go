@@ -12,23 +12,37 @@ import (
 )
 
 // DefaultLockIdle is how long the agent lock stays held after this daemon's
-// last exec on a sandbox, and also the longest it is held through a burst
-// before it is given up at the next exec boundary (the agent grants it in
-// request order, so a waiting client goes first): a client on another
-// machine waits at most this long plus the exec that is running.
+// last exec on a sandbox.
 const DefaultLockIdle = 250 * time.Millisecond
 
+// Through a burst of execs the lock is given up at an exec boundary (the
+// agent grants it in request order, so a waiting client goes first) and
+// asked for again at once. Nothing tells this daemon that another client
+// waits, and learning whether one took the lock costs round trips that the
+// burst's next exec waits for; so the yield comes once the burst has held
+// the lock for LockIdle and served lockBurstExecs execs, or at the latest
+// after lockBurstHolds times LockIdle. A burst then pays the yield on a
+// small share of its execs, and a client on another machine waits at most
+// lockBurstHolds × LockIdle (2 s by default) plus the exec that is running.
+const (
+	lockBurstExecs = 32
+	lockBurstHolds = 8
+)
+
 // lease holds the sandbox agent's lock across a burst of this daemon's
-// execs on one run. Execs on a run are serialized by the exec queue, so at
-// most one uses the lease at a time; the release runs after LockIdle
-// without an exec, off every caller's path.
+// execs on one run. Execs on a run are serialized by the controller's exec
+// line, so at most one uses the lease at a time; the release runs after
+// LockIdle without an exec, in the controller's loop, off every caller's
+// path.
 type lease struct {
+	owner     *sandbox
 	mu        sync.Mutex
 	conn      *sshpool.Conn // the connection that holds the agent lock; nil when not held
 	since     time.Time     // when conn took the lock
+	uses      int           // execs served since conn took the lock
 	busy      bool          // an exec uses the lease
-	gen       uint64        // bumped on every use: a stale idle timer does nothing
-	timer     *time.Timer
+	gen       uint64        // bumped on every use: a stale task does nothing
+	task      leaseTask     // what the controller's loop does next, and when
 	releasing chan struct{} // closed once an unlock in flight is answered
 	// acquiring is closed once the lock request that follows a yield is
 	// answered (or given up); cancelAcquire gives it up.
@@ -40,16 +54,25 @@ type lease struct {
 	lost *lostHolder
 }
 
-// leaseFor returns the lease of a run, creating it on first use.
-func (m *Manager) leaseFor(runID string) *lease {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	l, ok := m.leases[runID]
-	if !ok {
-		l = &lease{}
-		m.leases[runID] = l
-	}
-	return l
+// leaseTask is the lease's next step, run by the controller's loop at at
+// if the lease is still at generation gen.
+type leaseTask struct {
+	kind    int
+	gen     uint64
+	at      time.Time
+	session *store.Session
+}
+
+const (
+	taskNone    = iota
+	taskRelease // send the unlock (release)
+	taskYield   // give the lock up and ask for it again (yield)
+)
+
+// leaseFor returns the lease of session s, creating its controller on
+// first use.
+func (m *Manager) leaseFor(s *store.Session) *lease {
+	return &m.sandboxOf(s).lease
 }
 
 // lockSandbox connects and makes sure the agent lock is held by the
@@ -62,14 +85,12 @@ func (m *Manager) leaseFor(runID string) *lease {
 // agent releases a lock whose connection closed), so a broken connection
 // gets one more try.
 func (m *Manager) lockSandbox(ctx context.Context, s *store.Session) (conn *sshpool.Conn, done func(), err error) {
-	l := m.leaseFor(s.RunID)
+	l := m.leaseFor(s)
 	l.mu.Lock()
 	l.busy = true
 	l.gen++
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
+	l.uses++
+	l.task = leaseTask{}
 	releasing, acquiring := l.releasing, l.acquiring
 	l.mu.Unlock()
 	done = func() { m.leaseIdle(l, s) }
@@ -124,8 +145,12 @@ func (m *Manager) takeLock(ctx context.Context, s *store.Session, l *lease) (*ss
 		err = m.requestLock(ctx, s, l, conn, since, deadline)
 		if err == nil {
 			l.mu.Lock()
-			l.conn, l.since, l.lost = conn, m.now(), nil
+			l.conn, l.since, l.lost, l.uses = conn, m.now(), nil, 0
+			if l.busy {
+				l.uses = 1
+			}
 			l.mu.Unlock()
+			l.owner.setState(stateLeased, "the agent lock was granted")
 			return conn, nil
 		}
 		if lt := (*lockTimeoutError)(nil); errors.As(err, &lt) {
@@ -148,7 +173,7 @@ func (m *Manager) takeLock(ctx context.Context, s *store.Session, l *lease) (*ss
 // relock takes the lock again on a fresh connection, for a command that
 // could not be sent on the connection that held it.
 func (m *Manager) relock(ctx context.Context, s *store.Session) (*sshpool.Conn, error) {
-	l := m.leaseFor(s.RunID)
+	l := m.leaseFor(s)
 	l.mu.Lock()
 	l.conn = nil
 	l.mu.Unlock()
@@ -157,28 +182,39 @@ func (m *Manager) relock(ctx context.Context, s *store.Session) (*sshpool.Conn, 
 
 // leaseIdle ends an exec's use of the lease: the lock is released after
 // LockIdle unless another exec comes first (at once when the manager is
-// closing, or when it was held for LockIdle through a burst: then it is
-// asked for again at once, see yield).
+// closing, or when a burst held it long enough: then it is asked for
+// again at once, see yieldDue and yield).
 func (m *Manager) leaseIdle(l *lease, s *store.Session) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.busy = false
 	l.gen++
 	if l.conn == nil {
+		l.mu.Unlock()
 		return
 	}
-	gen := l.gen
-	switch {
-	case m.isClosing():
-		go m.release(l, s.RunID, gen)
-	case m.now().Sub(l.since) >= m.opts.LockIdle:
-		go m.yield(l, s, gen)
-	default:
-		l.timer = time.AfterFunc(m.opts.LockIdle, func() { m.release(l, s.RunID, gen) })
+	t := leaseTask{kind: taskRelease, gen: l.gen, at: time.Now().Add(m.opts.LockIdle), session: s}
+	if m.isClosing() {
+		// The controller's loop may be gone already: release from here.
+		l.mu.Unlock()
+		l.owner.spawn(func() { m.release(l, s.RunID, t.gen) })
+		return
 	}
+	if m.yieldDue(l) {
+		t.kind, t.at = taskYield, time.Time{}
+	}
+	l.task = t
+	l.mu.Unlock()
+	l.owner.poke()
 }
 
-// yield gives the lock up after a burst held it for LockIdle, so that a
+// yieldDue says a burst has held l's lock long enough to give it up at
+// this exec boundary. The caller holds l.mu.
+func (m *Manager) yieldDue(l *lease) bool {
+	held := m.now().Sub(l.since)
+	return held >= lockBurstHolds*m.opts.LockIdle || held >= m.opts.LockIdle && l.uses >= lockBurstExecs
+}
+
+// yield gives the lock up after a burst held it long enough, so that a
 // client waiting for it goes first (the agent grants it in request order),
 // and asks for it again at once: the burst's next exec then finds it held,
 // or waits for that request instead of paying an unlock and a lock round
@@ -194,7 +230,7 @@ func (m *Manager) yield(l *lease, s *store.Session, gen uint64) {
 		return
 	}
 	ch := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(l.owner.ctx)
 	l.acquiring, l.cancelAcquire = ch, cancel
 	l.mu.Unlock()
 	_, err := m.takeLock(ctx, s, l)
@@ -206,8 +242,7 @@ func (m *Manager) yield(l *lease, s *store.Session, gen uint64) {
 	l.acquiring, l.cancelAcquire = nil, nil
 	if err == nil && !l.busy {
 		l.gen++
-		next := l.gen
-		l.timer = time.AfterFunc(m.opts.LockIdle, func() { m.release(l, s.RunID, next) })
+		l.task = leaseTask{kind: taskRelease, gen: l.gen, at: time.Now().Add(m.opts.LockIdle), session: s}
 	}
 	l.mu.Unlock()
 	close(ch)
@@ -222,7 +257,7 @@ func (m *Manager) release(l *lease, runID string, gen uint64) {
 		return
 	}
 	conn, since := l.conn, l.since
-	l.conn, l.timer = nil, nil
+	l.conn, l.task = nil, leaseTask{}
 	ch := make(chan struct{})
 	l.releasing = ch
 	l.mu.Unlock()
@@ -231,11 +266,13 @@ func (m *Manager) release(l *lease, runID string, gen uint64) {
 	// closes it, which ends the unlock, instead of the next exec waiting
 	// for unlockTimeout.
 	_, probeTimeout := m.waitBounds()
-	go func() { _ = conn.Probe(ctx, probeTimeout) }()
+	var probe sync.WaitGroup
+	probe.Go(func() { _ = conn.Probe(ctx, probeTimeout) })
 	// On this connection only: the lock is this connection's, and a closed
 	// connection has released it already.
 	st, err := conn.ExecOnce(ctx, directiveUnlock, sshpool.Stdio{})
 	cancel()
+	probe.Wait()
 	lost := err != nil
 	if err == nil && st.Code != 0 {
 		err = fmt.Errorf("agent refused %s (exit %d)", directiveUnlock, st.Code)
@@ -252,17 +289,17 @@ func (m *Manager) release(l *lease, runID string, gen uint64) {
 	l.releasing = nil
 	l.mu.Unlock()
 	close(ch)
+	if lost {
+		l.owner.setState(stateReconnecting, "the unlock did not get through")
+	} else {
+		l.owner.setState(stateReady, "the agent lock was released")
+	}
 }
 
-// releaseNow releases the lock of runID now if it is held and idle, and
-// waits for the answer (stop, shutdown).
-func (m *Manager) releaseNow(runID string) {
-	m.mu.Lock()
-	l, ok := m.leases[runID]
-	m.mu.Unlock()
-	if !ok {
-		return
-	}
+// releaseNow releases the lock of controller c now if it is held and
+// idle, and waits for the answer (stop, shutdown).
+func (m *Manager) releaseNow(c *sandbox) {
+	l := &c.lease
 	l.mu.Lock()
 	// A new generation: a yield on its way does not ask for the lock
 	// again, and one that asks already gives up (it may wait behind
@@ -271,10 +308,7 @@ func (m *Manager) releaseNow(runID string) {
 	if l.cancelAcquire != nil {
 		l.cancelAcquire()
 	}
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
+	l.task = leaseTask{}
 	acquiring := l.acquiring
 	l.mu.Unlock()
 	if acquiring != nil {
@@ -287,25 +321,25 @@ func (m *Manager) releaseNow(runID string) {
 	if releasing != nil {
 		<-releasing
 	}
+	c.mu.Lock()
+	runID := c.runID
+	c.mu.Unlock()
 	m.release(l, runID, gen)
 }
 
-// releaseAll releases every idle lease (the daemon is stopping).
-func (m *Manager) releaseAll(ctx context.Context) {
+// endAll releases every idle lease and ends every controller (the daemon
+// is stopping).
+func (m *Manager) endAll(ctx context.Context) {
 	m.mu.Lock()
 	m.closing = true
-	ids := make([]string, 0, len(m.leases))
-	for id := range m.leases {
-		ids = append(ids, id)
+	all := make([]*sandbox, 0, len(m.sandboxes))
+	for _, c := range m.sandboxes {
+		all = append(all, c)
 	}
 	m.mu.Unlock()
 	var wg sync.WaitGroup
-	for _, id := range ids {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m.releaseNow(id)
-		}()
+	for _, c := range all {
+		wg.Go(func() { c.end("the daemon is stopping") })
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()

@@ -13,7 +13,6 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
-	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/localcloud/agent"
 	"github.com/sandboxd/sandboxd/store"
@@ -76,7 +75,8 @@ func TestLockedConnRelocksBeforeTheRetry(t *testing.T) {
 			t.Fatalf("lock: %v %+v", err, st)
 		}
 	}
-	first, err := pool.Get(ctx, target)
+	link := pool.NewLink(nil)
+	first, err := link.Get(ctx, target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,7 +92,7 @@ func TestLockedConnRelocksBeforeTheRetry(t *testing.T) {
 	relocks := 0
 	lc := &lockedConn{conn: first, relock: func(ctx context.Context) (*sshpool.Conn, error) {
 		relocks++
-		c, err := pool.Get(ctx, target)
+		c, err := link.Get(ctx, target)
 		if err != nil {
 			return nil, err
 		}
@@ -125,7 +125,7 @@ func leaseManager(t *testing.T, target sshpool.Target) (*Manager, *store.Session
 	t.Cleanup(func() { st.Close() })
 	pool := sshpool.New(sshpool.Options{})
 	t.Cleanup(func() { pool.Close() })
-	m, err := New(Options{Store: st, Remotes: fakeSource{}, Pool: pool, Queue: execq.New(), Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{},
+	m, err := New(Options{Store: st, Remotes: fakeSource{}, Pool: Links(pool), Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{},
 		LockIdle: time.Hour, Now: clock.now})
 	if err != nil {
 		t.Fatal(err)
@@ -159,9 +159,9 @@ func (c *leaseClock) add(d time.Duration) {
 
 // waitRetaken waits until the agent has seen n more exec requests than
 // before and the lease holds the lock again, with no request in flight.
-func waitRetaken(t *testing.T, a *agent.Agent, before int64, n int64, m *Manager, runID string) {
+func waitRetaken(t *testing.T, a *agent.Agent, before int64, n int64, m *Manager, s *store.Session) {
 	t.Helper()
-	l := m.leaseFor(runID)
+	l := m.leaseFor(s)
 	waitUntilTrue(t, "the lock taken again after the yield", func() bool {
 		l.mu.Lock()
 		idle := l.acquiring == nil && l.releasing == nil && l.conn != nil
@@ -170,8 +170,8 @@ func waitRetaken(t *testing.T, a *agent.Agent, before int64, n int64, m *Manager
 	})
 }
 
-// When a burst has held the lock for LockIdle, the lease yields it at the
-// exec boundary and asks for it again at once: the next exec sends no lock
+// When a burst has held the lock for lockBurstHolds × LockIdle, the lease
+// yields it at the exec boundary and asks for it again at once: the next exec sends no lock
 // request of its own (nor waits for an unlock).
 func TestLeaseYieldsAndTakesTheLockBackBeforeTheNextExec(t *testing.T) {
 	a, target := startAgent(t)
@@ -184,9 +184,9 @@ func TestLeaseYieldsAndTakesTheLockBackBeforeTheNextExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := a.Stats().ExecRequests
-	clock.add(2 * time.Hour) // held through a burst for LockIdle
+	clock.add(9 * time.Hour) // held through a burst for lockBurstHolds × LockIdle
 	done()
-	waitRetaken(t, a, before, 2, m, s.RunID)
+	waitRetaken(t, a, before, 2, m, s)
 	if got := a.Stats().ExecRequests - before; got != 2 {
 		t.Fatalf("%d exec requests after the yield, want 2 (unlock, lock)", got)
 	}
@@ -215,7 +215,7 @@ func TestLeaseStopDoesNotWaitForTheRetake(t *testing.T) {
 	// Another client asks for the lock while the lease holds it.
 	other := sshpool.New(sshpool.Options{})
 	defer other.Close()
-	oc, err := other.Get(ctx, target)
+	oc, err := other.NewLink(nil).Get(ctx, target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,21 +228,21 @@ func TestLeaseStopDoesNotWaitForTheRetake(t *testing.T) {
 		granted <- err
 	}()
 	time.Sleep(100 * time.Millisecond) // the other request is queued first
-	clock.add(2 * time.Hour)
+	clock.add(9 * time.Hour)
 	done()
 	if err := <-granted; err != nil {
 		t.Fatalf("the other client was not granted the lock after the yield: %v", err)
 	}
 	// The lease's own request now waits behind the other client, which
 	// keeps the lock: stopping gives it up.
-	l := m.leaseFor(s.RunID)
+	l := m.leaseFor(s)
 	waitUntilTrue(t, "the lease to ask for the lock again", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		return l.acquiring != nil
 	})
 	stopped := make(chan struct{})
-	go func() { m.releaseNow(s.RunID); close(stopped) }()
+	go func() { m.releaseNow(m.sandboxOf(s)); close(stopped) }()
 	select {
 	case <-stopped:
 	case <-time.After(10 * time.Second):
@@ -258,5 +258,38 @@ func waitUntilTrue(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Issue 29: a burst that has held the lock for LockIdle keeps it until it
+// has served lockBurstExecs execs, so that the yield's round trips land on
+// a small share of its execs; the exec that completes the count yields.
+func TestLeaseYieldsOnlyAfterTheBurstServedEnoughExecs(t *testing.T) {
+	a, target := startAgent(t)
+	m, s, clock := leaseManager(t, target)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	exec := func() {
+		t.Helper()
+		_, done, err := m.lockSandbox(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done()
+	}
+	exec()
+	clock.add(2 * time.Hour) // past LockIdle, short of lockBurstHolds × LockIdle
+	before := a.Stats().ExecRequests
+	for range lockBurstExecs - 2 {
+		exec()
+	}
+	time.Sleep(200 * time.Millisecond) // a yield would have sent its unlock by now
+	if got := a.Stats().ExecRequests - before; got != 0 {
+		t.Fatalf("%d exec requests during a burst of %d execs, want 0 (no yield yet)", got, lockBurstExecs-1)
+	}
+	exec() // the lockBurstExecs-th
+	waitRetaken(t, a, before, 2, m, s)
+	if got := a.Stats().ExecRequests - before; got != 2 {
+		t.Fatalf("%d exec requests after the yield, want 2 (unlock, lock)", got)
 	}
 }

@@ -3,6 +3,7 @@ package sessions
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
@@ -118,11 +119,14 @@ func (m *Manager) requestLock(ctx context.Context, s *store.Session, l *lease, c
 	say := lockProgress(ctx)
 	lockTimeout, probeTimeout := m.waitBounds()
 	lctx, cancel := context.WithCancel(ctx)
+	// Every goroutine of the wait ends with it: cancel first, then wait.
+	var waits sync.WaitGroup
+	defer waits.Wait()
 	defer cancel()
 	granted := make(chan error, 1)
-	go func() { granted <- m.directive(lctx, conn, directiveLock) }()
+	waits.Go(func() { granted <- m.directive(lctx, conn, directiveLock) })
 	probed := make(chan error, 1)
-	probe := func() { go func() { probed <- conn.Probe(lctx, probeTimeout) }() }
+	probe := func() { waits.Go(func() { probed <- conn.Probe(lctx, probeTimeout) }) }
 	answered := false // the connection answered a probe: it is alive
 	waiting := func() {
 		who := "the connection has not answered a probe yet"
@@ -167,14 +171,14 @@ func (m *Manager) requestLock(ctx context.Context, s *store.Session, l *lease, c
 			cancel()
 			if err := <-granted; err == nil {
 				// Granted as it was given up: hand it back.
-				m.unlockLost(s.RunID, conn)
+				m.unlockLost(l, s.RunID, conn)
 			}
 			return errdefs.Unavailable(&lockTimeoutError{msg: fmt.Sprintf("the sandbox's lock is still not granted after %s (%s); the command did not run: retry later, or run `nook reset` for a new sandbox (lock_timeout in sandboxd's config sets this bound)",
 				lockTimeout, m.lockHolderText(l))})
 		case <-ctx.Done():
 			cancel()
 			if err := <-granted; err == nil {
-				m.unlockLost(s.RunID, conn)
+				m.unlockLost(l, s.RunID, conn)
 			}
 			return fmt.Errorf("acquire the sandbox lock: %w", ctx.Err())
 		}
@@ -188,14 +192,16 @@ func (m *Manager) connectSaying(ctx context.Context, s *store.Session) (*sshpool
 	say := lockProgress(ctx)
 	since := m.now()
 	done := make(chan struct{})
+	var said sync.WaitGroup
+	defer said.Wait()
 	defer close(done)
-	go func() {
+	said.Go(func() {
 		select {
 		case <-done:
 		case <-time.After(sayAfter):
 			say(fmt.Sprintf("%s %s (SSH handshake; if it fails, the remote is asked about the sandbox)", ipc.WaitingConnect, since.Local().Format("15:04:05")))
 		}
-	}()
+	})
 	return m.connect(ctx, s)
 }
 
@@ -205,12 +211,12 @@ type lockTimeoutError struct{ msg string }
 func (e *lockTimeoutError) Error() string { return e.msg }
 
 // unlockLost releases a lock granted to a request that was given up.
-func (m *Manager) unlockLost(runID string, conn *sshpool.Conn) {
-	go func() {
+func (m *Manager) unlockLost(l *lease, runID string, conn *sshpool.Conn) {
+	l.owner.spawn(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
 		defer cancel()
 		if _, err := conn.ExecOnce(ctx, directiveUnlock, sshpool.Stdio{}); err != nil {
 			m.log.Debug("release a lock granted too late", "run", runID, "err", err)
 		}
-	}()
+	})
 }

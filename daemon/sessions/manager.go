@@ -15,7 +15,6 @@ import (
 
 	"github.com/sandboxd/sandboxd/rwxapi"
 
-	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/errdefs"
@@ -55,12 +54,26 @@ type RemoteSource interface {
 	Info() RemoteInfo
 }
 
-// Pool is the persistent SSH connection pool (*sshpool.Pool satisfies it).
+// Pool hands out the kept SSH connections, one Link per sandbox's
+// controller (Links adapts *sshpool.Pool); onState hears the link's
+// connection come up and go down.
 type Pool interface {
+	NewLink(onState func(up bool, err error)) Link
+}
+
+// Link is one sandbox's kept SSH connection (*sshpool.Link satisfies it).
+type Link interface {
 	Get(ctx context.Context, t sshpool.Target) (*sshpool.Conn, error)
 	Ensure(t sshpool.Target)
-	Forget(runID string)
+	Forget()
 }
+
+// Links is the Pool of an *sshpool.Pool.
+func Links(p *sshpool.Pool) Pool { return sshLinks{p} }
+
+type sshLinks struct{ p *sshpool.Pool }
+
+func (l sshLinks) NewLink(onState func(up bool, err error)) Link { return l.p.NewLink(onState) }
 
 // Syncer moves the working tree to the sandbox and back (*gitsync.Syncer).
 type Syncer interface {
@@ -95,7 +108,6 @@ type Options struct {
 	Store    *store.Store
 	Remotes  RemoteSource
 	Pool     Pool
-	Queue    *execq.Queue
 	Sync     Syncer
 	Events   Publisher
 	Branches BranchReader
@@ -170,17 +182,16 @@ type Manager struct {
 	readies    flight[*store.Session] // by session id: one wait-for-ready poller
 	reconciles flight[ReconcileReport]
 
-	mu         sync.Mutex
-	runtime    map[string]*sessionRuntime // by session id
+	mu sync.Mutex
+	// sandboxes are the controllers of the sessions, by session id: all
+	// the run-time state of a sandbox (sandbox.go).
+	sandboxes  map[string]*sandbox
 	daemonCfg  DaemonConfig
-	leases     map[string]*lease // agent lock leases, by run id
 	closing    bool              // Close began: leases are released at once, no new background work
 	cliWatches map[string]func() // by repository root: watches of the RWX CLI's file
 	cliWrites  map[string]*bool  // by repository root: a write in flight, and whether another is due
 	cliReads   map[string]*bool  // by repository root: a read in flight, and whether another is due
 	cliRefused map[string]bool   // records of the CLI's file whose run the remote did not confirm
-
-	bg bgState // port forwards that could not be reopened
 
 	// expiryPull is the pull before expiry (pullBeforeStop; tests time
 	// it without a sandbox).
@@ -188,12 +199,12 @@ type Manager struct {
 
 	wg sync.WaitGroup // background work: rehydration, exec records
 
-	records     sync.Mutex           // guards the fields below
-	recordsDone *sync.Cond           // signalled after each write of records
-	tallies     map[string]execTally // exec statistics not yet written, by session
-	writing     int                  // records being written now
-	flushing    bool                 // flushRecords runs
-	flushNow    chan struct{}        // cuts flushRecords' wait short
+	records     sync.Mutex    // guards the fields below
+	recordsDone *sync.Cond    // signalled after each write of records
+	pending     []*sandbox    // controllers whose exec statistics are not yet written
+	writing     int           // records being written now
+	flushing    bool          // flushRecords runs
+	flushNow    chan struct{} // cuts flushRecords' wait short
 }
 
 // sessionRuntime is what the daemon knows about a session beyond the store:
@@ -221,8 +232,8 @@ type sessionRuntime struct {
 // New returns a Manager. Call Rehydrate once after New to re-learn the
 // runtime facts of the stored sessions.
 func New(opts Options) (*Manager, error) {
-	if opts.Store == nil || opts.Remotes == nil || opts.Pool == nil || opts.Queue == nil || opts.Sync == nil || opts.Events == nil || opts.Branches == nil {
-		return nil, errors.New("sessions: store, remotes, pool, queue, sync, events and branches are required")
+	if opts.Store == nil || opts.Remotes == nil || opts.Pool == nil || opts.Sync == nil || opts.Events == nil || opts.Branches == nil {
+		return nil, errors.New("sessions: store, remotes, pool, sync, events and branches are required")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -251,8 +262,7 @@ func New(opts Options) (*Manager, error) {
 		log:        opts.Logger,
 		now:        opts.Now,
 		git:        gitRunner{binary: opts.GitBinary},
-		runtime:    make(map[string]*sessionRuntime),
-		leases:     make(map[string]*lease),
+		sandboxes:  make(map[string]*sandbox),
 		daemonCfg:  opts.DaemonConfig,
 		cliWatches: make(map[string]func()),
 		cliWrites:  make(map[string]*bool),
@@ -261,32 +271,44 @@ func New(opts Options) (*Manager, error) {
 	}
 	m.expiryPull = m.pullBeforeStop
 	m.recordsDone = sync.NewCond(&m.records)
-	m.tallies = map[string]execTally{}
 	m.flushNow = make(chan struct{}, 1)
 	return m, nil
 }
 
-// rt returns the runtime record of a session, creating it on first use.
+// rt returns the runtime record of a session, creating its controller on
+// first use.
 func (m *Manager) rt(id string) *sessionRuntime {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r, ok := m.runtime[id]
-	if !ok {
-		r = &sessionRuntime{}
-		m.runtime[id] = r
-	}
-	return r
+	return &m.sandboxLocked(id).rt
 }
 
-// dropRuntime forgets the runtime record of an ended session.
+// dropRuntime forgets the controller of an ended session and ends it.
 func (m *Manager) dropRuntime(id string) {
 	m.mu.Lock()
-	r := m.runtime[id]
-	delete(m.runtime, id)
-	m.mu.Unlock()
-	if r != nil && r.cancelWatch != nil {
-		r.cancelWatch()
+	c := m.sandboxes[id]
+	delete(m.sandboxes, id)
+	var cancelWatch func()
+	if c != nil {
+		cancelWatch, c.rt.cancelWatch = c.rt.cancelWatch, nil
 	}
+	m.mu.Unlock()
+	if cancelWatch != nil {
+		cancelWatch()
+	}
+	if c == nil {
+		return
+	}
+	c.setState(stateEnded, "the session ended")
+	c.link.Forget()
+	// Joined by Close, not here: the session may be ended from the
+	// controller's own loop (a yield's reconnect that finds the run over),
+	// which end waits for.
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		c.end("the session ended")
+	}()
 }
 
 // remote returns the configured remote client.
@@ -348,7 +370,7 @@ func (m *Manager) info(s *store.Session) ipc.SessionInfo {
 	m.idleInfo(s, &in)
 	m.expiryInfo(s, &in)
 	m.mu.Lock()
-	if r, ok := m.runtime[s.ID]; ok {
+	if r, ok := m.runtimeLocked(s.ID); ok {
 		in.ConfigDrift = r.drift
 		if r.checked != nil && !isClosed(r.checked) && !s.State.Terminal() {
 			in.Status = string(store.StateUnknown)

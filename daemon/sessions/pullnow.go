@@ -37,7 +37,7 @@ func (m *Manager) Pull(ctx context.Context, req ipc.PullRequest) (ipc.PullRespon
 		return ipc.PullResponse{}, errdefs.Conflict(fmt.Errorf("sandbox %s is %s, not ready: nothing was synced to it yet", s.RunID, s.State))
 	}
 	defer m.hold(s.ID)()
-	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(int) {})
+	release, err := m.sandboxOf(s).line.Acquire(ctx, func(int) {})
 	if err != nil {
 		return ipc.PullResponse{}, errdefs.Canceled(fmt.Errorf("waiting for the sandbox: %w", err))
 	}
@@ -69,7 +69,7 @@ func (m *Manager) endEdits(ctx context.Context, s *store.Session, discard bool) 
 	if !discard {
 		// In the exec queue: an exec still running ends first (its edits
 		// come back with it), and the pull never overlaps one.
-		release, err := m.opts.Queue.Acquire(ctx, s.RunID, m.endWaitProgress(s))
+		release, err := m.sandboxOf(s).line.Acquire(ctx, m.endWaitProgress(s))
 		if err != nil {
 			return e, errdefs.Conflict(fmt.Errorf("sandbox %s was not stopped: a command still runs in it after %s (%w); stop it again once the command is over, or with --discard to drop its edits", s.RunID, endPullTimeout, err))
 		}

@@ -28,7 +28,7 @@ func (m *Manager) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushRespon
 	if p.RepoRoot == "" || p.RepoRoot != bindCheckout(s, p).RepoRoot {
 		return ipc.PushResponse{}, errdefs.Invalidf("sandbox %s does not belong to a checkout here: run nook push inside the repository it was started from", s.RunID)
 	}
-	release, err := m.opts.Queue.Acquire(ctx, s.RunID, func(int) {})
+	release, err := m.sandboxOf(s).line.Acquire(ctx, func(int) {})
 	if err != nil {
 		return ipc.PushResponse{}, errdefs.Canceled(fmt.Errorf("waiting for the sandbox: %w", err))
 	}

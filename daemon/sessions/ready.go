@@ -160,13 +160,12 @@ func (m *Manager) pollReady(ctx context.Context, id string) (*store.Session, err
 func (m *Manager) notePollFailure(id string, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	r, ok := m.runtime[id]
+	r, ok := m.runtimeLocked(id)
 	if !ok {
 		if err == nil {
 			return
 		}
-		r = &sessionRuntime{}
-		m.runtime[id] = r
+		r = &m.sandboxLocked(id).rt
 	}
 	r.pollErr = err
 	if err == nil {
@@ -180,7 +179,7 @@ func (m *Manager) notePollFailure(id string, err error) {
 func (m *Manager) pollFailure(id string) (n int, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if r, ok := m.runtime[id]; ok {
+	if r, ok := m.runtimeLocked(id); ok {
 		return r.pollErrs, r.pollErr
 	}
 	return 0, nil
@@ -241,7 +240,7 @@ func (m *Manager) markReady(s *store.Session, ci rwxapi.ConnectionInfo) (*store.
 	if !wasReady {
 		m.progress(s, ipc.PhaseConnecting, s.Address)
 	}
-	m.opts.Pool.Ensure(target(s))
+	m.sandboxOf(s).link.Ensure(target(s))
 	m.watchConfig(s)
 	if !wasReady {
 		m.publish(eventSessionReady, s, map[string]string{"address": s.Address})
@@ -270,8 +269,8 @@ func (m *Manager) end(s *store.Session, state store.State, reason, event string)
 		updated = s
 	}
 	m.closeRunForwards(s)
-	if s.RunID != "" {
-		m.opts.Pool.Forget(s.RunID)
+	if c := m.sandboxIfAny(s.ID); c != nil {
+		c.link.Forget()
 	}
 	m.dropRuntime(s.ID)
 	if !s.State.Terminal() {

@@ -279,11 +279,7 @@ func (m *Manager) Rehydrate(ctx context.Context) {
 			continue
 		}
 		repos[s.RepoRoot] = true
-		r, ok := m.runtime[s.ID]
-		if !ok {
-			r = &sessionRuntime{}
-			m.runtime[s.ID] = r
-		}
+		r := &m.sandboxLocked(s.ID).rt
 		r.checked = make(chan struct{})
 		live = append(live, s)
 	}
@@ -320,7 +316,7 @@ func (m *Manager) Rehydrate(ctx context.Context) {
 func (m *Manager) checkDone(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if r, ok := m.runtime[id]; ok && r.checked != nil && !isClosed(r.checked) {
+	if r, ok := m.runtimeLocked(id); ok && r.checked != nil && !isClosed(r.checked) {
 		close(r.checked)
 	}
 }
@@ -330,7 +326,7 @@ func (m *Manager) checkDone(id string) {
 func (m *Manager) awaitCheck(ctx context.Context, id string) bool {
 	m.mu.Lock()
 	var ch chan struct{}
-	if r, ok := m.runtime[id]; ok {
+	if r, ok := m.runtimeLocked(id); ok {
 		ch = r.checked
 	}
 	m.mu.Unlock()
@@ -458,7 +454,7 @@ func (m *Manager) probe(ctx context.Context, s *store.Session) (ipc.ProbeRespons
 	}
 	resp := ipc.ProbeResponse{Session: m.info(s), Probe: outcome, Detail: detail, HasSnapshot: hasSnapshot, Lifecycle: lifecycle(s)}
 	m.mu.Lock()
-	if r, ok := m.runtime[s.ID]; ok {
+	if r, ok := m.runtimeLocked(s.ID); ok {
 		if !r.expiresAt.IsZero() && outcome == ProbeConnected {
 			t := r.expiresAt
 			resp.ExpiresAt = &t
@@ -471,7 +467,7 @@ func (m *Manager) probe(ctx context.Context, s *store.Session) (ipc.ProbeRespons
 // probeConnection runs one command over the held connection: it proves the
 // connection works and reports whether the sync snapshot ref exists.
 func (m *Manager) probeConnection(ctx context.Context, s *store.Session) (bool, error) {
-	conn, err := m.opts.Pool.Get(ctx, target(s))
+	conn, err := m.sandboxOf(s).link.Get(ctx, target(s))
 	if err != nil {
 		return false, fmt.Errorf("connect: %w", err)
 	}

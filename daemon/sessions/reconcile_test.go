@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/daemon/execq"
 	"github.com/sandboxd/sandboxd/daemon/forward"
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/daemon/runsapi"
@@ -83,9 +82,13 @@ func (f fakeSource) Info() RemoteInfo                       { return RemoteInfo{
 
 type nopPool struct{}
 
-func (nopPool) Get(context.Context, sshpool.Target) (*sshpool.Conn, error) { return nil, nil }
-func (nopPool) Ensure(sshpool.Target)                                      {}
-func (nopPool) Forget(string)                                              {}
+func (nopPool) NewLink(func(bool, error)) Link { return nopLink{} }
+
+type nopLink struct{}
+
+func (nopLink) Get(context.Context, sshpool.Target) (*sshpool.Conn, error) { return nil, nil }
+func (nopLink) Ensure(sshpool.Target)                                      {}
+func (nopLink) Forget()                                                    {}
 
 type nopSync struct{}
 
@@ -130,7 +133,7 @@ func newTestManager(t *testing.T, api *fakeRemoteAPI, timeout time.Duration) (*M
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Queue: execq.New(), Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{}})
+	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,9 +221,10 @@ func (f *recordingForwards) Open(spec forward.Spec) (forward.Info, error) {
 	f.opened = append(f.opened, spec)
 	return forward.Info{Spec: spec}, nil
 }
-func (f *recordingForwards) Close(string, string) bool               { return false }
-func (f *recordingForwards) CloseRun(string) []forward.Info          { return nil }
-func (f *recordingForwards) Get(string, string) (forward.Info, bool) { return forward.Info{}, false }
+func (f *recordingForwards) NewSet() ForwardSet              { return f }
+func (f *recordingForwards) Close(string) bool               { return false }
+func (f *recordingForwards) CloseAll() []forward.Info        { return nil }
+func (f *recordingForwards) Get(string) (forward.Info, bool) { return forward.Info{}, false }
 
 // TestRehydrateReopensForwardsFirst: Rehydrate reopens the port forwards of
 // the live sessions before it returns, while the remote has answered none

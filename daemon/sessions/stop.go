@@ -85,12 +85,11 @@ func (m *Manager) stopSession(ctx context.Context, s *store.Session, reason stri
 
 // endRun asks the remote to end the run of session s.
 func (m *Manager) endRun(ctx context.Context, s *store.Session) error {
-	m.releaseNow(s.RunID)
-	m.mu.Lock()
-	delete(m.leases, s.RunID)
-	m.mu.Unlock()
+	if c := m.sandboxIfAny(s.ID); c != nil {
+		m.releaseNow(c)
+	}
 	if s.State == store.StateReady {
-		if conn, err := m.opts.Pool.Get(ctx, target(s)); err == nil {
+		if conn, err := m.sandboxOf(s).link.Get(ctx, target(s)); err == nil {
 			if err := m.directive(ctx, conn, directiveEnd); err == nil {
 				return nil
 			}

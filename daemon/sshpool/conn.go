@@ -13,6 +13,7 @@ import (
 // Conn is one SSH connection to a sandbox, shared by every exec on it.
 type Conn struct {
 	pool   *Pool
+	link   *Link // the link that dialed it
 	target Target
 	client *ssh.Client
 	tcp    *countingConn
@@ -43,8 +44,8 @@ type spareCall struct {
 	err  error
 }
 
-func newConn(p *Pool, t Target, client *ssh.Client, tcp *countingConn) *Conn {
-	return &Conn{pool: p, target: t, client: client, tcp: tcp, done: make(chan struct{})}
+func newConn(p *Pool, e *Link, t Target, client *ssh.Client, tcp *countingConn) *Conn {
+	return &Conn{pool: p, link: e, target: t, client: client, tcp: tcp, done: make(chan struct{})}
 }
 
 // RunID returns the run this connection reaches.
@@ -66,7 +67,7 @@ func (c *Conn) start() {
 // monitor reports the connection up, waits for its end, and reports it down.
 func (c *Conn) monitor() {
 	defer c.pool.wg.Done()
-	c.pool.state(c.target.RunID, true, nil)
+	c.pool.state(c.link, c.target.RunID, true, nil)
 	werr := c.client.Wait()
 	c.mu.Lock()
 	c.closing = true

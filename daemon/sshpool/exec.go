@@ -69,7 +69,7 @@ func (c *Conn) Exec(ctx context.Context, command string, stdio Stdio) (ExitStatu
 		return st, err
 	}
 	c.pool.log.Debug("exec not sent; retrying on a fresh connection", "run", c.target.RunID, "err", err)
-	c2, gerr := c.pool.Get(ctx, c.target)
+	c2, gerr := c.link.Get(ctx, c.target)
 	if gerr != nil {
 		return st, fmt.Errorf("%w; reconnecting failed: %w", err, gerr)
 	}

@@ -1,5 +1,8 @@
 // Package sshpool keeps one persistent SSH connection per sandbox so that an
-// exec costs one round trip instead of a TCP + SSH handshake: connections are
+// exec costs one round trip instead of a TCP + SSH handshake. A Link is one
+// sandbox's kept connection, owned by that sandbox's controller; the Pool
+// holds what links share (options, the set of live connections for Close
+// and ProbeAll, relay buffers). Connections are
 // kept alive with keepalive requests, reconnected with backoff when they
 // drop (unless the run is over), and hold two spare session channels opened
 // ahead of use. A command whose exec request may have reached the agent is
@@ -76,7 +79,7 @@ type Options struct {
 	OnState func(runID string, up bool, err error)
 }
 
-// Pool holds the connections, keyed by run id. Safe for concurrent use.
+// Pool holds what the links share. Safe for concurrent use.
 type Pool struct {
 	opts Options
 	log  *slog.Logger
@@ -84,11 +87,11 @@ type Pool struct {
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
 
-	mu      sync.Mutex
-	entries map[string]*entry
-	conns   map[*Conn]struct{} // every published, not yet dead connection
-	closed  bool
-	wg      sync.WaitGroup
+	mu     sync.Mutex
+	links  map[*Link]struct{} // every link not yet forgotten
+	conns  map[*Conn]struct{} // every published, not yet dead connection
+	closed bool
+	wg     sync.WaitGroup
 
 	handshakes atomic.Uint64
 
@@ -102,8 +105,11 @@ type Pool struct {
 // hands over in one read.
 const copyBufSize = 32 << 10
 
-// entry is the pool's state for one sandbox.
-type entry struct {
+// Link is one sandbox's kept connection: its target, the current
+// connection, the dial in flight and whether a maintainer keeps it
+// connected. Its fields are guarded by the pool's mu.
+type Link struct {
+	pool    *Pool
 	target  Target
 	conn    *Conn     // current connection; nil when none
 	dial    *dialCall // dial in flight
@@ -111,6 +117,7 @@ type entry struct {
 	wake    chan struct{}
 	ctx     context.Context // ended by Forget / Close
 	cancel  context.CancelFunc
+	onState func(up bool, err error) // set once by NewLink
 }
 
 // dialCall lets every caller wanting a connection share one dial.
@@ -153,27 +160,49 @@ func New(opts Options) *Pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pool{
 		opts: opts, log: log, ctx: ctx, cancel: cancel,
-		entries: make(map[string]*entry), conns: make(map[*Conn]struct{}),
+		links: make(map[*Link]struct{}), conns: make(map[*Conn]struct{}),
 	}
 }
 
+// NewLink returns a link to one sandbox, not connected yet. onState,
+// optional, hears its connection come up and go down (as Options.OnState,
+// from the pool's goroutines: it must not block long).
+func (p *Pool) NewLink(onState func(up bool, err error)) *Link {
+	ctx, cancel := context.WithCancel(p.ctx)
+	l := &Link{pool: p, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, onState: onState}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		cancel()
+		return l
+	}
+	p.links[l] = struct{}{}
+	return l
+}
+
 // Get returns the sandbox's healthy connection, or dials one now (joining a
-// dial already in flight).
-func (p *Pool) Get(ctx context.Context, t Target) (*Conn, error) {
+// dial already in flight). t is where the sandbox is now: when it differs
+// from the link's, the link follows it.
+func (l *Link) Get(ctx context.Context, t Target) (*Conn, error) {
 	if t.RunID == "" || t.Address == "" {
 		return nil, errdefs.Invalidf("connect to a sandbox: run id and address are required (got run %q, address %q)", t.RunID, t.Address)
 	}
+	p := l.pool
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return nil, ErrClosed
 	}
-	e := p.entryLocked(t)
-	if c := e.conn; c != nil && c.alive() {
+	if l.ctx.Err() != nil {
+		p.mu.Unlock()
+		return nil, ErrForgotten
+	}
+	l.retargetLocked(t)
+	if c := l.conn; c != nil && c.alive() {
 		p.mu.Unlock()
 		return c, nil
 	}
-	dc := p.startDialLocked(e)
+	dc := p.startDialLocked(l)
 	p.mu.Unlock()
 	select {
 	case <-dc.done:
@@ -186,45 +215,48 @@ func (p *Pool) Get(ctx context.Context, t Target) (*Conn, error) {
 // Ensure keeps the sandbox connected in the background: it connects now if
 // needed and reconnects with backoff whenever the connection drops, until
 // Forget, Close, or CheckAlive says the run is over.
-func (p *Pool) Ensure(t Target) {
+func (l *Link) Ensure(t Target) {
 	if t.RunID == "" || t.Address == "" {
 		return
 	}
+	p := l.pool
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closed || l.ctx.Err() != nil {
 		return
 	}
-	e := p.entryLocked(t)
-	if e.ensured {
+	l.retargetLocked(t)
+	if l.ensured {
 		select {
-		case e.wake <- struct{}{}: // skip a pending backoff: the target may be new
+		case l.wake <- struct{}{}: // skip a pending backoff: the target may be new
 		default:
 		}
 		return
 	}
-	e.ensured = true
+	l.ensured = true
 	p.wg.Add(1)
-	go p.maintain(t.RunID, e)
+	go p.maintain(t.RunID, l)
 }
 
-// Forget closes the sandbox's connection and stops reconnecting it.
-func (p *Pool) Forget(runID string) {
+// Forget closes the sandbox's connection and stops reconnecting it, for
+// good: the link's Get fails with ErrForgotten afterwards.
+func (l *Link) Forget() {
+	p := l.pool
 	p.mu.Lock()
-	e := p.entries[runID]
-	delete(p.entries, runID)
-	var c *Conn
-	if e != nil {
-		c = e.conn
-	}
+	delete(p.links, l)
+	c := l.conn
 	p.mu.Unlock()
-	if e == nil {
-		return
-	}
-	e.cancel()
+	l.cancel()
 	if c != nil {
 		c.close(ErrForgotten)
 	}
+}
+
+// Connected reports whether the link has a healthy connection.
+func (l *Link) Connected() bool {
+	l.pool.mu.Lock()
+	defer l.pool.mu.Unlock()
+	return l.conn != nil && l.conn.alive()
 }
 
 // Close closes every connection and waits for the pool's goroutines.
@@ -256,7 +288,7 @@ func (p *Pool) Live() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := 0
-	for _, e := range p.entries {
+	for e := range p.links {
 		if e.conn != nil && e.conn.alive() {
 			n++
 		}
@@ -264,36 +296,24 @@ func (p *Pool) Live() int {
 	return n
 }
 
-// Connected reports whether run runID has a healthy connection.
-func (p *Pool) Connected(runID string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	e := p.entries[runID]
-	return e != nil && e.conn != nil && e.conn.alive()
-}
-
-// entryLocked returns the entry of t.RunID, creating it, and switches it to
-// t when the connection facts changed (the remote restarted the agent).
-func (p *Pool) entryLocked(t Target) *entry {
-	e := p.entries[t.RunID]
-	if e == nil {
-		ctx, cancel := context.WithCancel(p.ctx)
-		e = &entry{target: t, wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
-		p.entries[t.RunID] = e
-		return e
+// retargetLocked switches the link to t when the connection facts changed
+// (the remote restarted the agent). The caller holds the pool's mu.
+func (l *Link) retargetLocked(t Target) {
+	if l.target == (Target{}) {
+		l.target = t
+		return
 	}
-	if e.target != t {
-		e.target = t
-		if old := e.conn; old != nil && old.target != t {
-			e.conn = nil
+	if l.target != t {
+		l.target = t
+		if old := l.conn; old != nil && old.target != t {
+			l.conn = nil
 			go old.close(errors.New("the sandbox's connection details changed"))
 		}
 	}
-	return e
 }
 
 // startDialLocked starts (or joins) a dial of e's target.
-func (p *Pool) startDialLocked(e *entry) *dialCall {
+func (p *Pool) startDialLocked(e *Link) *dialCall {
 	if e.dial != nil {
 		return e.dial
 	}
@@ -303,7 +323,7 @@ func (p *Pool) startDialLocked(e *entry) *dialCall {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		c, err := p.dial(e.ctx, t)
+		c, err := p.dial(e.ctx, e, t)
 		p.mu.Lock()
 		e.dial = nil
 		switch {
@@ -338,7 +358,7 @@ func (p *Pool) startDialLocked(e *entry) *dialCall {
 }
 
 // dial opens and authenticates one connection to t.
-func (p *Pool) dial(ctx context.Context, t Target) (*Conn, error) {
+func (p *Pool) dial(ctx context.Context, e *Link, t Target) (*Conn, error) {
 	hostKey, _, _, _, err := ssh.ParseAuthorizedKey([]byte(t.PublicHostKey))
 	if err != nil {
 		return nil, fmt.Errorf("connect to sandbox %s: the host key from the remote cannot be parsed (authorized_keys format expected): %w", t.RunID, err)
@@ -380,12 +400,12 @@ func (p *Pool) dial(ctx context.Context, t Target) (*Conn, error) {
 		return nil, fmt.Errorf("SSH handshake with sandbox %s at %s failed (its agent may be restarting, overloaded or gone): %w; check it with `nook status`: an ended sandbox is replaced by the next exec, `nook reset` starts a new one", t.RunID, t.Address, err)
 	}
 	_ = nc.SetDeadline(time.Time{})
-	return newConn(p, t, ssh.NewClient(sc, chans, reqs), tc), nil
+	return newConn(p, e, t, ssh.NewClient(sc, chans, reqs), tc), nil
 }
 
 // maintain keeps an Ensure'd sandbox connected until its entry ends or the
 // remote says the run is over.
-func (p *Pool) maintain(runID string, e *entry) {
+func (p *Pool) maintain(runID string, e *Link) {
 	defer p.wg.Done()
 	var delay time.Duration // 0: connect at once (first connect after Ensure)
 	for {
@@ -469,12 +489,12 @@ func (p *Pool) nextDelay(d time.Duration) time.Duration {
 }
 
 // giveUp stops keeping a sandbox whose run is over.
-func (p *Pool) giveUp(runID string, e *entry, err error) {
+func (p *Pool) giveUp(runID string, e *Link, err error) {
 	p.mu.Lock()
 	e.ensured = false
 	p.mu.Unlock()
 	p.log.Info("sandbox run is over; not reconnecting", "run", runID, "reason", err)
-	p.state(runID, false, fmt.Errorf("not reconnecting: %w", err))
+	p.state(e, runID, false, fmt.Errorf("not reconnecting: %w", err))
 }
 
 // connDown is called once per connection when it ends.
@@ -484,7 +504,7 @@ func (p *Pool) connDown(c *Conn, err error) {
 	// Report the end of the sandbox's current connection (or of one whose
 	// session was forgotten), not of a connection already replaced.
 	current := true
-	if e := p.entries[c.target.RunID]; e != nil {
+	if e := c.link; e != nil && e.ctx.Err() == nil {
 		current = e.conn == c
 		if current {
 			e.conn = nil
@@ -493,13 +513,16 @@ func (p *Pool) connDown(c *Conn, err error) {
 	p.mu.Unlock()
 	if current {
 		p.log.Info("sandbox connection down", "run", c.target.RunID, "err", err)
-		p.state(c.target.RunID, false, err)
+		p.state(c.link, c.target.RunID, false, err)
 	}
 }
 
-func (p *Pool) state(runID string, up bool, err error) {
+func (p *Pool) state(e *Link, runID string, up bool, err error) {
 	if p.opts.OnState != nil {
 		p.opts.OnState(runID, up, err)
+	}
+	if e != nil && e.onState != nil {
+		e.onState(up, err)
 	}
 }
 

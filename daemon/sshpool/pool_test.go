@@ -31,12 +31,50 @@ func testOptions() Options {
 	}
 }
 
-func newPool(t *testing.T, opts Options) *Pool {
+func newPool(t *testing.T, opts Options) *testPool {
 	t.Helper()
-	p := New(opts)
+	p := newTestPool(opts)
 	t.Cleanup(func() { p.Close() })
 	return p
 }
+
+// testPool gives the tests one link per run id, as each sandbox's
+// controller owns one.
+type testPool struct {
+	*Pool
+	mu    sync.Mutex
+	links map[string]*Link
+}
+
+func newTestPool(opts Options) *testPool {
+	return &testPool{Pool: New(opts), links: map[string]*Link{}}
+}
+
+func (p *testPool) link(runID string) *Link {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l, ok := p.links[runID]
+	if !ok {
+		l = p.NewLink(nil)
+		p.links[runID] = l
+	}
+	return l
+}
+
+func (p *testPool) Get(ctx context.Context, t Target) (*Conn, error) {
+	return p.link(t.RunID).Get(ctx, t)
+}
+
+func (p *testPool) Ensure(t Target) { p.link(t.RunID).Ensure(t) }
+
+func (p *testPool) Forget(runID string) {
+	p.link(runID).Forget()
+	p.mu.Lock()
+	delete(p.links, runID)
+	p.mu.Unlock()
+}
+
+func (p *testPool) Connected(runID string) bool { return p.link(runID).Connected() }
 
 // stateLog records OnState events.
 type stateLog struct {
@@ -607,7 +645,7 @@ func TestForgetClosesAndStopsReconnecting(t *testing.T) {
 
 func TestClosedPoolRefuses(t *testing.T) {
 	srv := newTestServer(t)
-	p := New(testOptions())
+	p := newTestPool(testOptions())
 	p.Ensure(srv.target("run-1"))
 	if _, err := p.Get(context.Background(), srv.target("run-2")); err != nil {
 		t.Fatal(err)
@@ -647,7 +685,7 @@ func TestConcurrentGetsShareOneDial(t *testing.T) {
 
 func BenchmarkExecTrueWarm(b *testing.B) {
 	srv := newTestServer(b)
-	p := New(Options{})
+	p := newTestPool(Options{})
 	defer p.Close()
 	tg := srv.target("run-1")
 	ctx := context.Background()
@@ -672,7 +710,7 @@ func BenchmarkExecTrueFreshConnection(b *testing.B) {
 	ctx := context.Background()
 	tg := srv.target("run-1")
 	for b.Loop() {
-		p := New(Options{})
+		p := newTestPool(Options{})
 		c, err := p.Get(ctx, tg)
 		if err != nil {
 			b.Fatal(err)

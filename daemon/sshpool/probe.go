@@ -69,7 +69,7 @@ func (p *Pool) ProbeAll(ctx context.Context, timeout time.Duration) int {
 		}
 	}
 	p.mu.Lock()
-	for _, e := range p.entries {
+	for e := range p.links {
 		select {
 		case e.wake <- struct{}{}:
 		default:

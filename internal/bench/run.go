@@ -526,10 +526,15 @@ func (r *runner) measureChanged(ctx context.Context, name string, n int, ids []s
 // burst: 20 back-to-back execs through the client library.
 func (r *runner) burst(ctx context.Context, repo string) error {
 	const size = 20
-	row, err := r.measure(ctx, "burst of 20 execs --no-sync, client library (per burst)", r.sz.bursts, 1, size, []string{r.runOf[repo]}, func(int) error {
+	var each []time.Duration // every timed exec, for the p95 an exec of a burst sees
+	row, err := r.measure(ctx, "burst of 20 execs --no-sync, client library (per burst)", r.sz.bursts, 1, size, []string{r.runOf[repo]}, func(i int) error {
 		for range size {
+			start := time.Now()
 			if _, err := r.libExec(ctx, repo, true, "true"); err != nil {
 				return err
+			}
+			if i >= 0 {
+				each = append(each, time.Since(start))
 			}
 		}
 		return nil
@@ -537,7 +542,8 @@ func (r *runner) burst(ctx context.Context, repo string) error {
 	if err != nil {
 		return err
 	}
-	row.Extra = map[string]float64{"per_exec_ms": row.MedianMs / size}
+	med, p95 := stats(each)
+	row.Extra = map[string]float64{"per_exec_ms": row.MedianMs / size, "exec_median_ms": med, "exec_p95_ms": p95}
 	row.Note = "counters per exec"
 	r.add(row)
 	return nil
