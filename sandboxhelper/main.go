@@ -12,6 +12,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
 )
 
@@ -23,7 +24,7 @@ const (
 )
 
 // ExitNotServing: ping found no server of this binary for the checkout.
-const ExitNotServing = 4
+const ExitNotServing = helperproto.ExitNotServing
 
 // Main is the program: `serve -state DIR [-idle D]`, `ping -state DIR
 // [-wait D]`, `stage -state DIR -instance ID -index FILE [...]` or

@@ -91,6 +91,9 @@ func (m *Manager) endRun(ctx context.Context, s *store.Session) error {
 	m.mu.Unlock()
 	if s.State == store.StateReady {
 		if conn, err := m.opts.Pool.Get(ctx, target(s)); err == nil {
+			if m.opts.HelperStop != nil {
+				m.opts.HelperStop(ctx, conn)
+			}
 			if err := m.directive(ctx, conn, directiveEnd); err == nil {
 				return nil
 			}
