@@ -74,9 +74,11 @@ type Manager struct {
 	ctx  context.Context
 	stop context.CancelFunc
 
-	mu    sync.Mutex
-	bin   *binFile // nil: the helper is off
-	conns map[Conn]*state
+	mu  sync.Mutex
+	bin *binFile // nil: the helper is off
+	// conns holds the state of each sandbox, by run (keyOf): the server
+	// outlives connections, so a new connection finds it known.
+	conns map[any]*state
 	said  map[string]bool // runs whose fallback was said
 	wg    sync.WaitGroup
 }
@@ -90,7 +92,8 @@ type binFile struct {
 }
 
 type state struct {
-	bin      *binFile  // the binary this connection's server runs
+	conn     Conn      // the connection it was last asked on
+	bin      *binFile  // the binary this sandbox's server runs
 	instance string    // set once the server answers
 	verified time.Time // when it last answered
 	failed   time.Time // the last try failed at this time
@@ -115,7 +118,7 @@ func New(o Options) *Manager {
 		o.Now = time.Now
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	m := &Manager{o: o, log: o.Logger, ctx: ctx, stop: stop, conns: map[Conn]*state{}, said: map[string]bool{}}
+	m := &Manager{o: o, log: o.Logger, ctx: ctx, stop: stop, conns: map[any]*state{}, said: map[string]bool{}}
 	if o.Binary != "" {
 		m.bin = &binFile{path: o.Binary}
 	}
@@ -135,16 +138,16 @@ func (m *Manager) SetBinary(path string) {
 	if path != "" {
 		m.bin = &binFile{path: path}
 	}
-	for c, st := range m.conns {
+	for _, st := range m.conns {
 		if st.instance != "" && path == "" {
 			m.wg.Add(1)
 			go func() {
 				defer m.wg.Done()
-				m.stopServer(m.ctx, c)
+				m.stopServer(m.ctx, st.conn)
 			}()
 		}
 	}
-	m.conns = map[Conn]*state{}
+	m.conns = map[any]*state{}
 	m.said = map[string]bool{}
 	m.log.Info("sandbox helper changed", "binary", path)
 }
@@ -162,11 +165,11 @@ func (m *Manager) For(c Conn) (name, instance string) {
 		return "", ""
 	}
 	m.forgetEnded()
-	st := m.conns[c]
+	st := m.conns[keyOf(c)]
 	switch {
 	case st == nil:
-		st = &state{bin: m.bin}
-		m.conns[c] = st
+		st = &state{conn: c, bin: m.bin}
+		m.conns[keyOf(c)] = st
 	case st.instance != "":
 		if !st.running && m.o.Now().Sub(st.verified) >= m.o.RecheckAfter {
 			// Still offered meanwhile: a server that is gone makes the
@@ -181,20 +184,33 @@ func (m *Manager) For(c Conn) (name, instance string) {
 	return "", ""
 }
 
-// forgetEnded drops the states of ended connections (m.mu held).
+// keyOf is the key of c's sandbox: its run, or c itself when it does not
+// say.
+func keyOf(c Conn) any {
+	if r, ok := c.(runIDer); ok {
+		return r.RunID()
+	}
+	return c
+}
+
+// forgetEnded drops the states kept by a connection that ended (m.mu
+// held); a run's state stays for its next connection.
 func (m *Manager) forgetEnded() {
-	for c := range m.conns {
+	for k, st := range m.conns {
+		if _, byConn := k.(Conn); !byConn {
+			continue
+		}
 		select {
-		case <-c.Done():
-			delete(m.conns, c)
+		case <-st.conn.Done():
+			delete(m.conns, k)
 		default:
 		}
 	}
 }
 
-// start runs ensure for c in the background (m.mu held).
+// start runs ensure on c in the background (m.mu held).
 func (m *Manager) start(c Conn, st *state) {
-	st.running = true
+	st.running, st.conn = true, c
 	m.wg.Add(1)
 	go m.run(c, st)
 }
@@ -211,7 +227,7 @@ func (m *Manager) Unavailable(c Conn) bool {
 	if m.bin == nil || m.ctx.Err() != nil {
 		return true
 	}
-	st := m.conns[c]
+	st := m.conns[keyOf(c)]
 	if st == nil || st.running || st.instance != "" {
 		return false
 	}
@@ -230,7 +246,7 @@ func (m *Manager) Status(c Conn) (ok bool, detail string) {
 	if m.bin == nil {
 		return true, "off (sync_helper, or no sandboxd-helper next to sandboxd): synced execs scan the sandbox's whole tree"
 	}
-	st := m.conns[c]
+	st := m.conns[keyOf(c)]
 	switch {
 	case st == nil:
 		return true, "not started yet: the first synced exec starts it"
@@ -260,7 +276,7 @@ func (m *Manager) Stop(ctx context.Context, c Conn) {
 	}
 	m.mu.Lock()
 	off := m.bin == nil
-	delete(m.conns, c)
+	delete(m.conns, keyOf(c))
 	m.mu.Unlock()
 	if off {
 		return
@@ -292,8 +308,8 @@ func (m *Manager) run(c Conn, st *state) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st.running = false
-	if m.conns[c] != st {
-		return // the binary changed, or the connection ended
+	if m.conns[keyOf(c)] != st {
+		return // the binary changed, or the session ended
 	}
 	if err == nil {
 		if st.instance != "" && st.instance != inst {
@@ -302,11 +318,10 @@ func (m *Manager) run(c Conn, st *state) {
 		st.instance, st.verified, st.wait, st.reason = inst, m.o.Now(), 0, ""
 		return
 	}
-	st.instance = ""
 	if ctx.Err() != nil {
-		delete(m.conns, c)
-		return
+		return // the connection ended: the next one tries again
 	}
+	st.instance = ""
 	st.failed = m.o.Now()
 	st.wait = min(max(2*st.wait, m.o.RetryAfter), time.Hour)
 	st.never = errors.Is(err, errPlatform) || errors.Is(err, errNoProcesses)
