@@ -96,13 +96,14 @@ func (e *env) nativeExec(t *testing.T, repo, run, content string) bool {
 // behaving as RWX Cloud), the sandbox helper starts by default as the
 // agent's managed process "sandboxd-helper", shows in the agent's process
 // list, serves synced execs natively, survives the connections that
-// started it (same process after they drop), says it serves in doctor,
+// started it (the same process after they drop, and found again by a
+// restarted daemon), says it serves in doctor,
 // and is stopped with the process directive when the session ends.
 func TestRWXPathRunsTheHelperAsAManagedProcess(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
-	e.startDaemon(e.rwxVars(lc)...)
+	d := e.startDaemon(e.rwxVars(lc)...)
 	repo := e.newRepo("rwxhelper", defaultConfig)
 	run := e.startSandbox(repo)
 	e.mustNook(repo, "exec", "--", "true")
@@ -126,6 +127,14 @@ func TestRWXPathRunsTheHelperAsAManagedProcess(t *testing.T) {
 	}
 	if got := lc.agentProcesses(t, run)["sandboxd-helper"]; got.PID != h.PID || got.Status != "running" {
 		t.Fatalf("after the connections dropped the helper is %+v, want the same process %d running", got, h.PID)
+	}
+	// A new daemon (no memory of it) finds the same server through ping
+	// rather than starting another.
+	d.stop(t)
+	e.startDaemon(e.rwxVars(lc)...)
+	waitUntil(t, 20*time.Second, "a native synced exec after the daemon's restart", func() bool { return e.nativeExec(t, repo, run, "three\n") })
+	if got := lc.agentProcesses(t, run)["sandboxd-helper"]; got.PID != h.PID || got.Status != "running" {
+		t.Fatalf("after the daemon's restart the helper is %+v, want the same process %d running", got, h.PID)
 	}
 	if doc := e.nook(repo, "doctor"); !strings.Contains(doc.stdout+doc.stderr, "helper "+run) || !strings.Contains(doc.stdout+doc.stderr, "serving") {
 		t.Errorf("doctor does not say the helper serves:\n%s", doc)
