@@ -38,6 +38,7 @@ type env struct {
 	lcHTTP  *http.Client
 	lcToken string
 	lcAPI   string
+	lcCert  string        // the API's certificate (SSL_CERT_FILE of an RWX-path daemon)
 	lastCPU time.Duration // user+system CPU of the last nook run
 }
 
@@ -87,7 +88,7 @@ func (e *env) startLocalcloud(ctx context.Context) error {
 				return err
 			}
 			hc.Timeout = time.Minute
-			e.lcHTTP, e.lcToken, e.lcAPI = hc, tok, d.APIURL
+			e.lcHTTP, e.lcToken, e.lcAPI, e.lcCert = hc, tok, d.APIURL, d.CertFile
 			return nil
 		}
 		select {

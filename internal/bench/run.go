@@ -71,6 +71,9 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if len(opts.RTTs) == 0 {
 		opts.RTTs = []time.Duration{0, 20 * time.Millisecond}
 	}
+	if len(opts.RWXRTTs) == 0 {
+		opts.RWXRTTs = []time.Duration{0, 20 * time.Millisecond, 100 * time.Millisecond}
+	}
 	root, err := os.MkdirTemp("", "nookbench")
 	if err != nil {
 		return res, err
@@ -152,6 +155,11 @@ func (r *runner) run(ctx context.Context) error {
 	r.rtt = 0
 	if err := e.setDelay(ctx, 0); err != nil {
 		return err
+	}
+	if r.wants("rwx") {
+		if err := r.rwxPath(ctx); err != nil {
+			return fmt.Errorf("the RWX path: %w", err)
+		}
 	}
 
 	// Live sandboxes: the RSS row, then the list rows.
