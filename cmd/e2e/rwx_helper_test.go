@@ -213,3 +213,15 @@ func mustJSON(t *testing.T, v any) []byte {
 	}
 	return b
 }
+
+// helperServing reports whether doctor says the daemon's sandbox helper
+// serves in run's sandbox (any sandbox's when run is "").
+func (e *env) helperServing(run string) bool {
+	r := e.nook(e.root, "doctor")
+	for _, line := range strings.Split(r.stdout+r.stderr, "\n") {
+		if strings.Contains(line, "helper "+run) && strings.Contains(line, "serving (") {
+			return true
+		}
+	}
+	return false
+}

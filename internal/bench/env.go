@@ -337,3 +337,19 @@ func copyTree(src, dst string) error {
 		return os.WriteFile(target, b, info.Mode().Perm())
 	})
 }
+
+// helperServes reports whether the daemon says the sandbox helper serves
+// in run's sandbox (doctor's helper check): the server's socket comes a
+// round trip before the daemon hears of it.
+func (e *env) helperServes(ctx context.Context, run string) bool {
+	d, err := e.client.Doctor(ctx)
+	if err != nil {
+		return false
+	}
+	for _, c := range d.Checks {
+		if c.Name == "helper "+run && c.OK && strings.HasPrefix(c.Detail, "serving") {
+			return true
+		}
+	}
+	return false
+}

@@ -344,7 +344,7 @@ func (r *runner) startTiny(ctx context.Context, n int) error {
 
 // libExec runs argv through the client library.
 // waitHelpers syncs every live sandbox once and waits until its sandbox
-// helper serves (its socket is there): the first sync starts the helper in
+// helper serves (the daemon says so): the first sync starts the helper in
 // the background, and it walks the checkout to place its watches, work
 // that would otherwise weigh on the first scenarios' times
 // (docs/performance.md).
@@ -357,11 +357,7 @@ func (r *runner) waitHelpers(ctx context.Context) error {
 		if late {
 			continue
 		}
-		pattern := filepath.Join(r.e.localcloudDir(), "runs", id, "workspace", ".git", "sandboxd", "helper", "*.sock")
-		served, err := r.waitFor(ctx, func() (bool, error) {
-			m, _ := filepath.Glob(pattern)
-			return len(m) > 0, nil
-		})
+		served, err := r.waitFor(ctx, func() (bool, error) { return r.e.helperServes(ctx, id), nil })
 		if err != nil {
 			return err
 		}

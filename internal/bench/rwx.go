@@ -123,11 +123,7 @@ func (r *runner) rwxDaemon(ctx context.Context, name string, config map[string]a
 		if config != nil {
 			continue
 		}
-		pattern := filepath.Join(r.e.localcloudDir(), "runs", sub.runOf[repo], "workspace", ".git", "sandboxd", "helper", "*.sock")
-		served, err := r.waitFor(ctx, func() (bool, error) {
-			m, _ := filepath.Glob(pattern)
-			return len(m) > 0, nil
-		})
+		served, err := r.waitFor(ctx, func() (bool, error) { return e.helperServes(ctx, sub.runOf[repo]), nil })
 		if err != nil {
 			e.close()
 			return nil, err
