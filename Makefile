@@ -39,9 +39,11 @@ TESTBIN      := $(BIN)/test
 TEST_ENV      = SANDBOXD_TEST_BIN=$(abspath $(TESTBIN)/plain) SANDBOXD_TEST_BIN_RACE=$(abspath $(TESTBIN)/race) \
 	GORACE="$(strip $(GORACE) atexit_sleep_ms=0)"
 # make bench: the benchmark program (BENCH_QUICK=1 for the quick version;
-# BENCH_RTT=0,20ms the round-trip times). make bench-go: the packages' Go
+# BENCH_RTT=0,20ms the round-trip times of the local-remote rows,
+# BENCH_RWX_RTT=0,20ms,100ms those of the RWX-path rows). make bench-go: the packages' Go
 # micro-benchmarks, BENCH selects them, BENCH_PKGS the packages.
 BENCH_RTT   ?= 0,20ms
+BENCH_RWX_RTT ?= 0,20ms,100ms
 BENCH       ?= .
 BENCH_PKGS  ?= ./...
 BENCHTIME   ?= 1s
@@ -58,7 +60,7 @@ help:
 	@echo "make test     go vet, then go test -race ./... and packaging/'s (end-to-end tests included, in parallel; PKGS=./daemon/... narrows)"
 	@echo "make test-long  the long forms of the load, fault and crash suites (SANDBOXD_TEST_LONG=1)"
 	@echo "make fuzz     every fuzz target for FUZZTIME each ($(FUZZTIME)); make test runs their seed corpora"
-	@echo "make bench    every exec scenario at 0 and 20 ms RTT: table on stdout, JSON in $(BIN)/bench.json (BENCH_QUICK=1: under a minute)"
+	@echo "make bench    every exec scenario at 0 and 20 ms RTT, the RWX path at 0, 20 and 100 ms: table on stdout, JSON in $(BIN)/bench.json (BENCH_QUICK=1: quick)"
 	@echo "make bench-go the packages' Go micro-benchmarks (BENCH=regexp BENCH_PKGS=./pkg/... BENCHTIME=1s)"
 	@echo "make install  binaries to \$$PREFIX/bin ($(PREFIX)/bin), systemd user units to $(SYSTEMD_USER_DIR)"
 	@echo "make man      man pages into $(SHARE)/man (generated from the command table)"
@@ -149,7 +151,7 @@ fuzz:
 	FUZZTIME=$(FUZZTIME) ./scripts/fuzz.sh
 
 bench: build
-	$(BIN)/sandboxd-bench -bin $(abspath $(BIN)) -rtt '$(BENCH_RTT)' -json $(BIN)/bench.json
+	$(BIN)/sandboxd-bench -bin $(abspath $(BIN)) -rtt '$(BENCH_RTT)' -rwx-rtt '$(BENCH_RWX_RTT)' -json $(BIN)/bench.json
 
 bench-go:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -benchtime $(BENCHTIME) -count 1 -timeout 20m $(BENCH_PKGS)

@@ -4,8 +4,10 @@
 // internal/helperproto; a sandbox without it runs the shell scripts of
 // daemon/gitsync alone. Each verb, and when it runs:
 //
-//   - serve (Serve, server.go): started by daemon/helper once per kept
-//     connection, as one exec request that lasts as long as it. It tracks
+//   - serve (Serve, server.go): started by daemon/helper as a managed
+//     process of the sandbox's agent (lifecycle.go): one per checkout, it
+//     outlives the connection that started it and exits when asked
+//     nothing for an hour, when stopped, or with the run. It tracks
 //     the checkout with inotify (internal/watch.Trees) and answers, on a
 //     Unix socket under .git/sandboxd/helper, one question at a time:
 //     changes, adopt, push, pull (a line, a JSON body, a JSON answer).
@@ -31,6 +33,9 @@
 //     diffs with git.
 //   - hold (package hold): durable execs, for a split exec without a
 //     terminal when the daemon's durable exec is on (docs/durable-exec.md).
+//   - ping: prints the ready line of the checkout's server when one of
+//     this binary answers (ExitNotServing otherwise); the daemon finds a
+//     running server with it on a new connection.
 //   - version: prints the name and the binary's hash; the daemon checks an
 //     upload by it.
 package sandboxhelper

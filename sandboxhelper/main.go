@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
 )
 
@@ -21,8 +23,12 @@ const (
 	exitUsage  = 2
 )
 
-// Main is the program: `serve -state DIR`, `stage -state DIR -instance ID
-// -index FILE [...]` or `version`, run in the checkout's root.
+// ExitNotServing: ping found no server of this binary for the checkout.
+const ExitNotServing = helperproto.ExitNotServing
+
+// Main is the program: `serve -state DIR [-idle D]`, `ping -state DIR
+// [-wait D]`, `stage -state DIR -instance ID -index FILE [...]` or
+// `version`, run in the checkout's root.
 func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
 		fmt.Fprintln(stderr, "usage: sandboxd-helper serve|stage|version [flags]")
@@ -63,6 +69,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	reportNonce := fs.String("report", "", "run: print the exchange's report after the pull, with this nonce")
 	entries := fs.String("entries", "", "run: the push's entries, their JSON")
 	reportMax := fs.Int64("max", 0, "run: the largest patch the report sends")
+	idle := fs.Duration("idle", DefaultIdle, "serve: exit after this long without a question")
+	wait := fs.Duration("wait", 0, "ping: wait this long for a server to answer")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
@@ -86,15 +94,31 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			fmt.Fprintln(stderr, "serve: -state is required")
 			return exitUsage
 		}
-		// The daemon's end of the exec request closes stdin: the server
-		// goes with its connection.
-		ctx, cancel := context.WithCancel(ctx)
-		go func() { _, _ = io.Copy(io.Discard, stdin); cancel() }()
+		// No tie to the exec request that started it (stdin, the
+		// channel): a managed process of the agent, it ends with TERM,
+		// the run, or after -idle without a question.
 		log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-		if err := Serve(ctx, root, *state, stdout, log); err != nil {
+		err := ServeIdle(ctx, root, *state, *idle, stdout, log)
+		if errors.Is(err, ErrServing) {
+			fmt.Fprintf(stderr, "%s: %v: this one exits\n", Name, err)
+			return 0
+		}
+		if err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", Name, err)
 			return exitFailed
 		}
+		return 0
+	case "ping":
+		if *state == "" {
+			fmt.Fprintln(stderr, "ping: -state is required")
+			return exitUsage
+		}
+		inst, err := Ping(ctx, *state, *wait)
+		if err != nil {
+			fmt.Fprintf(stderr, "%s ping: %v\n", Name, err)
+			return ExitNotServing
+		}
+		fmt.Fprintf(stdout, "%s%s\n", Ready, inst)
 		return 0
 	case "stage":
 		if *state == "" || o.Index == "" {

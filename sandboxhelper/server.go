@@ -35,16 +35,49 @@ type answer struct {
 	Error    string `json:"error,omitempty"`
 }
 
+// DefaultIdle is how long a server that was asked nothing waits before it
+// exits: it outlives the exec request that started it (a managed process
+// of the sandbox's agent), so nothing else ends it while the run lasts.
+const DefaultIdle = time.Hour
+
+// ErrServing: another server holds the checkout's lock and serves it.
+var ErrServing = errors.New("another server serves this checkout")
+
+// lockWait bounds the wait for the lock of a server being replaced (the
+// agent stops the previous process of the same name first, which may take
+// its grace period).
+var lockWait = 10 * time.Second
+
 // Serve tracks the working tree at root (absolute) and answers questions on
 // a socket in the helper directory of state (the sync state directory,
-// .git/sandboxd) until ctx ends. Once it answers, it writes Ready and its
-// instance to ready.
+// .git/sandboxd) until ctx ends or it was asked nothing for DefaultIdle.
+// Once it answers, it writes Ready and its instance to ready.
 func Serve(ctx context.Context, root, state string, ready io.Writer, log *slog.Logger) error {
+	return ServeIdle(ctx, root, state, DefaultIdle, ready, log)
+}
+
+// ServeIdle is Serve, exiting once asked nothing for idle. One server runs
+// per checkout: it holds the lock file of the helper directory, and names
+// its instance in the file Current names, where Ping finds it.
+func ServeIdle(ctx context.Context, root, state string, idle time.Duration, ready io.Writer, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	dir := Dir(state)
 	cookies := filepath.Join(dir, "cookies")
 	if err := os.MkdirAll(cookies, 0o755); err != nil {
 		return fmt.Errorf("create the helper directory: %w", err)
 	}
+	unlock, err := lockServer(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	act := &activity{}
+	act.touch()
+	go act.exitWhenIdle(ctx, idle, cancel)
 	removeStaleSockets(dir)
 	// The tracker is the only one of this process: one tree, kept however
 	// long the sandbox stays idle.
@@ -67,6 +100,10 @@ func Serve(ctx context.Context, root, state string, ready io.Writer, log *slog.L
 	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
 	defer stop()
 	defer ln.Close()
+	if err := writeCurrent(dir, instance); err != nil {
+		return err
+	}
+	defer removeCurrent(dir, instance)
 	if _, err := fmt.Fprintf(ready, "%s%s\n", Ready, instance); err != nil {
 		return err
 	}
@@ -86,9 +123,11 @@ func Serve(ctx context.Context, root, state string, ready io.Writer, log *slog.L
 			}
 			return fmt.Errorf("accept on the helper socket: %w", err)
 		}
+		act.begin()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer act.end()
 			defer c.Close()
 			_ = c.SetDeadline(time.Now().Add(time.Minute))
 			a := serveOne(ctx, c, &mu, nat)
@@ -110,6 +149,9 @@ func serveOne(ctx context.Context, c net.Conn, mu *sync.Mutex, nat *nativeState)
 		return answer{Error: "unknown question"}
 	}
 	verb, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
+	if verb == "ping" {
+		return answer{} // Ping: the instance is the answer
+	}
 	// The body is read before the lock: a slow client holds up no one.
 	var push pushRequest
 	var pull pullRequest

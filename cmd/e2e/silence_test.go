@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -339,19 +338,12 @@ func TestExecDuringANetworkOutageSaysWhatItWaitsForAndRuns(t *testing.T) {
 	t.Logf("exec during an outage of %v: %v\n%s", outage, took.Round(time.Millisecond), r.stderr)
 }
 
-// waitHelper waits until the sandbox helper serves in run's sandbox (a
-// held exec needs it).
+// waitHelper waits until the daemon knows the sandbox helper serves in
+// run's sandbox (a held exec needs it): its server's socket comes a
+// round trip before the daemon hears of it, so doctor is asked.
 func (e *env) waitHelper(t *testing.T, run string) {
 	t.Helper()
-	data := e.get("XDG_DATA_HOME")
-	if data == "" {
-		data = filepath.Join(e.get("HOME"), ".local", "share")
-	}
-	pattern := filepath.Join(data, "sandboxd", "localcloud", "runs", run, "workspace", ".git", "sandboxd", "helper", "*.sock")
-	waitUntil(t, time.Minute, "the sandbox helper to serve", func() bool {
-		m, _ := filepath.Glob(pattern)
-		return len(m) > 0
-	})
+	waitUntil(t, time.Minute, "the sandbox helper to serve", func() bool { return e.helperServing(run) })
 }
 
 // TestHeldCommandSurvivesASilenceThatDropsItsConnection: a command running

@@ -267,7 +267,7 @@ func TestSandboxHelperServesTheSync(t *testing.T) {
 	// The server starts in the background after the first synced exec.
 	waitUntil(t, 20*time.Second, "the helper's server", func() bool {
 		r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "ls .git/sandboxd/helper/*.sock .git/sandboxd/bin/sandboxd-helper-*")
-		return r.code == 0
+		return r.code == 0 && e.helperServing("")
 	})
 	writeFile(t, filepath.Join(repo, "local.txt"), "local\n")
 	e.mustNook(repo, "exec", "--", "sh", "-c", "echo made > made.txt")

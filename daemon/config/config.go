@@ -65,8 +65,7 @@ const (
 const minReconcileInterval = time.Second
 
 // sync_helper's words: SyncHelperOff installs no helper in sandboxes,
-// SyncHelperOn the one next to sandboxd whatever the remote (by default only
-// the local remote's sandboxes get it).
+// SyncHelperOn the one next to sandboxd (the default, on every remote).
 const (
 	SyncHelperOff = "off"
 	SyncHelperOn  = "on"
@@ -87,8 +86,7 @@ type Config struct {
 	// SyncHelper is the sandboxd-helper executable installed in Linux
 	// sandboxes of this machine's architecture to sync in proportion to
 	// what changed: a path, SyncHelperOn (the one next to sandboxd),
-	// SyncHelperOff, or empty: the one next to sandboxd on the local remote
-	// only.
+	// SyncHelperOff, or empty (as SyncHelperOn).
 	SyncHelper string
 	// IdleTimeout is how long a socket-activated daemon with nothing live
 	// waits before exiting; 0 disables idle exit.

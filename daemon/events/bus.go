@@ -57,6 +57,9 @@ const (
 	ForwardOpened     = "forward.opened"
 	ForwardClosed     = "forward.closed"
 	ForwardFailed     = "forward.failed"
+	// HelperFallback says, once per run, that synced execs there go
+	// without the sandbox helper, and why (data: reason).
+	HelperFallback = "helper.fallback"
 
 	// StreamGap and StreamClosed are synthesized per subscription, never
 	// published: they describe that subscriber's stream, not the daemon, and

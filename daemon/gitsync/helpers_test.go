@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/helperproto"
@@ -521,6 +522,8 @@ func (r *sandboxRunner) startHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// The server outlives its stdin (a managed process): TERM ends it.
+		_ = cmd.Process.Signal(syscall.SIGTERM)
 		stdin.Close()
 		_ = cmd.Wait()
 	})

@@ -4,6 +4,7 @@ package helper
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -13,33 +14,125 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
 // shConn stands in for a connection: each exec request is /bin/sh -c in
-// the checkout, as the agent runs it.
+// the checkout, as the agent runs it, and the managed-process directives
+// start and stop processes of their own session that outlive the request
+// (agent), as RWX's agent and localcloud's do.
 type shConn struct {
-	dir  string
-	done chan struct{}
-	mu   sync.Mutex
-	cmds []string
+	dir   string
+	done  chan struct{}
+	mu    sync.Mutex
+	cmds  []string
+	agent *agent
+}
+
+// agent is the managed processes of one sandbox, shared by its
+// connections; none: the agent knows no directives (exit 127).
+type agent struct {
+	none  bool
+	mu    sync.Mutex
+	procs map[string]*exec.Cmd
+	ended map[string]chan struct{}
+}
+
+func newAgent(t *testing.T) *agent {
+	a := &agent{procs: map[string]*exec.Cmd{}, ended: map[string]chan struct{}{}}
+	t.Cleanup(func() {
+		a.mu.Lock()
+		keys := make([]string, 0, len(a.procs))
+		for k := range a.procs {
+			keys = append(keys, k)
+		}
+		a.mu.Unlock()
+		for _, k := range keys {
+			a.stop(k)
+		}
+	})
+	return a
+}
+
+func (a *agent) stop(key string) bool {
+	a.mu.Lock()
+	cmd, ended := a.procs[key], a.ended[key]
+	delete(a.procs, key)
+	a.mu.Unlock()
+	if cmd == nil {
+		return false
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-ended
+	}
+	return true
+}
+
+func (a *agent) directive(dir, name, arg string, stdio sshpool.Stdio) sshpool.ExitStatus {
+	if a == nil || a.none {
+		return sshpool.ExitStatus{Code: 127}
+	}
+	var req struct{ Key, Command string }
+	if err := json.Unmarshal([]byte(arg), &req); err != nil {
+		return sshpool.ExitStatus{Code: 1}
+	}
+	status := "stopped"
+	switch name {
+	case directiveStart:
+		a.stop(req.Key)
+		cmd := exec.Command("/bin/sh", "-c", req.Command)
+		cmd.Dir = dir
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			return sshpool.ExitStatus{Code: 1}
+		}
+		ended := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(ended) }()
+		a.mu.Lock()
+		a.procs[req.Key], a.ended[req.Key] = cmd, ended
+		a.mu.Unlock()
+		status = "running"
+	case directiveStop:
+		if !a.stop(req.Key) {
+			fmt.Fprintf(stdio.Stderr, "no background process named %q", req.Key)
+			return sshpool.ExitStatus{Code: 1}
+		}
+	default:
+		return sshpool.ExitStatus{Code: 1}
+	}
+	fmt.Fprintf(stdio.Stdout, `{"key":%q,"status":%q,"stderrPath":"/tmp/x"}`+"\n", req.Key, status)
+	return sshpool.ExitStatus{}
 }
 
 func newShConn(t *testing.T) *shConn {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "checkout")
 	run(t, "", "git", "init", "-q", dir)
-	return &shConn{dir: dir, done: make(chan struct{})}
+	return &shConn{dir: dir, done: make(chan struct{}), agent: newAgent(t)}
+}
+
+// again is another connection to c's sandbox.
+func (c *shConn) again() *shConn {
+	return &shConn{dir: c.dir, done: make(chan struct{}), agent: c.agent}
 }
 
 func (c *shConn) ExecOnce(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
 	c.mu.Lock()
 	c.cmds = append(c.cmds, command)
 	c.mu.Unlock()
+	if name, arg, ok := strings.Cut(command, " "); ok && strings.HasPrefix(name, "__rwx_sandbox_process_") {
+		return c.agent.directive(c.dir, name, arg, stdio), nil
+	}
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", command)
 	cmd.Dir = c.dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdio.Stdin, stdio.Stdout, stdio.Stderr
@@ -54,12 +147,15 @@ func (c *shConn) ExecOnce(ctx context.Context, command string, stdio sshpool.Std
 
 func (c *shConn) Done() <-chan struct{} { return c.done }
 
-func (c *shConn) uploads() int {
+func (c *shConn) uploads() int { return c.count(".install.") }
+
+// count is how many of c's exec requests hold s.
+func (c *shConn) count(s string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
 	for _, cmd := range c.cmds {
-		if strings.Contains(cmd, ".install.") {
+		if strings.Contains(cmd, s) {
 			n++
 		}
 	}
@@ -138,9 +234,10 @@ func isolate(t *testing.T) {
 	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
 }
 
-// The helper is uploaded once, checked, run as a server for the
-// connection's life, and found again (not uploaded) on the next connection.
-func TestInstallsOnceAndServesPerConnection(t *testing.T) {
+// The helper is uploaded once, checked, started as a managed process,
+// and outlives the connection that started it: the next connection finds
+// the same server (ping), with no upload and no second start.
+func TestServerOutlivesItsConnectionAndIsFoundAgain(t *testing.T) {
 	isolate(t)
 	m := New(Options{Binary: binary(t), Platform: Platform(runtime.GOOS, runtime.GOARCH)})
 	defer m.Close()
@@ -153,27 +250,109 @@ func TestInstallsOnceAndServesPerConnection(t *testing.T) {
 	if _, err := os.Stat(installed); err != nil {
 		t.Fatalf("not installed: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(c.dir, ".git", "sandboxd", "helper", inst+".sock")); err != nil {
-		t.Fatalf("no server socket: %v", err)
-	}
 	if conn, err := dialServer(t, c.dir, inst); err != nil {
 		t.Fatalf("the server does not answer: %v", err)
 	} else {
 		conn.Close()
 	}
-	// The connection ends: the server goes, and a new connection finds the
-	// installed copy.
+	if n := c.count(directiveStart + ` {"command"`); n != 1 {
+		t.Fatalf("%d start directives, want 1", n)
+	}
 	close(c.done)
-	waitGone(t, c.dir, inst, "the server outlived its connection")
-	c2 := &shConn{dir: c.dir, done: make(chan struct{})}
-	if _, inst2 := waitFor(t, m, c2); inst2 == inst {
-		t.Fatal("a new connection got the old server")
+	c2 := c.again()
+	defer close(c2.done)
+	if _, inst2 := waitFor(t, m, c2); inst2 != inst {
+		t.Fatalf("a new connection got server %s, not the one still running, %s", inst2, inst)
 	}
 	if n := c.uploads() + c2.uploads(); n != 1 {
 		t.Fatalf("%d uploads, want 1", n)
 	}
-	close(c2.done)
+	if n := c2.count(directiveStart); n != 0 {
+		t.Fatalf("the second connection started the server again (%d starts)", n)
+	}
+	// The session ends: the server is stopped.
+	m.Stop(context.Background(), c2)
+	waitGone(t, c.dir, inst, "the server outlived the session's end")
 }
+
+// A server that went away (killed in the sandbox) is started again at
+// the first use after the recheck time; meanwhile the old instance is
+// offered (the scripts then stage the whole tree).
+func TestAKilledServerIsStartedAgain(t *testing.T) {
+	isolate(t)
+	now := time.Now()
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	m := New(Options{Binary: binary(t), Platform: Platform(runtime.GOOS, runtime.GOARCH), Now: clock})
+	defer m.Close()
+	c := newShConn(t)
+	defer close(c.done)
+	_, inst := waitFor(t, m, c)
+	c.agent.stop(helperproto.ProcessKey)
+	waitGone(t, c.dir, inst, "the server was not killed")
+	if _, got := m.For(c); got != inst {
+		t.Fatalf("before the recheck time the helper offered %q, want %s", got, inst)
+	}
+	mu.Lock()
+	now = now.Add(11 * time.Minute)
+	mu.Unlock()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, got := m.For(c); got != "" && got != inst {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the killed server was not started again")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// An agent without managed processes (exit 127): no helper on that
+// connection, said once per run, and not tried again.
+func TestAnAgentWithoutManagedProcessesFallsBackOnce(t *testing.T) {
+	isolate(t)
+	var mu sync.Mutex
+	var said []string
+	m := New(Options{Binary: binary(t), Platform: Platform(runtime.GOOS, runtime.GOARCH),
+		OnFallback: func(run, reason string) { mu.Lock(); said = append(said, run+": "+reason); mu.Unlock() }})
+	defer m.Close()
+	c := &runConn{shConn: newShConn(t), run: "run-1"}
+	c.agent.none = true
+	defer close(c.done)
+	deadline := time.Now().Add(20 * time.Second)
+	for !m.Unavailable(c) {
+		m.For(c)
+		if time.Now().After(deadline) {
+			t.Fatal("the helper never gave up")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c2 := &runConn{shConn: c.again(), run: "run-1"}
+	defer close(c2.done)
+	for !m.Unavailable(c2) {
+		m.For(c2)
+		if time.Now().After(deadline) {
+			t.Fatal("the helper never gave up on the second connection")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(said) != 1 || !strings.Contains(said[0], "run-1: ") || !strings.Contains(said[0], "managed processes") {
+		t.Fatalf("the fallback was said %d times: %q", len(said), said)
+	}
+	if ok, detail := m.Status(c); !ok || !strings.Contains(detail, "managed processes") {
+		t.Fatalf("status = %v %q", ok, detail)
+	}
+}
+
+type runConn struct {
+	*shConn
+	run string
+}
+
+func (c *runConn) RunID() string { return c.run }
 
 // A damaged copy in the sandbox (its version does not print the binary's
 // hash) is replaced; a sandbox of another platform gets nothing.

@@ -10,8 +10,8 @@ import (
 	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
-// The helper next to sandboxd serves the local remote's sandboxes by
-// default; RWX Cloud's only when asked for; "off" and a path are obeyed.
+// The helper next to sandboxd serves every remote's sandboxes by default,
+// RWX Cloud's included; "off" and a path are obeyed.
 func TestHelperOptions(t *testing.T) {
 	if runtime.GOOS != "linux" || (runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64") {
 		t.Skip("the helper serves Linux on amd64 and arm64 only")
@@ -25,7 +25,8 @@ func TestHelperOptions(t *testing.T) {
 		remote, setting, want string
 	}{
 		{config.RemoteLocal, "", next},
-		{config.RemoteRWX, "", ""},
+		{config.RemoteRWX, "", next},
+		{config.RemoteRWX, config.SyncHelperOff, ""},
 		{config.RemoteRWX, config.SyncHelperOn, next},
 		{config.RemoteLocal, config.SyncHelperOff, ""},
 		{config.RemoteRWX, "/opt/helper", "/opt/helper"},

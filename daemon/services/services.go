@@ -90,7 +90,11 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		exeDir = filepath.Dir(exe)
 	}
 	s.exeDir = exeDir
-	s.helpers = helper.New(helperOptions(deps.Config, log, exeDir))
+	ho := helperOptions(deps.Config, log, exeDir)
+	ho.OnFallback = func(runID, reason string) {
+		s.bus.Publish(events.HelperFallback, s.manager.SessionOfRun(runID), runID, map[string]string{"reason": reason})
+	}
+	s.helpers = helper.New(ho)
 	pause := testPause(os.Getenv(testPauseEnv), log)
 
 	// The pool reports connection changes and asks the manager before each
@@ -130,6 +134,8 @@ func New(ctx context.Context, deps daemon.Deps) (daemon.Services, error) {
 		SSHDir:            sshDir(deps.Layout),
 		SyncHelper:        func(c *sshpool.Conn) (string, string) { return s.helpers.For(c) },
 		HelperUnavailable: func(c *sshpool.Conn) bool { return s.helpers.Unavailable(c) },
+		HelperStatus:      func(c *sshpool.Conn) (bool, string) { return s.helpers.Status(c) },
+		HelperStop:        func(ctx context.Context, c *sshpool.Conn) { s.helpers.Stop(ctx, c) },
 		Pause:             pause,
 	})
 	if err != nil {
@@ -222,10 +228,9 @@ func (s *Services) remoteSettings(cfg config.Config) remote.Settings {
 
 // helperOptions: the sandbox helper is sandboxd-helper next to sandboxd
 // unless configured; it serves Linux sandboxes of this machine's
-// architecture, the one it is built for. By default it runs on the local
-// remote only: on RWX Cloud it keeps one exec request open per connection,
-// which has not been tried against RWX's own agent yet, so it is there
-// only when asked for ("on", or a path).
+// architecture, the one it is built for, on every remote: it runs as one
+// of the agent's managed processes, which RWX's agent and localcloud's
+// both document, so one way serves both.
 func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Options {
 	o := helper.Options{Logger: log, Platform: helper.Platform(runtime.GOOS, runtime.GOARCH)}
 	next := func() string {
@@ -237,11 +242,7 @@ func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Op
 	switch cfg.SyncHelper {
 	case config.SyncHelperOff:
 		return o
-	case "":
-		if cfg.Remote == config.RemoteLocal {
-			o.Binary = next()
-		}
-	case config.SyncHelperOn:
+	case "", config.SyncHelperOn:
 		o.Binary = next()
 	default:
 		o.Binary = cfg.SyncHelper

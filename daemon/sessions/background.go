@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/forward"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/store"
 )
@@ -96,6 +97,9 @@ func (m *Manager) bgSession(ctx context.Context, t ipc.Target) (*store.Session, 
 func (m *Manager) BgStart(ctx context.Context, req ipc.BgStartRequest) (ipc.BgProcess, error) {
 	if req.Port != 0 && m.opts.Forwards == nil {
 		return ipc.BgProcess{}, errdefs.Unavailable(errors.New("port forwarding is not available in this daemon"))
+	}
+	if req.Name == helperproto.ProcessKey {
+		return ipc.BgProcess{}, errdefs.Invalidf("%q is the name of sandboxd's sandbox helper: choose another name", req.Name)
 	}
 	s, p, err := m.bgSession(ctx, req.Target)
 	if err != nil {

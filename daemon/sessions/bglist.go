@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/store"
 )
@@ -45,6 +46,9 @@ func (m *Manager) agentProcesses(ctx context.Context, conn execer) (map[string]p
 	}
 	recs := make(map[string]processRecord, len(list.Processes))
 	for _, r := range list.Processes {
+		if r.Key == helperproto.ProcessKey {
+			continue // sandboxd's own: neither the user's nor work that keeps a sandbox busy
+		}
 		if processName(r.Key) && r.validate(r.Key) == nil {
 			recs[r.Key] = r
 		}

@@ -88,6 +88,14 @@ func (m *Manager) checkSandbox(ctx context.Context, s *store.Session) []ipc.Doct
 			Fix: "see sandboxd's log; `nook reset` starts a new sandbox"}}
 	}
 	checks := []ipc.DoctorCheck{{Name: name, OK: true, Detail: fmt.Sprintf("%s (%s) answers in %s", s.RunID, s.Branch, after.Sub(before).Round(time.Millisecond))}}
+	if m.opts.HelperStatus != nil {
+		ok, detail := m.opts.HelperStatus(conn)
+		c := ipc.DoctorCheck{Name: "helper " + s.RunID, OK: ok, Detail: detail}
+		if !ok {
+			c.Fix = "synced execs still work, scanning the whole tree; sandboxd's log says why the helper failed, and it is tried again later (`nook reset` starts a new sandbox)"
+		}
+		checks = append(checks, c)
+	}
 	secs, err := strconv.ParseInt(strings.TrimSpace(out.String()), 10, 64)
 	if err != nil {
 		return append(checks, ipc.DoctorCheck{Name: "clock " + s.RunID, Detail: fmt.Sprintf("`date +%%s` answered %q", printable(out.String(), 64)), Fix: "the sandbox has no usable date command"})

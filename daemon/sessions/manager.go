@@ -139,6 +139,12 @@ type Options struct {
 	// on c soon (off, another platform, a failed try): a detach or an
 	// attach then fails at once instead of waiting for it.
 	HelperUnavailable func(c *sshpool.Conn) bool
+	// HelperStatus, optional, says whether the helper serves on c, and if
+	// not why (doctor; ok false: a failure worth a look).
+	HelperStatus func(c *sshpool.Conn) (ok bool, detail string)
+	// HelperStop, optional, stops the helper's server in c's sandbox (a
+	// managed process, which outlives connections) before its run ends.
+	HelperStop func(ctx context.Context, c *sshpool.Conn)
 	// Pause, for crash tests only, is called at named phases of an exec
 	// ("exec-after-command": the command ended, its edits not pulled).
 	Pause func(phase string)

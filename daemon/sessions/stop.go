@@ -90,6 +90,9 @@ func (m *Manager) endRun(ctx context.Context, s *store.Session) error {
 	}
 	if s.State == store.StateReady {
 		if conn, err := m.sandboxOf(s).link.Get(ctx, target(s)); err == nil {
+			if m.opts.HelperStop != nil {
+				m.opts.HelperStop(ctx, conn)
+			}
 			if err := m.directive(ctx, conn, directiveEnd); err == nil {
 				return nil
 			}

@@ -29,6 +29,9 @@ type Options struct {
 	JSON  string          // where the JSON goes ("" for none)
 	Quick bool            // fewer samples and smaller sizes (the smoke test)
 	RTTs  []time.Duration // round-trip times to run at
+	// RWXRTTs are the round-trip times of the RWX-path rows (default 0,
+	// 20 and 100 ms).
+	RWXRTTs []time.Duration
 	// RWXCLI is the RWX CLI binary for baseline A ("" for the project's
 	// own one-process-per-command steps).
 	RWXCLI string
@@ -44,7 +47,7 @@ type Options struct {
 // Groups are the scenario groups, as -only names them: the round-trip
 // ones, then those run once at the end.
 func Groups() []string {
-	return []string{"no-sync", "synced", "burst", "agent", "baseline-a", "baseline-b", "callers", "start", "silence", "rss", "list", "ready"}
+	return []string{"no-sync", "synced", "burst", "agent", "baseline-a", "baseline-b", "callers", "start", "silence", "rwx", "rss", "list", "ready"}
 }
 
 // Row is one line of the table.
@@ -92,6 +95,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	jsonOut := fs.String("json", "bench.json", "write the results as JSON to this file (\"\" for none)")
 	quick := fs.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "quick mode: few samples, small sizes (default from BENCH_QUICK=1)")
 	rtts := fs.String("rtt", "0,20ms", "round-trip times to run at, comma-separated")
+	rwxRTTs := fs.String("rwx-rtt", "0,20ms,100ms", "round-trip times of the RWX-path rows, comma-separated")
 	only := fs.String("only", "", "run only these scenario groups, comma-separated: "+strings.Join(Groups(), ", "))
 	repeat := fs.Int("repeat", 1, "run the round-trip scenarios this many times")
 	if err := fs.Parse(args); err != nil {
@@ -118,18 +122,24 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sandboxd-bench: -repeat %d: want 1 or more\n", *repeat)
 		return 2
 	}
-	for _, s := range strings.Split(*rtts, ",") {
-		s = strings.TrimSpace(s)
-		if s == "0" {
-			opts.RTTs = append(opts.RTTs, 0)
-			continue
+	for _, f := range []struct {
+		name string
+		val  string
+		to   *[]time.Duration
+	}{{"rtt", *rtts, &opts.RTTs}, {"rwx-rtt", *rwxRTTs, &opts.RWXRTTs}} {
+		for _, s := range strings.Split(f.val, ",") {
+			s = strings.TrimSpace(s)
+			if s == "0" {
+				*f.to = append(*f.to, 0)
+				continue
+			}
+			d, err := time.ParseDuration(s)
+			if err != nil || d < 0 || d%(2*time.Millisecond) != 0 {
+				fmt.Fprintf(stderr, "sandboxd-bench: -%s %q: want durations in whole even milliseconds such as 0,20ms\n", f.name, s)
+				return 2
+			}
+			*f.to = append(*f.to, d)
 		}
-		d, err := time.ParseDuration(s)
-		if err != nil || d < 0 || d%(2*time.Millisecond) != 0 {
-			fmt.Fprintf(stderr, "sandboxd-bench: -rtt %q: want durations in whole even milliseconds such as 0,20ms\n", s)
-			return 2
-		}
-		opts.RTTs = append(opts.RTTs, d)
 	}
 	for _, b := range []string{"sandboxd", "nook", "sandboxd-localcloud"} {
 		if _, err := os.Stat(filepath.Join(opts.Bin, b)); err != nil {

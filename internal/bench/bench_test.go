@@ -38,7 +38,7 @@ func TestQuickSmoke(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("sandboxd-bench -quick: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
 	}
-	for _, want := range []string{"median ms", "exec --no-sync -- true, nook", "synced exec -- true", "32 callers on 1 sandbox", "nook list", "READY=1", "ratios", "of silence"} {
+	for _, want := range []string{"median ms", "exec --no-sync -- true, nook", "synced exec -- true", "32 callers on 1 sandbox", "nook list", "READY=1", "ratios", "of silence", "rwx: synced exec -- true, 1 changed file", "rwx, sync_helper off: exec --no-sync"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("the table lacks %q:\n%s", want, stdout.String())
 		}

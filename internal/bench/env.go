@@ -38,6 +38,7 @@ type env struct {
 	lcHTTP  *http.Client
 	lcToken string
 	lcAPI   string
+	lcCert  string        // the API's certificate (SSL_CERT_FILE of an RWX-path daemon)
 	lastCPU time.Duration // user+system CPU of the last nook run
 }
 
@@ -87,7 +88,7 @@ func (e *env) startLocalcloud(ctx context.Context) error {
 				return err
 			}
 			hc.Timeout = time.Minute
-			e.lcHTTP, e.lcToken, e.lcAPI = hc, tok, d.APIURL
+			e.lcHTTP, e.lcToken, e.lcAPI, e.lcCert = hc, tok, d.APIURL, d.CertFile
 			return nil
 		}
 		select {
@@ -335,4 +336,20 @@ func copyTree(src, dst string) error {
 		}
 		return os.WriteFile(target, b, info.Mode().Perm())
 	})
+}
+
+// helperServes reports whether the daemon says the sandbox helper serves
+// in run's sandbox (doctor's helper check): the server's socket comes a
+// round trip before the daemon hears of it.
+func (e *env) helperServes(ctx context.Context, run string) bool {
+	d, err := e.client.Doctor(ctx)
+	if err != nil {
+		return false
+	}
+	for _, c := range d.Checks {
+		if c.Name == "helper "+run && c.OK && strings.HasPrefix(c.Detail, "serving") {
+			return true
+		}
+	}
+	return false
 }

@@ -71,6 +71,9 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	if len(opts.RTTs) == 0 {
 		opts.RTTs = []time.Duration{0, 20 * time.Millisecond}
 	}
+	if len(opts.RWXRTTs) == 0 {
+		opts.RWXRTTs = []time.Duration{0, 20 * time.Millisecond, 100 * time.Millisecond}
+	}
 	root, err := os.MkdirTemp("", "nookbench")
 	if err != nil {
 		return res, err
@@ -152,6 +155,11 @@ func (r *runner) run(ctx context.Context) error {
 	r.rtt = 0
 	if err := e.setDelay(ctx, 0); err != nil {
 		return err
+	}
+	if r.wants("rwx") {
+		if err := r.rwxPath(ctx); err != nil {
+			return fmt.Errorf("the RWX path: %w", err)
+		}
 	}
 
 	// Live sandboxes: the RSS row, then the list rows.
@@ -336,7 +344,7 @@ func (r *runner) startTiny(ctx context.Context, n int) error {
 
 // libExec runs argv through the client library.
 // waitHelpers syncs every live sandbox once and waits until its sandbox
-// helper serves (its socket is there): the first sync starts the helper in
+// helper serves (the daemon says so): the first sync starts the helper in
 // the background, and it walks the checkout to place its watches, work
 // that would otherwise weigh on the first scenarios' times
 // (docs/performance.md).
@@ -349,11 +357,7 @@ func (r *runner) waitHelpers(ctx context.Context) error {
 		if late {
 			continue
 		}
-		pattern := filepath.Join(r.e.localcloudDir(), "runs", id, "workspace", ".git", "sandboxd", "helper", "*.sock")
-		served, err := r.waitFor(ctx, func() (bool, error) {
-			m, _ := filepath.Glob(pattern)
-			return len(m) > 0, nil
-		})
+		served, err := r.waitFor(ctx, func() (bool, error) { return r.e.helperServes(ctx, id), nil })
 		if err != nil {
 			return err
 		}

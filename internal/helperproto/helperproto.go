@@ -124,3 +124,12 @@ type Report struct {
 
 // Ready starts the line serve prints once it answers: "ready <instance>".
 const Ready = "ready "
+
+// ProcessKey is the name the daemon starts the helper's server under, as a
+// managed process of the sandbox's agent (`rwx sandbox background list`
+// shows it).
+const ProcessKey = "sandboxd-helper"
+
+// ExitNotServing is ping's exit code when no server of its binary answers
+// for the checkout.
+const ExitNotServing = 4
