@@ -97,8 +97,12 @@ func (c *Client) httpClient(onClose func()) *http.Client {
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				conn, err := c.dial(ctx)
-				if err != nil || onClose == nil {
-					return conn, err
+				if err != nil {
+					return nil, err
+				}
+				conn = answerFirstConn{conn}
+				if onClose == nil {
+					return conn, nil
 				}
 				return &hookedConn{Conn: conn, onClose: onClose}, nil
 			},
@@ -109,6 +113,21 @@ func (c *Client) httpClient(onClose func()) *http.Client {
 			Proxy: nil,
 		},
 	}
+}
+
+// answerFirstConn drops what is written after the daemon closed its end:
+// the daemon answers an exec it refuses before reading the stdin being
+// uploaded, then closes, and net/http's transport would return the
+// upload's broken pipe instead of that answer. The answer, or the end of
+// the connection, is still read; a write after Close still fails.
+type answerFirstConn struct{ net.Conn }
+
+func (c answerFirstConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) {
+		return len(p), nil
+	}
+	return n, err
 }
 
 // hookedConn calls onClose once the connection is closed.

@@ -468,3 +468,31 @@ func TestExecStdinReadErrorAbandonsTheStream(t *testing.T) {
 		t.Fatal("the backend never ran or never ended")
 	}
 }
+
+// endless is a stdin that never ends: the exec's upload is still being
+// written when the daemon answers.
+type endless struct{}
+
+func (endless) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// TestExecRefusedBeforeReadingStdinGivesTheDaemonsAnswer: the daemon
+// refuses an exec (not a checkout, no session) before it reads the stdin
+// being uploaded, and closes the connection; the client still says the
+// daemon's words, not that the daemon went away. Go's transport returns
+// the upload's write error over an answer that came first, so the race is
+// run many times.
+func TestExecRefusedBeforeReadingStdinGivesTheDaemonsAnswer(t *testing.T) {
+	s, c := start(t)
+	s.Sessions.ExecFn = func(ctx context.Context, req ipc.ExecRequest, st server.ExecStream) (ipc.ExecResult, error) {
+		return ipc.ExecResult{}, errdefs.Invalidf("%s is not inside a git repository", req.Target.Cwd)
+	}
+	for i := 0; i < 30; i++ {
+		_, err := c.Exec(ctx(t), ipc.ExecRequest{Target: ipc.Target{Cwd: "/plain"}, Argv: []string{"true"}}, client.ExecOptions{Stdin: endless{}})
+		if !errors.Is(err, errdefs.ErrInvalid) || !strings.Contains(errString(err), "not inside a git repository") {
+			t.Fatalf("exec %d refused before its stdin was read: %v, want the daemon's answer", i+1, err)
+		}
+	}
+}
