@@ -34,7 +34,7 @@ const maxScriptOutput = 64 << 10
 // then cannot open /proc/<helper>/fd/1 (the channel), read its memory or
 // ptrace it. The command's own process is dumpable again (execve resets
 // it), so nothing changes for it.
-func Exchange(ctx context.Context, state, path string, in io.Reader, out io.Writer, log io.Writer) int {
+func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Writer, log io.Writer) int {
 	undumpable()
 	// Signals the agent relays to this exec go to the command; a write to
 	// a channel that went away fails instead of killing the helper, so the
@@ -44,7 +44,7 @@ func Exchange(ctx context.Context, state, path string, in io.Reader, out io.Writ
 	defer signal.Stop(sigs)
 	ctx = context.WithoutCancel(ctx)
 
-	x := &exchange{state: state, fw: &helperproto.FrameWriter{W: out}, log: log}
+	x := &exchange{state: o.State, pushEnv: o.PushEnv, fw: &helperproto.FrameWriter{W: out}, log: log}
 	fr := &helperproto.FrameReader{R: in}
 	typ, p, err := fr.Next()
 	var hello helperproto.Hello
@@ -75,7 +75,7 @@ func Exchange(ctx context.Context, state, path string, in io.Reader, out io.Writ
 	}
 	// The command's PATH is the sandbox's own (the exec's shell added
 	// git's usual places to its PATH).
-	req.Path = path
+	req.Path = o.Path
 	started, ok := x.push(ctx, &req)
 	if !ok {
 		return 0
@@ -93,8 +93,20 @@ func Exchange(ctx context.Context, state, path string, in io.Reader, out io.Writ
 	return 0
 }
 
+// ExchangeOptions are what the exchange's own shell found before it
+// became the helper.
+type ExchangeOptions struct {
+	// State is the sync state directory (.git/sandboxd); Path the
+	// sandbox's own PATH, the command's.
+	State, Path string
+	// PushEnv are variables for the push script only (what strayEdits
+	// learnt: the patch of stray edits it made, the tree it staged).
+	PushEnv []string
+}
+
 type exchange struct {
-	state string
+	state   string
+	pushEnv []string
 	log   io.Writer
 	mu    sync.Mutex
 	fw    *helperproto.FrameWriter
@@ -158,6 +170,7 @@ func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (
 	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command("/bin/sh", "-c", req.PushScript)
+	cmd.Env = append(os.Environ(), x.pushEnv...)
 	cmd.Stdin = bytes.NewReader(req.Patch)
 	cmd.Stdout = &capped{buf: &stdout, max: req.Max + maxScriptOutput}
 	cmd.Stderr = &capped{buf: &stderr, max: maxScriptOutput}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
@@ -56,6 +57,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	fs.StringVar(&pull.Tree, "tree", "", "pull, adopt: the tree the push left")
 	fs.StringVar(&pull.Out, "out", "", "pull: the patch file to write")
 	path := fs.String("path", "", "exchange: the command's PATH")
+	sready := fs.String("sready", "", "exchange: the tree whose stray edits' patch strayEdits made")
+	c0 := fs.String("c0", "", "exchange: the tree strayEdits staged")
 	if err := fs.Parse(args[1:]); err != nil {
 		return exitUsage
 	}
@@ -115,8 +118,15 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return exitUsage
 		}
 		// stdout carries frames only; the helper's own messages go to
-		// stderr, which the daemon reads as a log, not as control.
-		return Exchange(ctx, *state, *path, stdin, stdout, stderr)
+		// stderr, which the daemon reads as a log, not as control, and to
+		// native.err in the sandbox.
+		logw := stderr
+		if f, err := os.Create(filepath.Join(*state, "native.err")); err == nil {
+			defer f.Close()
+			logw = io.MultiWriter(f, stderr)
+		}
+		o := ExchangeOptions{State: *state, Path: *path, PushEnv: []string{"sready=" + *sready, "c0=" + *c0}}
+		return Exchange(ctx, o, stdin, stdout, logw)
 	case "pull", "adopt":
 		if *state == "" || o.Instance == "" {
 			fmt.Fprintf(stderr, "%s: -state and -instance are required\n", args[0])

@@ -165,7 +165,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	// The exec's shell finds the repository, brings in edits made outside
 	// an exec (strayEdits) and setup's files, then becomes the helper
 	// (exec: no shell stays between the channel and the helper).
-	x.command = prelude + hv + setupEdits + strayEdits(acks) + `exec "$H" exchange -state "$st" -path "$P0"` + "\n"
+	x.command = prelude + hv + setupEdits + strayEdits(acks) + `exec "$H" exchange -state "$st" -path "$P0" -sready "$sready" -c0 "$c0"` + "\n"
 	return x, true, nil
 }
 
