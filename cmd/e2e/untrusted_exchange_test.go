@@ -45,16 +45,19 @@ func frameOctal(typ byte, payload string) string {
 func TestUntrustedCommandAttacksTheHelpersChannel(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.startDaemon()
+	e.writeConfig(map[string]any{"log_level": "debug"})
+	d := e.startDaemon()
 	repo := e.newRepo("channel", defaultConfig)
 	run := e.startSandbox(repo)
+	// The helper starts with the first exec; the next ones are exchanges.
+	e.mustNook(repo, "exec", "--", "true")
 	e.waitHelper(t, run)
+	e.mustNook(repo, "exec", "--", "true")
 	runs := counterFile(t, "channel")
 	attack := counterFile(t, "channel-attack")
 	victim := filepath.Join(e.get("HOME"), "victim.patch")
 	writeFile(t, victim, "the user's own patch\n")
 	l := e.snapshotLaptop(t, repo, "made.txt", "made2.txt")
-	e.mustNook(repo, "exec", "--", "true")
 
 	// Frames into the channel, through /proc.
 	r := e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\necho made >made.txt\n"+channelAttack(attack)+"exit 7")
@@ -67,15 +70,21 @@ func TestUntrustedCommandAttacksTheHelpersChannel(t *testing.T) {
 		t.Fatalf("the command ran %d times and the exec ended %d, want once and 7: %s", n, r.code, r)
 	}
 
-	// The helper killed by its command: the status is unknown, and the
-	// command is not run again.
-	r = e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"; echo made2 >made2.txt; kill -KILL $PPID; sleep 1")
+	// The helper killed by its command (its grandparent, found by its
+	// command line): the status is unknown, and the command is not run
+	// again.
+	killHelper := `h=sandboxd-help; h=${h}er-; x=exch; x="${x}ange "
+for d in /proc/[0-9]*; do
+	case "$(tr '\0' ' ' <$d/cmdline 2>/dev/null)" in */$h*" $x"*) kill -KILL ${d#/proc/} ;; esac
+done
+sleep 1`
+	r = e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"; echo made2 >made2.txt\n"+killHelper)
 	t.Logf("helper killed: %s", r)
 	if n := lines(t, runs); n != 2 {
 		t.Fatalf("the commands ran %d times, want 2: %s", n, r)
 	}
 	if r.code == 0 || !strings.Contains(r.stderr, "may or may not have completed") {
-		t.Errorf("an exec whose helper died did not say the command may have completed: %s", r)
+		t.Errorf("an exec whose helper died did not say the command may have completed: %s\n%s", r, d.logs)
 	}
 
 	// The helper's binary replaced by the command: the next exec's answer

@@ -140,7 +140,10 @@ func TestUntrustedCommandForgesTheExchangeReport(t *testing.T) {
 	e.startDaemon()
 	repo := e.newRepo("forge", defaultConfig)
 	run := e.startSandbox(repo)
+	// The helper starts with the first exec; the next ones are exchanges.
+	e.mustNook(repo, "exec", "--", "true")
 	e.waitHelper(t, run)
+	e.mustNook(repo, "exec", "--", "true")
 	victim := filepath.Join(e.get("HOME"), "victim.patch")
 	writeFile(t, victim, "the user's own patch\n")
 	writeFile(t, filepath.Join(e.get("HOME"), ".bashrc"), "# the user's bashrc\n")
