@@ -107,9 +107,9 @@ type ExchangeOptions struct {
 type exchange struct {
 	state   string
 	pushEnv []string
-	log   io.Writer
-	mu    sync.Mutex
-	fw    *helperproto.FrameWriter
+	log     io.Writer
+	mu      sync.Mutex
+	fw      *helperproto.FrameWriter
 	// tree is the tree the push left, when the server knows the working
 	// tree (the native pull's base).
 	tree string
