@@ -214,8 +214,9 @@ func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
 		defer inMu.Unlock()
 		return f() == nil
 	}
+	pr, preamble := r.(PreambleRunner)
 	go func() {
-		if !send(func() error { _, err := inW.Write(x.req); return err }) {
+		if !preamble && !send(func() error { _, err := inW.Write(x.req); return err }) {
 			return
 		}
 		if cio.Stdin != nil {
@@ -263,7 +264,12 @@ func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
 		// exec ends (cancelled above).
 		_, _ = io.Copy(io.Discard, outR)
 	}()
-	_, err := r.Run(ctx, x.command, inR, outW, &x.a.log)
+	var err error
+	if preamble {
+		_, err = pr.RunPreamble(ctx, x.command, x.req, inR, outW, &x.a.log)
+	} else {
+		_, err = r.Run(ctx, x.command, inR, outW, &x.a.log)
+	}
 	_ = outW.Close()
 	<-read
 	stop()

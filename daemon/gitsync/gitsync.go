@@ -102,6 +102,13 @@ type Runner interface {
 	Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (exitCode int, err error)
 }
 
+// PreambleRunner is a Runner that can send the first bytes of a command's
+// stdin beside its exec request instead of after the agent's answer (one
+// round trip less): the exchange's request goes that way.
+type PreambleRunner interface {
+	RunPreamble(ctx context.Context, command string, preamble []byte, stdin io.Reader, stdout, stderr io.Writer) (exitCode int, err error)
+}
+
 // Options configure a Syncer. The zero value is usable.
 type Options struct {
 	// Git is the local git binary; default "git".
