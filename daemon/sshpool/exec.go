@@ -20,9 +20,9 @@ type Stdio struct {
 	// trip of its own. A retry on another channel writes it again.
 	Preamble []byte
 	Stdin    io.Reader
-	Stdout  io.Writer
-	Stderr  io.Writer
-	Signals <-chan ssh.Signal
+	Stdout   io.Writer
+	Stderr   io.Writer
+	Signals  <-chan ssh.Signal
 	// PTY, when set, runs the command on a pseudo-terminal (pty-req);
 	// Resizes then carries window changes.
 	PTY     *PTY
