@@ -206,3 +206,31 @@ func TestReplacedHelperIsHeldToTheProtocol(t *testing.T) {
 		})
 	}
 }
+
+// A helper that speaks none of the daemon's versions (it answers version
+// 0) takes nothing: the exec takes the separate steps, and the command
+// runs once.
+func TestHelperOfAnotherVersionLeavesTheSeparateSteps(t *testing.T) {
+	withHelper(t)
+	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "runs\n"})
+	if _, fr, err := f.fused("true"); err != nil || !fr.Ran {
+		t.Fatalf("first exec: %+v %v", fr, err)
+	}
+	bin := filepath.Join(f.sandbox, ".git", "sandboxd", "bin", f.r.helperName)
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	answer := frame(helperproto.FrameHelloAnswer, helperproto.HelloAnswer{Version: 0})
+	writeFile(t, bin, "#!/bin/sh\n[ \"$1\" = exchange ] || exit 2\nprintf '"+octal(answer)+"'\n")
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(f.local, "a.txt"), "local\n")
+	out, fr, err := f.fused("echo ran >>runs; cat a.txt")
+	if err != nil || !fr.Ran || out != "local\n" {
+		t.Fatalf("exec: %q %+v %v", out, fr, err)
+	}
+	if n := runs(t, f); n != 1 {
+		t.Fatalf("the command ran %d times, want once", n)
+	}
+}
