@@ -81,7 +81,8 @@ func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Sessio
 			res.PulledFiles = append(res.PulledFiles, fr.Push.Recovered.Files...)
 		}
 		if err != nil {
-			if errors.Is(err, gitsync.ErrForgedReport) || (runErr != nil && ex.Started()) {
+			if errors.Is(err, gitsync.ErrForgedReport) || ex.Started() {
+				// Not the push's failure: the command started.
 				return true, err
 			}
 			return true, m.syncFailed(s, err)
