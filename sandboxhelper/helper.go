@@ -2,7 +2,7 @@
 // (sandboxd-helper) so that a synced exec costs what the command touched,
 // not what the repository holds. Its contract with the daemon is package
 // internal/helperproto; a sandbox without it runs the shell scripts of
-// daemon/gitsync alone. Each verb, and when it runs:
+// daemon/gitsync alone, as separate steps. Each verb, and when it runs:
 //
 //   - serve (Serve, server.go): started by daemon/helper as a managed
 //     process of the sandbox's agent (lifecycle.go): one per checkout, it
@@ -15,22 +15,29 @@
 //     `git add -A` whenever the daemon named a server. It stages only the
 //     paths the server saw change when it can vouch for the rest, the
 //     whole tree otherwise; any failure makes the script run git add -A.
-//   - run (Run, run.go): the native way of a fused exchange, taken when
-//     the daemon sent the push's entries, no earlier exec's edits are
-//     pending and no decline holds for head (.git/sandboxd/native.off).
-//     One process asks the server for the native push, runs the command,
-//     asks for the native pull and prints the exchange's report
-//     (report.go). The native sync (native.go) builds trees in-process
-//     (internal/gitobj); it declines before changing anything when it
-//     cannot vouch for the result (no known base, the tracker unsure,
-//     rules files changed, converting settings or attributes, submodules):
-//     ExitDeclined, or ExitDeclinedForGood until head changes. The script
-//     then takes the plain way.
-//   - adopt: after that plain way's push, tells the server the tree the
-//     push made, so that the pull (and the next exchange) can be native.
+//   - exchange (Exchange, exchange.go): one synced exec in one exec
+//     request, in the framed protocol of internal/helperproto (frames in
+//     on stdin, frames out on stdout, which nothing else writes). It makes
+//     itself non-dumpable, pushes natively by asking the server (when the
+//     request has entries, no earlier exec's edits are pending and no
+//     decline holds for head, .git/sandboxd/native.off) or by the
+//     request's push script, says Started, runs the user's command with
+//     pipes of its own in a new session (signals from the daemon's frames
+//     or the agent go to its process group), reports its Exit, then pulls
+//     natively or by the pull script. The native sync (native.go) builds
+//     trees in-process (internal/gitobj); it declines before changing
+//     anything when it cannot vouch for the result (no known base, the
+//     tracker unsure, rules files changed, converting settings or
+//     attributes, submodules). Without a patch in the request it then
+//     answers Declined (the daemon sends the patch); a push script that
+//     fails answers PushFailed. Its own messages go to stderr and
+//     .git/sandboxd/native.err.
+//   - adopt: after the push script's plain way, tells the server the tree
+//     the push made, so that the pull (and the next exchange) can be
+//     native.
 //   - pull: the pull script's native pull, when the server knows the tree
-//     the push left (after run or adopt); declined, the script stages and
-//     diffs with git.
+//     the push left (after an exchange's push or adopt); declined, the
+//     script stages and diffs with git.
 //   - hold (package hold): durable execs, for a split exec without a
 //     terminal when the daemon's durable exec is on (docs/durable-exec.md).
 //   - ping: prints the ready line of the checkout's server when one of

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/helperproto"
@@ -60,15 +61,10 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	fs.Int64Var(&push.Time, "time", 0, "push: the snapshot's time (Unix seconds)")
 	var pull pullRequest
 	fs.StringVar(&pull.Tree, "tree", "", "pull, adopt: the tree the push left")
-	fs.StringVar(&pull.Out, "out", "", "pull, run: the patch file to write")
-	path := fs.String("path", "", "run: the command's PATH")
-	command := fs.String("command", "", "run: the command line for /bin/sh -c")
-	result := fs.String("result", "", "run: the file of what happened")
-	pending := fs.String("pending", "", "run: the exec's id, marked pending before the command")
-	logFile := fs.String("log", "", "run: the file of its own messages")
-	reportNonce := fs.String("report", "", "run: print the exchange's report after the pull, with this nonce")
-	entries := fs.String("entries", "", "run: the push's entries, their JSON")
-	reportMax := fs.Int64("max", 0, "run: the largest patch the report sends")
+	fs.StringVar(&pull.Out, "out", "", "pull: the patch file to write")
+	path := fs.String("path", "", "exchange: the command's PATH")
+	sready := fs.String("sready", "", "exchange: the tree whose stray edits' patch strayEdits made")
+	c0 := fs.String("c0", "", "exchange: the tree strayEdits staged")
 	idle := fs.Duration("idle", DefaultIdle, "serve: exit after this long without a question")
 	wait := fs.Duration("wait", 0, "ping: wait this long for a server to answer")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -140,27 +136,21 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return *same
 		}
 		return 0
-	case "run":
-		if *state == "" || o.Instance == "" || *result == "" {
-			fmt.Fprintln(stderr, "run: -state, -instance and -result are required")
+	case "exchange":
+		if *state == "" {
+			fmt.Fprintln(stderr, "exchange: -state is required")
 			return exitUsage
 		}
-		pull.DiffArgs = fs.Args()
-		// Run's own messages go to -log: stderr is the command's.
-		logw := io.Discard
-		if *logFile != "" {
-			if f, err := os.Create(*logFile); err == nil {
-				defer f.Close()
-				logw = f
-			}
+		// stdout carries frames only; the helper's own messages go to
+		// stderr, which the daemon reads as a log, not as control, and to
+		// native.err in the sandbox.
+		logw := stderr
+		if f, err := os.Create(filepath.Join(*state, "native.err")); err == nil {
+			defer f.Close()
+			logw = io.MultiWriter(f, stderr)
 		}
-		ro := RunOptions{State: *state, Instance: o.Instance, Push: push, Pending: *pending, Path: *path, Command: *command, Result: *result, Pull: pull}
-		if *reportNonce != "" {
-			ro.Report = &Report{Nonce: *reportNonce, Max: *reportMax}
-		}
-		// The entries are an argument, not a here-document: the sandbox's
-		// sh forks a writer for a here-document over 4 KiB (dash).
-		return Run(ctx, logw, ro, []byte(*entries), stdin, stdout, stderr)
+		o := ExchangeOptions{State: *state, Path: *path, PushEnv: []string{"sready=" + *sready, "c0=" + *c0}}
+		return Exchange(ctx, o, stdin, stdout, logw)
 	case "pull", "adopt":
 		if *state == "" || o.Instance == "" {
 			fmt.Fprintf(stderr, "%s: -state and -instance are required\n", args[0])

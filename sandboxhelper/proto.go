@@ -13,16 +13,7 @@ const (
 	ExitPullTooLarge    = helperproto.ExitPullTooLarge
 )
 
-type (
-	PushEntry = helperproto.PushEntry
-	Report    = helperproto.Report
-)
-
-// Boundary is helperproto.Boundary.
-func Boundary(nonce string) string { return helperproto.Boundary(nonce) }
-
-// StartMark is helperproto.StartMark.
-func StartMark(nonce string) string { return helperproto.StartMark(nonce) }
+type PushEntry = helperproto.PushEntry
 
 // ValidPath is helperproto.ValidPath.
 func ValidPath(p string) bool { return helperproto.ValidPath(p) }

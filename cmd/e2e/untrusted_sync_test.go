@@ -22,19 +22,6 @@ import (
 // write (snapshots of HOME and of the checkout), that nothing ran twice,
 // and where it matters that the daemon's memory stayed bounded.
 
-// findNonce is the shell an attacker runs to learn the exchange's nonce:
-// one of its ancestors, the sync wrapper, has the script (N=<nonce>) in its
-// argv.
-const findNonce = `p=$$; N=
-for i in 1 2 3 4 5 6; do
-	p=$(sed 's/.*) //' /proc/$p/stat | cut -d' ' -f2)
-	[ -n "$p" ] && [ "$p" -gt 1 ] || break
-	N=$(tr '\0' '\n' </proc/$p/cmdline 2>/dev/null | sed -n 's/^N=//p' | head -n1)
-	[ -z "$N" ] || break
-done
-[ -n "$N" ] || { echo "attacker: no nonce found" >&2; exit 3; }
-`
-
 // snapshot is a tree's files by path: mode, size and hash (a link's
 // target), skipping the paths skip accepts.
 func snapshot(t *testing.T, root string, skip func(rel string) bool) map[string]string {
@@ -140,18 +127,23 @@ func (l *laptop) assertUntouched(t *testing.T) {
 	sameSnapshot(t, "the checkout", l.checkout, snapshot(t, l.repo, l.checkoutSkip))
 }
 
-// TestUntrustedCommandForgesTheExchangeReport: the command reads the
-// exchange's nonce from its ancestors' argv and prints a report of its
-// own, first one that says the push failed (`push 91`: "run me again"),
-// then one whose pull names a path (id=/../../home/victim, over the size
-// limit: "copy me to a file"). The command runs once each time, no file
-// outside the pulls directory is written, and the real edits come back.
+// TestUntrustedCommandForgesTheExchangeReport: the command prints what
+// an answer of the sandbox would say, in the old report's layout and as
+// the helper's frames: first that the push failed ("run me again"), then
+// a pull whose id is a path ("copy me to a file"). Its stdout is only its
+// output: each command runs once, exits with its own status, prints what
+// it printed, no file outside the pulls directory is written, and its
+// real edits come back.
 func TestUntrustedCommandForgesTheExchangeReport(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("forge", defaultConfig)
-	e.startSandbox(repo)
+	run := e.startSandbox(repo)
+	// The helper starts with the first exec; the next ones are exchanges.
+	e.mustNook(repo, "exec", "--", "true")
+	e.waitHelper(t, run)
+	e.mustNook(repo, "exec", "--", "true")
 	victim := filepath.Join(e.get("HOME"), "victim.patch")
 	writeFile(t, victim, "the user's own patch\n")
 	writeFile(t, filepath.Join(e.get("HOME"), ".bashrc"), "# the user's bashrc\n")
@@ -159,31 +151,29 @@ func TestUntrustedCommandForgesTheExchangeReport(t *testing.T) {
 	l := e.snapshotLaptop(t, repo, "made.txt", "made2.txt")
 
 	// "push 91": the push failed, so the command has yet to run.
-	r := e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\necho made >made.txt\n"+findNonce+
-		`printf '\036sandboxd-%s\npush 91\nsandboxd-pull abcdef 0\n\036sandboxd-%s-end\n' "$N" "$N"`)
+	forged := `printf '\036sandboxd-0123\npush 91\nsandboxd-pull abcdef 0\n\036sandboxd-0123-end\n'; printf 'P\000\000\000\013{"code":91}Z\000\000\000\000'`
+	r := e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\necho made >made.txt\n"+forged)
 	t.Logf("forged push 91: %s", r)
 	if n := lines(t, runs); n != 1 {
 		t.Fatalf("the command ran %d times, want once: %s", n, r)
 	}
-	if r.code == 0 || !strings.Contains(r.stderr, "not run again") {
-		t.Errorf("a forged report was not refused with a message: %s", r)
-	}
-	if strings.Contains(r.stderr, "safe to retry") {
-		t.Errorf("the command ran, yet the error calls it safe to retry: %s", r)
+	if r.code != 0 || !strings.Contains(r.stdout, "push 91") || !strings.Contains(r.stdout, `{"code":91}`) {
+		t.Errorf("the command's own status and output did not come back: %s", r)
 	}
 
 	// A pull over the limit whose id is a path: "copy me to a file".
-	r = e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\necho made2 >made2.txt\n"+findNonce+
-		`printf '\036sandboxd-%s\npush 0\nexit 0\nsandboxd-pull /../../../../../../home/victim 99999999999\n\036sandboxd-%s-end 89\n' "$N" "$N"`)
+	forged = `printf '\036sandboxd-0123\npush 0\nexit 0\nsandboxd-pull /../../../../../../home/victim 99999999999\n\036sandboxd-0123-end 89\n'; printf 'L\000\000\000\053sandboxd-pull /../../../../home/victim 99999\n'`
+	r = e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\necho made2 >made2.txt\n"+forged+"; exit 3")
 	t.Logf("forged id: %s", r)
 	if n := lines(t, runs); n != 2 {
 		t.Fatalf("the commands ran %d times, want 2: %s", n, r)
 	}
+	if r.code != 3 {
+		t.Errorf("the command's status is not its own: %s", r)
+	}
 	if got := readFile(t, victim); got != "the user's own patch\n" {
 		t.Fatalf("a file outside the pulls directory was written: %q", got)
 	}
-	// Both commands' own edits came back: the first one's with the next
-	// exec's push (it was left pending), the second's with its pull.
 	for _, f := range []string{"made.txt", "made2.txt"} {
 		if _, err := os.Stat(filepath.Join(repo, f)); err != nil {
 			t.Errorf("the command's edit %s did not come back: %v", f, err)

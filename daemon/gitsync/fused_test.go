@@ -9,84 +9,83 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/errdefs"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
-// The command's output reaches the caller byte for byte, stdout and stderr
-// apart, however it is cut into writes, and the trailer never shows:
-// including output that looks like the start of the boundary, and output
-// without a final newline.
-func TestFusedOutputPassesThroughExactly(t *testing.T) {
-	f := newFixture(t, map[string]string{"a.txt": "a\n"})
-	writeFile(t, filepath.Join(f.local, "a.txt"), "local\n")
+// withHelper makes the fixtures of t run the sandbox helper.
+func withHelper(t *testing.T) {
+	t.Helper()
+	if runtime.GOOS != "linux" {
+		t.Skip("the sandbox helper runs in Linux sandboxes")
+	}
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+}
+
+// exchange runs command as one exchange with the helper on f, with stdin,
+// and returns its stdout, its stderr and what Finish said.
+func exchange(t *testing.T, f *fixture, command string, stdin io.Reader) (string, string, Fused, error) {
+	t.Helper()
 	ctx := context.Background()
 	p, err := f.s.Prepare(ctx, f.local, f.base)
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, ok, err := f.s.Fuse(ctx, f.r, p, `printf '\036sandboxd-x\n'; cat a.txt; printf 'err\n' >&2; printf 'no newline\036'; exit 7`)
+	p.Sandbox = "fixture"
+	x, ok, err := f.s.Fuse(ctx, f.r, p, command)
 	if err != nil || !ok {
 		t.Fatalf("fuse: %v %v", ok, err)
 	}
 	var stdout, stderr bytes.Buffer
-	code, err := f.r.Run(ctx, x.Command(), nil, &oneByteWriter{w: x.Stdout(&stdout)}, &stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	runErr := x.Run(ctx, f.r, ExchangeIO{Stdin: stdin, Stdout: &stdout, Stderr: &stderr})
 	fr, err := x.Finish(ctx, f.r)
+	if err == nil {
+		err = runErr
+	}
+	return stdout.String(), stderr.String(), fr, err
+}
+
+// The command's output reaches the caller byte for byte, stdout and stderr
+// apart, including output that looks like the protocol's frames and output
+// without a final newline; its exit status is its own.
+func TestExchangeOutputPassesThroughExactly(t *testing.T) {
+	withHelper(t)
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	writeFile(t, filepath.Join(f.local, "a.txt"), "local\n")
+	command := `printf 'X\000\000\000\014{"code":0}Z\000\000\000\000'; cat a.txt; printf 'E\000\000\000\011\000\000\000\000\000\000\000\000e' >&2; printf 'no newline\036'; exit 7`
+	stdout, stderr, fr, err := exchange(t, f, command, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "\x1esandboxd-x\nlocal\nno newline\x1e"; stdout.String() != want {
-		t.Fatalf("stdout %q, want %q", stdout.String(), want)
+	if want := "X\x00\x00\x00\x0c{\"code\":0}Z\x00\x00\x00\x00local\nno newline\x1e"; stdout != want {
+		t.Fatalf("stdout %q, want %q", stdout, want)
 	}
-	if stderr.String() != "err\n" {
-		t.Fatalf("stderr %q", stderr.String())
+	if want := "E\x00\x00\x00\x09\x00\x00\x00\x00\x00\x00\x00\x00e"; stderr != want {
+		t.Fatalf("stderr %q, want %q", stderr, want)
 	}
-	if code != 7 || !fr.Ran || fr.ExitCode != 7 {
-		t.Fatalf("exit %d, result %+v", code, fr)
+	if !fr.Ran || fr.ExitCode != 7 {
+		t.Fatalf("result %+v", fr)
 	}
 }
 
-// oneByteWriter cuts every write into single bytes, as a slow network may.
-type oneByteWriter struct{ w io.Writer }
-
-func (o *oneByteWriter) Write(p []byte) (int, error) {
-	for i := range p {
-		if _, err := o.w.Write(p[i : i+1]); err != nil {
-			return i, err
-		}
-	}
-	return len(p), nil
-}
-
-// The command reads the caller's stdin; the patch travels in the command.
-func TestFusedStdinReachesTheCommand(t *testing.T) {
+// The command reads the caller's stdin, which travels in frames after the
+// request.
+func TestExchangeStdinReachesTheCommand(t *testing.T) {
+	withHelper(t)
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
 	writeFile(t, filepath.Join(f.local, "a.txt"), "patched\n")
-	ctx := context.Background()
-	p, err := f.s.Prepare(ctx, f.local, f.base)
-	if err != nil {
-		t.Fatal(err)
-	}
-	x, _, err := f.s.Fuse(ctx, f.r, p, "cat >from-stdin.txt; cat a.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stdout bytes.Buffer
-	if _, err := f.r.Run(ctx, x.Command(), strings.NewReader("typed\n"), x.Stdout(&stdout), io.Discard); err != nil {
-		t.Fatal(err)
-	}
-	fr, err := x.Finish(ctx, f.r)
+	stdout, _, fr, err := exchange(t, f, "cat >from-stdin.txt; cat a.txt", strings.NewReader("typed\n"))
 	if err != nil || fr.PullErr != nil {
-		t.Fatalf("finish: %v %v", err, fr.PullErr)
+		t.Fatalf("exchange: %v %v", err, fr.PullErr)
 	}
-	if stdout.String() != "patched\n" {
-		t.Fatalf("stdout %q", stdout.String())
+	if stdout != "patched\n" {
+		t.Fatalf("stdout %q", stdout)
 	}
 	if got := string(fileBytes(t, filepath.Join(f.local, "from-stdin.txt"))); got != "typed\n" {
 		t.Fatalf("pulled from-stdin.txt = %q", got)
@@ -94,56 +93,59 @@ func TestFusedStdinReachesTheCommand(t *testing.T) {
 }
 
 // A command killed by a signal still has its edits pulled, and the
-// exchange ends by the same signal.
-func TestFusedCommandKilledBySignalIsStillPulled(t *testing.T) {
+// exchange reports the signal by name.
+func TestExchangeCommandKilledBySignalIsStillPulled(t *testing.T) {
+	withHelper(t)
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
 	_, fr, err := f.fused(`echo edited > a.txt; kill -TERM $$; echo never`)
 	if err != nil || fr.PullErr != nil {
 		t.Fatalf("exec: %v %v", err, fr.PullErr)
 	}
-	if fr.ExitCode != 128+15 {
-		t.Fatalf("exit %d, want 143", fr.ExitCode)
+	if fr.ExitCode != 128+15 || fr.Signal != "TERM" {
+		t.Fatalf("exit %d signal %q, want 143 TERM", fr.ExitCode, fr.Signal)
 	}
 	if got := string(fileBytes(t, filepath.Join(f.local, "a.txt"))); got != "edited\n" {
 		t.Fatalf("a.txt = %q", got)
 	}
-	g := newFixture(t, map[string]string{"a.txt": "a\n"})
-	var out bytes.Buffer
-	code, err := g.r.Run(context.Background(), fusedScript("", newNonce(), g.base, nil, "", false, f.s.now(), "", nil, 1<<20, false, "kill -INT $$"), nil, &out, &out)
-	if err != nil || code != -1 {
-		t.Fatalf("the exchange ended with %d (%v), want a signal; output %q", code, err, out.String())
-	}
 }
 
-// The user's command sees neither the wrapper's variables and functions
-// nor the PATH the sync adds.
-func TestFusedCommandGetsAPristineShell(t *testing.T) {
+// The user's command sees none of the exchange's shell variables, nor the
+// PATH the sync adds.
+func TestExchangeCommandGetsAPristineShell(t *testing.T) {
+	withHelper(t)
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
 	t.Setenv("PATH", "/usr/bin:/bin")
-	out, _, err := f.fused(`echo "[$st][$gd][$snap][$N][$PATH]"; command -v g || echo no-g`)
+	out, _, err := f.fused(`echo "[$st][$gd][$snap][$H][$HI][$PATH]"; command -v g || echo no-g`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out != "[][][][][/usr/bin:/bin]\nno-g\n" {
+	if out != "[][][][][][/usr/bin:/bin]\nno-g\n" {
 		t.Fatalf("the command saw %q", out)
 	}
 }
 
 // A push that fails is reported as the push's error and the command never
-// runs.
+// runs, with the helper (its exec fails before it starts: the separate
+// steps say why) and without.
 func TestFusedPushFailureRunsNothing(t *testing.T) {
-	f := newFixture(t, map[string]string{"a.txt": "a\n"})
-	if err := os.RemoveAll(filepath.Join(f.sandbox, ".git")); err != nil {
-		t.Fatal(err)
+	for _, helper := range []bool{false, true} {
+		t.Run(fmt.Sprintf("helper=%v", helper), func(t *testing.T) {
+			if helper {
+				withHelper(t)
+			}
+			f := newFixture(t, map[string]string{"a.txt": "a\n"})
+			if err := os.RemoveAll(filepath.Join(f.sandbox, ".git")); err != nil {
+				t.Fatal(err)
+			}
+			_, fr, err := f.fused("touch ran")
+			if !errors.Is(err, ErrNoGitDir) || !errors.Is(err, errdefs.ErrGone) || fr.Ran {
+				t.Fatalf("exec: %+v %v", fr, err)
+			}
+			if _, err := os.Stat(filepath.Join(f.sandbox, "ran")); !os.IsNotExist(err) {
+				t.Fatalf("the command ran: %v", err)
+			}
+		})
 	}
-	_, fr, err := f.fused("touch ran")
-	if !errors.Is(err, ErrNoGitDir) || !errors.Is(err, errdefs.ErrGone) || fr.Ran {
-		t.Fatalf("exec: %+v %v", fr, err)
-	}
-	if _, err := os.Stat(filepath.Join(f.sandbox, "ran")); !os.IsNotExist(err) {
-		t.Fatalf("the command ran: %v", err)
-	}
-
 }
 
 // A sandbox without the local HEAD gets it by git push first; then the
@@ -178,30 +180,37 @@ func TestFusedBringsBackUnpulledEditsFirst(t *testing.T) {
 	_ = fr
 }
 
-// A patch over the bound, or one a here-document cannot carry, takes the
-// separate steps.
-func TestFusedLargePatchIsNotFused(t *testing.T) {
+// The request travels on the exec's stdin, not in its command line: a
+// patch over what one argument may hold still takes one exchange.
+func TestExchangeCarriesALargePatch(t *testing.T) {
+	withHelper(t)
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
-	writeFile(t, filepath.Join(f.local, "big.txt"), strings.Repeat("0123456789abcdef\n", MaxFusedPatch/16))
+	writeFile(t, filepath.Join(f.local, "big.txt"), strings.Repeat("0123456789abcdef\n", 16<<10))
+	out, fr, err := f.fused("wc -c <big.txt")
+	if err != nil || !fr.Ran || strings.TrimSpace(out) != fmt.Sprint(17*16<<10) {
+		t.Fatalf("exec: %q %+v %v", out, fr, err)
+	}
+	if n := f.r.calls(); n != 1 {
+		t.Fatalf("the exec made %d runner calls, want 1", n)
+	}
+}
+
+// Without a helper there is no exchange: the separate steps.
+func TestFuseWithoutAHelperTakesTheSeparateSteps(t *testing.T) {
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
 	p, err := f.s.Prepare(context.Background(), f.local, f.base)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, ok, err := f.s.Fuse(context.Background(), f.r, p, "true"); ok || err != nil {
-		t.Fatalf("fused a %d-byte patch: %v", len(p.Data), err)
-	}
-	nonce := newNonce()
-	for _, patch := range []string{"a\x00b\n", "no newline", "x\n" + heredocWord(nonce) + "\ny\n", heredocWord(nonce) + "\n"} {
-		if fusable([]byte(patch), nonce) {
-			t.Fatalf("%q is fusable", patch)
-		}
+		t.Fatalf("fused without a helper: %v %v", ok, err)
 	}
 }
 
-// When the pull part of the trailer arrives damaged (the connection broke,
-// a background process wrote into it), the pull is fetched again and
-// nothing is lost.
-func TestFusedDamagedTrailerPullsAgain(t *testing.T) {
+// When the pull part of the answer arrives damaged (here its end is
+// lost), the pull is fetched again and nothing is lost.
+func TestExchangeDamagedPullIsFetchedAgain(t *testing.T) {
+	withHelper(t)
 	f := newFixture(t, map[string]string{"a.txt": "a\n"})
 	ctx := context.Background()
 	p, err := f.s.Prepare(ctx, f.local, f.base)
@@ -213,9 +222,8 @@ func TestFusedDamagedTrailerPullsAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	var stdout bytes.Buffer
-	if _, err := f.r.Run(ctx, x.Command(), nil, &truncatingWriter{w: x.Stdout(&stdout), after: []byte("exit 0\n"), keep: 20}, io.Discard); err != nil {
-		t.Fatal(err)
-	}
+	drop := &frameFilter{Runner: f.r, drop: func(typ byte) bool { return typ == helperproto.FramePullEnd || typ == helperproto.FrameEnd }}
+	_ = x.Run(ctx, drop, ExchangeIO{Stdout: &stdout})
 	before := f.r.calls()
 	fr, err := x.Finish(ctx, f.r)
 	if err != nil || fr.PullErr != nil || !fr.Ran {
@@ -232,60 +240,35 @@ func TestFusedDamagedTrailerPullsAgain(t *testing.T) {
 	}
 }
 
-// truncatingWriter passes keep bytes after the first occurrence of after,
-// then drops the rest.
-type truncatingWriter struct {
-	w     io.Writer
-	after []byte
-	keep  int
-	seen  []byte
+// frameFilter runs commands on Runner and drops the answer frames drop
+// names from their stdout, as a broken transfer or a hostile helper would.
+type frameFilter struct {
+	Runner
+	drop func(typ byte) bool
 }
 
-func (tw *truncatingWriter) Write(p []byte) (int, error) {
-	start := len(tw.seen)
-	tw.seen = append(tw.seen, p...)
-	i := bytes.Index(tw.seen, tw.after)
-	if i < 0 {
-		return tw.w.Write(p)
-	}
-	limit := i + len(tw.after) + tw.keep
-	if start >= limit {
-		return len(p), nil
-	}
-	n := min(len(p), limit-start)
-	if _, err := tw.w.Write(p[:n]); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
-
-// The trailer writer finds its mark across writes of any size and holds
-// back only what may begin it.
-func TestTrailerWriterSplitsAtTheMark(t *testing.T) {
-	mark := []byte("\x1esandboxd-abc\n")
-	in := "out\x1esand\x1e\x1esandboxd-ab" + string(mark) + "push 0\n"
-	for size := 1; size <= len(in); size++ {
-		var out bytes.Buffer
-		tw := &trailerWriter{w: &out, mark: mark, trailer: limitedBuffer{max: 1 << 10, buf: &bytes.Buffer{}}}
-		for i := 0; i < len(in); i += size {
-			if _, err := tw.Write([]byte(in[i:min(i+size, len(in))])); err != nil {
-				t.Fatal(err)
+func (ff *frameFilter) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	pr, pw := io.Pipe()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		fr := &helperproto.FrameReader{R: pr}
+		fw := &helperproto.FrameWriter{W: stdout}
+		for {
+			typ, p, err := fr.Next()
+			if err != nil {
+				_, _ = io.Copy(io.Discard, pr)
+				return
+			}
+			if !ff.drop(typ) {
+				_ = fw.Write(typ, p)
 			}
 		}
-		if !tw.found || out.String() != "out\x1esand\x1e\x1esandboxd-ab" || tw.trailer.buf.String() != "push 0\n" {
-			t.Fatalf("size %d: found %v, out %q, trailer %q", size, tw.found, out.String(), tw.trailer.buf.String())
-		}
-	}
-	var out bytes.Buffer
-	tw := &trailerWriter{w: &out, mark: mark, trailer: limitedBuffer{max: 1 << 10, buf: &bytes.Buffer{}}}
-	_, _ = tw.Write([]byte("tail\x1esandbox"))
-	if out.String() != "tail" {
-		t.Fatalf("out %q before the end", out.String())
-	}
-	tw.flush()
-	if out.String() != "tail\x1esandbox" {
-		t.Fatalf("out %q after flush", out.String())
-	}
+	}()
+	code, err := ff.Runner.Run(ctx, command, stdin, pw, stderr)
+	pw.Close()
+	<-done
+	return code, err
 }
 
 // gitLog puts a git on the PATH that records its directory and subcommand

@@ -31,28 +31,35 @@
 //     leaves it out when the same helper instance served the repository's
 //     last exchange natively (servedNatively) and memDiff could make the
 //     records: the exchange carries the helper's entries alone. Should the
-//     helper decline, the script exits exitNeedPatch and Fused.Again makes
-//     the caller prepare again, with the patch.
-//   - Fused or split. An exec without a terminal tries one exchange (Fuse,
-//     fused.go): push, command and pull in one exec request, the report
-//     after a nonce boundary on stdout (Exchange, Finish). Fuse declines
-//     when the patch is over MaxFusedPatch or cannot travel in a
-//     here-document, or the patch was left out and the helper is gone; the
-//     caller then takes the split steps: Push, the command, Pull (or Save
-//     when the caller went away), each its own exec request.
-//   - Shell or native sandbox side. With a helper serving on the
-//     connection (HelperRunner) and entries it can take (nativeEntries:
-//     no LFS, no submodule, within MaxFusedPatch), the fused script hands
-//     push, command and pull to `sandboxd-helper run` (package
-//     sandboxhelper); when it declines, the shell's plain way runs
-//     (plainPush) and the helper adopts the resulting tree, so the pull is
-//     native. In the shell scripts (remote.go) the helper's `stage`
-//     replaces `git add -A` whenever it answers (stageall); without a
-//     helper everything is shell and git.
+//     helper's native push decline, it answers Declined (need the patch)
+//     and Fused.Again makes the caller prepare again, with the patch.
 //   - Apply what differs or read-tree (sandbox side of the plain push).
 //     When the local index is at least largeIndexBytes (Patch.LargeTree)
 //     the working tree moves by a patch of what differs; below, by a
 //     two-way `git read-tree -m -u` (pushBody).
+//
+// The sandbox side has two implementations, and an exec takes one of two
+// paths:
+//
+//   - The helper, one exchange (Fuse, fused.go). When the sandbox helper
+//     serves on the connection (HelperRunner), an exec without a terminal
+//     is one exec request, `exec <helper> exchange`, speaking the framed,
+//     versioned protocol of internal/helperproto: the request (entries,
+//     patch, the push and pull scripts, the command) and the caller's
+//     stdin and signals on its stdin; the helper's typed answers on its
+//     stdout (Exchange.Run checks their order and bounds). The helper
+//     pushes natively (sandboxhelper; in-process trees) or runs the push
+//     script, starts the command with its own pipes, and pulls natively
+//     or by the pull script. An answer that says nothing ran is believed
+//     only before Started; a stream that ends after Started without Exit
+//     is reported, never re-run.
+//   - The shell, separate steps (Push, the command, Pull or Save when the
+//     caller went away; remote.go): without a helper, on another platform,
+//     with an unknown protocol version, when the helper did not take the
+//     exchange (Fused.Split), and for terminal execs. Each step is its own
+//     exec request whose exit status is that step's. Where a helper runs,
+//     the scripts use its `stage` in place of `git add -A` (stageall) and
+//     its `adopt` / `pull` verbs; without one everything is shell and git.
 package gitsync
 
 import (
@@ -93,6 +100,13 @@ const DefaultMaxSavedPatchBytes int64 = 1 << 30
 // checkout. Each Run is one round trip.
 type Runner interface {
 	Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (exitCode int, err error)
+}
+
+// PreambleRunner is a Runner that can send the first bytes of a command's
+// stdin beside its exec request instead of after the agent's answer (one
+// round trip less): the exchange's request goes that way.
+type PreambleRunner interface {
+	RunPreamble(ctx context.Context, command string, preamble []byte, stdin io.Reader, stdout, stderr io.Writer) (exitCode int, err error)
 }
 
 // Options configure a Syncer. The zero value is usable.

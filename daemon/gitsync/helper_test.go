@@ -237,8 +237,7 @@ func TestNativePushDoesNotWriteThroughALinkThatReplacedADirectory(t *testing.T) 
 
 // In the helper's run (push, command and pull in one process), Ctrl-C at
 // the command's process group ends the command, not the run: the command's
-// edits are still pulled, its status is reported, and the exchange ends by
-// the same signal, as the shell wrapper does.
+// edits are still pulled and its status is reported.
 func TestNativeRunSurvivesTheGroupSignal(t *testing.T) {
 	useHelper = true
 	t.Cleanup(func() { useHelper = false })
@@ -256,37 +255,46 @@ func TestNativeRunSurvivesTheGroupSignal(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("fuse: %v %v", ok, err)
 	}
+	// The agent relays a signal to the exec's process group: the helper,
+	// which passes it to the command's own group.
 	cmd := exec.Command("/bin/sh", "-c", x.Command())
 	cmd.Dir = f.sandbox
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	pr, pw := io.Pipe()
-	cmd.Stdout = x.Stdout(pw)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
 	ready := make(chan string, 1)
 	go func() {
 		line, _ := bufio.NewReader(pr).ReadString('\n')
 		ready <- line
 		_, _ = io.Copy(io.Discard, pr)
 	}()
-	select {
-	case line := <-ready:
-		if line != "ready\n" {
-			t.Fatalf("the command wrote %q", line)
+	runner := runnerFunc(func(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+		cmd.Stdout, cmd.Stderr = stdout, stderr
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			return -1, err
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the command did not start")
-	}
-	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		if err := cmd.Start(); err != nil {
+			return -1, err
+		}
+		go func() { _, _ = io.Copy(in, stdin); _ = in.Close() }()
+		select {
+		case line := <-ready:
+			if line != "ready\n" {
+				t.Errorf("the command wrote %q", line)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("the command did not start")
+		}
+		if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+			t.Error(err)
+		}
+		_ = cmd.Wait()
+		return cmd.ProcessState.ExitCode(), nil
+	})
+	if err := x.Run(ctx, runner, ExchangeIO{Stdout: pw}); err != nil {
 		t.Fatal(err)
 	}
-	err = cmd.Wait()
 	pw.Close()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGINT {
-		t.Fatalf("the exchange ended with %v, want SIGINT", err)
-	}
 	f.r.reset()
 	fr, err := x.Finish(ctx, f.r)
 	if err != nil || !fr.Ran || !fr.Native || fr.ExitCode != 130 {
@@ -478,9 +486,9 @@ func TestNativeRunReportsItself(t *testing.T) {
 	}
 }
 
-// A pull over the limit, reported by the helper's run: the header alone
-// travels, and the daemon copies the kept patch (named by the pull.id run
-// wrote) to a local file, as it does after the wrapper's own report.
+// A pull over the limit, in the helper's exchange: the header alone
+// travels, and the daemon copies the kept patch (named by the pull.id the
+// helper wrote) to a local file, as after the pull script's.
 func TestNativeRunReportsAPullOverTheLimit(t *testing.T) {
 	useHelper = true
 	t.Cleanup(func() { useHelper = false })
@@ -502,9 +510,6 @@ func TestNativeRunReportsAPullOverTheLimit(t *testing.T) {
 	}
 	if b := fileBytes(t, fr.Pull.SavedPatch); !strings.Contains(string(b), "line 399 of a file over the limit") {
 		t.Fatalf("the saved patch lacks the file's end: %d bytes", len(b))
-	}
-	if r := f.inSandbox("sed -n 2p .git/sandboxd/run"); r != "reported\n" {
-		t.Fatalf("run's result says %q: the helper did not report", r)
 	}
 
 	// Asked for another exec's patch than the one it keeps, the sandbox
@@ -591,7 +596,9 @@ func TestExchangeWithoutThePatch(t *testing.T) {
 		t.Fatalf("b.txt is %q locally", got)
 	}
 
-	// The helper fails before it pushes: the exchange asks for the patch.
+	// The helper fails before it answers (an older binary, a crash at its
+	// start): nothing ran, and the exec takes the separate steps, with the
+	// patch.
 	f.breakHelperRun()
 	writeFile(t, filepath.Join(f.local, "a.txt"), "four\n")
 	before, again := lazyExecs.Load(), againExchanges.Load()
@@ -602,8 +609,8 @@ func TestExchangeWithoutThePatch(t *testing.T) {
 	if lazyExecs.Load() != before {
 		t.Fatal("the exchange that ran the command carried no patch")
 	}
-	if n := againExchanges.Load() - again; n != 1 {
-		t.Fatalf("%d exchanges asked for the patch before the command ran, want 1 (the one without it)", n)
+	if n := againExchanges.Load() - again; n != 0 {
+		t.Fatalf("%d exchanges were sent again, want none (the separate steps follow)", n)
 	}
 	if got := f.inSandbox("cat count"); got != "run\n" {
 		t.Fatalf("the command ran %q", got)
@@ -623,4 +630,11 @@ func (f *fixture) breakHelperRun() {
 	if err := os.Chmod(bin, 0o755); err != nil {
 		f.t.Fatal(err)
 	}
+}
+
+// runnerFunc is a Runner made of a function.
+type runnerFunc func(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error)
+
+func (f runnerFunc) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	return f(ctx, command, stdin, stdout, stderr)
 }

@@ -74,8 +74,8 @@ func (r *sandboxRunner) Run(ctx context.Context, command string, stdin io.Reader
 	r.mu.Unlock()
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", command)
 	cmd.Dir = r.dir
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
-	err := cmd.Run()
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	err := runWithStdin(cmd, stdin)
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		return ee.ExitCode(), nil
@@ -84,6 +84,26 @@ func (r *sandboxRunner) Run(ctx context.Context, command string, stdin io.Reader
 		return -1, err
 	}
 	return 0, nil
+}
+
+// runWithStdin runs cmd with stdin copied in a goroutine nobody waits for,
+// as sshpool does: a reader that outlives the process holds nothing.
+func runWithStdin(cmd *exec.Cmd, stdin io.Reader) error {
+	if stdin == nil {
+		return cmd.Run()
+	}
+	w, err := cmd.StdinPipe()
+	if err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	go func() {
+		_, _ = io.Copy(w, stdin)
+		_ = w.Close()
+	}()
+	return cmd.Wait()
 }
 
 func (r *sandboxRunner) calls() int {
@@ -209,10 +229,12 @@ func (f *fixture) exec(command string) (string, PullResult, error) {
 	return out, fr.Pull, fr.PullErr
 }
 
-// fused runs command as one fused exchange (again after an exchange that
-// found something to do first) and returns its output (stdout, then
-// stderr). It checks the exchange took one Runner call, plus one when
-// commits were pushed, and Finish f.finishCalls.
+// fused runs command synced as the daemon does: one exchange with the
+// helper (again after an exchange that found something to do first), or,
+// without a helper (or when it did not take the exchange), the separate
+// steps. It returns the command's output (stdout, then stderr). It checks
+// an exchange took one Runner call, plus one when commits were pushed, and
+// Finish f.finishCalls.
 func (f *fixture) fused(command string) (string, Fused, error) {
 	f.t.Helper()
 	ctx := context.Background()
@@ -228,21 +250,24 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 			return "", Fused{}, err
 		}
 		if !ok {
-			f.t.Fatalf("a %d-byte patch was not fusable", len(p.Data))
+			return f.split(command)
 		}
 		var stdout, stderr bytes.Buffer
-		code, err := f.r.Run(ctx, x.Command(), nil, x.Stdout(&stdout), &stderr)
-		if err != nil {
-			f.t.Fatalf("run the exchange: %v", err)
-		}
+		runErr := x.Run(ctx, f.r, ExchangeIO{Stdout: &stdout, Stderr: &stderr})
 		var sandbox map[string]string
-		if x.Reported() {
+		if x.Started() {
 			sandbox = tree(f.t, f.sandbox)
 		}
 		before := f.r.calls()
 		fr, err := x.Finish(ctx, f.r)
 		if err != nil {
 			return stdout.String() + stderr.String(), fr, err
+		}
+		if runErr != nil {
+			f.t.Fatalf("run the exchange: %v", runErr)
+		}
+		if fr.Split {
+			return f.split(command)
 		}
 		if fr.Again {
 			againExchanges.Add(1)
@@ -253,9 +278,6 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 		}
 		if p.lazy {
 			lazyExecs.Add(1)
-		}
-		if fr.Ran && code != fr.ExitCode && !(fr.ExitCode > 128 && code == -1) {
-			f.t.Fatalf("the exchange ended %d, the command %d", code, fr.ExitCode)
 		}
 		want := 1
 		if fr.Push.Commits {
@@ -272,6 +294,43 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 	}
 	f.t.Fatalf("fused exec %q: the exchange kept finding work to do first", command)
 	return "", Fused{}, nil
+}
+
+// split runs command synced by the separate steps, as the daemon does
+// without a helper: push (again after it brought edits back), the
+// command, pull; each its own Runner call.
+func (f *fixture) split(command string) (string, Fused, error) {
+	f.t.Helper()
+	ctx := context.Background()
+	var fr Fused
+	for attempt := 0; ; attempt++ {
+		p, err := f.s.Prepare(ctx, f.local, f.base)
+		if err != nil {
+			f.t.Fatalf("prepare: %v", err)
+		}
+		p.Sandbox = "fixture"
+		res, err := f.s.Push(ctx, f.r, p)
+		fr.Push.Recovered, fr.Push.Commits = res.Recovered, fr.Push.Commits || res.Commits
+		if err != nil {
+			return "", fr, err
+		}
+		if !res.Again {
+			break
+		}
+		if attempt > 0 {
+			return "", fr, errors.New("the push kept finding edits")
+		}
+	}
+	var out bytes.Buffer
+	code, err := f.r.Run(ctx, command, nil, &out, &out)
+	if err != nil {
+		f.t.Fatalf("run the command: %v", err)
+	}
+	sandbox := tree(f.t, f.sandbox)
+	fr.Ran, fr.ExitCode = true, code
+	fr.Pull, fr.PullErr = f.s.Pull(ctx, f.r, f.local)
+	assertTree(f.t, f.sandbox, sandbox)
+	return out.String(), fr, nil
 }
 
 // assertSandboxClean checks the sandbox is at rest: tree == HEAD == base,
@@ -443,7 +502,7 @@ func syncScenarios() map[string]func(*testing.T) {
 		"generated files":       TestGeneratedFilesStayDeletedDoNotComeBack,
 		"ignored files":         TestIgnoredFiles,
 		"heal":                  TestPushHealsChangesBetweenExecs,
-		"fused killed":          TestFusedCommandKilledBySignalIsStillPulled,
+		"fused killed":          TestExchangeCommandKilledBySignalIsStillPulled,
 		"fused unpulled":        TestFusedBringsBackUnpulledEditsFirst,
 		"fused ignored in way":  TestFusedPushReplacesAnIgnoredFileInTheWay,
 		"delete and create":     TestConflictDeleteAndCreate,
@@ -454,9 +513,9 @@ func syncScenarios() map[string]func(*testing.T) {
 		"unpushed commits":      TestParityUnpushedCommitAndUncommittedFile,
 		"revert":                TestRevertAlone,
 		"pull transfer broken":  TestPullTransferBrokenRecovers,
-		"fused output":          TestFusedOutputPassesThroughExactly,
+		"fused output":          TestExchangeOutputPassesThroughExactly,
 		"fused push failure":    TestFusedPushFailureRunsNothing,
-		"fused damaged trailer": TestFusedDamagedTrailerPullsAgain,
+		"fused damaged trailer": TestExchangeDamagedPullIsFetchedAgain,
 	}
 }
 

@@ -71,8 +71,8 @@ func nativeEntries(root string, recs []rawRec, lfs []string, max int) (entries [
 	return entries, true
 }
 
-// nativeBundle is entries as the fused script carries them to the
-// helper's run: their JSON, one argument (file contents are base64 in it).
+// nativeBundle is entries as the exchange's request carries them to the
+// helper: their JSON (file contents are base64 in it).
 func nativeBundle(entries []helperproto.PushEntry) (string, bool) {
 	raw, err := json.Marshal(entries)
 	if err != nil {

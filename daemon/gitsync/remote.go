@@ -34,15 +34,12 @@ const (
 	exitRevert      = 88 // only the revert failed
 	exitTooLarge    = helperproto.ExitPullTooLarge
 	exitNoPullPatch = 90
-	// exitNeedPatch: the fused exchange left the patch out for the
-	// helper, which did not push; nothing changed in the sandbox.
-	exitNeedPatch = 93
-	exitNoGit     = 127
+	exitNoGit       = 127
 )
 
 // dieExit is how the plain scripts fail: the message on stderr, the code
-// as their exit status. A fused exchange reports failures in its trailer
-// instead (see fused.go).
+// as their exit status: each script is its own exec request (or, in the
+// helper's exchange, its own process), so its status is that step's.
 const dieExit = `die() { [ -z "$2" ] || echo "$2" >&2; exit "$1"; }
 `
 

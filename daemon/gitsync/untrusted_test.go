@@ -19,62 +19,13 @@ import (
 	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
-// readNonce is the shell that a hostile command uses to learn the
-// exchange's nonce: its parent, the wrapper shell, has the script in argv.
-const readNonce = `N=$(tr '\0' '\n' </proc/$PPID/cmdline | sed -n 's/^N=//p' | head -n1)
-[ -n "$N" ] || { echo "no nonce in the parent's argv" >&2; exit 3; }
-`
-
 // exchangeAsTheDaemon runs command synced as sessions.execFused does: one
-// exchange, and another one only when Finish says the command has yet to
-// run (Again), at most twice.
+// exchange with the helper, another one only when Finish says the command
+// has yet to run (Again), else the separate steps.
 func exchangeAsTheDaemon(t *testing.T, f *fixture, command string) (Fused, error) {
 	t.Helper()
-	ctx := context.Background()
-	var fr Fused
-	var err error
-	for attempt := 0; attempt < 2; attempt++ {
-		p, perr := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
-		if perr != nil {
-			t.Fatalf("prepare: %v", perr)
-		}
-		x, ok, ferr := f.s.Fuse(ctx, f.r, p, command)
-		if ferr != nil || !ok {
-			t.Fatalf("fuse: %v %v", ok, ferr)
-		}
-		var stdout, stderr bytes.Buffer
-		if _, rerr := f.r.Run(ctx, x.Command(), nil, x.Stdout(&stdout), &stderr); rerr != nil {
-			t.Fatalf("run the exchange: %v", rerr)
-		}
-		fr, err = x.Finish(ctx, f.r)
-		if err != nil || !fr.Again {
-			return fr, err
-		}
-	}
-	// Then the separate steps, as the daemon takes them.
-	for attempt := 0; ; attempt++ {
-		p, err := f.s.Prepare(ctx, f.local, f.base)
-		if err != nil {
-			t.Fatalf("prepare: %v", err)
-		}
-		res, err := f.s.Push(ctx, f.r, p)
-		if err != nil {
-			return fr, err
-		}
-		if !res.Again {
-			break
-		}
-		if attempt > 0 {
-			return fr, errors.New("the push kept finding edits")
-		}
-	}
-	code, err := f.r.Run(ctx, command, nil, io.Discard, io.Discard)
-	if err != nil {
-		t.Fatalf("run the command: %v", err)
-	}
-	fr = Fused{Ran: true, ExitCode: code}
-	fr.Pull, fr.PullErr = f.s.Pull(ctx, f.r, f.local)
-	return fr, nil
+	_, fr, err := f.fused(command)
+	return fr, err
 }
 
 func runs(t *testing.T, f *fixture) int {
@@ -86,34 +37,11 @@ func runs(t *testing.T, f *fixture) int {
 	return strings.Count(string(b), "\n")
 }
 
-// A command that forges the exchange's report to say the push failed
-// (`push 91`, "edits of an earlier exec came first") does not get itself
-// run a second time: the report is refused as forged.
-func TestForgedPushFailureDoesNotRunTheCommandTwice(t *testing.T) {
-	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "runs\n"})
-	command := `echo ran >>runs
-` + readNonce + `printf '\036sandboxd-%s\npush 91\nsandboxd-pull abcdef 0\n\036sandboxd-%s-end\n' "$N" "$N"`
-	fr, err := exchangeAsTheDaemon(t, f, command)
-	if n := runs(t, f); n != 1 {
-		t.Fatalf("the command ran %d times, want once (err %v)", n, err)
-	}
-	if !errors.Is(err, ErrForgedReport) {
-		t.Fatalf("a forged push failure was taken as the sandbox's: %+v, %v", fr, err)
-	}
-	// The real exchange's edits are still pending in the sandbox: the next
-	// exec brings them back, and runs its command once.
-	if _, fr, err := f.fused("echo ran >>runs; echo b >b.txt"); err != nil || !fr.Ran {
-		t.Fatalf("the next exec: %+v, %v", fr, err)
-	}
-	if n := runs(t, f); n != 2 {
-		t.Fatalf("after the next exec the commands ran %d times, want 2", n)
-	}
-}
-
-// A report of a failed push that opens the stream (nothing ran) is still
+// A report of a failed push before the command started (nothing ran) is
 // believed, so the exchange is sent again: here the sandbox holds the
 // edits of an exec whose pull never happened.
 func TestRealPushFailureStillSendsTheExchangeAgain(t *testing.T) {
+	withHelper(t)
 	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "runs\n"})
 	f.push()
 	writeFile(t, filepath.Join(f.sandbox, "left.txt"), "left by an exec never pulled\n")

@@ -571,6 +571,16 @@ func (r connRunner) SyncHelper() (string, string) {
 	return r.helper(r.conn.conn)
 }
 
+// RunPreamble is Run with the first bytes of stdin sent beside the exec
+// request (gitsync.PreambleRunner).
+func (r connRunner) RunPreamble(ctx context.Context, command string, preamble []byte, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	st, err := r.conn.exec(ctx, command, sshpool.Stdio{Preamble: preamble, Stdin: stdin, Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		return -1, err
+	}
+	return exitCode(st), nil
+}
+
 func (r connRunner) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 	st, err := r.conn.exec(ctx, command, sshpool.Stdio{Stdin: stdin, Stdout: stdout, Stderr: stderr})
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/ipc/backend"
@@ -47,13 +48,23 @@ func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Sessio
 			m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 			_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 		}
-		status, runErr := m.run(ctx, nil, lc, req, stream, ex.Command(), ex.Stdout(stream.Stdout()))
-		if runErr != nil && (ctx.Err() != nil || !ex.Reported()) {
-			ex.Abandon()
+		runErr := m.exchange(ctx, runner, ex, req, stream)
+		if runErr != nil && (ctx.Err() != nil || !ex.Started()) {
 			if ctx.Err() != nil {
 				// The caller went away: what the command changed is saved,
 				// not applied to a tree nobody is watching.
 				m.saveAbandoned(ctx, lc, s)
+				return true, errdefs.Canceled(fmt.Errorf("the command was cancelled because the client went away: %w", runErr))
+			}
+			if errors.Is(runErr, sshpool.ErrConnectionLost) {
+				// Never re-sent: the command may have run.
+				return true, errdefs.Unavailable(fmt.Errorf("the connection to the sandbox broke during the exchange; the command may or may not have started, so it was not run again (check its effects before you run it again): %w", runErr))
+			}
+			if errors.Is(runErr, gitsync.ErrForgedReport) {
+				return true, runErr
+			}
+			if !errors.Is(runErr, sshpool.ErrNotSent) {
+				return true, errdefs.Unavailable(fmt.Errorf("run the command in the sandbox: %w", runErr))
 			}
 			return true, runErr
 		}
@@ -70,15 +81,19 @@ func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Sessio
 			res.PulledFiles = append(res.PulledFiles, fr.Push.Recovered.Files...)
 		}
 		if err != nil {
-			if runErr != nil {
-				return true, runErr
+			if errors.Is(err, gitsync.ErrForgedReport) || ex.Started() {
+				// Not the push's failure: the command started.
+				return true, err
 			}
 			return true, m.syncFailed(s, err)
+		}
+		if fr.Split {
+			return false, nil
 		}
 		if fr.Again {
 			continue
 		}
-		res.ExitCode, res.Signal = fr.ExitCode, status.Signal
+		res.ExitCode, res.Signal = fr.ExitCode, fr.Signal
 		res.PulledFiles = append(res.PulledFiles, fr.Pull.Files...)
 		if fr.PullErr != nil {
 			warn(fmt.Sprintf("pulling the sandbox's changes failed: %v", fr.PullErr))
@@ -89,6 +104,36 @@ func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Sessio
 		return true, nil
 	}
 	return false, nil
+}
+
+// exchange runs ex on runner with the caller's streams and signals.
+func (m *Manager) exchange(ctx context.Context, runner gitsync.Runner, ex *gitsync.Exchange, req ipc.ExecRequest, stream backend.ExecStream) error {
+	signals := make(chan string, 4)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		in := stream.Signals()
+		for {
+			select {
+			case <-done:
+				return
+			case sig, ok := <-in:
+				if !ok {
+					return
+				}
+				select {
+				case signals <- sig:
+				case <-done:
+					return
+				}
+			}
+		}
+	}()
+	cio := gitsync.ExchangeIO{Stdout: stream.Stdout(), Stderr: stream.Stderr(), Signals: signals}
+	if req.Stdin {
+		cio.Stdin = stream.Stdin()
+	}
+	return ex.Run(ctx, runner, cio)
 }
 
 // prepare makes the sync patch of s's working tree, telling the caller its

@@ -13,10 +13,16 @@ import (
 // Stdio are a command's streams. Nil Stdin sends EOF at once; nil Stdout or
 // Stderr discards. Signals received are forwarded to the command.
 type Stdio struct {
-	Stdin   io.Reader
-	Stdout  io.Writer
-	Stderr  io.Writer
-	Signals <-chan ssh.Signal
+	// Preamble, when set, is written to the command's stdin as soon as
+	// the exec request is sent, without waiting for the agent's answer
+	// (the agent keeps channel data until the command reads it), then
+	// Stdin follows: a request the command reads first costs no round
+	// trip of its own. A retry on another channel writes it again.
+	Preamble []byte
+	Stdin    io.Reader
+	Stdout   io.Writer
+	Stderr   io.Writer
+	Signals  <-chan ssh.Signal
 	// PTY, when set, runs the command on a pseudo-terminal (pty-req);
 	// Resizes then carries window changes.
 	PTY     *PTY
@@ -107,6 +113,15 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 			return ExitStatus{}, fmt.Errorf("%w: ask sandbox %s for a pseudo-terminal: %w", ErrNotSent, c.target.RunID, err)
 		}
 	}
+	var preambleSent chan struct{}
+	if len(stdio.Preamble) > 0 {
+		// Beside the exec request, not after its answer.
+		preambleSent = make(chan struct{})
+		go func() {
+			defer close(preambleSent)
+			_, _ = s.ch.Write(stdio.Preamble)
+		}()
+	}
 	ok, err := s.ch.SendRequest("exec", true, ssh.Marshal(struct{ Command string }{command}))
 	if err != nil {
 		s.ch.Close()
@@ -133,11 +148,11 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 	}
 	// From here on the command may be running: whatever happens, it is
 	// never sent again.
-	return c.stream(ctx, s, stdio)
+	return c.stream(ctx, s, stdio, preambleSent)
 }
 
 // stream relays the streams of a started command and collects its status.
-func (c *Conn) stream(ctx context.Context, s *session, stdio Stdio) (ExitStatus, error) {
+func (c *Conn) stream(ctx context.Context, s *session, stdio Stdio, preambleSent <-chan struct{}) (ExitStatus, error) {
 	stdout, stderr := newGate(stdio.Stdout), newGate(stdio.Stderr)
 	defer stdout.close()
 	defer stderr.close()
@@ -146,12 +161,21 @@ func (c *Conn) stream(ctx context.Context, s *session, stdio Stdio) (ExitStatus,
 	copies.Add(2)
 	go func() { defer copies.Done(); c.pool.relay(stdout, s.ch) }()
 	go func() { defer copies.Done(); c.pool.relay(stderr, s.ch.Stderr()) }()
-	if stdio.Stdin != nil {
+	switch {
+	case stdio.Stdin != nil:
 		go func() {
+			if preambleSent != nil {
+				<-preambleSent
+			}
 			c.pool.relay(s.ch, stdio.Stdin)
 			_ = s.ch.CloseWrite()
 		}()
-	} else {
+	case preambleSent != nil:
+		go func() {
+			<-preambleSent
+			_ = s.ch.CloseWrite()
+		}()
+	default:
 		_ = s.ch.CloseWrite()
 	}
 	finished := make(chan struct{})

@@ -1,8 +1,8 @@
 // Package helperproto is the contract between the daemon and the program
 // it installs in a sandbox (sandboxd-helper, package sandboxhelper): the
-// program's name and ready line, its exit codes, the native push's entries,
-// the layout of a fused exchange's report, and the path and attribute rules
-// both sides apply. Both import it, so that the daemon links none of the
+// program's name and ready line, the exchange's frames and messages
+// (frame.go), the native push's entries, the exit codes of the helper's
+// script verbs, and the path and attribute rules both sides apply. Both import it, so that the daemon links none of the
 // helper's implementation.
 package helperproto
 
@@ -11,7 +11,9 @@ import "strings"
 // Name is the program's file name; the installed copy carries its hash.
 const Name = "sandboxd-helper"
 
-// Exit codes with which the helper declines (beyond its failures).
+// Exit codes with which the helper's script verbs (stage, adopt, pull, run
+// by the shell scripts of the split steps) decline, beyond their failures.
+// The exchange declines with a typed frame instead (Declined).
 const (
 	// ExitDeclined: push or pull does not apply here (nothing was
 	// changed); the scripts take the plain way.
@@ -89,38 +91,16 @@ func ValidPath(p string) bool {
 	return true
 }
 
-// The report of a fused exchange (gitsync.Exchange), which run prints
-// itself after a native pull: the layout is the daemon's, shared so that
-// both sides read one definition.
+// The pull's output, in the exchange's FramePull frames as from the pull
+// script: a header, then the patch.
 const (
 	// PullHeader starts the pull output; the exec's id and the patch's
 	// size follow, so a truncated transfer is noticed.
 	PullHeader = "sandboxd-pull "
-	// ExitPullTooLarge ends the pull part of a patch over the limit: the
+	// ExitPullTooLarge ends the pull of a patch over the limit: the
 	// header is sent, not the patch.
 	ExitPullTooLarge = 89
 )
-
-// Boundary is the line that begins an exchange's report, and with "-end"
-// the line that ends its pull part.
-func Boundary(nonce string) string { return "\x1esandboxd-" + nonce }
-
-// StartMark is the line an exchange prints first, before the user's
-// command starts, once the push is done: it opens the exchange's stdout,
-// where nothing of the command's output can come before it. The daemon
-// believes a report that the push failed (so the command did not run) only
-// when that report, not this mark, opens the stream.
-func StartMark(nonce string) string { return Boundary(nonce) + "-go\n" }
-
-// Report is what run prints itself once its pull is done, sparing the
-// wrapper shell its part (reading what run did, the pull's header, wc and
-// cat on an edit).
-type Report struct {
-	// Nonce is the exchange's (see Boundary).
-	Nonce string
-	// Max bounds the patch sent (ExitPullTooLarge above it).
-	Max int64
-}
 
 // Ready starts the line serve prints once it answers: "ready <instance>".
 const Ready = "ready "

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package sandboxhelper
+
+// undumpable does nothing where prctl does not exist: the daemon runs the
+// helper only in Linux sandboxes.
+func undumpable() {}
