@@ -73,12 +73,12 @@ func (lc *localcloud) agentProcesses(t *testing.T, run string) map[string]agentR
 	return recs
 }
 
-// nativeExec runs a synced exec that edits a file and reports whether the
-// exchange took the helper's native way (the script marks .git/sandboxd/run
-// only then).
+// nativeExec runs a synced exec that edits a file and reports whether it
+// was the helper's native exchange (which writes its messages to
+// .git/sandboxd/native.err, left empty when nothing declined).
 func (e *env) nativeExec(t *testing.T, repo, run, content string) bool {
 	t.Helper()
-	mark := filepath.Join(e.runDir(run), "workspace", ".git", "sandboxd", "run")
+	mark := filepath.Join(e.runDir(run), "workspace", ".git", "sandboxd", "native.err")
 	_ = os.Remove(mark)
 	writeFile(t, filepath.Join(repo, "a.txt"), content)
 	r := e.mustNook(repo, "exec", "--", "sh", "-c", "cat a.txt; echo made > made.txt")
@@ -88,8 +88,8 @@ func (e *env) nativeExec(t *testing.T, repo, run, content string) bool {
 	if got := readFile(t, filepath.Join(repo, "made.txt")); got != "made\n" {
 		t.Fatalf("the command's edit came back as %q", got)
 	}
-	_, err := os.Stat(mark)
-	return err == nil
+	fi, err := os.Stat(mark)
+	return err == nil && fi.Size() == 0
 }
 
 // TestRWXPathRunsTheHelperAsAManagedProcess: with remote "rwx" (localcloud
