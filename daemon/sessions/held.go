@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +27,13 @@ import (
 
 // reattachAttempts bounds the reattaches of one exec.
 const reattachAttempts = 3
+
+// What follows a probe timeout on a held command's connection and on a
+// plain one's.
+const (
+	afterHeld  = "the command, which goes on in the sandbox, is reattached on a new connection"
+	afterPlain = "the connection is given up and the command reported as cut (exit 125)"
+)
 
 // maxHoldState bounds the answer of `hold state`.
 const maxHoldState = 4 << 10
@@ -98,19 +106,22 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn,
 	bin := ".git/sandboxd/bin/" + helper
 	var current atomic.Pointer[sshpool.Conn]
 	current.Store(lc.conn)
+	var in *stdinHandoff
 	if stdio.Stdin != nil {
 		// The end of the caller's stdin is told on a request of its own: a
 		// lost channel ends the holder's stdin too.
-		stdio.Stdin = &eofTeller{r: stdio.Stdin, tell: func() {
+		in = newStdinHandoff(stdio.Stdin, func() {
 			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
 			defer cancel()
 			if _, err := current.Load().ExecOnce(tctx, fmt.Sprintf("exec %s hold eof %s", bin, id), sshpool.Stdio{}); err != nil {
 				m.log.Debug("tell a held command its stdin ended", "run", s.RunID, "err", err)
 			}
-		}}
+		})
+		defer in.close()
+		stdio.Stdin = in.next()
 	}
 	start := fmt.Sprintf("exec %s hold start %s -- sh -c %s", bin, id, quoteArg(command, true))
-	st, err := m.execProbing(ctx, lc, start, stdio)
+	st, err := m.execProbing(ctx, lc, start, stdio, afterHeld)
 	began := time.Now().UnixNano()
 	for attempt := 0; attempt < reattachAttempts && err != nil && errors.Is(err, sshpool.ErrConnectionLost) && ctx.Err() == nil; attempt++ {
 		// Silence gives no time of its own: the last byte received is the
@@ -123,6 +134,11 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn,
 		}
 		lc.conn = conn
 		current.Store(conn)
+		if in != nil {
+			// The lost exec's stdin relay may still wait for the caller's
+			// next bytes: they go to the new attach instead.
+			stdio.Stdin = in.next()
+		}
 		hs, serr := m.holdState(ctx, lc, bin, id)
 		if serr != nil {
 			return st, fmt.Errorf("%w; asking the sandbox about the command failed: %w", err, serr)
@@ -134,20 +150,44 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn,
 		}
 		msg := fmt.Sprintf("the connection to the sandbox dropped for about %s (nothing came since); the command went on in the sandbox and is reattached", time.Since(lost).Round(100*time.Millisecond))
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: msg})
-		st, err = m.execProbing(ctx, lc, line, stdio)
+		st, err = m.execProbing(ctx, lc, line, stdio, afterHeld)
+	}
+	if err == nil && st.Signal == "" && st.Code > 128 && st.Code < 160 {
+		// The holder reports a signal as 128+n; its state names it.
+		if hs, serr := m.holdState(ctx, lc, bin, id); serr == nil {
+			st = heldSignal(st, hs)
+		} else {
+			m.log.Debug("ask the holder how a command ended", "run", s.RunID, "exec", id, "err", serr)
+		}
 	}
 	return st, err
 }
 
+// heldSignal is st with the signal the holder names in hs, when hs says
+// the command ended by a signal this daemon knows and its number matches
+// st's 128+n; st unchanged otherwise.
+func heldSignal(st sshpool.ExitStatus, hs holdState) sshpool.ExitStatus {
+	if !hs.Ended || hs.ExitCode == nil || *hs.ExitCode != st.Code {
+		return st
+	}
+	if n, ok := signalNumbers[hs.Signal]; ok && 128+n == st.Code {
+		return sshpool.ExitStatus{Code: st.Code, Signal: hs.Signal}
+	}
+	return st
+}
+
 // execProbing runs line on lc while probing its connection every
-// probeEvery: a held command may print nothing for long, and a connection
-// that went silent under it is then found within the probe timeout, not
-// at the keepalive timeout, and the command reattached.
-func (m *Manager) execProbing(ctx context.Context, lc *lockedConn, line string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
+// probeEvery: a command may print nothing for long, and a connection that
+// went silent under it is then found within the probe timeout, not at the
+// keepalive timeout (a held command is then reattached, a plain one
+// reported). A probe unanswered past sayAfter says so through ctx's lock
+// progress; after is what happens once the probe timeout passes.
+func (m *Manager) execProbing(ctx context.Context, lc *lockedConn, line string, stdio sshpool.Stdio, after string) (sshpool.ExitStatus, error) {
 	_, probeTimeout := m.waitBounds()
 	done := make(chan struct{})
 	defer close(done)
 	conn := lc.conn
+	say := lockProgress(ctx)
 	go func() {
 		for {
 			select {
@@ -155,7 +195,17 @@ func (m *Manager) execProbing(ctx context.Context, lc *lockedConn, line string, 
 				return
 			case <-time.After(probeEvery):
 			}
-			if conn.Probe(ctx, probeTimeout) != nil {
+			sent := time.Now()
+			t := time.AfterFunc(sayAfter, func() {
+				select {
+				case <-done:
+				default:
+					say(fmt.Sprintf("%s: no answer to a probe sent at %s; waiting up to %s (ssh_probe_timeout) for one, then %s", ipc.WaitingSilent, sent.Local().Format("15:04:05"), probeTimeout, after))
+				}
+			})
+			err := conn.Probe(ctx, probeTimeout)
+			t.Stop()
+			if err != nil {
 				return // closed: the exec below ends with ErrConnectionLost
 			}
 		}
@@ -210,18 +260,117 @@ func (l *limitWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// eofTeller reads r and calls tell when it ends.
-type eofTeller struct {
-	r    io.Reader
-	tell func()
+// stdinHandoff hands the caller's stdin to one attach after another: a
+// single pump reads it, and the reader of an attach that was replaced
+// ends (EOF) instead of taking bytes meant for the next. Bytes the lost
+// attach had already sent may be lost with its channel.
+type stdinHandoff struct {
+	src   io.Reader
+	tell  func() // the caller's stdin ended
+	once  sync.Once
+	data  chan []byte
+	done  chan struct{}
+	mu    sync.Mutex
+	rest  []byte        // a chunk's unread part, for whichever reader is current
+	gone  chan struct{} // closed when the current reader is replaced
+	ended bool
 }
 
-func (e *eofTeller) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
-	if err == io.EOF {
-		e.tell()
+func newStdinHandoff(src io.Reader, tell func()) *stdinHandoff {
+	return &stdinHandoff{src: src, tell: tell, data: make(chan []byte), done: make(chan struct{})}
+}
+
+// next ends the current reader and returns the next attach's.
+func (h *stdinHandoff) next() io.Reader {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gone != nil {
+		close(h.gone)
 	}
-	return n, err
+	h.gone = make(chan struct{})
+	return &handoffReader{h: h, gone: h.gone}
+}
+
+// close stops the pump (the exec is over).
+func (h *stdinHandoff) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.done:
+	default:
+		close(h.done)
+	}
+}
+
+func (h *stdinHandoff) pump() {
+	defer close(h.data)
+	for {
+		buf := make([]byte, 32<<10)
+		n, err := h.src.Read(buf)
+		if n > 0 {
+			select {
+			case h.data <- buf[:n]:
+			case <-h.done:
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+type handoffReader struct {
+	h    *stdinHandoff
+	gone chan struct{}
+}
+
+func (r *handoffReader) Read(p []byte) (int, error) {
+	h := r.h
+	h.once.Do(func() { go h.pump() })
+	h.mu.Lock()
+	select {
+	case <-r.gone:
+		h.mu.Unlock()
+		return 0, io.EOF
+	default:
+	}
+	if len(h.rest) > 0 {
+		n := copy(p, h.rest)
+		h.rest = h.rest[n:]
+		h.mu.Unlock()
+		return n, nil
+	}
+	h.mu.Unlock()
+	select {
+	case <-r.gone:
+		return 0, io.EOF
+	case b, ok := <-h.data:
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		select {
+		case <-r.gone:
+			// Replaced while it waited: the bytes are the next reader's
+			// (a closed pump stays closed for it too).
+			h.rest = append(b, h.rest...)
+			return 0, io.EOF
+		default:
+		}
+		if !ok {
+			tell := !h.ended
+			h.ended = true
+			if tell {
+				// Told outside the lock: it is a round trip.
+				h.mu.Unlock()
+				h.tell()
+				h.mu.Lock()
+			}
+			return 0, io.EOF
+		}
+		n := copy(p, b)
+		h.rest = append(h.rest, b[n:]...)
+		return n, nil
+	}
 }
 
 // helperStartSlack is the time a helper process in the sandbox may take to
