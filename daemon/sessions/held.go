@@ -41,7 +41,11 @@ const maxHoldState = 4 << 10
 var helperFile = regexp.MustCompile(`^[a-z-]+-[0-9a-f]{16}$`)
 
 // holderOn is the sandbox helper's file name on conn when it can hold a
-// command, "" when not.
+// command, "" when not. The holder needs the helper's file, not its
+// server: on a new connection whose server is still starting (the first
+// execs after a reconnect, when a hold matters most) the file installed
+// in that sandbox before serves. A helper that will not serve on conn
+// (off, another platform, a failed start) holds nothing.
 func (m *Manager) holderOn(conn *sshpool.Conn) string {
 	m.mu.Lock()
 	on := m.daemonCfg.DurableExec
@@ -50,10 +54,17 @@ func (m *Manager) holderOn(conn *sshpool.Conn) string {
 		return ""
 	}
 	name, inst := m.opts.SyncHelper(conn)
-	if inst == "" || !helperFile.MatchString(name) {
+	if inst != "" && helperFile.MatchString(name) {
+		m.helperBins.Store(conn.RunID(), name)
+		return name
+	}
+	if m.opts.HelperUnavailable == nil || m.opts.HelperUnavailable(conn) {
 		return ""
 	}
-	return name
+	if prev, ok := m.helperBins.Load(conn.RunID()); ok {
+		return prev.(string)
+	}
+	return ""
 }
 
 // holdState is the holder's answer about one exec (sandboxhelper/hold).

@@ -173,6 +173,9 @@ type DaemonConfig struct {
 // Manager implements backend.SessionBackend.
 type Manager struct {
 	opts Options
+	// helperBins: run id → the sandbox helper's file name last seen
+	// serving in that sandbox (held.go).
+	helperBins sync.Map
 	st   *store.Store
 	log  *slog.Logger
 	now  func() time.Time
