@@ -33,7 +33,14 @@ const (
 	inEOFFile  = "in.eof" // the caller's stdin ended
 	stateFile  = "state"
 	statusFile = "status"
+	// runFile is locked (flock, exclusive) by the keeper for as long as
+	// it runs: an attach waiting on it wakes the moment the status is
+	// written, rather than at its next poll.
+	runFile = "run"
 )
+
+// keeperLockFD is where the keeper finds runFile, locked, open.
+const keeperLockFD = 3
 
 // pollEvery is how often an attach looks for new output.
 const pollEvery = 10 * time.Millisecond
@@ -127,6 +134,17 @@ func (h *Holder) Start(id string, argv []string) error {
 	// Its own session: the hang-up of the channel that started it does not
 	// reach it.
 	k.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// The lock is the open file's, shared with the keeper's copy: it
+	// lasts until the keeper ends, whatever this process does.
+	run, err := os.OpenFile(filepath.Join(dir, runFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("create the exec's run lock: %w", err)
+	}
+	defer run.Close()
+	if err := syscall.Flock(int(run.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("lock the exec's run lock: %w", err)
+	}
+	k.ExtraFiles = []*os.File{run}
 	if err := k.Start(); err != nil {
 		return fmt.Errorf("start the keeper: %w", err)
 	}
@@ -140,6 +158,9 @@ func (h *Holder) Keep(id string) error {
 	if err != nil {
 		return err
 	}
+	// The run lock (from Start) is the keeper's alone: the command and
+	// what it leaves behind must not keep it.
+	syscall.CloseOnExec(keeperLockFD)
 	b, err := os.ReadFile(filepath.Join(dir, "argv"))
 	if err != nil {
 		return err
@@ -256,6 +277,16 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 	if _, err := os.Stat(dir); err != nil {
 		return 0, ErrUnknown
 	}
+	ran := make(chan struct{})
+	if run, err := os.Open(filepath.Join(dir, runFile)); err == nil {
+		// Blocks until the keeper ends (at once if it has); the process
+		// exits with the attach, the goroutine with it.
+		go func() {
+			defer run.Close()
+			_ = syscall.Flock(int(run.Fd()), syscall.LOCK_SH)
+			close(ran)
+		}()
+	}
 	for {
 		// The status first: once it exists, the streams are complete.
 		var st status
@@ -272,6 +303,8 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
+		case <-ran:
+			ran = nil // the status is written: the next look finds it
 		case <-time.After(pollEvery):
 		}
 	}

@@ -184,3 +184,32 @@ func TestStdinReachesTheCommandAcrossFeeds(t *testing.T) {
 		t.Errorf("output %q", out.String())
 	}
 }
+
+// TestAttachWakesWhenTheKeeperEndsAndTheCommandGetsNoLock: an attach
+// waiting on the keeper's run lock returns as the command ends, and the
+// command (which may leave processes behind) does not hold that lock.
+func TestAttachWakesWhenTheKeeperEndsAndTheCommandGetsNoLock(t *testing.T) {
+	h := newHolder(t)
+	id := newID(t)
+	if err := h.Start(id, []string{"sh", "-c", "if [ -e /proc/$$/fd/3 ]; then echo leaked; fi; sleep 0.2"}); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code, err := h.Attach(context.Background(), id, 0, 0, &out, &errb)
+	if err != nil || code != 0 {
+		t.Fatalf("attach: %d, %v (%s)", code, err, errb.String())
+	}
+	if strings.Contains(out.String(), "leaked") {
+		t.Errorf("the command inherited the keeper's run lock")
+	}
+	dir, _ := h.dir(id)
+	run, err := os.Open(filepath.Join(dir, runFile))
+	if err != nil {
+		t.Fatalf("no run lock: %v", err)
+	}
+	defer run.Close()
+	// The keeper exits just after the status is written.
+	waitFor(t, "the keeper to free the run lock", func() bool {
+		return syscall.Flock(int(run.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	})
+}
