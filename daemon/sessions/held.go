@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -115,23 +116,17 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn,
 	out, errw := &counted{w: stdio.Stdout}, &counted{w: stdio.Stderr}
 	stdio.Stdout, stdio.Stderr = out, errw
 	bin := ".git/sandboxd/bin/" + helper
-	var current atomic.Pointer[sshpool.Conn]
-	current.Store(lc.conn)
-	var in *stdinHandoff
-	if stdio.Stdin != nil {
-		// The end of the caller's stdin is told on a request of its own: a
-		// lost channel ends the holder's stdin too.
-		in = newStdinHandoff(stdio.Stdin, func() {
-			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
-			defer cancel()
-			if _, err := current.Load().ExecOnce(tctx, fmt.Sprintf("exec %s hold eof %s", bin, id), sshpool.Stdio{}); err != nil {
-				m.log.Debug("tell a held command its stdin ended", "run", s.RunID, "err", err)
-			}
-		})
-		defer in.close()
-		stdio.Stdin = in.next()
+	// The caller's stdin goes in frames (hold's --stdin-frames): its end
+	// is a frame, so a lost channel is no end of it and no request of its
+	// own tells one. No stdin is an empty one, ended at once.
+	src := stdio.Stdin
+	if src == nil {
+		src = eofReader{}
 	}
-	start := fmt.Sprintf("exec %s hold start %s -- sh -c %s", bin, id, quoteArg(command, true))
+	in := newStdinHandoff(src)
+	defer in.close()
+	stdio.Stdin = in.next()
+	start := fmt.Sprintf("exec %s hold start %s --stdin-frames -- sh -c %s", bin, id, quoteArg(command, true))
 	st, err := m.execProbing(ctx, lc, start, stdio, afterHeld)
 	began := time.Now().UnixNano()
 	for attempt := 0; attempt < reattachAttempts && err != nil && errors.Is(err, sshpool.ErrConnectionLost) && ctx.Err() == nil; attempt++ {
@@ -144,17 +139,14 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn,
 			return st, fmt.Errorf("%w; reattaching failed: %w", err, lerr)
 		}
 		lc.conn = conn
-		current.Store(conn)
-		if in != nil {
-			// The lost exec's stdin relay may still wait for the caller's
-			// next bytes: they go to the new attach instead.
-			stdio.Stdin = in.next()
-		}
+		// The lost exec's stdin relay may still wait for the caller's
+		// next bytes: they go to the new attach instead.
+		stdio.Stdin = in.next()
 		hs, serr := m.holdState(ctx, lc, bin, id)
 		if serr != nil {
 			return st, fmt.Errorf("%w; asking the sandbox about the command failed: %w", err, serr)
 		}
-		line := fmt.Sprintf("exec %s hold attach %s %d %d", bin, id, out.n.Load(), errw.n.Load())
+		line := fmt.Sprintf("exec %s hold attach %s %d %d --stdin-frames", bin, id, out.n.Load(), errw.n.Load())
 		if !hs.Started {
 			// The start never reached the sandbox: it runs now, once.
 			line = start
@@ -271,24 +263,34 @@ func (l *limitWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// stdinHandoff hands the caller's stdin to one attach after another: a
-// single pump reads it, and the reader of an attach that was replaced
-// ends (EOF) instead of taking bytes meant for the next. Bytes the lost
-// attach had already sent may be lost with its channel.
+// stdinHandoff hands the caller's stdin to one attach after another, in
+// hold's frames: a single pump reads it, and the reader of an attach that
+// was replaced ends (EOF, no end frame) instead of taking bytes meant for
+// the next. Bytes the lost attach had already sent may be lost with its
+// channel.
 type stdinHandoff struct {
-	src   io.Reader
-	tell  func() // the caller's stdin ended
-	once  sync.Once
-	data  chan []byte
-	done  chan struct{}
-	mu    sync.Mutex
-	rest  []byte        // a chunk's unread part, for whichever reader is current
-	gone  chan struct{} // closed when the current reader is replaced
-	ended bool
+	src  io.Reader
+	once sync.Once
+	data chan []byte
+	done chan struct{}
+	mu   sync.Mutex
+	rest []byte        // a chunk's unsent part, for whichever reader is current
+	gone chan struct{} // closed when the current reader is replaced
 }
 
-func newStdinHandoff(src io.Reader, tell func()) *stdinHandoff {
-	return &stdinHandoff{src: src, tell: tell, data: make(chan []byte), done: make(chan struct{})}
+// frameHeader is the length prefix of a stdin frame; maxStdinFrame
+// bounds one (hold's own bound is larger).
+const (
+	frameHeader   = 4
+	maxStdinFrame = 32 << 10
+)
+
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
+
+func newStdinHandoff(src io.Reader) *stdinHandoff {
+	return &stdinHandoff{src: src, data: make(chan []byte), done: make(chan struct{})}
 }
 
 // next ends the current reader and returns the next attach's.
@@ -316,7 +318,7 @@ func (h *stdinHandoff) close() {
 func (h *stdinHandoff) pump() {
 	defer close(h.data)
 	for {
-		buf := make([]byte, 32<<10)
+		buf := make([]byte, maxStdinFrame)
 		n, err := h.src.Read(buf)
 		if n > 0 {
 			select {
@@ -332,12 +334,28 @@ func (h *stdinHandoff) pump() {
 }
 
 type handoffReader struct {
-	h    *stdinHandoff
-	gone chan struct{}
+	h     *stdinHandoff
+	gone  chan struct{}
+	ended bool // the end frame was sent
+}
+
+// frame puts as much of b as fits in p as one frame; the rest is kept.
+func (r *handoffReader) frame(p, b []byte) int {
+	n := min(len(b), len(p)-frameHeader)
+	binary.BigEndian.PutUint32(p, uint32(n))
+	copy(p[frameHeader:], b[:n])
+	r.h.rest = append(r.h.rest[:0:0], b[n:]...)
+	return frameHeader + n
 }
 
 func (r *handoffReader) Read(p []byte) (int, error) {
+	if len(p) <= frameHeader {
+		return 0, io.ErrShortBuffer
+	}
 	h := r.h
+	if r.ended {
+		return 0, io.EOF
+	}
 	h.once.Do(func() { go h.pump() })
 	h.mu.Lock()
 	select {
@@ -347,10 +365,8 @@ func (r *handoffReader) Read(p []byte) (int, error) {
 	default:
 	}
 	if len(h.rest) > 0 {
-		n := copy(p, h.rest)
-		h.rest = h.rest[n:]
-		h.mu.Unlock()
-		return n, nil
+		defer h.mu.Unlock()
+		return r.frame(p, h.rest), nil
 	}
 	h.mu.Unlock()
 	select {
@@ -368,19 +384,12 @@ func (r *handoffReader) Read(p []byte) (int, error) {
 		default:
 		}
 		if !ok {
-			tell := !h.ended
-			h.ended = true
-			if tell {
-				// Told outside the lock: it is a round trip.
-				h.mu.Unlock()
-				h.tell()
-				h.mu.Lock()
-			}
-			return 0, io.EOF
+			// The caller's stdin ended: the empty frame says so.
+			r.ended = true
+			binary.BigEndian.PutUint32(p, 0)
+			return frameHeader, nil
 		}
-		n := copy(p, b)
-		h.rest = append(h.rest, b[n:]...)
-		return n, nil
+		return r.frame(p, b), nil
 	}
 }
 

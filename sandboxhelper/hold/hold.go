@@ -8,6 +8,7 @@ package hold
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -487,6 +488,80 @@ func (h *Holder) Feed(ctx context.Context, id string, r io.Reader) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+	}
+}
+
+// StdinFrames is the option of start and attach whose stdin comes in
+// frames: a 4-byte big-endian length, then that many bytes; an empty frame
+// is the end of the caller's input. A channel that is lost ends the bytes
+// without that frame, so it is no end of the input, and no request of its
+// own (`hold eof`) is needed to tell one.
+const StdinFrames = "--stdin-frames"
+
+// maxFrame bounds one stdin frame.
+const maxFrame = 1 << 20
+
+func (h *Holder) feed(ctx context.Context, id string, r io.Reader, framed bool) error {
+	if framed {
+		return h.FeedFrames(ctx, id, r)
+	}
+	return h.Feed(ctx, id, r)
+}
+
+// FeedFrames is Feed for framed input (StdinFrames): the empty frame
+// ends the exec's stdin (EOF); bytes that end without it, or a frame past
+// maxFrame, end this feed only.
+func (h *Holder) FeedFrames(ctx context.Context, id string, r io.Reader) error {
+	pr, pw := io.Pipe()
+	ended := make(chan bool, 1)
+	go func() {
+		var hdr [4]byte
+		buf := make([]byte, 32<<10)
+		for {
+			if _, err := io.ReadFull(r, hdr[:]); err != nil {
+				pw.CloseWithError(err)
+				ended <- false
+				return
+			}
+			n := int(binary.BigEndian.Uint32(hdr[:]))
+			if n == 0 {
+				pw.Close()
+				ended <- true
+				return
+			}
+			if n > maxFrame {
+				pw.CloseWithError(fmt.Errorf("a stdin frame of %d bytes is past the bound of %d", n, maxFrame))
+				ended <- false
+				return
+			}
+			for n > 0 {
+				m, err := io.ReadFull(r, buf[:min(n, len(buf))])
+				if _, werr := pw.Write(buf[:m]); werr != nil {
+					ended <- false
+					return
+				}
+				if err != nil {
+					pw.CloseWithError(err)
+					ended <- false
+					return
+				}
+				n -= m
+			}
+		}
+	}()
+	err := h.Feed(ctx, id, pr)
+	pr.Close()
+	if err != nil {
+		return err
+	}
+	select {
+	case end := <-ended:
+		if end {
+			return h.EOF(id)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -212,4 +213,44 @@ func TestAttachWakesWhenTheKeeperEndsAndTheCommandGetsNoLock(t *testing.T) {
 	waitFor(t, "the keeper to free the run lock", func() bool {
 		return syscall.Flock(int(run.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
 	})
+}
+
+func frames(parts ...string) []byte {
+	var b []byte
+	for _, p := range parts {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(p)))
+		b = append(b, p...)
+	}
+	return b
+}
+
+// TestFramedStdinEndsOnlyWithTheEndFrame: framed input cut short (its
+// channel lost) leaves the command's stdin open for the next attach; the
+// empty frame ends it, with no `hold eof` of its own.
+func TestFramedStdinEndsOnlyWithTheEndFrame(t *testing.T) {
+	h := newHolder(t)
+	id := newID(t)
+	if err := h.Start(id, []string{"sh", "-c", "cat; echo end"}); err != nil {
+		t.Fatal(err)
+	}
+	// The channel is lost between frames, then within a header.
+	if err := h.FeedFrames(context.Background(), id, bytes.NewReader(frames("one\n"))); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.FeedFrames(context.Background(), id, bytes.NewReader([]byte{0, 0}))
+	waitFor(t, "the first line", func() bool { s, _ := h.State(id); return s.OutLen >= 4 })
+	time.Sleep(300 * time.Millisecond)
+	if s, _ := h.State(id); s.Ended {
+		t.Fatal("the command's stdin ended with input cut short")
+	}
+	if err := h.FeedFrames(context.Background(), id, bytes.NewReader(frames("two\n", ""))); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	actx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, err := h.Attach(actx, id, 0, 0, &out, &bytes.Buffer{})
+	if err != nil || code != 0 || out.String() != "one\ntwo\nend\n" {
+		t.Fatalf("exit %d, %v, output %q", code, err, out.String())
+	}
 }
