@@ -200,3 +200,41 @@ func waitFor(timeout time.Duration, cond func() bool) bool {
 	}
 	return cond()
 }
+
+// TestPlainCommandOnASilentConnectionIsProbedAndSaysSo: where the holder
+// cannot run (sync_helper off), a running command whose connection goes
+// silent for good is found by the daemon's probes (ssh_probe_timeout), not
+// at its keepalive timeout (25 s): the exec ends with exit 125 and a
+// report, having said on stderr what it waited for, and ran once.
+func TestPlainCommandOnASilentConnectionIsProbedAndSaysSo(t *testing.T) {
+	t.Parallel()
+	b := shortSilence
+	e := newEnv(t)
+	lc := e.startSilentLocalcloud(b)
+	e.writeConfig(map[string]any{"ssh_probe_timeout": b.probeTimeout.String(), "sync_helper": "off"})
+	d := e.startDaemon()
+	repo := e.newRepo("plainprobe", defaultConfig)
+	e.startSandbox(repo)
+	e.mustNook(repo, "exec", "--", "true")
+	counter := counterFile(t, "plainprobe")
+	cmd := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", fmt.Sprintf("echo ran >> %s; sleep 60", counter))
+	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": 60_000, "drop": true})
+	start := time.Now()
+	r := cmd.wait(t, 2*time.Minute)
+	took := time.Since(start)
+	// A probe every 5 s, answered within the probe timeout, with margin;
+	// the keepalive timeout is 25 s.
+	if bound := 5*time.Second + b.probeTimeout + 5*time.Second; took > bound {
+		t.Errorf("the exec on a silent connection ended %v after the silence began, past %v", took.Round(time.Millisecond), bound)
+	}
+	checkFailure(t, "a plain command on a silent connection", r)
+	if !strings.Contains(r.stderr, "went silent: no answer to a probe") {
+		d.stop(t)
+		t.Errorf("nothing said what the exec waited for:\n%s\n%s", r.stderr, d.logs)
+	}
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		t.Errorf("the command ran %d times", n)
+	}
+	t.Logf("a plain command on a silent connection ended %v after the silence began:\n%s", took.Round(time.Millisecond), r.stderr)
+}
