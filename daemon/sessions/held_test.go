@@ -5,6 +5,8 @@ import (
 	"io"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
 )
 
 // unframe decodes hold's stdin frames: the bytes, and whether the end
@@ -92,5 +94,29 @@ func TestStdinHandoffFramesWhatDoesNotFitInOneRead(t *testing.T) {
 	}
 	if data, ended := unframe(t, got); data != string(want) || !ended {
 		t.Fatalf("got %d bytes (end frame: %v), want %d", len(data), ended, len(want))
+	}
+}
+
+// TestHeldSignalNamesOnlyASignalThatMatchesTheExitCode: the holder's word
+// names the signal of a 128+n exit only when the name is one this daemon
+// knows and its number is n; anything else leaves the exit code alone.
+func TestHeldSignalNamesOnlyASignalThatMatchesTheExitCode(t *testing.T) {
+	code := func(n int) *int { return &n }
+	for _, c := range []struct {
+		st   sshpool.ExitStatus
+		hs   holdState
+		want sshpool.ExitStatus
+	}{
+		{sshpool.ExitStatus{Code: 143}, holdState{Ended: true, ExitCode: code(143), Signal: "TERM"}, sshpool.ExitStatus{Code: 143, Signal: "TERM"}},
+		{sshpool.ExitStatus{Code: 130}, holdState{Ended: true, ExitCode: code(130), Signal: "INT"}, sshpool.ExitStatus{Code: 130, Signal: "INT"}},
+		{sshpool.ExitStatus{Code: 143}, holdState{Ended: true, ExitCode: code(143), Signal: "KILL"}, sshpool.ExitStatus{Code: 143}},
+		{sshpool.ExitStatus{Code: 143}, holdState{Ended: true, ExitCode: code(137), Signal: "TERM"}, sshpool.ExitStatus{Code: 143}},
+		{sshpool.ExitStatus{Code: 143}, holdState{Ended: true, ExitCode: code(143), Signal: "rm -rf"}, sshpool.ExitStatus{Code: 143}},
+		{sshpool.ExitStatus{Code: 143}, holdState{Ended: false, Signal: "TERM"}, sshpool.ExitStatus{Code: 143}},
+		{sshpool.ExitStatus{Code: 143}, holdState{Ended: true, Signal: "TERM"}, sshpool.ExitStatus{Code: 143}},
+	} {
+		if got := heldSignal(c.st, c.hs); got != c.want {
+			t.Errorf("heldSignal(%+v, %+v) = %+v, want %+v", c.st, c.hs, got, c.want)
+		}
 	}
 }
