@@ -165,6 +165,8 @@ func TestConnectionLostMidCommandIsReportedNeverRerun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	lc := e.startLocalcloud()
+	// The unheld path: a held command survives the drop (durable_default_test.go).
+	e.writeConfig(map[string]any{"durable_exec": false})
 	e.startDaemon()
 	repo := e.newRepo("midcmd", defaultConfig)
 	run := e.startSandbox(repo)

@@ -111,7 +111,8 @@ type Config struct {
 	// queue.
 	QueueTimeout time.Duration
 	// DurableExec runs commands under the sandbox helper's holder, so
-	// that they survive a lost connection (docs/durable-exec.md).
+	// that they survive a lost connection (docs/durable-exec.md); on by
+	// default, "durable_exec": false turns it off.
 	DurableExec bool
 	// IdleStop stops a sandbox nobody used for that long (0: never;
 	// IdleStopAuto: the remote's default, see EffectiveIdleStop).
@@ -146,6 +147,7 @@ func Default() Config {
 		QueueTimeout:      DefaultQueueTimeout,
 		IdleStop:          IdleStopAuto,
 		PullBeforeExpiry:  DefaultPullBeforeExpiry,
+		DurableExec:       true,
 	}
 }
 

@@ -56,7 +56,7 @@ func TestLoadMissingFileGivesDefaults(t *testing.T) {
 		t.Errorf("File = %q, want %q", c.File, l.ConfigFile())
 	}
 	if c.Remote != "local" || c.RWXHost != "cloud.rwx.com" || c.IdleTimeout != 10*time.Minute ||
-		c.ReconcileInterval != 30*time.Second || c.HistoryRetention != 7*24*time.Hour {
+		c.ReconcileInterval != 30*time.Second || c.HistoryRetention != 7*24*time.Hour || !c.DurableExec {
 		t.Errorf("unexpected defaults: %v", c)
 	}
 	if c.TokenSource() != "" || c.RWXAccessToken != "" {
@@ -81,7 +81,8 @@ func TestLoadFullFile(t *testing.T) {
 		"ssh_probe_timeout": "2s",
 		"queue_timeout": "45m",
 		"idle_stop": "45m",
-		"pull_before_expiry": "5m"
+		"pull_before_expiry": "5m",
+		"durable_exec": false
 	}`, 0o600)
 	c, err := Load(l, env)
 	if err != nil {

@@ -135,7 +135,7 @@ func (m *Manager) attachHeld(ctx context.Context, req ipc.ExecRequest, stream ba
 	}
 	_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 	stdio := sshpool.Stdio{Stdout: stream.Stdout(), Stderr: stream.Stderr(), Signals: forwardSignals(ctx, stream)}
-	if _, err := m.execProbing(ctx, lc, fmt.Sprintf("exec %s hold attach %s 0 0", bin, id), stdio); err != nil {
+	if _, err := m.execProbing(ctx, lc, fmt.Sprintf("exec %s hold attach %s 0 0", bin, id), stdio, "the attach ends; `nook attach` again reattaches"); err != nil {
 		if ctx.Err() != nil {
 			return ipc.ExecResult{}, errdefs.Canceled(fmt.Errorf("the attach was cancelled because the client went away: %w", err))
 		}

@@ -388,7 +388,15 @@ func (m *Manager) run(ctx context.Context, s *store.Session, conn *lockedConn, r
 	if helper := m.holderOn(conn.conn); s != nil && helper != "" && req.TTY == nil {
 		st, err = m.runHeld(ctx, s, conn, helper, stdio, command, stream)
 	} else {
-		st, err = conn.exec(ctx, command, stdio)
+		// A connection that goes silent under the command is found by
+		// probes, saying what they wait for, not by the keepalives.
+		pctx := withLockProgress(ctx, func(msg string) {
+			_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
+			if s != nil {
+				m.progress(s, ipc.PhaseWaiting, msg)
+			}
+		})
+		st, err = m.execProbing(pctx, conn, command, stdio, afterPlain)
 	}
 	if err != nil {
 		if ctx.Err() != nil {

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"regexp"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -27,13 +29,24 @@ import (
 // reattachAttempts bounds the reattaches of one exec.
 const reattachAttempts = 3
 
+// What follows a probe timeout on a held command's connection and on a
+// plain one's.
+const (
+	afterHeld  = "the command, which goes on in the sandbox, is reattached on a new connection"
+	afterPlain = "the connection is given up and the command reported as cut (exit 125)"
+)
+
 // maxHoldState bounds the answer of `hold state`.
 const maxHoldState = 4 << 10
 
 var helperFile = regexp.MustCompile(`^[a-z-]+-[0-9a-f]{16}$`)
 
 // holderOn is the sandbox helper's file name on conn when it can hold a
-// command, "" when not.
+// command, "" when not. The holder needs the helper's file, not its
+// server: on a new connection whose server is still starting (the first
+// execs after a reconnect, when a hold matters most) the file installed
+// in that sandbox before serves. A helper that will not serve on conn
+// (off, another platform, a failed start) holds nothing.
 func (m *Manager) holderOn(conn *sshpool.Conn) string {
 	m.mu.Lock()
 	on := m.daemonCfg.DurableExec
@@ -42,10 +55,17 @@ func (m *Manager) holderOn(conn *sshpool.Conn) string {
 		return ""
 	}
 	name, inst := m.opts.SyncHelper(conn)
-	if inst == "" || !helperFile.MatchString(name) {
+	if inst != "" && helperFile.MatchString(name) {
+		m.helperBins.Store(conn.RunID(), name)
+		return name
+	}
+	if m.opts.HelperUnavailable == nil || m.opts.HelperUnavailable(conn) {
 		return ""
 	}
-	return name
+	if prev, ok := m.helperBins.Load(conn.RunID()); ok {
+		return prev.(string)
+	}
+	return ""
 }
 
 // holdState is the holder's answer about one exec (sandboxhelper/hold).
@@ -96,21 +116,18 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn,
 	out, errw := &counted{w: stdio.Stdout}, &counted{w: stdio.Stderr}
 	stdio.Stdout, stdio.Stderr = out, errw
 	bin := ".git/sandboxd/bin/" + helper
-	var current atomic.Pointer[sshpool.Conn]
-	current.Store(lc.conn)
-	if stdio.Stdin != nil {
-		// The end of the caller's stdin is told on a request of its own: a
-		// lost channel ends the holder's stdin too.
-		stdio.Stdin = &eofTeller{r: stdio.Stdin, tell: func() {
-			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlockTimeout)
-			defer cancel()
-			if _, err := current.Load().ExecOnce(tctx, fmt.Sprintf("exec %s hold eof %s", bin, id), sshpool.Stdio{}); err != nil {
-				m.log.Debug("tell a held command its stdin ended", "run", s.RunID, "err", err)
-			}
-		}}
+	// The caller's stdin goes in frames (hold's --stdin-frames): its end
+	// is a frame, so a lost channel is no end of it and no request of its
+	// own tells one. No stdin is an empty one, ended at once.
+	src := stdio.Stdin
+	if src == nil {
+		src = eofReader{}
 	}
-	start := fmt.Sprintf("exec %s hold start %s -- sh -c %s", bin, id, quoteArg(command, true))
-	st, err := m.execProbing(ctx, lc, start, stdio)
+	in := newStdinHandoff(src)
+	defer in.close()
+	stdio.Stdin = in.next()
+	start := fmt.Sprintf("exec %s hold start %s --stdin-frames -- sh -c %s", bin, id, quoteArg(command, true))
+	st, err := m.execProbing(ctx, lc, start, stdio, afterHeld)
 	began := time.Now().UnixNano()
 	for attempt := 0; attempt < reattachAttempts && err != nil && errors.Is(err, sshpool.ErrConnectionLost) && ctx.Err() == nil; attempt++ {
 		// Silence gives no time of its own: the last byte received is the
@@ -122,32 +139,58 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn,
 			return st, fmt.Errorf("%w; reattaching failed: %w", err, lerr)
 		}
 		lc.conn = conn
-		current.Store(conn)
+		// The lost exec's stdin relay may still wait for the caller's
+		// next bytes: they go to the new attach instead.
+		stdio.Stdin = in.next()
 		hs, serr := m.holdState(ctx, lc, bin, id)
 		if serr != nil {
 			return st, fmt.Errorf("%w; asking the sandbox about the command failed: %w", err, serr)
 		}
-		line := fmt.Sprintf("exec %s hold attach %s %d %d", bin, id, out.n.Load(), errw.n.Load())
+		line := fmt.Sprintf("exec %s hold attach %s %d %d --stdin-frames", bin, id, out.n.Load(), errw.n.Load())
 		if !hs.Started {
 			// The start never reached the sandbox: it runs now, once.
 			line = start
 		}
 		msg := fmt.Sprintf("the connection to the sandbox dropped for about %s (nothing came since); the command went on in the sandbox and is reattached", time.Since(lost).Round(100*time.Millisecond))
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: msg})
-		st, err = m.execProbing(ctx, lc, line, stdio)
+		st, err = m.execProbing(ctx, lc, line, stdio, afterHeld)
+	}
+	if err == nil && st.Signal == "" && st.Code > 128 && st.Code < 160 {
+		// The holder reports a signal as 128+n; its state names it.
+		if hs, serr := m.holdState(ctx, lc, bin, id); serr == nil {
+			st = heldSignal(st, hs)
+		} else {
+			m.log.Debug("ask the holder how a command ended", "run", s.RunID, "exec", id, "err", serr)
+		}
 	}
 	return st, err
 }
 
+// heldSignal is st with the signal the holder names in hs, when hs says
+// the command ended by a signal this daemon knows and its number matches
+// st's 128+n; st unchanged otherwise.
+func heldSignal(st sshpool.ExitStatus, hs holdState) sshpool.ExitStatus {
+	if !hs.Ended || hs.ExitCode == nil || *hs.ExitCode != st.Code {
+		return st
+	}
+	if n, ok := signalNumbers[hs.Signal]; ok && 128+n == st.Code {
+		return sshpool.ExitStatus{Code: st.Code, Signal: hs.Signal}
+	}
+	return st
+}
+
 // execProbing runs line on lc while probing its connection every
-// probeEvery: a held command may print nothing for long, and a connection
-// that went silent under it is then found within the probe timeout, not
-// at the keepalive timeout, and the command reattached.
-func (m *Manager) execProbing(ctx context.Context, lc *lockedConn, line string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
+// probeEvery: a command may print nothing for long, and a connection that
+// went silent under it is then found within the probe timeout, not at the
+// keepalive timeout (a held command is then reattached, a plain one
+// reported). A probe unanswered past sayAfter says so through ctx's lock
+// progress; after is what happens once the probe timeout passes.
+func (m *Manager) execProbing(ctx context.Context, lc *lockedConn, line string, stdio sshpool.Stdio, after string) (sshpool.ExitStatus, error) {
 	_, probeTimeout := m.waitBounds()
 	done := make(chan struct{})
 	defer close(done)
 	conn := lc.conn
+	say := lockProgress(ctx)
 	go func() {
 		for {
 			select {
@@ -155,7 +198,17 @@ func (m *Manager) execProbing(ctx context.Context, lc *lockedConn, line string, 
 				return
 			case <-time.After(probeEvery):
 			}
-			if conn.Probe(ctx, probeTimeout) != nil {
+			sent := time.Now()
+			t := time.AfterFunc(sayAfter, func() {
+				select {
+				case <-done:
+				default:
+					say(fmt.Sprintf("%s: no answer to a probe sent at %s; waiting up to %s (ssh_probe_timeout) for one, then %s", ipc.WaitingSilent, sent.Local().Format("15:04:05"), probeTimeout, after))
+				}
+			})
+			err := conn.Probe(ctx, probeTimeout)
+			t.Stop()
+			if err != nil {
 				return // closed: the exec below ends with ErrConnectionLost
 			}
 		}
@@ -210,18 +263,134 @@ func (l *limitWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// eofTeller reads r and calls tell when it ends.
-type eofTeller struct {
-	r    io.Reader
-	tell func()
+// stdinHandoff hands the caller's stdin to one attach after another, in
+// hold's frames: a single pump reads it, and the reader of an attach that
+// was replaced ends (EOF, no end frame) instead of taking bytes meant for
+// the next. Bytes the lost attach had already sent may be lost with its
+// channel.
+type stdinHandoff struct {
+	src  io.Reader
+	once sync.Once
+	data chan []byte
+	done chan struct{}
+	mu   sync.Mutex
+	rest []byte        // a chunk's unsent part, for whichever reader is current
+	gone chan struct{} // closed when the current reader is replaced
 }
 
-func (e *eofTeller) Read(p []byte) (int, error) {
-	n, err := e.r.Read(p)
-	if err == io.EOF {
-		e.tell()
+// frameHeader is the length prefix of a stdin frame; maxStdinFrame
+// bounds one (hold's own bound is larger).
+const (
+	frameHeader   = 4
+	maxStdinFrame = 32 << 10
+)
+
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
+
+func newStdinHandoff(src io.Reader) *stdinHandoff {
+	return &stdinHandoff{src: src, data: make(chan []byte), done: make(chan struct{})}
+}
+
+// next ends the current reader and returns the next attach's.
+func (h *stdinHandoff) next() io.Reader {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gone != nil {
+		close(h.gone)
 	}
-	return n, err
+	h.gone = make(chan struct{})
+	return &handoffReader{h: h, gone: h.gone}
+}
+
+// close stops the pump (the exec is over).
+func (h *stdinHandoff) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	select {
+	case <-h.done:
+	default:
+		close(h.done)
+	}
+}
+
+func (h *stdinHandoff) pump() {
+	defer close(h.data)
+	for {
+		buf := make([]byte, maxStdinFrame)
+		n, err := h.src.Read(buf)
+		if n > 0 {
+			select {
+			case h.data <- buf[:n]:
+			case <-h.done:
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+type handoffReader struct {
+	h     *stdinHandoff
+	gone  chan struct{}
+	ended bool // the end frame was sent
+}
+
+// frame puts as much of b as fits in p as one frame; the rest is kept.
+func (r *handoffReader) frame(p, b []byte) int {
+	n := min(len(b), len(p)-frameHeader)
+	binary.BigEndian.PutUint32(p, uint32(n))
+	copy(p[frameHeader:], b[:n])
+	r.h.rest = append(r.h.rest[:0:0], b[n:]...)
+	return frameHeader + n
+}
+
+func (r *handoffReader) Read(p []byte) (int, error) {
+	if len(p) <= frameHeader {
+		return 0, io.ErrShortBuffer
+	}
+	h := r.h
+	if r.ended {
+		return 0, io.EOF
+	}
+	h.once.Do(func() { go h.pump() })
+	h.mu.Lock()
+	select {
+	case <-r.gone:
+		h.mu.Unlock()
+		return 0, io.EOF
+	default:
+	}
+	if len(h.rest) > 0 {
+		defer h.mu.Unlock()
+		return r.frame(p, h.rest), nil
+	}
+	h.mu.Unlock()
+	select {
+	case <-r.gone:
+		return 0, io.EOF
+	case b, ok := <-h.data:
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		select {
+		case <-r.gone:
+			// Replaced while it waited: the bytes are the next reader's
+			// (a closed pump stays closed for it too).
+			h.rest = append(b, h.rest...)
+			return 0, io.EOF
+		default:
+		}
+		if !ok {
+			// The caller's stdin ended: the empty frame says so.
+			r.ended = true
+			binary.BigEndian.PutUint32(p, 0)
+			return frameHeader, nil
+		}
+		return r.frame(p, b), nil
+	}
 }
 
 // helperStartSlack is the time a helper process in the sandbox may take to

@@ -184,6 +184,10 @@ type Manager struct {
 	now  func() time.Time
 	git  gitRunner
 
+	// helperBins: run id → the sandbox helper's file name last seen
+	// serving in that sandbox (held.go).
+	helperBins sync.Map
+
 	creates    flight[*store.Session] // by identity key: one create per identity
 	readies    flight[*store.Session] // by session id: one wait-for-ready poller
 	reconciles flight[ReconcileReport]

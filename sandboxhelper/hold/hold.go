@@ -8,6 +8,7 @@ package hold
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,7 +34,14 @@ const (
 	inEOFFile  = "in.eof" // the caller's stdin ended
 	stateFile  = "state"
 	statusFile = "status"
+	// runFile is locked (flock, exclusive) by the keeper for as long as
+	// it runs: an attach waiting on it wakes the moment the status is
+	// written, rather than at its next poll.
+	runFile = "run"
 )
+
+// keeperLockFD is where the keeper finds runFile, locked, open.
+const keeperLockFD = 3
 
 // pollEvery is how often an attach looks for new output.
 const pollEvery = 10 * time.Millisecond
@@ -127,6 +135,17 @@ func (h *Holder) Start(id string, argv []string) error {
 	// Its own session: the hang-up of the channel that started it does not
 	// reach it.
 	k.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	// The lock is the open file's, shared with the keeper's copy: it
+	// lasts until the keeper ends, whatever this process does.
+	run, err := os.OpenFile(filepath.Join(dir, runFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("create the exec's run lock: %w", err)
+	}
+	defer run.Close()
+	if err := syscall.Flock(int(run.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return fmt.Errorf("lock the exec's run lock: %w", err)
+	}
+	k.ExtraFiles = []*os.File{run}
 	if err := k.Start(); err != nil {
 		return fmt.Errorf("start the keeper: %w", err)
 	}
@@ -140,6 +159,9 @@ func (h *Holder) Keep(id string) error {
 	if err != nil {
 		return err
 	}
+	// The run lock (from Start) is the keeper's alone: the command and
+	// what it leaves behind must not keep it.
+	syscall.CloseOnExec(keeperLockFD)
 	b, err := os.ReadFile(filepath.Join(dir, "argv"))
 	if err != nil {
 		return err
@@ -256,6 +278,16 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 	if _, err := os.Stat(dir); err != nil {
 		return 0, ErrUnknown
 	}
+	ran := make(chan struct{})
+	if run, err := os.Open(filepath.Join(dir, runFile)); err == nil {
+		// Blocks until the keeper ends (at once if it has); the process
+		// exits with the attach, the goroutine with it.
+		go func() {
+			defer run.Close()
+			_ = syscall.Flock(int(run.Fd()), syscall.LOCK_SH)
+			close(ran)
+		}()
+	}
 	for {
 		// The status first: once it exists, the streams are complete.
 		var st status
@@ -272,6 +304,8 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 		select {
 		case <-ctx.Done():
 			return 0, ctx.Err()
+		case <-ran:
+			ran = nil // the status is written: the next look finds it
 		case <-time.After(pollEvery):
 		}
 	}
@@ -454,6 +488,80 @@ func (h *Holder) Feed(ctx context.Context, id string, r io.Reader) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+	}
+}
+
+// StdinFrames is the option of start and attach whose stdin comes in
+// frames: a 4-byte big-endian length, then that many bytes; an empty frame
+// is the end of the caller's input. A channel that is lost ends the bytes
+// without that frame, so it is no end of the input, and no request of its
+// own (`hold eof`) is needed to tell one.
+const StdinFrames = "--stdin-frames"
+
+// maxFrame bounds one stdin frame.
+const maxFrame = 1 << 20
+
+func (h *Holder) feed(ctx context.Context, id string, r io.Reader, framed bool) error {
+	if framed {
+		return h.FeedFrames(ctx, id, r)
+	}
+	return h.Feed(ctx, id, r)
+}
+
+// FeedFrames is Feed for framed input (StdinFrames): the empty frame
+// ends the exec's stdin (EOF); bytes that end without it, or a frame past
+// maxFrame, end this feed only.
+func (h *Holder) FeedFrames(ctx context.Context, id string, r io.Reader) error {
+	pr, pw := io.Pipe()
+	ended := make(chan bool, 1)
+	go func() {
+		var hdr [4]byte
+		buf := make([]byte, 32<<10)
+		for {
+			if _, err := io.ReadFull(r, hdr[:]); err != nil {
+				pw.CloseWithError(err)
+				ended <- false
+				return
+			}
+			n := int(binary.BigEndian.Uint32(hdr[:]))
+			if n == 0 {
+				pw.Close()
+				ended <- true
+				return
+			}
+			if n > maxFrame {
+				pw.CloseWithError(fmt.Errorf("a stdin frame of %d bytes is past the bound of %d", n, maxFrame))
+				ended <- false
+				return
+			}
+			for n > 0 {
+				m, err := io.ReadFull(r, buf[:min(n, len(buf))])
+				if _, werr := pw.Write(buf[:m]); werr != nil {
+					ended <- false
+					return
+				}
+				if err != nil {
+					pw.CloseWithError(err)
+					ended <- false
+					return
+				}
+				n -= m
+			}
+		}
+	}()
+	err := h.Feed(ctx, id, pr)
+	pr.Close()
+	if err != nil {
+		return err
+	}
+	select {
+	case end := <-ended:
+		if end {
+			return h.EOF(id)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -182,5 +183,74 @@ func TestStdinReachesTheCommandAcrossFeeds(t *testing.T) {
 	}
 	if out.String() != "got one\ntwo\nthree\nend\n" {
 		t.Errorf("output %q", out.String())
+	}
+}
+
+// TestAttachWakesWhenTheKeeperEndsAndTheCommandGetsNoLock: an attach
+// waiting on the keeper's run lock returns as the command ends, and the
+// command (which may leave processes behind) does not hold that lock.
+func TestAttachWakesWhenTheKeeperEndsAndTheCommandGetsNoLock(t *testing.T) {
+	h := newHolder(t)
+	id := newID(t)
+	if err := h.Start(id, []string{"sh", "-c", "if [ -e /proc/$$/fd/3 ]; then echo leaked; fi; sleep 0.2"}); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	code, err := h.Attach(context.Background(), id, 0, 0, &out, &errb)
+	if err != nil || code != 0 {
+		t.Fatalf("attach: %d, %v (%s)", code, err, errb.String())
+	}
+	if strings.Contains(out.String(), "leaked") {
+		t.Errorf("the command inherited the keeper's run lock")
+	}
+	dir, _ := h.dir(id)
+	run, err := os.Open(filepath.Join(dir, runFile))
+	if err != nil {
+		t.Fatalf("no run lock: %v", err)
+	}
+	defer run.Close()
+	// The keeper exits just after the status is written.
+	waitFor(t, "the keeper to free the run lock", func() bool {
+		return syscall.Flock(int(run.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	})
+}
+
+func frames(parts ...string) []byte {
+	var b []byte
+	for _, p := range parts {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(p)))
+		b = append(b, p...)
+	}
+	return b
+}
+
+// TestFramedStdinEndsOnlyWithTheEndFrame: framed input cut short (its
+// channel lost) leaves the command's stdin open for the next attach; the
+// empty frame ends it, with no `hold eof` of its own.
+func TestFramedStdinEndsOnlyWithTheEndFrame(t *testing.T) {
+	h := newHolder(t)
+	id := newID(t)
+	if err := h.Start(id, []string{"sh", "-c", "cat; echo end"}); err != nil {
+		t.Fatal(err)
+	}
+	// The channel is lost between frames, then within a header.
+	if err := h.FeedFrames(context.Background(), id, bytes.NewReader(frames("one\n"))); err != nil {
+		t.Fatal(err)
+	}
+	_ = h.FeedFrames(context.Background(), id, bytes.NewReader([]byte{0, 0}))
+	waitFor(t, "the first line", func() bool { s, _ := h.State(id); return s.OutLen >= 4 })
+	time.Sleep(300 * time.Millisecond)
+	if s, _ := h.State(id); s.Ended {
+		t.Fatal("the command's stdin ended with input cut short")
+	}
+	if err := h.FeedFrames(context.Background(), id, bytes.NewReader(frames("two\n", ""))); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	actx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	code, err := h.Attach(actx, id, 0, 0, &out, &bytes.Buffer{})
+	if err != nil || code != 0 || out.String() != "one\ntwo\nend\n" {
+		t.Fatalf("exit %d, %v, output %q", code, err, out.String())
 	}
 }

@@ -39,7 +39,7 @@ func DefaultRoot() (string, error) {
 // command's.
 func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	usage := func() int {
-		fmt.Fprintln(stderr, "usage: hold start ID -- ARGV... | launch ID -- ARGV... | attach ID OUT ERR | state ID | signal ID SIGNAL")
+		fmt.Fprintln(stderr, "usage: hold start ID [--stdin-frames] -- ARGV... | launch ID -- ARGV... | attach ID OUT ERR [--stdin-frames] | state ID | signal ID SIGNAL | eof ID")
 		return ExitUsage
 	}
 	if len(args) < 2 {
@@ -87,6 +87,12 @@ func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdo
 	}
 	switch args[0] {
 	case "start":
+		// --stdin-frames: stdin comes in frames (FeedFrames), whose empty
+		// one is the end of the caller's input.
+		framed := len(args) > 2 && args[2] == StdinFrames
+		if framed {
+			args = append(args[:2:2], args[3:]...)
+		}
 		if len(args) < 4 || args[2] != "--" {
 			return usage()
 		}
@@ -99,7 +105,7 @@ func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdo
 		}
 		actx, stop := attached()
 		defer stop()
-		go func() { _ = h.Feed(actx, id, stdin) }()
+		go func() { _ = h.feed(actx, id, stdin, framed) }()
 		code, err := h.Attach(actx, id, 0, 0, stdout, stderr)
 		if err != nil {
 			return fail(err)
@@ -123,6 +129,10 @@ func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdo
 		}
 		return 0
 	case "attach":
+		framed := len(args) == 5 && args[4] == StdinFrames
+		if framed {
+			args = args[:4]
+		}
 		if len(args) != 4 {
 			return usage()
 		}
@@ -133,7 +143,7 @@ func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdo
 		}
 		actx, stop := attached()
 		defer stop()
-		go func() { _ = h.Feed(actx, id, stdin) }()
+		go func() { _ = h.feed(actx, id, stdin, framed) }()
 		code, err := h.Attach(actx, id, out, errOff, stdout, stderr)
 		if err != nil {
 			return fail(err)
