@@ -343,7 +343,13 @@ func TestExecDuringANetworkOutageSaysWhatItWaitsForAndRuns(t *testing.T) {
 // round trip before the daemon hears of it, so doctor is asked.
 func (e *env) waitHelper(t *testing.T, run string) {
 	t.Helper()
-	waitUntil(t, time.Minute, "the sandbox helper to serve", func() bool { return e.helperServing(run) })
+	deadline := time.Now().Add(time.Minute)
+	for !e.helperServing(run) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the sandbox helper of %s did not serve within a minute; doctor says:\n%s", run, e.nook(e.root, "doctor"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // TestHeldCommandSurvivesASilenceThatDropsItsConnection: a command running

@@ -894,3 +894,29 @@ func patchKey(patch []byte) string {
 	h := sha256.Sum256(patch)
 	return hex.EncodeToString(h[:])
 }
+
+// WithHelper is r offering the sandbox helper name/inst (HelperRunner):
+// the caller asked for it once, before the exec, so the sync never asks
+// back.
+func WithHelper(r Runner, name, inst string) Runner {
+	return helperRunner{Runner: r, name: name, inst: inst}
+}
+
+type helperRunner struct {
+	Runner
+	name, inst string
+}
+
+func (h helperRunner) SyncHelper() (string, string) { return h.name, h.inst }
+
+// RunPreamble sends the preamble beside the exec request when r can.
+func (h helperRunner) RunPreamble(ctx context.Context, command string, preamble []byte, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	if p, ok := h.Runner.(PreambleRunner); ok {
+		return p.RunPreamble(ctx, command, preamble, stdin, stdout, stderr)
+	}
+	in := io.Reader(bytes.NewReader(preamble))
+	if stdin != nil {
+		in = io.MultiReader(in, stdin)
+	}
+	return h.Runner.Run(ctx, command, in, stdout, stderr)
+}

@@ -35,7 +35,7 @@ func TestProcessRecordsFromTheSandboxAreCheckedAndBounded(t *testing.T) {
 	// so the agent's shell prints exactly the answer given.
 	answer := func(script string) (processRecord, error, time.Duration) {
 		start := time.Now()
-		rec, err := m.processDirective(context.Background(), poolConn{conn}, script+" #", map[string]any{"key": "web"})
+		rec, err := m.processDirective(context.Background(), conn, script+" #", map[string]any{"key": "web"})
 		return rec, err, time.Since(start)
 	}
 	for _, c := range []struct{ name, script, want string }{

@@ -231,7 +231,7 @@ func (m *Manager) BgStop(ctx context.Context, req ipc.BgRequest) (ipc.BgProcess,
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
-	rec, err := m.processDirective(ctx, poolConn{conn}, directiveProcessStop, map[string]any{"key": req.Name})
+	rec, err := m.processDirective(ctx, conn, directiveProcessStop, map[string]any{"key": req.Name})
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
@@ -250,7 +250,7 @@ func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListRe
 	conn, cerr := m.connect(ctx, s)
 	var listed map[string]processRecord
 	if cerr == nil {
-		listed, _ = m.agentProcesses(ctx, poolConn{conn})
+		listed, _ = m.agentProcesses(ctx, conn)
 	}
 	for _, bg := range s.Background {
 		rec := processRecord{Key: bg.Name, Command: bg.Command, TargetPort: bg.TargetPort, Status: "unknown"}
@@ -263,7 +263,7 @@ func (m *Manager) BgList(ctx context.Context, t ipc.BgListRequest) (ipc.BgListRe
 			delete(listed, bg.Name)
 		} else if cerr != nil {
 			detail = cerr.Error()
-		} else if got, err := m.processDirective(ctx, poolConn{conn}, directiveProcessStatus, map[string]any{"key": bg.Name}); errdefs.KindOf(err) == errdefs.KindNotFound {
+		} else if got, err := m.processDirective(ctx, conn, directiveProcessStatus, map[string]any{"key": bg.Name}); errdefs.KindOf(err) == errdefs.KindNotFound {
 			// The sandbox no longer knows it: it went with a restart of
 			// the remote (or of the sandbox), and its forward leads
 			// nowhere.
@@ -301,7 +301,7 @@ func (m *Manager) BgLogs(ctx context.Context, req ipc.BgRequest, stdout, stderr 
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
-	rec, err := m.processDirective(ctx, poolConn{conn}, directiveProcessLogs, map[string]any{"key": req.Name})
+	rec, err := m.processDirective(ctx, conn, directiveProcessLogs, map[string]any{"key": req.Name})
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
@@ -354,7 +354,7 @@ func (m *Manager) bgLocked(ctx context.Context, s *store.Session, p place, doSyn
 		return processRecord{}, err
 	}
 	defer leaseDone()
-	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
+	lc := &sshpool.Locked{Conn: conn, Relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 	if doSync && p.RepoRoot != "" && p.RepoRoot == s.RepoRoot {
 		// No pull follows: push only, so what the process writes is not
 		// taken for an exec's edits.
@@ -368,17 +368,10 @@ func (m *Manager) bgLocked(ctx context.Context, s *store.Session, p place, doSyn
 	return fn(lc)
 }
 
-// execer runs one command in the sandbox: a held connection (poolConn) or
-// the one holding the agent lock (*lockedConn).
+// execer runs one command in the sandbox: a pool connection
+// (*sshpool.Conn) or the one holding the agent lock (*sshpool.Locked).
 type execer interface {
-	exec(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error)
-}
-
-// poolConn is a pool connection as an execer.
-type poolConn struct{ *sshpool.Conn }
-
-func (c poolConn) exec(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
-	return c.Exec(ctx, command, stdio)
+	Exec(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error)
 }
 
 // processDirective sends one managed-process directive and decodes the
@@ -394,7 +387,7 @@ func (m *Manager) processDirective(ctx context.Context, conn execer, name string
 	defer cancel()
 	stdout, stderr := newAnswer(processRecordMax), newAnswer(processErrorMax)
 	stdout.onOver = cancel // no record is that long: stop the agent's flood
-	st, err := conn.exec(ctx, name+" "+string(payload), sshpool.Stdio{Stdout: stdout, Stderr: stderr})
+	st, err := conn.Exec(ctx, name+" "+string(payload), sshpool.Stdio{Stdout: stdout, Stderr: stderr})
 	if stdout.over {
 		return processRecord{}, errdefs.Unavailable(fmt.Errorf("the sandbox agent's answer to %s for %q is over %d bytes: refused (a process record is small)", name, key, processRecordMax))
 	}
@@ -449,7 +442,7 @@ func (m *Manager) waitPort(ctx context.Context, s *store.Session, rec processRec
 		if cerr != nil {
 			return out, cerr
 		}
-		st, serr := m.processDirective(ctx, poolConn{conn}, directiveProcessStatus, map[string]any{"key": rec.Key})
+		st, serr := m.processDirective(ctx, conn, directiveProcessStatus, map[string]any{"key": rec.Key})
 		if serr != nil {
 			return out, serr
 		}

@@ -33,7 +33,7 @@ func (m *Manager) BgForward(ctx context.Context, req ipc.BgForwardRequest) (ipc.
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}
-	rec, err := m.processDirective(ctx, poolConn{conn}, directiveProcessStatus, map[string]any{"key": req.Name})
+	rec, err := m.processDirective(ctx, conn, directiveProcessStatus, map[string]any{"key": req.Name})
 	if err != nil {
 		return ipc.BgProcess{}, err
 	}

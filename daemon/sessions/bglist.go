@@ -34,7 +34,7 @@ func (m *Manager) agentProcesses(ctx context.Context, conn execer) (map[string]p
 	defer cancel()
 	out := newAnswer(maxProcessListSize)
 	out.onOver = cancel
-	st, err := conn.exec(ctx, directiveProcessList, sshpool.Stdio{Stdout: out, Stderr: newAnswer(processErrorMax)})
+	st, err := conn.Exec(ctx, directiveProcessList, sshpool.Stdio{Stdout: out, Stderr: newAnswer(processErrorMax)})
 	if err != nil || out.over || st.Code != 0 || st.Signal != "" {
 		return nil, false
 	}

@@ -72,13 +72,13 @@ func (m *Manager) waitHolder(ctx context.Context, conn *sshpool.Conn, what strin
 // launchHeld starts command under the holder without attaching: the
 // command runs on with an empty stdin. It is sent once: a launch whose
 // answer was lost is not sent again (nook attach tells whether it runs).
-func (m *Manager) launchHeld(ctx context.Context, lc *lockedConn, helper, command string) (string, error) {
+func (m *Manager) launchHeld(ctx context.Context, lc *sshpool.Locked, helper, command string) (string, error) {
 	id := newExecID()
 	bin := ".git/sandboxd/bin/" + helper
 	_, probeTimeout := m.waitBounds()
 	var st sshpool.ExitStatus
 	err := helperWait(ctx, "start the detached command", probeTimeout+helperStartSlack, func(ctx context.Context) (err error) {
-		st, err = lc.exec(ctx, fmt.Sprintf("exec %s hold launch %s -- sh -c %s", bin, id, quoteArg(command, true)), sshpool.Stdio{})
+		st, err = lc.Exec(ctx, fmt.Sprintf("exec %s hold launch %s -- sh -c %s", bin, id, quoteArg(command, true)), sshpool.Stdio{})
 		return err
 	})
 	if err != nil {
@@ -120,7 +120,7 @@ func (m *Manager) attachHeld(ctx context.Context, req ipc.ExecRequest, stream ba
 		return ipc.ExecResult{}, err
 	}
 	// Following a command needs no lock: the holder only reads its files.
-	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.connect(ctx, s) }}
+	lc := &sshpool.Locked{Conn: conn, Relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.connect(ctx, s) }}
 	helper, err := m.waitHolder(ctx, conn, "nook attach")
 	if err != nil {
 		return ipc.ExecResult{}, err

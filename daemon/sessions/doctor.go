@@ -83,7 +83,7 @@ func (m *Manager) checkSandbox(ctx context.Context, s *store.Session) []ipc.Doct
 	before := m.now()
 	st, err := conn.Exec(ctx, "date +%s", sshpool.Stdio{Stdout: out, Stderr: errb})
 	after := m.now()
-	if err != nil || exitCode(st) != 0 {
+	if err != nil || st.ShellCode() != 0 {
 		return []ipc.DoctorCheck{{Name: name, Detail: fmt.Sprintf("a command over SSH failed: %v %s", err, printable(strings.TrimSpace(errb.String()), 512)),
 			Fix: "see sandboxd's log; `nook reset` starts a new sandbox"}}
 	}

@@ -109,7 +109,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 		return ipc.ExecResult{}, err
 	}
 	defer leaseDone()
-	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
+	lc := &sshpool.Locked{Conn: conn, Relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 
 	res := ipc.ExecResult{RunID: s.RunID, RunURL: m.browserURL(s.RunURL), PulledFiles: []string{}}
 	warn := func(msg string) {
@@ -126,7 +126,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 		if holder, err = m.waitHolder(withLockProgress(ctx, func(msg string) {
 			_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
 			m.progress(s, ipc.PhaseWaiting, msg)
-		}), lc.conn, "nook exec --detach"); err != nil {
+		}), lc.Conn, "nook exec --detach"); err != nil {
 			return ipc.ExecResult{}, err
 		}
 	}
@@ -182,7 +182,7 @@ func (m *Manager) Exec(ctx context.Context, req ipc.ExecRequest, stream backend.
 		}
 		return ipc.ExecResult{}, runErr
 	}
-	res.ExitCode, res.Signal = exitCode(status), status.Signal
+	res.ExitCode, res.Signal = status.ShellCode(), status.Signal
 	ran := m.now()
 
 	if sync {
@@ -286,7 +286,7 @@ const abandonTimeout = 30 * time.Second
 // daemon's log), so the next exec starts from the local tree and nothing
 // is lost. If it fails, the sandbox keeps them and the next exec brings
 // them back.
-func (m *Manager) saveAbandoned(ctx context.Context, lc *lockedConn, s *store.Session) {
+func (m *Manager) saveAbandoned(ctx context.Context, lc *sshpool.Locked, s *store.Session) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), abandonTimeout)
 	defer cancel()
 	m.mark(sctx, lc, directiveSyncStart)
@@ -302,8 +302,8 @@ func (m *Manager) saveAbandoned(ctx context.Context, lc *lockedConn, s *store.Se
 
 // mark sends a sync marker without waiting; a marker that could not be
 // sent only costs the run's log its filtering.
-func (m *Manager) mark(ctx context.Context, lc *lockedConn, marker string) {
-	if err := lc.conn.Send(ctx, marker); err != nil {
+func (m *Manager) mark(ctx context.Context, lc *sshpool.Locked, marker string) {
+	if err := lc.Conn.Send(ctx, marker); err != nil {
 		m.log.Debug("sync marker not sent", "marker", marker, "err", err)
 	}
 }
@@ -352,7 +352,7 @@ func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, 
 // command is the remote command line, stdout where its output goes. With
 // s, the command is held by the sandbox helper where it can be (no
 // terminal): it then survives a lost connection.
-func (m *Manager) run(ctx context.Context, s *store.Session, conn *lockedConn, req ipc.ExecRequest, stream backend.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
+func (m *Manager) run(ctx context.Context, s *store.Session, conn *sshpool.Locked, req ipc.ExecRequest, stream backend.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
 	signals := make(chan ssh.Signal, 4)
 	done := make(chan struct{})
 	defer close(done)
@@ -385,7 +385,7 @@ func (m *Manager) run(ctx context.Context, s *store.Session, conn *lockedConn, r
 	}
 	var st sshpool.ExitStatus
 	var err error
-	if helper := m.holderOn(conn.conn); s != nil && helper != "" && req.TTY == nil {
+	if helper := m.holderOn(conn.Conn); s != nil && helper != "" && req.TTY == nil {
 		st, err = m.runHeld(ctx, s, conn, helper, stdio, command, stream)
 	} else {
 		// A connection that goes silent under the command is found by
@@ -438,23 +438,6 @@ func resizes(stream backend.ExecStream, done <-chan struct{}) <-chan sshpool.Win
 		}
 	}()
 	return out
-}
-
-// signalNumbers maps SSH signal names to their numbers, for the 128+n exit
-// code convention of shells.
-var signalNumbers = map[string]int{
-	"HUP": 1, "INT": 2, "QUIT": 3, "ILL": 4, "ABRT": 6, "FPE": 8, "KILL": 9,
-	"USR1": 10, "SEGV": 11, "USR2": 12, "PIPE": 13, "ALRM": 14, "TERM": 15,
-}
-
-func exitCode(st sshpool.ExitStatus) int {
-	if st.Signal != "" {
-		if n, ok := signalNumbers[st.Signal]; ok {
-			return 128 + n
-		}
-		return 255
-	}
-	return st.Code
 }
 
 // recordExec updates the exec statistics off the hot path: the caller has
@@ -559,40 +542,13 @@ func (m *Manager) flushExecRecords() {
 	}
 }
 
-// connRunner runs sync commands on the connection holding the lock.
-type connRunner struct {
-	conn   *lockedConn
-	helper func(*sshpool.Conn) (string, string)
-}
-
-// runner runs the sync's scripts on lc.
-func (m *Manager) runner(lc *lockedConn) connRunner {
-	return connRunner{conn: lc, helper: m.opts.SyncHelper}
-}
-
-// SyncHelper offers the sandbox helper of the connection the lock is held
-// on (gitsync.HelperRunner).
-func (r connRunner) SyncHelper() (string, string) {
-	if r.helper == nil {
-		return "", ""
+// runner is the sync's way to the sandbox for one exec: lc, and the
+// helper serving on its connection, asked here once (sessions → helper),
+// so that gitsync calls down into sshpool and never back into sessions.
+func (m *Manager) runner(lc *sshpool.Locked) gitsync.Runner {
+	if m.opts.SyncHelper == nil {
+		return lc
 	}
-	return r.helper(r.conn.conn)
-}
-
-// RunPreamble is Run with the first bytes of stdin sent beside the exec
-// request (gitsync.PreambleRunner).
-func (r connRunner) RunPreamble(ctx context.Context, command string, preamble []byte, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	st, err := r.conn.exec(ctx, command, sshpool.Stdio{Preamble: preamble, Stdin: stdin, Stdout: stdout, Stderr: stderr})
-	if err != nil {
-		return -1, err
-	}
-	return exitCode(st), nil
-}
-
-func (r connRunner) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	st, err := r.conn.exec(ctx, command, sshpool.Stdio{Stdin: stdin, Stdout: stdout, Stderr: stderr})
-	if err != nil {
-		return -1, err
-	}
-	return exitCode(st), nil
+	name, inst := m.opts.SyncHelper(lc.Conn)
+	return gitsync.WithHelper(lc, name, inst)
 }

@@ -30,7 +30,7 @@ const pullTimeout = 20 * time.Minute
 // separate steps (a patch too large to travel inside a command, or an
 // exchange that kept finding work to do first). dir is where the command
 // runs (execDir).
-func (m *Manager) execFused(ctx context.Context, lc *lockedConn, s *store.Session, req ipc.ExecRequest, dir string, stream backend.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
+func (m *Manager) execFused(ctx context.Context, lc *sshpool.Locked, s *store.Session, req ipc.ExecRequest, dir string, stream backend.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
 	runner := m.runner(lc)
 	for attempt := 0; attempt < fusedAttempts; attempt++ {
 		patch, err := m.prepare(ctx, runner, s, attempt == 0, true, warn)

@@ -104,7 +104,7 @@ func newExecID() string {
 // from the bytes received, so the caller gets the rest of the output and
 // the command's own exit code. The command is started once: after a loss
 // it is started again only if the holder never heard of it.
-func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn, helper string, stdio sshpool.Stdio, command string, stream backend.ExecStream) (sshpool.ExitStatus, error) {
+func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Locked, helper string, stdio sshpool.Stdio, command string, stream backend.ExecStream) (sshpool.ExitStatus, error) {
 	id := newExecID()
 	// The waits of a reattach (the lock, the holder's answers) say what
 	// they wait for, as the exec's first lock wait does.
@@ -138,7 +138,7 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *lockedConn,
 		if lerr != nil {
 			return st, fmt.Errorf("%w; reattaching failed: %w", err, lerr)
 		}
-		lc.conn = conn
+		lc.Conn = conn
 		// The lost exec's stdin relay may still wait for the caller's
 		// next bytes: they go to the new attach instead.
 		stdio.Stdin = in.next()
@@ -173,7 +173,7 @@ func heldSignal(st sshpool.ExitStatus, hs holdState) sshpool.ExitStatus {
 	if !hs.Ended || hs.ExitCode == nil || *hs.ExitCode != st.Code {
 		return st
 	}
-	if n, ok := signalNumbers[hs.Signal]; ok && 128+n == st.Code {
+	if n, ok := sshpool.SignalNumber(hs.Signal); ok && 128+n == st.Code {
 		return sshpool.ExitStatus{Code: st.Code, Signal: hs.Signal}
 	}
 	return st
@@ -185,11 +185,11 @@ func heldSignal(st sshpool.ExitStatus, hs holdState) sshpool.ExitStatus {
 // keepalive timeout (a held command is then reattached, a plain one
 // reported). A probe unanswered past sayAfter says so through ctx's lock
 // progress; after is what happens once the probe timeout passes.
-func (m *Manager) execProbing(ctx context.Context, lc *lockedConn, line string, stdio sshpool.Stdio, after string) (sshpool.ExitStatus, error) {
+func (m *Manager) execProbing(ctx context.Context, lc *sshpool.Locked, line string, stdio sshpool.Stdio, after string) (sshpool.ExitStatus, error) {
 	_, probeTimeout := m.waitBounds()
 	done := make(chan struct{})
 	defer close(done)
-	conn := lc.conn
+	conn := lc.Conn
 	say := lockProgress(ctx)
 	go func() {
 		for {
@@ -213,20 +213,20 @@ func (m *Manager) execProbing(ctx context.Context, lc *lockedConn, line string, 
 			}
 		}
 	}()
-	return lc.exec(ctx, line, stdio)
+	return lc.Exec(ctx, line, stdio)
 }
 
 // holdState asks the holder about exec id on lc. The holder reads two
 // small files: it answers within a probe's time plus the start of a
 // process, or it is stuck (or not the holder) and the reattach ends.
-func (m *Manager) holdState(ctx context.Context, lc *lockedConn, bin, id string) (holdState, error) {
+func (m *Manager) holdState(ctx context.Context, lc *sshpool.Locked, bin, id string) (holdState, error) {
 	_, probeTimeout := m.waitBounds()
 	bound := probeTimeout + helperStartSlack
 	var buf bytes.Buffer
 	w := &limitWriter{w: &buf, left: maxHoldState}
 	var st sshpool.ExitStatus
 	err := helperWait(ctx, "answer about the held command", bound, func(ctx context.Context) (err error) {
-		st, err = lc.exec(ctx, fmt.Sprintf("exec %s hold state %s", bin, id), sshpool.Stdio{Stdout: w})
+		st, err = lc.Exec(ctx, fmt.Sprintf("exec %s hold state %s", bin, id), sshpool.Stdio{Stdout: w})
 		return err
 	})
 	if err != nil {

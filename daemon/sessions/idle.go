@@ -234,7 +234,7 @@ func (m *Manager) backgroundBusy(ctx context.Context, s *store.Session) (bool, s
 	if err != nil {
 		return true, "cannot reach the sandbox: " + err.Error()
 	}
-	listed, ok := m.agentProcesses(ctx, poolConn{conn})
+	listed, ok := m.agentProcesses(ctx, conn)
 	if ok {
 		for name, rec := range listed {
 			if rec.Status == "running" || rec.Status == "starting" {
@@ -244,7 +244,7 @@ func (m *Manager) backgroundBusy(ctx context.Context, s *store.Session) (bool, s
 		return false, ""
 	}
 	for _, bg := range s.Background {
-		rec, err := m.processDirective(ctx, poolConn{conn}, directiveProcessStatus, map[string]any{"key": bg.Name})
+		rec, err := m.processDirective(ctx, conn, directiveProcessStatus, map[string]any{"key": bg.Name})
 		if err != nil || rec.Status == "running" || rec.Status == "starting" {
 			return true, "background process " + bg.Name + " may run"
 		}

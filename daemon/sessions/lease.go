@@ -354,25 +354,3 @@ func (m *Manager) isClosing() bool {
 	defer m.mu.Unlock()
 	return m.closing
 }
-
-// lockedConn runs the commands of one exec on the connection that holds
-// the agent lock. When a command could not be sent there (the connection
-// broke), the lock is taken on a new connection before the one retry: a
-// push or a command is never run by a connection without the lock.
-type lockedConn struct {
-	conn   *sshpool.Conn
-	relock func(ctx context.Context) (*sshpool.Conn, error)
-}
-
-func (lc *lockedConn) exec(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
-	st, err := lc.conn.ExecOnce(ctx, command, stdio)
-	if err == nil || !errors.Is(err, sshpool.ErrNotSent) || ctx.Err() != nil {
-		return st, err
-	}
-	conn, lerr := lc.relock(ctx)
-	if lerr != nil {
-		return st, fmt.Errorf("%w; taking the sandbox lock on a new connection failed: %w", err, lerr)
-	}
-	lc.conn = conn
-	return conn.ExecOnce(ctx, command, stdio)
-}

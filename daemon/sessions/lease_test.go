@@ -90,7 +90,7 @@ func TestLockedConnRelocksBeforeTheRetry(t *testing.T) {
 	}
 
 	relocks := 0
-	lc := &lockedConn{conn: first, relock: func(ctx context.Context) (*sshpool.Conn, error) {
+	lc := &sshpool.Locked{Conn: first, Relock: func(ctx context.Context) (*sshpool.Conn, error) {
 		relocks++
 		c, err := link.Get(ctx, target)
 		if err != nil {
@@ -100,10 +100,10 @@ func TestLockedConnRelocksBeforeTheRetry(t *testing.T) {
 		return c, nil
 	}}
 	before := a.Stats().Connections
-	if st, err := lc.exec(ctx, "true", sshpool.Stdio{}); err != nil || st.Code != 0 {
+	if st, err := lc.Exec(ctx, "true", sshpool.Stdio{}); err != nil || st.Code != 0 {
 		t.Fatalf("exec after the drop: %v %+v", err, st)
 	}
-	if relocks != 1 || lc.conn == first {
+	if relocks != 1 || lc.Conn == first {
 		t.Fatalf("the command was retried with %d lock requests on a new connection (want 1)", relocks)
 	}
 	// Exactly one new connection: the one that took the lock ran the command.

@@ -86,7 +86,7 @@ func (m *Manager) endEdits(ctx context.Context, s *store.Session, discard bool) 
 		return e, nil
 	}
 	defer leaseDone()
-	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
+	lc := &sshpool.Locked{Conn: conn, Relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 	files, saved, err := m.opts.Sync.Unpulled(ctx, m.runner(lc), s.RepoRoot)
 	switch {
 	case saved != "":
@@ -133,7 +133,7 @@ func (m *Manager) pullBeforeStop(ctx context.Context, s *store.Session) (ipc.End
 		return e, err
 	}
 	defer leaseDone()
-	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
+	lc := &sshpool.Locked{Conn: conn, Relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 	m.mark(ctx, lc, directiveSyncStart)
 	res, err := m.opts.Sync.Pull(ctx, m.runner(lc), s.RepoRoot)
 	m.mark(ctx, lc, directiveSyncEnd)

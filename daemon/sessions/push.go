@@ -45,7 +45,7 @@ func (m *Manager) Push(ctx context.Context, req ipc.PushRequest) (ipc.PushRespon
 		return ipc.PushResponse{}, err
 	}
 	defer leaseDone()
-	lc := &lockedConn{conn: conn, relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
+	lc := &sshpool.Locked{Conn: conn, Relock: func(ctx context.Context) (*sshpool.Conn, error) { return m.relock(ctx, s) }}
 
 	resp := ipc.PushResponse{RunID: s.RunID, RunURL: m.browserURL(s.RunURL), Files: []string{}, Warnings: warnings}
 	warn := func(msg string) { resp.Warnings = append(resp.Warnings, msg) }

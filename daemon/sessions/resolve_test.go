@@ -175,8 +175,8 @@ func TestExitCodeOfSignalDeaths(t *testing.T) {
 		{sshpool.ExitStatus{Signal: "TERM"}, 143},
 		{sshpool.ExitStatus{Signal: "WEIRD"}, 255},
 	} {
-		if got := exitCode(c.st); got != c.want {
-			t.Errorf("exitCode(%+v) = %d, want %d", c.st, got, c.want)
+		if got := c.st.ShellCode(); got != c.want {
+			t.Errorf("%+v.ShellCode() = %d, want %d", c.st, got, c.want)
 		}
 	}
 }
