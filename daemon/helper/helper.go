@@ -318,8 +318,10 @@ func (m *Manager) run(c Conn, st *state) {
 		st.instance, st.verified, st.wait, st.reason = inst, m.o.Now(), 0, ""
 		return
 	}
-	if ctx.Err() != nil {
-		return // the connection ended: the next one tries again
+	if ctx.Err() != nil || errors.Is(err, sshpool.ErrConnectionLost) || errors.Is(err, sshpool.ErrNotSent) {
+		// The connection ended (perhaps before Done says so): no fault of
+		// the helper's, and the next connection tries again at once.
+		return
 	}
 	st.instance = ""
 	st.failed = m.o.Now()

@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -461,4 +462,69 @@ func TestSetBinaryStopsAndRestartsServers(t *testing.T) {
 	if _, inst3 := waitFor(t, m, c); inst3 == inst {
 		t.Fatal("the stopped server was offered again")
 	}
+}
+
+// dropOnce is a connection that breaks under its first install, as a
+// connection dropped by the network does, before it says it is done.
+type dropOnce struct {
+	*shConn
+	dropped atomic.Bool
+}
+
+func (c *dropOnce) ExecOnce(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
+	if strings.Contains(command, ".install.") && c.dropped.CompareAndSwap(false, true) {
+		return sshpool.ExitStatus{}, fmt.Errorf("install: %w", sshpool.ErrConnectionLost)
+	}
+	return c.shConn.ExecOnce(ctx, command, stdio)
+}
+
+// A connection lost under the install is no failure of the helper's: the
+// next connection installs and starts it at once, without the minute's
+// wait a failed helper gets.
+func TestAConnectionLostDuringTheInstallIsTriedAgainAtOnce(t *testing.T) {
+	isolate(t)
+	now := time.Now()
+	m := New(Options{Binary: binary(t), Platform: Platform(runtime.GOOS, runtime.GOARCH), Now: func() time.Time { return now }})
+	defer m.Close()
+	sh := newShConn(t)
+	c := &runConn{shConn: sh, run: "run-1"}
+	lost := &dropOnce{shConn: sh}
+	first := &runConnExec{runConn: c, exec: lost}
+	deadline := time.Now().Add(20 * time.Second)
+	for !lost.dropped.Load() {
+		m.For(first)
+		if time.Now().After(deadline) {
+			t.Fatal("the install was never tried")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(sh.done)
+	c2 := &runConn{shConn: sh.again(), run: "run-1"}
+	defer close(c2.done)
+	for {
+		if _, inst := m.For(c2); inst != "" {
+			break
+		}
+		if m.Unavailable(c2) || time.Now().After(deadline) {
+			t.Fatalf("after a connection lost under the install the next connection got no helper (status: %v)", statusOf(m, c2))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// runConnExec is c whose exec requests go to exec.
+type runConnExec struct {
+	*runConn
+	exec interface {
+		ExecOnce(context.Context, string, sshpool.Stdio) (sshpool.ExitStatus, error)
+	}
+}
+
+func (c *runConnExec) ExecOnce(ctx context.Context, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
+	return c.exec.ExecOnce(ctx, command, stdio)
+}
+
+func statusOf(m *Manager, c Conn) string {
+	ok, detail := m.Status(c)
+	return fmt.Sprint(ok, " ", detail)
 }
