@@ -35,8 +35,8 @@ type answer struct {
 	ForGood  bool   `json:"for_good,omitempty"`
 	// Held answers "hold": the command was started (holdKept) or its id
 	// was started before (holdStarted).
-	Held string `json:"held,omitempty"`
-	Error    string `json:"error,omitempty"`
+	Held  string `json:"held,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // DefaultIdle is how long a server that was asked nothing waits before it
