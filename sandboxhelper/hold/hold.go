@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,10 +49,27 @@ const pollEvery = 10 * time.Millisecond
 // ErrStarted: the id was started before; the command is not run again.
 var ErrStarted = errors.New("this exec was started before: it is not run again")
 
+// ErrKeeperGone: what kept the exec (the helper's server or a keeper)
+// ended without its status; the output so far was delivered, the command
+// is no longer followed.
+var ErrKeeperGone = errors.New("what kept this exec (the helper's server or its keeper) ended without writing its status: the command's end is unknown")
+
 // ErrUnknown: no exec of that id was started here.
 var ErrUnknown = errors.New("no exec of that id was started here")
 
-var idPattern = regexp.MustCompile(`^[0-9a-f]{16,64}$`)
+// validID: 16 to 64 lowercase hex digits; a loop, not a regexp, so that
+// nothing is compiled at each start of this program (one per held exec).
+func validID(id string) bool {
+	if len(id) < 16 || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // Holder keeps the execs under Root.
 type Holder struct {
@@ -90,7 +106,7 @@ type status struct {
 }
 
 func (h *Holder) dir(id string) (string, error) {
-	if !idPattern.MatchString(id) {
+	if !validID(id) {
 		return "", fmt.Errorf("exec id %q is not 16 to 64 lowercase hex digits", id)
 	}
 	return filepath.Join(h.Root, id), nil
@@ -161,14 +177,21 @@ func (h *Holder) create(id string, argv []string) (string, error) {
 }
 
 // lockRun creates the exec's run file, locked for as long as it is open.
+// It is locked before it is in place: an attach never finds it unlocked
+// before the command ended.
 func lockRun(dir string) (*os.File, error) {
-	run, err := os.OpenFile(filepath.Join(dir, runFile), os.O_CREATE|os.O_RDWR, 0o600)
+	tmp := filepath.Join(dir, runFile+".new")
+	run, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("create the exec's run lock: %w", err)
 	}
 	if err := syscall.Flock(int(run.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		run.Close()
 		return nil, fmt.Errorf("lock the exec's run lock: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, runFile)); err != nil {
+		run.Close()
+		return nil, fmt.Errorf("place the exec's run lock: %w", err)
 	}
 	return run, nil
 }
@@ -360,10 +383,16 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 			close(ran)
 		}()
 	}
+	// freed: the keeper's lock was seen released, so its status, written
+	// before, is there to read unless the keeper died without one.
+	freed := false
 	for {
 		// The status first: once it exists, the streams are complete.
 		var st status
 		ended := readJSON(filepath.Join(dir, statusFile), &st) == nil
+		if !ended && freed {
+			return 0, ErrKeeperGone
+		}
 		if outOff, err = copyFrom(filepath.Join(dir, outFile), outOff, stdout); err != nil {
 			return 0, err
 		}
@@ -377,7 +406,7 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-ran:
-			ran = nil // the status is written: the next look finds it
+			ran, freed = nil, true // the status is written: the next look finds it
 		case <-time.After(pollEvery):
 		}
 	}
