@@ -3,10 +3,13 @@
 package sandboxhelper
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -78,5 +81,49 @@ func TestHoldStartHasTheServerKeepTheCommand(t *testing.T) {
 	// The same id again runs nothing.
 	if code, _, _ := holdMain(t, state, "", "start", id, "--", "sh", "-c", "echo again"); code != hold.ExitStarted {
 		t.Fatalf("a second start of the id exited %d, want %d", code, hold.ExitStarted)
+	}
+}
+
+// TestHoldStartDoesNotBelieveAServerThatSaysItKeptNothing: a process
+// that impersonates the server and answers "kept" without starting
+// anything is not believed: the start looks for the exec's directory,
+// finds none and starts a keeper of its own (here one that cannot
+// start, so it says so), rather than attaching to nothing.
+func TestHoldStartDoesNotBelieveAServerThatSaysItKeptNothing(t *testing.T) {
+	state := newState(t)
+	dir := Dir(state)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inst := "0123456789abcdef"
+	addr, release, err := sockAddr(dir, socketName(inst))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	ln, err := net.Listen("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = bufio.NewReader(c).ReadString('\n')
+			_ = json.NewEncoder(c).Encode(answer{Instance: inst, Held: holdKept})
+			c.Close()
+		}
+	}()
+	sum := strings.Repeat("ab", 32)
+	if err := os.WriteFile(filepath.Join(dir, "server"), []byte(inst+" "+sum+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := holdMain(t, state, "", "start", holdID(t), "--", "sh", "-c", "true")
+	if code != hold.ExitFailed || !strings.Contains(errs, "start the keeper") {
+		t.Fatalf("hold start after a false \"kept\" exited %d (stderr %q), want %d from a keeper of its own", code, errs, hold.ExitFailed)
 	}
 }
