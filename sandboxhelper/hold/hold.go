@@ -116,7 +116,7 @@ func (h *Holder) dir(id string) (string, error) {
 // directory and has a keeper, in a session of its own, run the command;
 // any later one returns ErrStarted and runs nothing.
 func (h *Holder) Start(id string, argv []string) error {
-	dir, err := h.create(id, argv)
+	dir, err := h.create(id, argv, true)
 	if err != nil {
 		return err
 	}
@@ -144,9 +144,9 @@ func (h *Holder) Start(id string, argv []string) error {
 	return k.Process.Release()
 }
 
-// create makes the directory of id, once, with the command and its
-// stdin FIFO.
-func (h *Holder) create(id string, argv []string) (string, error) {
+// create makes the directory of id, once, with its stdin FIFO and, for a
+// keeper to read (record), the command.
+func (h *Holder) create(id string, argv []string, record bool) (string, error) {
 	if len(argv) == 0 {
 		return "", errors.New("no command to hold")
 	}
@@ -163,12 +163,14 @@ func (h *Holder) create(id string, argv []string) (string, error) {
 		}
 		return "", fmt.Errorf("create the exec's directory: %w", err)
 	}
-	args, err := json.Marshal(argv)
-	if err != nil {
-		return "", err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "argv"), args, 0o600); err != nil {
-		return "", fmt.Errorf("record the command: %w", err)
+	if record {
+		args, err := json.Marshal(argv)
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "argv"), args, 0o600); err != nil {
+			return "", fmt.Errorf("record the command: %w", err)
+		}
 	}
 	if err := syscall.Mkfifo(filepath.Join(dir, inFile), 0o600); err != nil {
 		return "", fmt.Errorf("create the command's stdin: %w", err)
@@ -202,7 +204,7 @@ func lockRun(dir string) (*os.File, error) {
 // files. It returns once the command started (or failed to); done is
 // closed once its status is written.
 func (h *Holder) Spawn(id string, argv, env []string, workDir string) (done <-chan struct{}, err error) {
-	dir, err := h.create(id, argv)
+	dir, err := h.create(id, argv, false)
 	if err != nil {
 		return nil, err
 	}
@@ -292,7 +294,7 @@ func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd) (wait func() erro
 		serr := writeJSON(filepath.Join(dir, statusFile), status{ExitCode: 127})
 		return func() error { return serr }, nil
 	}
-	_ = writeJSON(filepath.Join(dir, stateFile), procState{PID: cmd.Process.Pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)})
+	ps := procState{PID: cmd.Process.Pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)}
 	relayDone, exited := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(relayDone)
@@ -300,6 +302,9 @@ func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd) (wait func() erro
 	}()
 	return func() error {
 		defer closeAll()
+		// Written here, not before run returns: the server answers the
+		// start first (a keeper's start wrote it no sooner).
+		_ = writeJSON(filepath.Join(dir, stateFile), ps)
 		werr := cmd.Wait()
 		close(exited)
 		<-relayDone
