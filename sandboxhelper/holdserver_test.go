@@ -127,3 +127,36 @@ func TestHoldStartDoesNotBelieveAServerThatSaysItKeptNothing(t *testing.T) {
 		t.Fatalf("hold start after a false \"kept\" exited %d (stderr %q), want %d from a keeper of its own", code, errs, hold.ExitFailed)
 	}
 }
+
+// TestServerDoesNotIdleAwayWhileItKeepsACommand: a server that keeps a
+// held command does not exit for being asked nothing (which would take
+// the command's output and status with it); it does once the command
+// ended and its idle time passed.
+func TestServerDoesNotIdleAwayWhileItKeepsACommand(t *testing.T) {
+	state := newState(t)
+	idle := 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := serveAt(t, ctx, state, idle)
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	id := holdID(t)
+	if code, _, errs := holdMain(t, state, "", "launch", id, "--", "sh", "-c", "sleep 1.5; echo kept"); code != 0 {
+		t.Fatalf("hold launch exited %d: %s", code, errs)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the server exited while it kept a command (%v)", err)
+	case <-time.After(1200 * time.Millisecond):
+	}
+	code, out, errs := holdMain(t, state, "", "attach", id, "0", "0")
+	if code != 0 || out != "kept\n" {
+		t.Fatalf("attach after the idle time exited %d with %q (stderr %q), want the command's output", code, out, errs)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not exit once its command ended and it was idle")
+	}
+}
