@@ -271,15 +271,9 @@ func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd) (wait func() erro
 	if limit <= 0 {
 		limit = DefaultCap
 	}
-	out, err := os.OpenFile(filepath.Join(dir, outFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	errf, err := os.OpenFile(filepath.Join(dir, errFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		out.Close()
-		return nil, err
-	}
+	// Created at their first byte, off the start's path: an attach takes
+	// a stream not yet created for an empty one.
+	out, errf := &lazyFile{path: filepath.Join(dir, outFile)}, &lazyFile{path: filepath.Join(dir, errFile)}
 	closeAll := func() { out.Close(); errf.Close() }
 	ow, ew := &capped{w: out, left: limit}, &capped{w: errf, left: limit}
 	cmd.Stdout, cmd.Stderr = ow, ew
@@ -322,6 +316,29 @@ func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd) (wait func() erro
 
 // capped writes up to left bytes and drops the rest, so that the command
 // never blocks on a full disk quota of its own making.
+// lazyFile appends to path, creating it at the first write.
+type lazyFile struct {
+	path string
+	f    *os.File
+	err  error
+}
+
+func (l *lazyFile) Write(p []byte) (int, error) {
+	if l.f == nil && l.err == nil {
+		l.f, l.err = os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	}
+	if l.err != nil {
+		return 0, l.err
+	}
+	return l.f.Write(p)
+}
+
+func (l *lazyFile) Close() {
+	if l.f != nil {
+		l.f.Close()
+	}
+}
+
 type capped struct {
 	w    io.Writer
 	left int64
