@@ -42,7 +42,10 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			fmt.Fprintf(stderr, "%s: %v\n", Name, err)
 			return exitFailed
 		}
-		return hold.Main(ctx, self, args[1:], stdin, stdout, stderr)
+		o := hold.Options{Self: self, Server: func(ctx context.Context, id string, req hold.SpawnRequest) error {
+			return askHold(ctx, self, id, req)
+		}}
+		return hold.MainWith(ctx, o, args[1:], stdin, stdout, stderr)
 	}
 	fs := flag.NewFlagSet(Name+" "+args[0], flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/watch"
+	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
 )
 
 // answer is the server's reply to "changes": the paths changed since the
@@ -32,7 +33,10 @@ type answer struct {
 	Tree     string `json:"tree,omitempty"`
 	Declined string `json:"declined,omitempty"`
 	ForGood  bool   `json:"for_good,omitempty"`
-	Error    string `json:"error,omitempty"`
+	// Held answers "hold": the command was started (holdKept) or its id
+	// was started before (holdStarted).
+	Held  string `json:"held,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // DefaultIdle is how long a server that was asked nothing waits before it
@@ -130,7 +134,7 @@ func ServeIdle(ctx context.Context, root, state string, idle time.Duration, read
 			defer act.end()
 			defer c.Close()
 			_ = c.SetDeadline(time.Now().Add(time.Minute))
-			a := serveOne(ctx, c, &mu, nat)
+			a := serveOne(ctx, c, &mu, nat, act)
 			a.Instance = instance
 			_ = json.NewEncoder(c).Encode(a)
 		}()
@@ -142,7 +146,7 @@ func ServeIdle(ctx context.Context, root, state string, idle time.Duration, read
 const maxRequest = 16 << 20
 
 // serveOne answers one question: a line naming it, then its JSON body.
-func serveOne(ctx context.Context, c net.Conn, mu *sync.Mutex, nat *nativeState) answer {
+func serveOne(ctx context.Context, c net.Conn, mu *sync.Mutex, nat *nativeState, act *activity) answer {
 	br := bufio.NewReader(io.LimitReader(c, maxRequest))
 	line, err := br.ReadString('\n')
 	if err != nil || len(line) > 256 {
@@ -151,6 +155,14 @@ func serveOne(ctx context.Context, c net.Conn, mu *sync.Mutex, nat *nativeState)
 	verb, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
 	if verb == "ping" {
 		return answer{} // Ping: the instance is the answer
+	}
+	if verb == "hold" {
+		// Needs no lock: it touches only the exec's own directory.
+		var req hold.SpawnRequest
+		if err := json.NewDecoder(br).Decode(&req); err != nil {
+			return answer{Error: "read the hold: " + err.Error()}
+		}
+		return serveHold(arg, req, act)
 	}
 	// The body is read before the lock: a slow client holds up no one.
 	var push pushRequest

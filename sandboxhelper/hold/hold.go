@@ -16,8 +16,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -49,10 +49,27 @@ const pollEvery = 10 * time.Millisecond
 // ErrStarted: the id was started before; the command is not run again.
 var ErrStarted = errors.New("this exec was started before: it is not run again")
 
+// ErrKeeperGone: what kept the exec (the helper's server or a keeper)
+// ended without its status; the output so far was delivered, the command
+// is no longer followed.
+var ErrKeeperGone = errors.New("what kept this exec (the helper's server or its keeper) ended without writing its status: the command's end is unknown")
+
 // ErrUnknown: no exec of that id was started here.
 var ErrUnknown = errors.New("no exec of that id was started here")
 
-var idPattern = regexp.MustCompile(`^[0-9a-f]{16,64}$`)
+// validID: 16 to 64 lowercase hex digits; a loop, not a regexp, so that
+// nothing is compiled at each start of this program (one per held exec).
+func validID(id string) bool {
+	if len(id) < 16 || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // Holder keeps the execs under Root.
 type Holder struct {
@@ -89,7 +106,7 @@ type status struct {
 }
 
 func (h *Holder) dir(id string) (string, error) {
-	if !idPattern.MatchString(id) {
+	if !validID(id) {
 		return "", fmt.Errorf("exec id %q is not 16 to 64 lowercase hex digits", id)
 	}
 	return filepath.Join(h.Root, id), nil
@@ -99,31 +116,9 @@ func (h *Holder) dir(id string) (string, error) {
 // directory and has a keeper, in a session of its own, run the command;
 // any later one returns ErrStarted and runs nothing.
 func (h *Holder) Start(id string, argv []string) error {
-	if len(argv) == 0 {
-		return errors.New("no command to hold")
-	}
-	dir, err := h.dir(id)
+	dir, err := h.create(id, argv, true)
 	if err != nil {
 		return err
-	}
-	if err := os.MkdirAll(h.Root, 0o700); err != nil {
-		return fmt.Errorf("create the holder's directory: %w", err)
-	}
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		if errors.Is(err, os.ErrExist) {
-			return ErrStarted
-		}
-		return fmt.Errorf("create the exec's directory: %w", err)
-	}
-	args, err := json.Marshal(argv)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "argv"), args, 0o600); err != nil {
-		return fmt.Errorf("record the command: %w", err)
-	}
-	if err := syscall.Mkfifo(filepath.Join(dir, inFile), 0o600); err != nil {
-		return fmt.Errorf("create the command's stdin: %w", err)
 	}
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
@@ -137,19 +132,105 @@ func (h *Holder) Start(id string, argv []string) error {
 	k.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	// The lock is the open file's, shared with the keeper's copy: it
 	// lasts until the keeper ends, whatever this process does.
-	run, err := os.OpenFile(filepath.Join(dir, runFile), os.O_CREATE|os.O_RDWR, 0o600)
+	run, err := lockRun(dir)
 	if err != nil {
-		return fmt.Errorf("create the exec's run lock: %w", err)
+		return err
 	}
 	defer run.Close()
-	if err := syscall.Flock(int(run.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return fmt.Errorf("lock the exec's run lock: %w", err)
-	}
 	k.ExtraFiles = []*os.File{run}
 	if err := k.Start(); err != nil {
 		return fmt.Errorf("start the keeper: %w", err)
 	}
 	return k.Process.Release()
+}
+
+// create makes the directory of id, once, with its stdin FIFO and, for a
+// keeper to read (record), the command.
+func (h *Holder) create(id string, argv []string, record bool) (string, error) {
+	if len(argv) == 0 {
+		return "", errors.New("no command to hold")
+	}
+	dir, err := h.dir(id)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(h.Root, 0o700); err != nil {
+		return "", fmt.Errorf("create the holder's directory: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return "", ErrStarted
+		}
+		return "", fmt.Errorf("create the exec's directory: %w", err)
+	}
+	if record {
+		args, err := json.Marshal(argv)
+		if err != nil {
+			return "", err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "argv"), args, 0o600); err != nil {
+			return "", fmt.Errorf("record the command: %w", err)
+		}
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, inFile), 0o600); err != nil {
+		return "", fmt.Errorf("create the command's stdin: %w", err)
+	}
+	return dir, nil
+}
+
+// lockRun creates the exec's run file, locked for as long as it is open.
+// It is locked before it is in place: an attach never finds it unlocked
+// before the command ended.
+func lockRun(dir string) (*os.File, error) {
+	tmp := filepath.Join(dir, runFile+".new")
+	run, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create the exec's run lock: %w", err)
+	}
+	if err := syscall.Flock(int(run.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		run.Close()
+		return nil, fmt.Errorf("lock the exec's run lock: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, runFile)); err != nil {
+		run.Close()
+		return nil, fmt.Errorf("place the exec's run lock: %w", err)
+	}
+	return run, nil
+}
+
+// Spawn is Start without a keeper: the calling process (the helper's
+// server, which outlives the channel) runs argv in a session of its own,
+// in workDir with env, and keeps it as the keeper would, in the same
+// files. It returns once the command started (or failed to); done is
+// closed once its status is written.
+func (h *Holder) Spawn(id string, argv, env []string, workDir string) (done <-chan struct{}, err error) {
+	dir, err := h.create(id, argv, false)
+	if err != nil {
+		return nil, err
+	}
+	run, err := lockRun(dir)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(lookPath(argv[0], env), argv[1:]...)
+	cmd.Args[0] = argv[0]
+	cmd.Dir, cmd.Env = workDir, env
+	// A session of its own: no hang-up of the server's reaches it, and
+	// its process group is what a signal goes to.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	wait, err := h.run(dir, argv, cmd)
+	if err != nil {
+		run.Close()
+		return nil, err
+	}
+	ch := make(chan struct{})
+	go func() {
+		defer close(ch)
+		// The lock goes with the status written, as the keeper's does.
+		defer run.Close()
+		_ = wait()
+	}()
+	return ch, nil
 }
 
 // Keep runs the command recorded for id, keeps its streams (up to Cap
@@ -170,58 +251,94 @@ func (h *Holder) Keep(id string) error {
 	if err := json.Unmarshal(b, &argv); err != nil || len(argv) == 0 {
 		return fmt.Errorf("the recorded command is unreadable: %v", err)
 	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir, _ = os.Getwd()
+	// A process group of its own: signals reach the command and what it
+	// started, not the keeper that writes its status.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	wait, err := h.run(dir, argv, cmd)
+	if err != nil {
+		return err
+	}
+	return wait()
+}
+
+// run starts cmd (argv) with its streams kept in dir and returns what
+// waits for it and writes its status; a command that cannot start has
+// status 127 at once.
+func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd) (wait func() error, err error) {
 	limit := h.Cap
 	if limit <= 0 {
 		limit = DefaultCap
 	}
-	out, err := os.OpenFile(filepath.Join(dir, outFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer out.Close()
-	errf, err := os.OpenFile(filepath.Join(dir, errFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer errf.Close()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir, _ = os.Getwd()
+	// Created at their first byte, off the start's path: an attach takes
+	// a stream not yet created for an empty one.
+	out, errf := &lazyFile{path: filepath.Join(dir, outFile)}, &lazyFile{path: filepath.Join(dir, errFile)}
+	closeAll := func() { out.Close(); errf.Close() }
 	ow, ew := &capped{w: out, left: limit}, &capped{w: errf, left: limit}
 	cmd.Stdout, cmd.Stderr = ow, ew
-	// A process group of its own: signals reach the command and what it
-	// started, not the keeper that writes its status.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
-		return err
+		closeAll()
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		code := 127
 		fmt.Fprintf(errf, "hold: %v\n", err)
-		return writeJSON(filepath.Join(dir, statusFile), status{ExitCode: code})
+		closeAll()
+		serr := writeJSON(filepath.Join(dir, statusFile), status{ExitCode: 127})
+		return func() error { return serr }, nil
 	}
-	_ = writeJSON(filepath.Join(dir, stateFile), procState{PID: cmd.Process.Pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)})
+	ps := procState{PID: cmd.Process.Pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)}
 	relayDone, exited := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(relayDone)
 		relayStdin(dir, stdin, exited)
 	}()
-	werr := cmd.Wait()
-	close(exited)
-	<-relayDone
-	st := status{ExitCode: cmd.ProcessState.ExitCode(), Truncated: ow.over || ew.over}
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		st.ExitCode, st.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
-	}
-	var exitErr *exec.ExitError
-	if werr != nil && !errors.As(werr, &exitErr) {
-		fmt.Fprintf(errf, "hold: %v\n", werr)
-	}
-	return writeJSON(filepath.Join(dir, statusFile), st)
+	return func() error {
+		defer closeAll()
+		// Written here, not before run returns: the server answers the
+		// start first (a keeper's start wrote it no sooner).
+		_ = writeJSON(filepath.Join(dir, stateFile), ps)
+		werr := cmd.Wait()
+		close(exited)
+		<-relayDone
+		st := status{ExitCode: cmd.ProcessState.ExitCode(), Truncated: ow.over || ew.over}
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			st.ExitCode, st.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
+		}
+		var exitErr *exec.ExitError
+		if werr != nil && !errors.As(werr, &exitErr) {
+			fmt.Fprintf(errf, "hold: %v\n", werr)
+		}
+		return writeJSON(filepath.Join(dir, statusFile), st)
+	}, nil
 }
 
 // capped writes up to left bytes and drops the rest, so that the command
 // never blocks on a full disk quota of its own making.
+// lazyFile appends to path, creating it at the first write.
+type lazyFile struct {
+	path string
+	f    *os.File
+	err  error
+}
+
+func (l *lazyFile) Write(p []byte) (int, error) {
+	if l.f == nil && l.err == nil {
+		l.f, l.err = os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	}
+	if l.err != nil {
+		return 0, l.err
+	}
+	return l.f.Write(p)
+}
+
+func (l *lazyFile) Close() {
+	if l.f != nil {
+		l.f.Close()
+	}
+}
+
 type capped struct {
 	w    io.Writer
 	left int64
@@ -288,10 +405,16 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 			close(ran)
 		}()
 	}
+	// freed: the keeper's lock was seen released, so its status, written
+	// before, is there to read unless the keeper died without one.
+	freed := false
 	for {
 		// The status first: once it exists, the streams are complete.
 		var st status
 		ended := readJSON(filepath.Join(dir, statusFile), &st) == nil
+		if !ended && freed {
+			return 0, ErrKeeperGone
+		}
 		if outOff, err = copyFrom(filepath.Join(dir, outFile), outOff, stdout); err != nil {
 			return 0, err
 		}
@@ -305,7 +428,7 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 		case <-ctx.Done():
 			return 0, ctx.Err()
 		case <-ran:
-			ran = nil // the status is written: the next look finds it
+			ran, freed = nil, true // the status is written: the next look finds it
 		case <-time.After(pollEvery):
 		}
 	}
@@ -575,4 +698,28 @@ func (h *Holder) EOF(id string) error {
 		return ErrUnknown
 	}
 	return os.WriteFile(filepath.Join(dir, inEOFFile), nil, 0o600)
+}
+
+// lookPath finds file as exec.LookPath would in a process whose
+// environment is env (the caller's, not the server's).
+func lookPath(file string, env []string) string {
+	if strings.Contains(file, "/") {
+		return file
+	}
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, d := range filepath.SplitList(path) {
+		if d == "" {
+			d = "."
+		}
+		p := filepath.Join(d, file)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	return file
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -252,5 +253,32 @@ func TestFramedStdinEndsOnlyWithTheEndFrame(t *testing.T) {
 	code, err := h.Attach(actx, id, 0, 0, &out, &bytes.Buffer{})
 	if err != nil || code != 0 || out.String() != "one\ntwo\nend\n" {
 		t.Fatalf("exit %d, %v, output %q", code, err, out.String())
+	}
+}
+
+// TestAttachEndsWhenTheKeeperDiesWithoutAStatus: a keeper that ends
+// without writing the status (killed, or the server that kept the
+// command stopped) ends the attach with ErrKeeperGone at once, rather
+// than leaving it waiting for a status that never comes.
+func TestAttachEndsWhenTheKeeperDiesWithoutAStatus(t *testing.T) {
+	h := newHolder(t)
+	truePath, err := exec.LookPath("true")
+	if err != nil {
+		t.Skip("no true on PATH")
+	}
+	h.Keeper = []string{truePath}
+	id := newID(t)
+	if err := h.Start(id, []string{"sleep", "30"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = h.Attach(ctx, id, 0, 0, io.Discard, io.Discard)
+	if !errors.Is(err, ErrKeeperGone) {
+		t.Fatalf("attach to an exec whose keeper died: %v after %v, want ErrKeeperGone", err, time.Since(start))
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("attach took %v to see the keeper gone", d)
 	}
 }

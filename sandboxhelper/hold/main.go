@@ -38,6 +38,32 @@ func DefaultRoot() (string, error) {
 // argv that runs this program. start and attach feed their stdin to the
 // command's.
 func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return MainWith(ctx, Options{Self: self}, args, stdin, stdout, stderr)
+}
+
+// SpawnRequest asks the helper's server to run and keep a command
+// (Holder.Spawn) as this process would have its keeper do.
+type SpawnRequest struct {
+	Root string   `json:"root"`
+	Argv []string `json:"argv"`
+	Env  []string `json:"env"`
+	Dir  string   `json:"dir"`
+}
+
+// Options of MainWith.
+type Options struct {
+	// Self is the argv[0] that runs this program (the keeper's).
+	Self string
+	// Server, when set, asks the helper's server to keep the command of
+	// id: nil when it started it. Any error leaves it to a keeper of this
+	// process's own, unless the exec's directory appeared meanwhile.
+	Server func(ctx context.Context, id string, req SpawnRequest) error
+}
+
+// MainWith is Main whose start and launch first ask o.Server to keep the
+// command: one process start in the sandbox instead of two.
+func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	self := o.Self
 	usage := func() int {
 		fmt.Fprintln(stderr, "usage: hold start ID [--stdin-frames] -- ARGV... | launch ID -- ARGV... | attach ID OUT ERR [--stdin-frames] | state ID | signal ID SIGNAL | eof ID")
 		return ExitUsage
@@ -52,6 +78,36 @@ func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdo
 	}
 	h := &Holder{Root: root, Keeper: []string{self, "hold", "keep"}}
 	id := args[1]
+	// begin starts the command of id once, kept by the server when one
+	// answers, else by a keeper of its own.
+	begin := func(argv []string) error {
+		if o.Server == nil {
+			return h.Start(id, argv)
+		}
+		dir, err := h.dir(id)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(dir); err == nil {
+			return ErrStarted
+		}
+		wd, err := os.Getwd()
+		if err != nil {
+			return fmt.Errorf("find the working directory: %w", err)
+		}
+		// The server's answer is not trusted beyond this: whatever it
+		// says, the command ran here iff the exec's directory now
+		// exists, and it was absent before the question.
+		_ = o.Server(ctx, id, SpawnRequest{Root: root, Argv: argv, Env: os.Environ(), Dir: wd})
+		if _, err := os.Stat(dir); err == nil {
+			return nil
+		}
+		err = h.Start(id, argv)
+		if errors.Is(err, ErrStarted) {
+			return nil // created since the question: this start's one run
+		}
+		return err
+	}
 	fail := func(err error) int {
 		if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 			// The channel is gone (the attach was cut): nothing to say on
@@ -96,7 +152,7 @@ func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdo
 		if len(args) < 4 || args[2] != "--" {
 			return usage()
 		}
-		if err := h.Start(id, args[3:]); err != nil {
+		if err := begin(args[3:]); err != nil {
 			if errors.Is(err, ErrStarted) {
 				fmt.Fprintf(stderr, "hold start: %v\n", err)
 				return ExitStarted
@@ -117,7 +173,7 @@ func Main(ctx context.Context, self string, args []string, stdin io.Reader, stdo
 		if len(args) < 4 || args[2] != "--" {
 			return usage()
 		}
-		if err := h.Start(id, args[3:]); err != nil {
+		if err := begin(args[3:]); err != nil {
 			if errors.Is(err, ErrStarted) {
 				fmt.Fprintf(stderr, "hold launch: %v\n", err)
 				return ExitStarted

@@ -1,0 +1,97 @@
+package sandboxhelper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
+)
+
+// Answers of "hold" (answer.Held).
+const (
+	holdKept    = "kept"
+	holdStarted = "started"
+)
+
+// Bounds of a hold request.
+const (
+	maxHoldArgs = 1 << 14
+	maxHoldEnv  = 1 << 14
+)
+
+// holdAsk bounds the question of `hold start` to the server: past it the
+// start falls back to a keeper of its own.
+var holdAsk = 5 * time.Second
+
+// serveHold runs and keeps the command of exec id (hold.Holder.Spawn):
+// the server outlives the channel as the keeper would, without one more
+// process start per exec. The server idles not while a command runs.
+func serveHold(id string, req hold.SpawnRequest, act *activity) answer {
+	if err := checkHold(req); err != nil {
+		return answer{Error: err.Error()}
+	}
+	act.begin()
+	done, err := (&hold.Holder{Root: req.Root}).Spawn(id, req.Argv, req.Env, req.Dir)
+	if err != nil {
+		act.end()
+		if errors.Is(err, hold.ErrStarted) {
+			return answer{Held: holdStarted}
+		}
+		return answer{Error: err.Error()}
+	}
+	go func() {
+		<-done
+		act.end()
+	}()
+	return answer{Held: holdKept}
+}
+
+func checkHold(req hold.SpawnRequest) error {
+	switch {
+	case len(req.Argv) == 0 || len(req.Argv) > maxHoldArgs:
+		return fmt.Errorf("a held command has 1 to %d arguments", maxHoldArgs)
+	case len(req.Env) > maxHoldEnv:
+		return fmt.Errorf("a held command has at most %d environment variables", maxHoldEnv)
+	case !filepath.IsAbs(req.Root) || filepath.Clean(req.Root) != req.Root:
+		return errors.New("the holder's directory is not a clean absolute path")
+	case !filepath.IsAbs(req.Dir):
+		return errors.New("the held command's directory is not absolute")
+	}
+	for _, kv := range req.Env {
+		if !strings.Contains(kv, "=") || strings.ContainsRune(kv, 0) {
+			return errors.New("a held command's environment variable is malformed")
+		}
+	}
+	return nil
+}
+
+// askHold asks the server that serves the checkout of the helper binary
+// self (STATE/bin/NAME) to keep the command of id; nil when it did.
+func askHold(ctx context.Context, self, id string, req hold.SpawnRequest) error {
+	bin := filepath.Dir(self)
+	if filepath.Base(bin) != "bin" {
+		return errors.New("the helper is not in a state directory's bin")
+	}
+	state := filepath.Dir(bin)
+	inst, _, err := readCurrent(Dir(state))
+	if err != nil {
+		return fmt.Errorf("no server serves this checkout: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, holdAsk)
+	defer cancel()
+	a, err := ask(ctx, state, inst, "hold "+id, req)
+	if err != nil {
+		return err
+	}
+	switch a.Held {
+	case holdKept:
+		return nil
+	case holdStarted:
+		return hold.ErrStarted
+	}
+	return fmt.Errorf("the server answered %q to a hold", a.Held)
+}

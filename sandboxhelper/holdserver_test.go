@@ -1,0 +1,162 @@
+//go:build linux
+
+package sandboxhelper
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
+)
+
+func holdID(t *testing.T) string {
+	t.Helper()
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// holdMain runs `hold args...` as the helper at state/bin would, with a
+// keeper of its own that cannot start: only the server can run the
+// command.
+func holdMain(t *testing.T, state string, stdin string, args ...string) (int, string, string) {
+	t.Helper()
+	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
+	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"), Server: func(ctx context.Context, id string, req hold.SpawnRequest) error {
+		return askHold(ctx, self, id, req)
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out, errb bytes.Buffer
+	code := hold.MainWith(ctx, o, args, strings.NewReader(stdin), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// TestHoldStartHasTheServerKeepTheCommand: with a server serving the
+// checkout, `hold start` starts no keeper: the server is the command's
+// parent, and the command's output, exit code and stdin are as a
+// keeper's.
+func TestHoldStartHasTheServerKeepTheCommand(t *testing.T) {
+	state := newState(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serveAt(t, ctx, state, time.Hour)
+	defer func() { cancel(); <-done }()
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	wd := t.TempDir()
+	t.Chdir(wd)
+	id := holdID(t)
+	// An empty stdin in frames: the 4-byte empty frame is its end.
+	code, out, errs := holdMain(t, state, "\x00\x00\x00\x00", "start", id, hold.StdinFrames, "--", "sh", "-c", `echo $PPID; pwd; echo oops >&2; exit 3`)
+	if code != 3 {
+		t.Fatalf("hold start exited %d, want the command's 3 (stderr %q)", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 2 || lines[0] != strconv.Itoa(os.Getpid()) {
+		t.Fatalf("the command's parent is %q, want the server's pid %d (output %q)", lines[0], os.Getpid(), out)
+	}
+	if lines[1] != wd {
+		t.Fatalf("the command ran in %q, want the caller's %q", lines[1], wd)
+	}
+	if errs != "oops\n" {
+		t.Fatalf("stderr %q, want the command's", errs)
+	}
+	// Stdin frames reach the command the server keeps.
+	code, out, errs = holdMain(t, state, "\x00\x00\x00\x06hello\n\x00\x00\x00\x00", "start", holdID(t), hold.StdinFrames, "--", "sh", "-c", `cat; echo end`)
+	if code != 0 || out != "hello\nend\n" {
+		t.Fatalf("hold start of cat exited %d with %q (stderr %q), want 0 and its stdin", code, out, errs)
+	}
+	// The same id again runs nothing.
+	if code, _, _ := holdMain(t, state, "", "start", id, "--", "sh", "-c", "echo again"); code != hold.ExitStarted {
+		t.Fatalf("a second start of the id exited %d, want %d", code, hold.ExitStarted)
+	}
+}
+
+// TestHoldStartDoesNotBelieveAServerThatSaysItKeptNothing: a process
+// that impersonates the server and answers "kept" without starting
+// anything is not believed: the start looks for the exec's directory,
+// finds none and starts a keeper of its own (here one that cannot
+// start, so it says so), rather than attaching to nothing.
+func TestHoldStartDoesNotBelieveAServerThatSaysItKeptNothing(t *testing.T) {
+	state := newState(t)
+	dir := Dir(state)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inst := "0123456789abcdef"
+	addr, release, err := sockAddr(dir, socketName(inst))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	ln, err := net.Listen("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = bufio.NewReader(c).ReadString('\n')
+			_ = json.NewEncoder(c).Encode(answer{Instance: inst, Held: holdKept})
+			c.Close()
+		}
+	}()
+	sum := strings.Repeat("ab", 32)
+	if err := os.WriteFile(filepath.Join(dir, "server"), []byte(inst+" "+sum+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := holdMain(t, state, "", "start", holdID(t), "--", "sh", "-c", "true")
+	if code != hold.ExitFailed || !strings.Contains(errs, "start the keeper") {
+		t.Fatalf("hold start after a false \"kept\" exited %d (stderr %q), want %d from a keeper of its own", code, errs, hold.ExitFailed)
+	}
+}
+
+// TestServerDoesNotIdleAwayWhileItKeepsACommand: a server that keeps a
+// held command does not exit for being asked nothing (which would take
+// the command's output and status with it); it does once the command
+// ended and its idle time passed.
+func TestServerDoesNotIdleAwayWhileItKeepsACommand(t *testing.T) {
+	state := newState(t)
+	idle := 200 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := serveAt(t, ctx, state, idle)
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	id := holdID(t)
+	if code, _, errs := holdMain(t, state, "", "launch", id, "--", "sh", "-c", "sleep 1.5; echo kept"); code != 0 {
+		t.Fatalf("hold launch exited %d: %s", code, errs)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the server exited while it kept a command (%v)", err)
+	case <-time.After(1200 * time.Millisecond):
+	}
+	code, out, errs := holdMain(t, state, "", "attach", id, "0", "0")
+	if code != 0 || out != "kept\n" {
+		t.Fatalf("attach after the idle time exited %d with %q (stderr %q), want the command's output", code, out, errs)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server did not exit once its command ended and it was idle")
+	}
+}
