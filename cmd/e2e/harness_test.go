@@ -165,7 +165,16 @@ func (d *daemon) stop(t testing.TB) {
 	case err := <-d.done:
 		d.done <- err
 	case <-time.After(20 * time.Second):
-		_ = d.cmd.Process.Kill()
+		// SIGQUIT: the Go runtime prints every goroutine, which says what
+		// the shutdown waits for; the logs are read once the process ended.
+		_ = d.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case err := <-d.done:
+			d.done <- err
+		case <-time.After(5 * time.Second):
+			_ = d.cmd.Process.Kill()
+			d.done <- <-d.done
+		}
 		t.Errorf("sandboxd did not stop on SIGTERM\n%s", d.logs)
 	}
 	if strings.Contains(d.logs.String(), raceReport) {
