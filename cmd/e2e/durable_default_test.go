@@ -238,3 +238,35 @@ func TestPlainCommandOnASilentConnectionIsProbedAndSaysSo(t *testing.T) {
 	}
 	t.Logf("a plain command on a silent connection ended %v after the silence began:\n%s", took.Round(time.Millisecond), r.stderr)
 }
+
+// TestHeldCommandOnANetworkThatStaysDownEndsAtTheReattachBound: a held
+// command's network goes down for a minute (its connection and every new
+// one silent); the exec does not wait the lock's bound (minutes) for a
+// connection to reattach: it ends with exit 125 at reattach_timeout,
+// saying which bound it reached, and nothing ran twice.
+func TestHeldCommandOnANetworkThatStaysDownEndsAtTheReattachBound(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	lc := e.startLocalcloud()
+	e.writeConfig(map[string]any{"reattach_timeout": "3s", "ssh_probe_timeout": "1s"})
+	e.startDaemon()
+	repo := e.newRepo("outage", defaultConfig)
+	run := e.startSandbox(repo)
+	e.mustNook(repo, "exec", "--", "true")
+	e.waitHelper(t, run)
+	counter := counterFile(t, "outage")
+	cmd := e.nookBackground(repo, "exec", "--no-sync", "--", "sh", "-c", "echo ran >> "+counter+"; sleep 90")
+	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": 60_000, "drop": true, "new": true})
+	defer lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": 0})
+	start := time.Now()
+	r := cmd.wait(t, 45*time.Second)
+	took := time.Since(start)
+	if r.code != 125 || !strings.Contains(r.stderr, "reattach_timeout") {
+		t.Fatalf("a held exec whose network stays down, after %v: %s; want exit 125 naming reattach_timeout", took, r)
+	}
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		t.Errorf("the command ran %d times", n)
+	}
+	t.Logf("ended after %v: %s", took.Round(time.Millisecond), strings.TrimSpace(r.stderr))
+}

@@ -93,7 +93,7 @@ func TestFaultMatrix(t *testing.T) {
 	e := newEnv(t)
 	lc := e.startLocalcloud()
 	// The API's slowness goes past the daemon's bound of each call.
-	e.writeConfig(map[string]any{"reconcile_interval": "1s", "api_timeout": "1s"})
+	e.writeConfig(map[string]any{"reconcile_interval": "1s", "api_timeout": "1s", "reattach_timeout": "5s"})
 	e.startDaemon()
 	warm := e.newRepo("warm", defaultConfig)
 	run := e.startSandbox(warm)

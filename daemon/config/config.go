@@ -41,6 +41,7 @@ const (
 	DefaultLockTimeout       = 10 * time.Minute
 	DefaultSSHProbeTimeout   = 5 * time.Second
 	DefaultQueueTimeout      = time.Hour
+	DefaultReattachTimeout   = 2 * time.Minute
 	DefaultLogLevel          = slog.LevelInfo
 	// DefaultRWXIdleStop is idle_stop on RWX Cloud when the file says
 	// nothing (docs/daemon.md says why); the local remote has none.
@@ -110,6 +111,9 @@ type Config struct {
 	// QueueTimeout bounds an exec's wait for its turn in the sandbox's
 	// queue.
 	QueueTimeout time.Duration
+	// ReattachTimeout bounds how long a held command whose connection was
+	// lost waits for a new one to reattach.
+	ReattachTimeout time.Duration
 	// DurableExec runs commands under the sandbox helper's holder, so
 	// that they survive a lost connection (docs/durable-exec.md); on by
 	// default, "durable_exec": false turns it off.
@@ -145,6 +149,7 @@ func Default() Config {
 		LockTimeout:       DefaultLockTimeout,
 		SSHProbeTimeout:   DefaultSSHProbeTimeout,
 		QueueTimeout:      DefaultQueueTimeout,
+		ReattachTimeout:   DefaultReattachTimeout,
 		IdleStop:          IdleStopAuto,
 		PullBeforeExpiry:  DefaultPullBeforeExpiry,
 		DurableExec:       true,
@@ -177,7 +182,7 @@ func (c Config) Equal(o Config) bool {
 		c.ShutdownTimeout == o.ShutdownTimeout && c.ReconcileInterval == o.ReconcileInterval &&
 		c.HistoryRetention == o.HistoryRetention && c.LogLevel == o.LogLevel && c.APITimeout == o.APITimeout &&
 		c.LockTimeout == o.LockTimeout && c.SSHProbeTimeout == o.SSHProbeTimeout &&
-		c.QueueTimeout == o.QueueTimeout && c.DurableExec == o.DurableExec &&
+		c.QueueTimeout == o.QueueTimeout && c.ReattachTimeout == o.ReattachTimeout && c.DurableExec == o.DurableExec &&
 		c.IdleStop == o.IdleStop && c.PullBeforeExpiry == o.PullBeforeExpiry
 }
 
@@ -199,6 +204,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("lock_timeout", c.LockTimeout),
 		slog.Duration("ssh_probe_timeout", c.SSHProbeTimeout),
 		slog.Duration("queue_timeout", c.QueueTimeout),
+		slog.Duration("reattach_timeout", c.ReattachTimeout),
 		slog.Bool("durable_exec", c.DurableExec),
 		slog.Duration("idle_stop", c.EffectiveIdleStop()),
 		slog.Duration("pull_before_expiry", c.PullBeforeExpiry),
@@ -228,6 +234,7 @@ type file struct {
 	LockTimeout       *string `json:"lock_timeout"`
 	SSHProbeTimeout   *string `json:"ssh_probe_timeout"`
 	QueueTimeout      *string `json:"queue_timeout"`
+	ReattachTimeout   *string `json:"reattach_timeout"`
 	DurableExec       *bool   `json:"durable_exec"`
 	IdleStop          *string `json:"idle_stop"`
 	PullBeforeExpiry  *string `json:"pull_before_expiry"`
@@ -393,6 +400,7 @@ func (c *Config) apply(raw []byte) error {
 		{"lock_timeout", f.LockTimeout, &c.LockTimeout, 100 * time.Millisecond, ""},
 		{"ssh_probe_timeout", f.SSHProbeTimeout, &c.SSHProbeTimeout, 10 * time.Millisecond, ""},
 		{"queue_timeout", f.QueueTimeout, &c.QueueTimeout, 100 * time.Millisecond, ""},
+		{"reattach_timeout", f.ReattachTimeout, &c.ReattachTimeout, 100 * time.Millisecond, ""},
 		{"idle_stop", f.IdleStop, &c.IdleStop, time.Second, "never stop an idle sandbox"},
 		{"pull_before_expiry", f.PullBeforeExpiry, &c.PullBeforeExpiry, time.Second, "never pull before a reported expiry"},
 	}

@@ -79,7 +79,7 @@ func TestLoadFullFile(t *testing.T) {
 		"api_timeout": "2s",
 		"lock_timeout": "3m",
 		"ssh_probe_timeout": "2s",
-		"queue_timeout": "45m",
+		"queue_timeout": "45m", "reattach_timeout": "30s",
 		"idle_stop": "45m",
 		"pull_before_expiry": "5m",
 		"durable_exec": false
@@ -93,7 +93,7 @@ func TestLoadFullFile(t *testing.T) {
 		LocalcloudBinary: "/opt/bin/sandboxd-localcloud", IdleTimeout: 90 * time.Second,
 		ShutdownTimeout: 5 * time.Second, ReconcileInterval: time.Minute,
 		HistoryRetention: 48 * time.Hour, LogLevel: slog.LevelDebug, APITimeout: 2 * time.Second,
-		LockTimeout: 3 * time.Minute, SSHProbeTimeout: 2 * time.Second, QueueTimeout: 45 * time.Minute,
+		LockTimeout: 3 * time.Minute, SSHProbeTimeout: 2 * time.Second, QueueTimeout: 45 * time.Minute, ReattachTimeout: 30 * time.Second,
 		IdleStop: 45 * time.Minute, PullBeforeExpiry: 5 * time.Minute,
 	}
 	if !c.Equal(want) {

@@ -255,7 +255,7 @@ func helperOptions(cfg config.Config, log *slog.Logger, exeDir string) helper.Op
 
 func daemonConfig(cfg config.Config) sessions.DaemonConfig {
 	return sessions.DaemonConfig{File: cfg.File, ReconcileInterval: cfg.ReconcileInterval, HistoryRetention: cfg.HistoryRetention,
-		LockTimeout: cfg.LockTimeout, ProbeTimeout: cfg.SSHProbeTimeout, QueueTimeout: cfg.QueueTimeout,
+		LockTimeout: cfg.LockTimeout, ProbeTimeout: cfg.SSHProbeTimeout, QueueTimeout: cfg.QueueTimeout, ReattachTimeout: cfg.ReattachTimeout,
 		DurableExec:      cfg.DurableExec,
 		IdleStop:         cfg.EffectiveIdleStop(),
 		PullBeforeExpiry: cfg.PullBeforeExpiry}

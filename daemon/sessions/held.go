@@ -129,13 +129,27 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Loc
 	start := fmt.Sprintf("exec %s hold start %s --stdin-frames -- sh -c %s", bin, id, quoteArg(command, true))
 	st, err := m.execProbing(ctx, lc, start, stdio, afterHeld)
 	began := time.Now().UnixNano()
+	// Every reattach of this exec together is bounded: an agent that
+	// refuses connections for long must not hold the caller for the lock's
+	// bound (minutes) on each attempt.
+	bound := m.reattachTimeout()
+	var reattachBy time.Time
 	for attempt := 0; attempt < reattachAttempts && err != nil && errors.Is(err, sshpool.ErrConnectionLost) && ctx.Err() == nil; attempt++ {
 		// Silence gives no time of its own: the last byte received is the
 		// best bound of when the connection went.
 		lost := time.Unix(0, max(began, out.last.Load(), errw.last.Load()))
 		m.log.Info("the connection broke while a held command ran; reattaching", "run", s.RunID, "exec", id, "err", err)
-		conn, lerr := m.relock(ctx, s)
+		if reattachBy.IsZero() {
+			reattachBy = time.Now().Add(bound)
+		}
+		rctx, cancel := context.WithDeadline(ctx, reattachBy)
+		conn, lerr := m.relock(rctx, s)
+		expired := errors.Is(rctx.Err(), context.DeadlineExceeded)
+		cancel()
 		if lerr != nil {
+			if ctx.Err() == nil && expired {
+				lerr = fmt.Errorf("no connection to the sandbox within reattach_timeout (%s): %w", bound, lerr)
+			}
 			return st, fmt.Errorf("%w; reattaching failed: %w", err, lerr)
 		}
 		lc.Conn = conn

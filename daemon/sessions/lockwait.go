@@ -42,6 +42,21 @@ func (m *Manager) waitBounds() (lock, probe time.Duration) {
 	return lock, probe
 }
 
+// DefaultReattachTimeout bounds a held command's wait for a new
+// connection once its own was lost.
+const DefaultReattachTimeout = 2 * time.Minute
+
+// reattachTimeout returns the bound of a held command's reattach.
+func (m *Manager) reattachTimeout() time.Duration {
+	m.mu.Lock()
+	d := m.daemonCfg.ReattachTimeout
+	m.mu.Unlock()
+	if d <= 0 {
+		d = DefaultReattachTimeout
+	}
+	return d
+}
+
 // queueTimeout returns the bound of the wait in a sandbox's queue.
 func (m *Manager) queueTimeout() time.Duration {
 	m.mu.Lock()

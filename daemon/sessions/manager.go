@@ -166,6 +166,9 @@ type DaemonConfig struct {
 	// QueueTimeout bounds an exec's wait for its turn in the sandbox's
 	// queue (DefaultQueueTimeout when zero).
 	QueueTimeout time.Duration
+	// ReattachTimeout bounds a held command's wait for a new connection
+	// once its own was lost (DefaultReattachTimeout when zero).
+	ReattachTimeout time.Duration
 	// DurableExec holds commands under the sandbox helper where it runs
 	// (docs/durable-exec.md).
 	DurableExec bool
