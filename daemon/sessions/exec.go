@@ -348,16 +348,10 @@ func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, 
 	}
 }
 
-// run runs the user's command with the caller's streams and signals.
-// command is the remote command line, stdout where its output goes. With
-// s, the command is held by the sandbox helper where it can be (no
-// terminal): it then survives a lost connection.
-func (m *Manager) run(ctx context.Context, s *store.Session, conn *sshpool.Locked, req ipc.ExecRequest, stream backend.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
-	signals := make(chan ssh.Signal, 4)
-	done := make(chan struct{})
-	defer close(done)
+// relaySignals passes the caller's signals on, as T, until done closes.
+func relaySignals[T ~string](in <-chan string, done <-chan struct{}) <-chan T {
+	out := make(chan T, 4)
 	go func() {
-		in := stream.Signals()
 		for {
 			select {
 			case <-done:
@@ -367,13 +361,24 @@ func (m *Manager) run(ctx context.Context, s *store.Session, conn *sshpool.Locke
 					return
 				}
 				select {
-				case signals <- ssh.Signal(sig):
+				case out <- T(sig):
 				case <-done:
 					return
 				}
 			}
 		}
 	}()
+	return out
+}
+
+// run runs the user's command with the caller's streams and signals.
+// command is the remote command line, stdout where its output goes. With
+// s, the command is held by the sandbox helper where it can be (no
+// terminal): it then survives a lost connection.
+func (m *Manager) run(ctx context.Context, s *store.Session, conn *sshpool.Locked, req ipc.ExecRequest, stream backend.ExecStream, command string, stdout io.Writer) (sshpool.ExitStatus, error) {
+	done := make(chan struct{})
+	defer close(done)
+	signals := relaySignals[ssh.Signal](stream.Signals(), done)
 	var stdin io.Reader
 	if req.Stdin {
 		stdin = stream.Stdin()

@@ -108,27 +108,9 @@ func (m *Manager) execFused(ctx context.Context, lc *sshpool.Locked, s *store.Se
 
 // exchange runs ex on runner with the caller's streams and signals.
 func (m *Manager) exchange(ctx context.Context, runner gitsync.Runner, ex *gitsync.Exchange, req ipc.ExecRequest, stream backend.ExecStream) error {
-	signals := make(chan string, 4)
 	done := make(chan struct{})
 	defer close(done)
-	go func() {
-		in := stream.Signals()
-		for {
-			select {
-			case <-done:
-				return
-			case sig, ok := <-in:
-				if !ok {
-					return
-				}
-				select {
-				case signals <- sig:
-				case <-done:
-					return
-				}
-			}
-		}
-	}()
+	signals := relaySignals[string](stream.Signals(), done)
 	cio := gitsync.ExchangeIO{Stdout: stream.Stdout(), Stderr: stream.Stderr(), Signals: signals}
 	if req.Stdin {
 		cio.Stdin = stream.Stdin()
