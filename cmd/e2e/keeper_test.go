@@ -15,9 +15,7 @@ func TestHeldExecIsKeptByTheHelperServer(t *testing.T) {
 	e := newEnv(t)
 	e.startDaemon()
 	repo := e.newRepo("keeper", defaultConfig)
-	run := e.startSandbox(repo)
-	e.mustNook(repo, "exec", "--", "true")
-	e.waitHelper(t, run)
+	e.startServedSandbox(t, repo)
 	// Each ancestor's command line, up to the sandbox's first process.
 	script := `p=$$; while [ "$p" -gt 1 ]; do echo "ancestor: $(tr '\0' ' ' < /proc/$p/cmdline)"; p=$(sed -n 's/^PPid:[[:space:]]*//p' /proc/$p/status); done; exit 5`
 	r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", script)

@@ -105,9 +105,7 @@ func TestRWXPathRunsTheHelperAsAManagedProcess(t *testing.T) {
 	lc := e.startLocalcloud()
 	d := e.startDaemon(e.rwxVars(lc)...)
 	repo := e.newRepo("rwxhelper", defaultConfig)
-	run := e.startSandbox(repo)
-	e.mustNook(repo, "exec", "--", "true")
-	e.waitHelper(t, run)
+	run := e.startServedSandbox(t, repo)
 
 	recs := lc.agentProcesses(t, run)
 	h, ok := recs["sandboxd-helper"]

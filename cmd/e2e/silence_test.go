@@ -341,6 +341,17 @@ func TestExecDuringANetworkOutageSaysWhatItWaitsForAndRuns(t *testing.T) {
 // waitHelper waits until the daemon knows the sandbox helper serves in
 // run's sandbox (a held exec needs it): its server's socket comes a
 // round trip before the daemon hears of it, so doctor is asked.
+// startServedSandbox starts repo's sandbox, syncs it once and waits until
+// the sandbox helper serves there (the held and native paths need it);
+// it returns the run id.
+func (e *env) startServedSandbox(t *testing.T, repo string) string {
+	t.Helper()
+	run := e.startSandbox(repo)
+	e.mustNook(repo, "exec", "--", "true")
+	e.waitHelper(t, run)
+	return run
+}
+
 func (e *env) waitHelper(t *testing.T, run string) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
@@ -370,9 +381,7 @@ func TestHeldCommandSurvivesASilenceThatDropsItsConnection(t *testing.T) {
 	e.writeConfig(map[string]any{"ssh_probe_timeout": b.probeTimeout.String(), "durable_exec": true})
 	d := e.startDaemon()
 	repo := e.newRepo("held", defaultConfig)
-	run := e.startSandbox(repo)
-	e.mustNook(repo, "exec", "--", "true")
-	e.waitHelper(t, run)
+	e.startServedSandbox(t, repo)
 	e.mustNook(repo, "exec", "--", "true")
 	counter := counterFile(t, "held")
 	script := fmt.Sprintf("echo ran >> %s; i=1; while [ $i -le %d ]; do echo line $i; i=$((i+1)); sleep %s; done; exit 7", counter, lines, fmt.Sprint(every.Seconds()))
