@@ -213,7 +213,9 @@ func (m *Manager) execProbing(ctx context.Context, lc *sshpool.Locked, line stri
 			case <-time.After(probeEvery):
 			}
 			sent := time.Now()
-			t := time.AfterFunc(sayAfter, func() {
+			// Said before the probe can fail, however short its timeout:
+			// the exec may end on that failure.
+			t := time.AfterFunc(min(sayAfter, probeTimeout/2), func() {
 				select {
 				case <-done:
 				default:
