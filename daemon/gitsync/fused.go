@@ -3,6 +3,8 @@ package gitsync
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +33,10 @@ const maxHelperLog = 16 << 10
 // command never writes (it has pipes of its own, and the helper is not
 // dumpable). Exchange reads and checks every answer frame:
 //
+//   - Every frame must carry its tag under the key of this exchange's
+//     hello and request (helperproto.AnswerKey): a frame another process
+//     wrote into the channel ends the exchange with ErrForgedReport (never
+//     the separate steps, so the command is not sent twice).
 //   - HelloAnswer first: no answer, or an unknown version, means the
 //     helper did not take the exchange (Fused.Split: separate steps).
 //   - Declined, or PushFailed after the push's output: nothing ran. Both
@@ -54,6 +60,8 @@ type Exchange struct {
 	inst    string
 	command string
 	req     []byte
+	// key is what tags the helper's answers (helperproto.AnswerKey).
+	key []byte
 
 	mu      sync.Mutex
 	a       answers
@@ -159,7 +167,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 		req.PushScript = prelude + hv + `off=; [ ! -f "$st/native.off" ] || read -r off <"$st/native.off" || true
 ` + pushBody(p.HeadSHA, patchKey(p.Data), now, x.pend, acks, s.maxBytes, p.LargeTree, true)
 	}
-	if x.req, err = marshalRequest(req); err != nil {
+	if x.req, x.key, err = marshalRequest(req); err != nil {
 		return nil, false, err
 	}
 	// The exec's shell finds the repository, brings in edits made outside
@@ -169,19 +177,29 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	return x, true, nil
 }
 
-func marshalRequest(req helperproto.ExchangeRequest) ([]byte, error) {
+// marshalRequest is the hello and the request frames, and the key of the
+// answers' tags: a fresh nonce the hello carries, bound to the request.
+func marshalRequest(req helperproto.ExchangeRequest) ([]byte, []byte, error) {
+	nonce := make([]byte, helperproto.NonceSize)
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, nil, fmt.Errorf("make the exchange's nonce: %w", err)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, nil, err
+	}
 	var b bytes.Buffer
 	fw := &helperproto.FrameWriter{W: &b}
-	if err := fw.JSON(helperproto.FrameHello, helperproto.Hello{Versions: []int{helperproto.Version}}); err != nil {
-		return nil, err
+	if err := fw.JSON(helperproto.FrameHello, helperproto.Hello{Versions: []int{helperproto.Version}, Nonce: nonce}); err != nil {
+		return nil, nil, err
 	}
-	if err := fw.JSON(helperproto.FrameRequest, req); err != nil {
-		return nil, err
+	if err := fw.Write(helperproto.FrameRequest, body); err != nil {
+		return nil, nil, err
 	}
 	if b.Len() > helperproto.MaxRequest {
-		return nil, errdefs.TooLarge(fmt.Errorf("the exchange's request is %s, over the %s a request may carry", formatBytes(int64(b.Len())), formatBytes(helperproto.MaxRequest)))
+		return nil, nil, errdefs.TooLarge(fmt.Errorf("the exchange's request is %s, over the %s a request may carry", formatBytes(int64(b.Len())), formatBytes(helperproto.MaxRequest)))
 	}
-	return b.Bytes(), nil
+	return b.Bytes(), helperproto.AnswerKey(nonce, body), nil
 }
 
 // Command is the remote command of the exchange.
@@ -292,7 +310,7 @@ func (x *Exchange) Started() bool {
 // read reads the helper's frames until End, the stream's end or a
 // violation (then cancel ends the exec).
 func (x *Exchange) read(r io.Reader, cio ExchangeIO, cancel func()) {
-	fr := &helperproto.FrameReader{R: r, Budget: x.s.maxBytes + 4<<20}
+	fr := &helperproto.FrameReader{R: r, Budget: x.s.maxBytes + 4<<20, Key: x.key}
 	var outErr, errErr error
 	for {
 		typ, payload, err := fr.Next()
