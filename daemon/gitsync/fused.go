@@ -37,8 +37,11 @@ const maxHelperLog = 16 << 10
 //     hello and request (helperproto.AnswerKey): a frame another process
 //     wrote into the channel ends the exchange with ErrForgedReport (never
 //     the separate steps, so the command is not sent twice).
-//   - HelloAnswer first: no answer, or an unknown version, means the
-//     helper did not take the exchange (Fused.Split: separate steps).
+//   - HelloAnswer first: an unknown version, or no answer from an exec
+//     that failed (exit 1..127: no helper, a failed prelude), means the
+//     helper did not take the exchange (Fused.Split: separate steps). No
+//     answer from an exec that exited 0 or by a signal is an answer lost
+//     on the way: the command may have run (error, not run again).
 //   - Declined, or PushFailed after the push's output: nothing ran. Both
 //     are believed only before Started; after it, the exchange ends with
 //     ErrForgedReport and the command is not run again.
@@ -91,7 +94,10 @@ type answers struct {
 	out, errn int64
 	// err is the first protocol violation; it ends the exchange.
 	err error
-	log limitedBuffer
+	// code is the exec's exit status as a shell reports it (128+n for
+	// signal n), -1 when the transport gave none.
+	code int
+	log  limitedBuffer
 }
 
 // Fused is what a fused exchange did.
@@ -283,16 +289,18 @@ func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
 		_, _ = io.Copy(io.Discard, outR)
 	}()
 	var err error
+	code := -1
 	if preamble {
-		_, err = pr.RunPreamble(ctx, x.command, x.req, inR, outW, &x.a.log)
+		code, err = pr.RunPreamble(ctx, x.command, x.req, inR, outW, &x.a.log)
 	} else {
-		_, err = r.Run(ctx, x.command, inR, outW, &x.a.log)
+		code, err = r.Run(ctx, x.command, inR, outW, &x.a.log)
 	}
 	_ = outW.Close()
 	<-read
 	stop()
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.a.code = code
 	if x.a.err != nil {
 		return x.a.err
 	}
@@ -466,9 +474,15 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	switch {
 	case a.started == nil && a.err != nil:
 		return res, a.err
+	case a.started == nil && !a.hello && (a.code <= 0 || a.code > 127):
+		// No answer, yet the exec did not fail as a missing helper or a
+		// failed prelude does (it exited 0, or by a signal): the helper
+		// may have run the command, and its answer was taken out of the
+		// channel on the way (a process of the user can read the pipe).
+		return res, errdefs.Unavailable(newError(ErrTransfer, nil, "the exchange ended (status %d) without a word from the sandbox helper: the command may or may not have completed, so it was not run again; what it changed stays in the sandbox and the next exec brings it back", a.code))
 	case a.started == nil && (!a.hello || a.version != helperproto.Version):
-		// The helper is missing or speaks another version: nothing of
-		// the exchange ran.
+		// The helper is missing, failed before it answered, or speaks
+		// another version: nothing of the exchange ran.
 		x.s.nativeServed(x.rp.root, "")
 		res.Split = true
 		return res, nil

@@ -176,3 +176,41 @@ func TestChannelOpenedBeforeThePrctlCannotForgeOutput(t *testing.T) {
 		t.Fatalf("the command ran %d times, want once", n)
 	}
 }
+
+// A helper's whole answer taken out of the channel on the way (a process
+// of the user that opened the pipe in the window can read it before the
+// agent does; here the runner drops it) leaves the daemon without a word
+// from a helper that exited 0: the exec says the command may have
+// completed and does not send it to the separate steps.
+func TestAnswerTakenOutOfTheChannelDoesNotRunTheCommandAgain(t *testing.T) {
+	withHelper(t)
+	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "runs\n"})
+	ctx := context.Background()
+	p, err := f.s.Prepare(ctx, f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Sandbox = "fixture"
+	command := "echo ran >>runs"
+	x, ok, err := f.s.Fuse(ctx, f.r, p, command)
+	if err != nil || !ok {
+		t.Fatalf("fuse: %v %v", ok, err)
+	}
+	taken := &frameFilter{Runner: f.r, drop: func(byte) bool { return true }}
+	runErr := x.Run(ctx, taken, ExchangeIO{Stdout: io.Discard, Stderr: io.Discard})
+	fr, err := x.Finish(ctx, f.r)
+	if err == nil {
+		err = runErr
+	}
+	if err == nil && fr.Split {
+		// The session's way after a split.
+		_, fr, err = f.split(command)
+	}
+	t.Logf("%+v %v", fr, err)
+	if n := runs(t, f); n != 1 {
+		t.Fatalf("the command ran %d times, want once", n)
+	}
+	if !errors.Is(err, ErrTransfer) || !strings.Contains(err.Error(), "may or may not have completed") {
+		t.Fatalf("the exec did not say the command may have completed: %+v %v", fr, err)
+	}
+}
