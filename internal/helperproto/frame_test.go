@@ -126,3 +126,29 @@ func TestTaggedFramesAreTakenOnlyWithTheirTag(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAnswerStream writes and reads 32 KiB data frames, tagged or not:
+// the cost the tags add to a command's output.
+func BenchmarkAnswerStream(b *testing.B) {
+	chunk := bytes.Repeat([]byte("x"), DataChunk)
+	for _, keyed := range []bool{false, true} {
+		b.Run(map[bool]string{false: "untagged", true: "tagged"}[keyed], func(b *testing.B) {
+			var key []byte
+			if keyed {
+				key = AnswerKey(make([]byte, NonceSize), nil)
+			}
+			var buf bytes.Buffer
+			fw := &FrameWriter{W: &buf, Key: key}
+			fr := &FrameReader{R: &buf, Key: key}
+			b.SetBytes(DataChunk)
+			for i := 0; i < b.N; i++ {
+				if err := fw.Data(FrameStdout, int64(i)*DataChunk, chunk); err != nil {
+					b.Fatal(err)
+				}
+				if _, _, err := fr.Next(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
