@@ -479,7 +479,7 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		// failed prelude does (it exited 0, or by a signal): the helper
 		// may have run the command, and its answer was taken out of the
 		// channel on the way (a process of the user can read the pipe).
-		return res, errdefs.Unavailable(newError(ErrTransfer, nil, "the exchange ended (status %d) without a word from the sandbox helper: the command may or may not have completed, so it was not run again; what it changed stays in the sandbox and the next exec brings it back", a.code))
+		return res, errdefs.Unavailable(newError(ErrForgedReport, nil, "the exchange ended (status %d) without a word from the sandbox helper: the command may or may not have completed, so it was not run again; what it changed stays in the sandbox and the next exec brings it back", a.code))
 	case a.started == nil && (!a.hello || a.version != helperproto.Version):
 		// The helper is missing, failed before it answered, or speaks
 		// another version: nothing of the exchange ran.

@@ -210,7 +210,7 @@ func TestAnswerTakenOutOfTheChannelDoesNotRunTheCommandAgain(t *testing.T) {
 	if n := runs(t, f); n != 1 {
 		t.Fatalf("the command ran %d times, want once", n)
 	}
-	if !errors.Is(err, ErrTransfer) || !strings.Contains(err.Error(), "may or may not have completed") {
+	if !errors.Is(err, ErrForgedReport) || !strings.Contains(err.Error(), "may or may not have completed") {
 		t.Fatalf("the exec did not say the command may have completed: %+v %v", fr, err)
 	}
 }
