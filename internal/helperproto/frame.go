@@ -21,15 +21,16 @@ import (
 // endian, the count of the stream's bytes before this frame) then the
 // bytes. The user's command never writes to the channel: the helper starts
 // it with pipes of its own and frames what it reads from them, so nothing
-// the command prints can be taken for a frame, and nothing depends on a
-// secret the command could read.
+// the command prints can be taken for a frame.
 //
-// Every frame the helper writes carries a tag (Tag) keyed by AnswerKey: a
-// secret of the daemon's hello and the request the helper read. A process
-// that wrote into the channel (it opened /proc/<helper>/fd/1 before the
-// helper made itself non-dumpable, and may hold it open) without reading
-// the daemon's stream cannot make a frame the daemon takes. The tag is the
-// frame layer, the same in every version; versions name the messages.
+// Every frame the helper writes ends with a tag of TagSize bytes (counted
+// in the length): HMAC-SHA256 under AnswerKey, the hello's nonce bound to
+// the request the helper read, over the frame's sequence number, type and
+// payload. A process that writes into the channel (it opened
+// /proc/<pid>/fd/1 before the helper made itself non-dumpable, and may
+// hold it open) without reading the daemon's stream cannot make a frame
+// the daemon takes. The tag is the frame layer, the same in every
+// version; versions name the messages.
 //
 // The daemon writes Hello, then Request, then Stdin frames, StdinEOF and
 // Signal frames as they come. The helper answers Hello, then either
