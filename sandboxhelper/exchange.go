@@ -33,7 +33,10 @@ const maxScriptOutput = 64 << 10
 // Before anything, it makes itself non-dumpable: a command of the same uid
 // then cannot open /proc/<helper>/fd/1 (the channel), read its memory or
 // ptrace it. The command's own process is dumpable again (execve resets
-// it), so nothing changes for it.
+// it), so nothing changes for it. A process that opened the channel
+// before (the exec's shell and the helper until the prctl are dumpable)
+// keeps it: the tags of the answers (helperproto.AnswerKey) are what make
+// its frames fail.
 func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Writer, log io.Writer) int {
 	undumpable()
 	// Signals the agent relays to this exec go to the command; a write to
@@ -44,6 +47,10 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	defer signal.Stop(sigs)
 	ctx = context.WithoutCancel(ctx)
 
+	// Nothing is read or written before the prctl above. The hello's
+	// nonce and the request key every answer frame (helperproto.AnswerKey),
+	// the hello answer too, so it comes after the request: no answer can
+	// be tagged without them.
 	x := &exchange{state: o.State, pushEnv: o.PushEnv, fw: &helperproto.FrameWriter{W: out}, log: log}
 	fr := &helperproto.FrameReader{R: in}
 	typ, p, err := fr.Next()
@@ -53,21 +60,35 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	} else if err == nil {
 		err = fmt.Errorf("expected a hello frame, got %q", typ)
 	}
-	if err != nil || !slices.Contains(hello.Versions, helperproto.Version) {
+	if err == nil && len(hello.Nonce) != helperproto.NonceSize {
+		err = fmt.Errorf("a hello with a nonce of %d bytes", len(hello.Nonce))
+	}
+	var rtyp byte
+	var rp []byte
+	if err == nil {
+		rtyp, rp, err = fr.Next()
+	}
+	if err != nil {
+		// Without the nonce and the request no answer can be tagged: the
+		// daemon sees none (the separate steps; nothing ran here).
+		fmt.Fprintf(log, "%s exchange: read the hello and the request: %v\n", Name, err)
+		return exitUsage
+	}
+	x.fw.Key = helperproto.AnswerKey(hello.Nonce, rp)
+	if !slices.Contains(hello.Versions, helperproto.Version) {
 		_ = x.send(helperproto.FrameHelloAnswer, helperproto.HelloAnswer{})
-		fmt.Fprintf(log, "%s exchange: no common version (%v, %v)\n", Name, hello.Versions, err)
+		fmt.Fprintf(log, "%s exchange: no common version (%v)\n", Name, hello.Versions)
 		return exitUsage
 	}
 	if err := x.send(helperproto.FrameHelloAnswer, helperproto.HelloAnswer{Version: helperproto.Version}); err != nil {
 		return exitFailed
 	}
-	typ, p, err = fr.Next()
-	if err == nil && typ != helperproto.FrameRequest {
-		err = fmt.Errorf("expected a request frame, got %q", typ)
+	if rtyp != helperproto.FrameRequest {
+		err = fmt.Errorf("expected a request frame, got %q", rtyp)
 	}
 	var req helperproto.ExchangeRequest
 	if err == nil {
-		err = helperproto.Decode(typ, p, &req)
+		err = helperproto.Decode(rtyp, rp, &req)
 	}
 	if err != nil {
 		x.decline("read the request: " + err.Error())

@@ -94,8 +94,10 @@ sleep 1`
 	}
 
 	// The helper's binary replaced by the command: the next exec's answer
-	// says the command started, then that nothing ran (run me again), and
-	// names a local path for the pull.
+	// says the command started, then that nothing ran (run me again). Its
+	// frames carry no tags (a script does not compute them), so the first
+	// is refused; daemon/gitsync's TestReplacedHelperIsHeldToTheProtocol
+	// holds a replaced helper that tags its frames to the protocol.
 	fake := "#!/bin/sh\n[ \"$1\" = exchange ] || exit 2\nprintf '" +
 		frameOctal('h', `{"version":1}`) + frameOctal('G', `{"snapshot":""}`) +
 		frameOctal('D', `{"reason":"again","need_patch":true}`) + "'\n"

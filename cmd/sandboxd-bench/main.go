@@ -1,7 +1,8 @@
 // Command sandboxd-bench is `make bench`: it starts its own isolated
 // sandboxd and sandboxd-localcloud, makes its own repositories and
 // sandboxes, runs every exec-performance scenario at 0 and 20 ms RTT, and
-// prints a table plus the same as JSON. BENCH_QUICK=1 (or -quick) runs a
+// prints a table plus the same as JSON (bench.json beside the binaries
+// unless -json names another file). BENCH_QUICK=1 (or -quick) runs a
 // small version in under a minute.
 package main
 

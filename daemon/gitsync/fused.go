@@ -3,6 +3,8 @@ package gitsync
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -31,8 +33,15 @@ const maxHelperLog = 16 << 10
 // command never writes (it has pipes of its own, and the helper is not
 // dumpable). Exchange reads and checks every answer frame:
 //
-//   - HelloAnswer first: no answer, or an unknown version, means the
-//     helper did not take the exchange (Fused.Split: separate steps).
+//   - Every frame must carry its tag under the key of this exchange's
+//     hello and request (helperproto.AnswerKey): a frame another process
+//     wrote into the channel ends the exchange with ErrForgedReport (never
+//     the separate steps, so the command is not sent twice).
+//   - HelloAnswer first: an unknown version, or no answer from an exec
+//     that failed (exit 1..127: no helper, a failed prelude), means the
+//     helper did not take the exchange (Fused.Split: separate steps). No
+//     answer from an exec that exited 0 or by a signal is an answer lost
+//     on the way: the command may have run (error, not run again).
 //   - Declined, or PushFailed after the push's output: nothing ran. Both
 //     are believed only before Started; after it, the exchange ends with
 //     ErrForgedReport and the command is not run again.
@@ -54,6 +63,8 @@ type Exchange struct {
 	inst    string
 	command string
 	req     []byte
+	// key is what tags the helper's answers (helperproto.AnswerKey).
+	key []byte
 
 	mu      sync.Mutex
 	a       answers
@@ -83,7 +94,10 @@ type answers struct {
 	out, errn int64
 	// err is the first protocol violation; it ends the exchange.
 	err error
-	log limitedBuffer
+	// code is the exec's exit status as a shell reports it (128+n for
+	// signal n), -1 when the transport gave none.
+	code int
+	log  limitedBuffer
 }
 
 // Fused is what a fused exchange did.
@@ -159,7 +173,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 		req.PushScript = prelude + hv + `off=; [ ! -f "$st/native.off" ] || read -r off <"$st/native.off" || true
 ` + pushBody(p.HeadSHA, patchKey(p.Data), now, x.pend, acks, s.maxBytes, p.LargeTree, true)
 	}
-	if x.req, err = marshalRequest(req); err != nil {
+	if x.req, x.key, err = marshalRequest(req); err != nil {
 		return nil, false, err
 	}
 	// The exec's shell finds the repository, brings in edits made outside
@@ -169,19 +183,29 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	return x, true, nil
 }
 
-func marshalRequest(req helperproto.ExchangeRequest) ([]byte, error) {
+// marshalRequest is the hello and the request frames, and the key of the
+// answers' tags: a fresh nonce the hello carries, bound to the request.
+func marshalRequest(req helperproto.ExchangeRequest) ([]byte, []byte, error) {
+	nonce := make([]byte, helperproto.NonceSize)
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, nil, fmt.Errorf("make the exchange's nonce: %w", err)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, nil, err
+	}
 	var b bytes.Buffer
 	fw := &helperproto.FrameWriter{W: &b}
-	if err := fw.JSON(helperproto.FrameHello, helperproto.Hello{Versions: []int{helperproto.Version}}); err != nil {
-		return nil, err
+	if err := fw.JSON(helperproto.FrameHello, helperproto.Hello{Versions: []int{helperproto.Version}, Nonce: nonce}); err != nil {
+		return nil, nil, err
 	}
-	if err := fw.JSON(helperproto.FrameRequest, req); err != nil {
-		return nil, err
+	if err := fw.Write(helperproto.FrameRequest, body); err != nil {
+		return nil, nil, err
 	}
 	if b.Len() > helperproto.MaxRequest {
-		return nil, errdefs.TooLarge(fmt.Errorf("the exchange's request is %s, over the %s a request may carry", formatBytes(int64(b.Len())), formatBytes(helperproto.MaxRequest)))
+		return nil, nil, errdefs.TooLarge(fmt.Errorf("the exchange's request is %s, over the %s a request may carry", formatBytes(int64(b.Len())), formatBytes(helperproto.MaxRequest)))
 	}
-	return b.Bytes(), nil
+	return b.Bytes(), helperproto.AnswerKey(nonce, body), nil
 }
 
 // Command is the remote command of the exchange.
@@ -265,16 +289,18 @@ func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
 		_, _ = io.Copy(io.Discard, outR)
 	}()
 	var err error
+	code := -1
 	if preamble {
-		_, err = pr.RunPreamble(ctx, x.command, x.req, inR, outW, &x.a.log)
+		code, err = pr.RunPreamble(ctx, x.command, x.req, inR, outW, &x.a.log)
 	} else {
-		_, err = r.Run(ctx, x.command, inR, outW, &x.a.log)
+		code, err = r.Run(ctx, x.command, inR, outW, &x.a.log)
 	}
 	_ = outW.Close()
 	<-read
 	stop()
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	x.a.code = code
 	if x.a.err != nil {
 		return x.a.err
 	}
@@ -292,7 +318,7 @@ func (x *Exchange) Started() bool {
 // read reads the helper's frames until End, the stream's end or a
 // violation (then cancel ends the exec).
 func (x *Exchange) read(r io.Reader, cio ExchangeIO, cancel func()) {
-	fr := &helperproto.FrameReader{R: r, Budget: x.s.maxBytes + 4<<20}
+	fr := &helperproto.FrameReader{R: r, Budget: x.s.maxBytes + 4<<20, Key: x.key}
 	var outErr, errErr error
 	for {
 		typ, payload, err := fr.Next()
@@ -448,9 +474,15 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	switch {
 	case a.started == nil && a.err != nil:
 		return res, a.err
+	case a.started == nil && !a.hello && (a.code <= 0 || a.code > 127):
+		// No answer, yet the exec did not fail as a missing helper or a
+		// failed prelude does (it exited 0, or by a signal): the helper
+		// may have run the command, and its answer was taken out of the
+		// channel on the way (a process of the user can read the pipe).
+		return res, errdefs.Unavailable(newError(ErrForgedReport, nil, "the exchange ended (status %d) without a word from the sandbox helper: the command may or may not have completed, so it was not run again; what it changed stays in the sandbox and the next exec brings it back", a.code))
 	case a.started == nil && (!a.hello || a.version != helperproto.Version):
-		// The helper is missing or speaks another version: nothing of
-		// the exchange ran.
+		// The helper is missing, failed before it answered, or speaks
+		// another version: nothing of the exchange ran.
 		x.s.nativeServed(x.rp.root, "")
 		res.Split = true
 		return res, nil

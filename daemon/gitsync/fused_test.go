@@ -32,6 +32,13 @@ func withHelper(t *testing.T) {
 // and returns its stdout, its stderr and what Finish said.
 func exchange(t *testing.T, f *fixture, command string, stdin io.Reader) (string, string, Fused, error) {
 	t.Helper()
+	return exchangeAfter(t, f, command, stdin, nil)
+}
+
+// exchangeAfter is exchange with before called on the exchange once it is
+// made, before it runs.
+func exchangeAfter(t *testing.T, f *fixture, command string, stdin io.Reader, before func(*Exchange)) (string, string, Fused, error) {
+	t.Helper()
 	ctx := context.Background()
 	p, err := f.s.Prepare(ctx, f.local, f.base)
 	if err != nil {
@@ -41,6 +48,9 @@ func exchange(t *testing.T, f *fixture, command string, stdin io.Reader) (string
 	x, ok, err := f.s.Fuse(ctx, f.r, p, command)
 	if err != nil || !ok {
 		t.Fatalf("fuse: %v %v", ok, err)
+	}
+	if before != nil {
+		before(x)
 	}
 	var stdout, stderr bytes.Buffer
 	runErr := x.Run(ctx, f.r, ExchangeIO{Stdin: stdin, Stdout: &stdout, Stderr: &stderr})

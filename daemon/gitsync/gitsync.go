@@ -301,8 +301,9 @@ var (
 	ErrTransfer         = errors.New("the patch from the sandbox arrived incomplete")
 	ErrPushCommits      = errors.New("git push to the sandbox failed")
 	// ErrForgedReport: the sandbox's answer broke the protocol in a way
-	// only the command could (a report after the command started that
-	// says it did not run).
+	// only a process of the sandbox could (a report after the command
+	// started that says it did not run, a frame without the helper's tag,
+	// no answer at all from a helper that exited 0).
 	ErrForgedReport = errors.New("the sandbox's report was forged by the command")
 	// ErrUnsafeGit: the local git's `git apply` has known escapes
 	// (gitversion.ErrUnsafe): nothing from a sandbox is applied with it.

@@ -237,6 +237,13 @@ func (f *fixture) exec(command string) (string, PullResult, error) {
 // Finish f.finishCalls.
 func (f *fixture) fused(command string) (string, Fused, error) {
 	f.t.Helper()
+	return f.fusedAfter(command, nil)
+}
+
+// fusedAfter is fused with before called on each exchange once it is
+// made, before it runs.
+func (f *fixture) fusedAfter(command string, before func(*Exchange)) (string, Fused, error) {
+	f.t.Helper()
 	ctx := context.Background()
 	for attempt := 0; attempt < 3; attempt++ {
 		p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
@@ -251,6 +258,9 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 		}
 		if !ok {
 			return f.split(command)
+		}
+		if before != nil {
+			before(x)
 		}
 		var stdout, stderr bytes.Buffer
 		runErr := x.Run(ctx, f.r, ExchangeIO{Stdout: &stdout, Stderr: &stderr})

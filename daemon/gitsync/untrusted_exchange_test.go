@@ -142,6 +142,37 @@ func dataFrame(typ byte, off int64, data string) []byte {
 	return frame(typ, append(p, data...))
 }
 
+// tagged is frames as a helper that read the exchange's hello and request
+// writes them: each tagged under x's key, in order. A frame that does not
+// parse (a header over the bound) goes as it is.
+func tagged(x *Exchange, frames [][]byte) []byte {
+	var b bytes.Buffer
+	fw := &helperproto.FrameWriter{W: &b, Key: x.key}
+	for _, f := range frames {
+		typ, p, err := (&helperproto.FrameReader{R: bytes.NewReader(f)}).Next()
+		if err != nil {
+			b.Write(f)
+			continue
+		}
+		_ = fw.Write(typ, p)
+	}
+	return b.Bytes()
+}
+
+// replaceHelper replaces f's helper binary by a script that runs prefix,
+// then prints answer.
+func replaceHelper(t *testing.T, f *fixture, prefix string, answer []byte) {
+	t.Helper()
+	bin := filepath.Join(f.sandbox, ".git", "sandboxd", "bin", f.r.helperName)
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, bin, "#!/bin/sh\n[ \"$1\" = exchange ] || exit 2\n"+prefix+"printf '"+octal(answer)+"'\n")
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // octal is b as printf's format, every byte escaped.
 func octal(b []byte) string {
 	var s strings.Builder
@@ -176,21 +207,17 @@ func TestReplacedHelperIsHeldToTheProtocol(t *testing.T) {
 			if _, fr, err := f.fused("true"); err != nil || !fr.Ran {
 				t.Fatalf("first exec: %+v %v", fr, err)
 			}
-			// The command's doing, as any command of the sandbox's user
-			// can: the next exchange runs this instead of the helper.
-			bin := filepath.Join(f.sandbox, ".git", "sandboxd", "bin", f.r.helperName)
-			script := "#!/bin/sh\n[ \"$1\" = exchange ] || exit 2\necho ran >>runs\nprintf '" + octal(bytes.Join(frames, nil)) + "'\n"
-			if err := os.Remove(bin); err != nil {
-				t.Fatal(err)
-			}
-			writeFile(t, bin, script)
-			if err := os.Chmod(bin, 0o755); err != nil {
-				t.Fatal(err)
-			}
 			victim := filepath.Join(filepath.Dir(f.local), "victim")
 			writeFile(t, victim, "the user's\n")
-			before := f.r.calls()
-			_, _, fr, err := exchange(t, f, "echo ran >>runs", nil)
+			var before int
+			_, _, fr, err := exchangeAfter(t, f, "echo ran >>runs", nil, func(x *Exchange) {
+				// The command's doing, as any command of the sandbox's
+				// user can: the next exchange runs this instead of the
+				// helper, which reads the hello and the request as the
+				// helper does, so its frames carry the tags.
+				replaceHelper(t, f, "echo ran >>runs\n", tagged(x, frames))
+				before = f.r.calls()
+			})
 			t.Logf("%+v %v", fr, err)
 			if err == nil && fr.PullErr == nil {
 				t.Fatalf("the replaced helper's answer was taken: %+v", fr)
@@ -220,17 +247,10 @@ func TestHelperOfAnotherVersionLeavesTheSeparateSteps(t *testing.T) {
 	if _, fr, err := f.fused("true"); err != nil || !fr.Ran {
 		t.Fatalf("first exec: %+v %v", fr, err)
 	}
-	bin := filepath.Join(f.sandbox, ".git", "sandboxd", "bin", f.r.helperName)
-	if err := os.Remove(bin); err != nil {
-		t.Fatal(err)
-	}
-	answer := frame(helperproto.FrameHelloAnswer, helperproto.HelloAnswer{Version: 0})
-	writeFile(t, bin, "#!/bin/sh\n[ \"$1\" = exchange ] || exit 2\nprintf '"+octal(answer)+"'\n")
-	if err := os.Chmod(bin, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	writeFile(t, filepath.Join(f.local, "a.txt"), "local\n")
-	out, fr, err := f.fused("echo ran >>runs; cat a.txt")
+	out, fr, err := f.fusedAfter("echo ran >>runs; cat a.txt", func(x *Exchange) {
+		replaceHelper(t, f, "", tagged(x, [][]byte{frame(helperproto.FrameHelloAnswer, helperproto.HelloAnswer{Version: 0})}))
+	})
 	if err != nil || !fr.Ran || out != "local\n" {
 		t.Fatalf("exec: %q %+v %v", out, fr, err)
 	}

@@ -92,7 +92,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	self, _ := os.Executable()
 	bin := fs.String("bin", filepath.Dir(self), "directory holding sandboxd, nook and sandboxd-localcloud")
-	jsonOut := fs.String("json", "bench.json", "write the results as JSON to this file (\"\" for none)")
+	jsonOut := fs.String("json", "", "write the results as JSON to this file, relative to the working directory (default: bench.json in the -bin directory; \"\" for none)")
 	quick := fs.Bool("quick", os.Getenv("BENCH_QUICK") == "1", "quick mode: few samples, small sizes (default from BENCH_QUICK=1)")
 	rtts := fs.String("rtt", "0,20ms", "round-trip times to run at, comma-separated")
 	rwxRTTs := fs.String("rwx-rtt", "0,20ms,100ms", "round-trip times of the RWX-path rows, comma-separated")
@@ -107,7 +107,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "sandboxd-bench: -bin %q: %v\n", *bin, err)
 		return 2
 	}
-	opts := Options{Bin: binDir, JSON: *jsonOut, Quick: *quick, RWXCLI: os.Getenv("RWX_CLI"), Log: stderr, Repeat: *repeat}
+	jsonFile, err := jsonPath(fs, *jsonOut, binDir)
+	if err != nil {
+		fmt.Fprintf(stderr, "sandboxd-bench: -json %q: %v\n", *jsonOut, err)
+		return 2
+	}
+	opts := Options{Bin: binDir, JSON: jsonFile, Quick: *quick, RWXCLI: os.Getenv("RWX_CLI"), Log: stderr, Repeat: *repeat}
 	if *only != "" {
 		for _, g := range strings.Split(*only, ",") {
 			g = strings.TrimSpace(g)
@@ -162,6 +167,21 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "\nJSON: %s\n", opts.JSON)
 	}
 	return 0
+}
+
+// jsonPath is where the JSON results go, absolute: the -json flag's file
+// when it was given ("" for none), else bench.json beside the binaries (as
+// `make bench` writes it), never the working directory unasked.
+func jsonPath(fs *flag.FlagSet, val, binDir string) (string, error) {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == "json" })
+	switch {
+	case !set:
+		return filepath.Join(binDir, "bench.json"), nil
+	case val == "":
+		return "", nil
+	}
+	return filepath.Abs(val)
 }
 
 // Print writes the table, the ratios and the notes.

@@ -1,6 +1,8 @@
 package helperproto
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -19,8 +21,16 @@ import (
 // endian, the count of the stream's bytes before this frame) then the
 // bytes. The user's command never writes to the channel: the helper starts
 // it with pipes of its own and frames what it reads from them, so nothing
-// the command prints can be taken for a frame, and nothing depends on a
-// secret the command could read.
+// the command prints can be taken for a frame.
+//
+// Every frame the helper writes ends with a tag of TagSize bytes (counted
+// in the length): HMAC-SHA256 under AnswerKey, the hello's nonce bound to
+// the request the helper read, over the frame's sequence number, type and
+// payload. A process that writes into the channel (it opened
+// /proc/<pid>/fd/1 before the helper made itself non-dumpable, and may
+// hold it open) without reading the daemon's stream cannot make a frame
+// the daemon takes. The tag is the frame layer, the same in every
+// version; versions name the messages.
 //
 // The daemon writes Hello, then Request, then Stdin frames, StdinEOF and
 // Signal frames as they come. The helper answers Hello, then either
@@ -49,8 +59,15 @@ const (
 
 // Version is the exchange protocol this package speaks. A helper that
 // speaks none of the daemon's versions answers HelloAnswer{Version: 0}
-// and nothing else; the daemon then takes the shell way.
-const Version = 1
+// (tagged) and nothing else; the daemon then takes the shell way.
+const Version = 2
+
+// NonceSize is the size of Hello.Nonce; TagSize of the tag that ends
+// every frame of the helper.
+const (
+	NonceSize = 32
+	TagSize   = 16
+)
 
 // MaxFrame bounds one frame's payload, except FrameRequest's (MaxRequest).
 const MaxFrame = 1 << 20
@@ -61,9 +78,22 @@ const MaxRequest = 160 << 20
 // DataChunk is the most a data frame carries.
 const DataChunk = 32 << 10
 
-// Hello states the versions the daemon speaks.
+// Hello states the versions the daemon speaks, and the fresh secret of
+// this exchange's answer key (AnswerKey).
 type Hello struct {
-	Versions []int `json:"versions"`
+	Versions []int  `json:"versions"`
+	Nonce    []byte `json:"nonce"`
+}
+
+// AnswerKey is the key of the tags of the helper's frames: the hello's
+// nonce bound to the request frame's payload as the helper read it, so
+// that answers to a request the daemon did not send are not taken either.
+func AnswerKey(nonce, request []byte) []byte {
+	sum := sha256.Sum256(request)
+	m := hmac.New(sha256.New, nonce)
+	m.Write([]byte("sandboxd exchange answers\x00"))
+	m.Write(sum[:])
+	return m.Sum(nil)
 }
 
 // HelloAnswer is the version the helper chose; 0 for none.
@@ -155,17 +185,43 @@ var ErrFrame = errors.New("malformed exchange frame")
 
 // FrameWriter writes frames; it is not safe for concurrent use.
 type FrameWriter struct {
-	W   io.Writer
+	W io.Writer
+	// Key, when set, tags every frame (the helper's answers).
+	Key []byte
+	seq uint64
 	buf []byte
 }
 
 // Write writes one frame.
 func (f *FrameWriter) Write(typ byte, payload []byte) error {
 	f.buf = append(f.buf[:0], typ, 0, 0, 0, 0)
-	binary.BigEndian.PutUint32(f.buf[1:5], uint32(len(payload)))
 	f.buf = append(f.buf, payload...)
+	return f.flush()
+}
+
+// flush writes the frame in buf (type, room for the length, payload),
+// tagged when the writer has a key.
+func (f *FrameWriter) flush() error {
+	if f.Key != nil {
+		f.buf = append(f.buf, tag(f.Key, f.seq, f.buf[0], f.buf[5:])...)
+		f.seq++
+	}
+	binary.BigEndian.PutUint32(f.buf[1:5], uint32(len(f.buf)-5))
 	_, err := f.W.Write(f.buf)
 	return err
+}
+
+// tag is the tag of the seq'th frame of a stream: its type and payload
+// under key, so that a frame is neither forged, moved nor left out
+// unnoticed.
+func tag(key []byte, seq uint64, typ byte, payload []byte) []byte {
+	m := hmac.New(sha256.New, key)
+	var h [9]byte
+	binary.BigEndian.PutUint64(h[:8], seq)
+	h[8] = typ
+	m.Write(h[:])
+	m.Write(payload)
+	return m.Sum(nil)[:TagSize]
 }
 
 // JSON writes one frame whose payload is v's JSON.
@@ -182,10 +238,9 @@ func (f *FrameWriter) Data(typ byte, off int64, p []byte) error {
 	for len(p) > 0 {
 		n := min(len(p), DataChunk)
 		f.buf = append(f.buf[:0], typ, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-		binary.BigEndian.PutUint32(f.buf[1:5], uint32(8+n))
 		binary.BigEndian.PutUint64(f.buf[5:13], uint64(off))
 		f.buf = append(f.buf, p[:n]...)
-		if _, err := f.W.Write(f.buf); err != nil {
+		if err := f.flush(); err != nil {
 			return err
 		}
 		p, off = p[n:], off+int64(n)
@@ -201,8 +256,12 @@ type FrameReader struct {
 	// data frames (FrameStdout, FrameStderr, FrameStdin) together: the
 	// rest of an answer is the sandbox's word, and its size is bounded.
 	Budget int64
-	used   int64
-	hdr    [5]byte
+	// Key, when set, is the key of the tag every frame must end with
+	// (AnswerKey); a frame without it is refused.
+	Key  []byte
+	seq  uint64
+	used int64
+	hdr  [5]byte
 }
 
 // Next reads one frame. io.EOF means the stream ended between frames.
@@ -232,6 +291,17 @@ func (f *FrameReader) Next() (typ byte, payload []byte, err error) {
 	payload = make([]byte, n)
 	if _, err := io.ReadFull(f.R, payload); err != nil {
 		return typ, nil, fmt.Errorf("%w: the stream ended inside frame %q: %v", ErrFrame, typ, err)
+	}
+	if f.Key != nil {
+		if n < TagSize {
+			return typ, nil, fmt.Errorf("%w: frame %q of %d bytes has no tag: it is not the helper's", ErrFrame, typ, n)
+		}
+		payload, t := payload[:n-TagSize], payload[n-TagSize:]
+		if !hmac.Equal(t, tag(f.Key, f.seq, typ, payload)) {
+			return typ, nil, fmt.Errorf("%w: frame %q does not carry the helper's tag (another process wrote into the channel, or a frame was lost)", ErrFrame, typ)
+		}
+		f.seq++
+		return typ, payload, nil
 	}
 	return typ, payload, nil
 }

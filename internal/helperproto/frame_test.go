@@ -89,3 +89,66 @@ func TestFrameReaderBoundsTheControlFramesTogether(t *testing.T) {
 		t.Fatalf("after %d frames: %v, want the budget's error at the third pull frame", n, err)
 	}
 }
+
+// Frames written under a key are read back under it; a frame without the
+// tag, one under another key, and a stream that lost a frame are refused.
+func TestTaggedFramesAreTakenOnlyWithTheirTag(t *testing.T) {
+	key := AnswerKey(bytes.Repeat([]byte{1}, NonceSize), []byte(`{"command":"true"}`))
+	write := func(key []byte, frames ...byte) []byte {
+		var b bytes.Buffer
+		fw := &FrameWriter{W: &b, Key: key}
+		for _, typ := range frames {
+			if err := fw.JSON(typ, Exit{Code: int(typ)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return b.Bytes()
+	}
+	fr := &FrameReader{R: bytes.NewReader(write(key, FrameHelloAnswer, FrameExit)), Key: key}
+	for _, want := range []byte{FrameHelloAnswer, FrameExit} {
+		typ, p, err := fr.Next()
+		var e Exit
+		if err != nil || typ != want || Decode(typ, p, &e) != nil || e.Code != int(want) {
+			t.Fatalf("frame %q: %q %q %v", want, typ, p, err)
+		}
+	}
+	other := AnswerKey(bytes.Repeat([]byte{1}, NonceSize), []byte(`{"command":"false"}`))
+	whole := write(key, FrameHelloAnswer, FrameExit)
+	cases := map[string][]byte{
+		"untagged":           write(nil, FrameHelloAnswer),
+		"another request":    write(other, FrameHelloAnswer),
+		"a frame left out":   whole[len(write(key, FrameHelloAnswer)):],
+		"shorter than a tag": {FrameEnd, 0, 0, 0, 1, 0},
+	}
+	for name, stream := range cases {
+		if _, _, err := (&FrameReader{R: bytes.NewReader(stream), Key: key}).Next(); !errors.Is(err, ErrFrame) {
+			t.Errorf("%s: %v, want ErrFrame", name, err)
+		}
+	}
+}
+
+// BenchmarkAnswerStream writes and reads 32 KiB data frames, tagged or not:
+// the cost the tags add to a command's output.
+func BenchmarkAnswerStream(b *testing.B) {
+	chunk := bytes.Repeat([]byte("x"), DataChunk)
+	for _, keyed := range []bool{false, true} {
+		b.Run(map[bool]string{false: "untagged", true: "tagged"}[keyed], func(b *testing.B) {
+			var key []byte
+			if keyed {
+				key = AnswerKey(make([]byte, NonceSize), nil)
+			}
+			var buf bytes.Buffer
+			fw := &FrameWriter{W: &buf, Key: key}
+			fr := &FrameReader{R: &buf, Key: key}
+			b.SetBytes(DataChunk)
+			for i := 0; i < b.N; i++ {
+				if err := fw.Data(FrameStdout, int64(i)*DataChunk, chunk); err != nil {
+					b.Fatal(err)
+				}
+				if _, _, err := fr.Next(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
