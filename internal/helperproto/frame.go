@@ -50,7 +50,7 @@ const (
 // Version is the exchange protocol this package speaks. A helper that
 // speaks none of the daemon's versions answers HelloAnswer{Version: 0}
 // and nothing else; the daemon then takes the shell way.
-const Version = 1
+const Version = 2
 
 // MaxFrame bounds one frame's payload, except FrameRequest's (MaxRequest).
 const MaxFrame = 1 << 20
@@ -91,10 +91,18 @@ type ExchangeRequest struct {
 	Entries json.RawMessage `json:"entries,omitempty"`
 	Patch   []byte          `json:"patch,omitempty"`
 	NoPatch bool            `json:"no_patch,omitempty"`
-	// PushScript and PullScript are the shell ways of the push and the
-	// pull, run by /bin/sh -c when the native ones decline.
-	PushScript string `json:"push_script"`
-	PullScript string `json:"pull_script"`
+	// StrayScript, PushScript and PullScript are the shell ways of the
+	// look for edits made outside an exec, the push and the pull, run by
+	// /bin/sh -c when the native ones decline. The helper hands them what
+	// it found in their environment (see daemon/gitsync): StrayScript
+	// gets x, c1 and sready and prints "SREADY C0" ("-" for none) on its
+	// last line; PushScript gets sready, c0 and hcur (the tree the helper
+	// staged, the user's index reset to head) and prints the snapshot and
+	// the tree it made; PullScript gets hstaged (the sync index is
+	// staged).
+	StrayScript string `json:"stray_script"`
+	PushScript  string `json:"push_script"`
+	PullScript  string `json:"pull_script"`
 	// Max bounds the pull's patch (the header alone above it).
 	Max      int64    `json:"max"`
 	DiffArgs []string `json:"diff_args"`

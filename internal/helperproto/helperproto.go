@@ -1,8 +1,8 @@
 // Package helperproto is the contract between the daemon and the program
 // it installs in a sandbox (sandboxd-helper, package sandboxhelper): the
 // program's name and ready line, the exchange's frames and messages
-// (frame.go), the native push's entries, the exit codes of the helper's
-// script verbs, and the path and attribute rules both sides apply. Both import it, so that the daemon links none of the
+// (frame.go), the native push's entries, and the path and attribute rules
+// both sides apply. Both import it, so that the daemon links none of the
 // helper's implementation.
 package helperproto
 
@@ -10,18 +10,6 @@ import "strings"
 
 // Name is the program's file name; the installed copy carries its hash.
 const Name = "sandboxd-helper"
-
-// Exit codes with which the helper's script verbs (stage, adopt, pull, run
-// by the shell scripts of the split steps) decline, beyond their failures.
-// The exchange declines with a typed frame instead (Declined).
-const (
-	// ExitDeclined: push or pull does not apply here (nothing was
-	// changed); the scripts take the plain way.
-	ExitDeclined = 75
-	// ExitDeclinedForGood: declined for a setting of the repository or
-	// attributes in head's tree, which hold until head changes.
-	ExitDeclinedForGood = 76
-)
 
 // PushEntry is one path of the pushed tree that differs from head: its
 // mode and blob (Mode 0: the path is absent), with the blob's content when
