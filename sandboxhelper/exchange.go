@@ -445,15 +445,22 @@ func (x *exchange) pull(ctx context.Context, req *helperproto.ExchangeRequest, s
 			fmt.Fprintf(x.log, "%s exchange: stage: %v\n", Name, err)
 		}
 	}
+	// The script writes the patch to the file the native pull writes.
 	var stderr bytes.Buffer
-	pw := &pullWriter{x: x}
 	cmd := exec.Command("/bin/sh", "-c", req.PullScript)
 	cmd.Env = append(os.Environ(), "hstaged="+staged)
-	cmd.Stdout, cmd.Stderr = pw, &capped{buf: &stderr, max: maxScriptOutput}
+	cmd.Stdout, cmd.Stderr = &capped{buf: &bytes.Buffer{}, max: 0}, &capped{buf: &stderr, max: maxScriptOutput}
 	code := status(cmd.Run())
 	c := code.Code
 	if code.Signal != "" {
 		c = 128 + signalNumber(code.Signal)
+	}
+	if c == 0 {
+		if err := x.sendPatch(req, filepath.Join(x.state, "pull.patch")); err != nil {
+			fmt.Fprintf(x.log, "%s exchange: %v\n", Name, err)
+			_ = x.send(helperproto.FramePullEnd, helperproto.PullEnd{Code: exitFailed, Stderr: err.Error()})
+		}
+		return
 	}
 	_ = x.send(helperproto.FramePullEnd, helperproto.PullEnd{Code: c, Stderr: stderr.String()})
 }
@@ -482,16 +489,17 @@ func (x *exchange) sendPatch(req *helperproto.ExchangeRequest, path string) erro
 		return fmt.Errorf("name the pull's patch: %w", err)
 	}
 	pw := &pullWriter{x: x}
-	size, code := fi.Size(), 0
+	size := fi.Size()
 	if _, err := fmt.Fprintf(pw, "%s%s %d\n", PullHeader, id, size); err != nil {
 		return err
 	}
 	if size > req.Max {
-		code = ExitPullTooLarge
-	} else if n, err := io.Copy(pw, io.LimitReader(f, size)); err != nil || n != size {
+		return x.send(helperproto.FramePullEnd, helperproto.PullEnd{TooLarge: true})
+	}
+	if n, err := io.Copy(pw, io.LimitReader(f, size)); err != nil || n != size {
 		return fmt.Errorf("send the pull's patch (%d of %d bytes): %v", n, size, err)
 	}
-	return x.send(helperproto.FramePullEnd, helperproto.PullEnd{Code: code})
+	return x.send(helperproto.FramePullEnd, helperproto.PullEnd{})
 }
 
 // pullWriter frames what it is given as pull output.

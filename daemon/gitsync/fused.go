@@ -476,6 +476,8 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	case a.pullEnd == nil || a.pull.overflow || a.err != nil:
 		x.s.log.Warn("the pull part of a fused exec arrived damaged, pulling again")
 		id, patch, saved, err = x.s.fetchPull(ctx, r, x.rp)
+	case a.pullEnd.TooLarge:
+		id, patch, saved, err = x.s.pullFailed(ctx, r, x.rp, exitTooLarge, &a.pull, "")
 	case a.pullEnd.Code != 0:
 		id, patch, saved, err = x.s.pullFailed(ctx, r, x.rp, a.pullEnd.Code, &a.pull, sandboxText(a.pullEnd.Stderr))
 	default:

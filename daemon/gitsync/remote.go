@@ -32,7 +32,7 @@ const (
 	exitNoSnapshot  = 86
 	exitDiff        = 87
 	exitRevert      = 88 // only the revert failed
-	exitTooLarge    = helperproto.ExitPullTooLarge
+	exitTooLarge    = 89 // the patch is over the limit: its header alone
 	exitNoPullPatch = 90
 	exitNoGit       = 127
 )
@@ -345,33 +345,31 @@ fi
 `, strings.Join(acks, " "), pullHeader) + pullBody(max, false)
 }
 
-// exchangePullScript is the pull the sandbox helper's exchange runs after
-// the command when its native pull did not apply: its environment says
-// whether the helper staged the sync index (hstaged).
-func exchangePullScript(max int64) string { return prelude + pullBody(max, true) }
-
-// pullBody is the pull after the prelude: the sync index staged (or, with
-// helper, left as the helper staged it when hstaged is set), its diff
-// against the snapshot kept and printed after the header.
+// pullBody is the pull after the prelude: the sync index staged, its
+// diff against the snapshot kept in $st/pull.patch and named by the
+// exec's id in $st/pull.id. With helper, the sandbox helper's exchange
+// runs it: the index is as the helper staged it when hstaged is set, and
+// the helper sends the patch; else it prints the header and the patch.
 func pullBody(max int64, helper bool) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "max=%d\n", max)
 	stage := `{ syncidx && rm -f "$st/index.fast" && GIT_INDEX_FILE="$st/index" g add -A; }`
 	if helper {
 		stage = `{ [ -n "${hstaged:-}" ] || ` + stage + `; }`
 	}
-	fmt.Fprintf(&b, `snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
+	body := fmt.Sprintf(`snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
 id=none; [ ! -f "$st/pending" ] || read -r id <"$st/pending" || true
 out="$st/pull.patch"
 echo >"$st/pull.id"
-{ %[3]s && GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out"; } || exit 87
+{ %s && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out"; } || exit 87
 echo "$id" >"$st/pull.id"
-size=0; [ ! -s "$out" ] || size=$(($(wc -c <"$out")))
-printf '%[2]s%%s %%d\n' "$id" "$size"
-if [ "$size" -gt "$max" ]; then exit 89; fi
+`, stage, strings.Join(diffOptions, " "))
+	if helper {
+		return body
+	}
+	return body + fmt.Sprintf(`size=0; [ ! -s "$out" ] || size=$(($(wc -c <"$out")))
+printf '%s%%s %%d\n' "$id" "$size"
+if [ "$size" -gt %d ]; then exit 89; fi
 [ "$size" -eq 0 ] || cat "$out" || exit 87
-`, strings.Join(diffOptions, " "), pullHeader, stage)
-	return b.String()
+`, pullHeader, max)
 }
 
 // keptPatch is where the sandbox keeps the last pull's patch.

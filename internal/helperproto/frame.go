@@ -99,7 +99,9 @@ type ExchangeRequest struct {
 	// last line; PushScript gets sready, c0 and hcur (the tree the helper
 	// staged, the user's index reset to head) and prints the snapshot and
 	// the tree it made; PullScript gets hstaged (the sync index is
-	// staged).
+	// staged) and writes the patch to .git/sandboxd/pull.patch, which the
+	// helper sends. A script's exit status is its step's: PushFailed's or
+	// PullEnd's Code.
 	StrayScript string `json:"stray_script"`
 	PushScript  string `json:"push_script"`
 	PullScript  string `json:"pull_script"`
@@ -140,11 +142,14 @@ type Exit struct {
 	Signal string `json:"signal,omitempty"`
 }
 
-// PullEnd ends the pull's output: the pull's exit code (the pull
-// script's, or ExitPullTooLarge) and its messages.
+// PullEnd ends the pull's output. TooLarge: the patch is over the
+// request's Max, so its header alone was sent. Code: the pull script
+// failed with that status (one of daemon/gitsync's, naming the step), and
+// Stderr are its messages; nothing was sent.
 type PullEnd struct {
-	Code   int    `json:"code"`
-	Stderr string `json:"stderr"`
+	Code     int    `json:"code"`
+	Stderr   string `json:"stderr"`
+	TooLarge bool   `json:"too_large,omitempty"`
 }
 
 // Signal is a signal for the command's process group, by name.

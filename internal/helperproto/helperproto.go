@@ -79,16 +79,10 @@ func ValidPath(p string) bool {
 	return true
 }
 
-// The pull's output, in the exchange's FramePull frames as from the pull
-// script: a header, then the patch.
-const (
-	// PullHeader starts the pull output; the exec's id and the patch's
-	// size follow, so a truncated transfer is noticed.
-	PullHeader = "sandboxd-pull "
-	// ExitPullTooLarge ends the pull of a patch over the limit: the
-	// header is sent, not the patch.
-	ExitPullTooLarge = 89
-)
+// PullHeader starts the pull's output, in the exchange's FramePull frames
+// as from the pull script of the separate steps: the exec's id and the
+// patch's size follow, so a truncated transfer is noticed, then the patch.
+const PullHeader = "sandboxd-pull "
 
 // Ready starts the line serve prints once it answers: "ready <instance>".
 const Ready = "ready "
