@@ -112,9 +112,8 @@ type ExchangeOptions struct {
 
 type exchange struct {
 	state, root string
-	// pushEnv are what the stray look found, for the push script:
-	// sready (the tree whose stray patch it made) and c0 (the tree it
-	// staged).
+	// pushEnv is what the stray look found, for the push script: sready
+	// (the tree whose stray patch it made).
 	pushEnv []string
 	log     io.Writer
 	mu      sync.Mutex
@@ -179,7 +178,8 @@ func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (
 	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command("/bin/sh", "-c", req.PushScript)
-	cmd.Env = append(os.Environ(), append(x.pushEnv, "hcur="+x.stagePush(ctx, req))...)
+	cmd.Env = append(os.Environ(), "sready=", "hcur="+x.stagePush(ctx, req))
+	cmd.Env = append(cmd.Env, x.pushEnv...)
 	cmd.Stdin = bytes.NewReader(req.Patch)
 	cmd.Stdout = &capped{buf: &stdout, max: req.Max + maxScriptOutput}
 	cmd.Stderr = &capped{buf: &stderr, max: maxScriptOutput}
@@ -253,16 +253,10 @@ func (x *exchange) stray(ctx context.Context, req *helperproto.ExchangeRequest) 
 		x.pushFailed(helperproto.PushFailed{Code: c, Stderr: stderr.String()})
 		return false
 	}
-	// Its last line: "SREADY C0", "-" for none.
+	// Its last line: the tree whose stray patch it made, "-" for none.
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
-	f := strings.Fields(lines[len(lines)-1])
-	x.pushEnv = []string{"sready=", "c0="}
-	if len(f) == 2 {
-		for i, v := range f {
-			if isHex(v) {
-				x.pushEnv[i] += v
-			}
-		}
+	if v := lines[len(lines)-1]; isHex(v) {
+		x.pushEnv = []string{"sready=" + v}
 	}
 	return true
 }

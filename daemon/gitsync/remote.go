@@ -116,12 +116,14 @@ func pushScript(head, key string, now time.Time, pend string, acks []string, max
 // native pull against the tree the last pull left (sandboxhelper): its
 // environment then holds what that found, x (the tree the last pull left)
 // and c1 (the checkout's tree) with sready (the patch is in
-// $st/stray.patch), or nothing when it declined. Without preset they are
-// cleared, so nothing in the sandbox's environment stands for them.
+// $st/stray.patch), or nothing when it declined; the tree the last pull
+// left is then made and the checkout staged on a copy of the sync index,
+// whose stage is the helper's. Without preset they are cleared, so
+// nothing in the sandbox's environment stands for them.
 func strayEdits(acks []string, preset bool) string {
-	init := "same=; x=; c1=; sready=\n"
+	init := "same=; x=; c1=; sready=; hs=\n"
 	if preset {
-		init = "same=; x=${x:-}; c1=${c1:-}; sready=${sready:-}\n"
+		init = "same=; x=${x:-}; c1=${c1:-}; sready=${sready:-}; hs=1\n"
 	}
 	return init + fmt.Sprintf(`sp0=; [ ! -f "$st/pending" ] || read -r sp0 <"$st/pending" || true
 sp=$sp0
@@ -132,8 +134,9 @@ s0=; [ -n "$sp" ] || [ ! -f "$gd/$SNAP" ] || read -r s0 <"$gd/$SNAP" || true
 if [ -n "$s0" ]; then
 	pid=; [ -z "$sp0" ] || [ ! -f "$st/pull.id" ] || read -r pid <"$st/pull.id" || true
 	# The stage the push needs anyway (c0), and its diff, compared with
-	# the last pull's patch (the same command made it).
-	if [ -z "$x" ]; then
+	# the last pull's patch (the same command made it). Not in the
+	# helper's exchange (hs): it stages the sync index itself.
+	if [ -z "$x" ] && [ -z "$hs" ]; then
 		if stageall && c0=$(GIT_INDEX_FILE="$st/index" g write-tree) &&
 			GIT_INDEX_FILE="$st/index" g diff --cached %[2]s "$s0" -- >"$st/stray.patch"; then
 			if [ -n "$pid" ] && [ "$pid" = "$sp0" ]; then ! cmp -s "$st/stray.patch" "$st/pull.patch" || same=1
@@ -150,6 +153,13 @@ if [ -n "$s0" ]; then
 				GIT_INDEX_FILE="$st/xidx" g write-tree) || x=
 			rm -f "$st/xidx"
 		else x=$(g rev-parse -q --verify "$s0^{tree}") || x=
+		fi
+		# In the helper's exchange, staged on a copy of the sync index,
+		# so that what the helper knows of it holds.
+		if [ -n "$x" ] && [ -n "$hs" ] && [ -z "$c1" ]; then
+			syncidx && rm -f "$st/sidx" && cp "$st/index" "$st/sidx" && GIT_INDEX_FILE="$st/sidx" g add -A &&
+				c1=$(GIT_INDEX_FILE="$st/sidx" g write-tree) || c1=
+			rm -f "$st/sidx"
 		fi
 	fi
 	c1=${c1:-$c0}
@@ -206,14 +216,14 @@ func recoveredWhat(id string) string {
 // pushBody is pushScript after the prelude. The patch, when there is one,
 // is on its standard input, and key is patchKey of it ("" for none). With
 // helper, the sandbox helper's exchange runs it: its environment holds
-// what the helper's stray look and stage found (c0, sready, and hcur, the
+// what the helper's stray look and stage found (sready, and hcur, the
 // checkout's tree, the user's index already reset to head), and it prints
 // the tree the push made in every case, for the helper to adopt.
 func pushBody(head, key string, now time.Time, pend string, acks []string, max int64, large, helper bool) string {
 	var b strings.Builder
 	curFirst := "\nreal=\nif [ -n \"${c0:-}\" ]; then cur=$c0"
 	if helper {
-		curFirst = " The helper's stage (hcur) also reset the user's index to head.\nreal=\nif [ -n \"${hcur:-}\" ]; then cur=$hcur; real=1\nelif [ -n \"${c0:-}\" ]; then cur=$c0"
+		curFirst = " The helper's stage (hcur) also reset the user's index to head.\nreal=\nif [ -n \"${hcur:-}\" ]; then cur=$hcur; real=1"
 	}
 	big := ""
 	if large {

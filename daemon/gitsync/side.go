@@ -61,7 +61,7 @@ func (h helperSide) exchange(in exchangeInput, command string) (string, helperpr
 	req := helperproto.ExchangeRequest{
 		Instance: h.inst, Head: p.HeadSHA, Time: in.now.Unix(), SnapRef: SnapshotRef, BaseRef: BaseRef,
 		Pending: in.pend, Acks: in.acks, Max: in.max, DiffArgs: diffOptions, Command: command,
-		StrayScript: prelude + strayEdits(in.acks, true) + `printf '%s %s\n' "${sready:--}" "${c0:--}"` + "\n",
+		StrayScript: prelude + strayEdits(in.acks, true) + `echo "${sready:--}"` + "\n",
 		PullScript:  prelude + pullBody(in.max, true),
 	}
 	if p.lazy {

@@ -95,8 +95,8 @@ type ExchangeRequest struct {
 	// look for edits made outside an exec, the push and the pull, run by
 	// /bin/sh -c when the native ones decline. The helper hands them what
 	// it found in their environment (see daemon/gitsync): StrayScript
-	// gets x, c1 and sready and prints "SREADY C0" ("-" for none) on its
-	// last line; PushScript gets sready, c0 and hcur (the tree the helper
+	// gets x, c1 and sready and prints sready ("-" for none) on its last
+	// line; PushScript gets sready and hcur (the tree the helper
 	// staged, the user's index reset to head) and prints the snapshot and
 	// the tree it made; PullScript gets hstaged (the sync index is
 	// staged) and writes the patch to .git/sandboxd/pull.patch, which the
