@@ -32,9 +32,10 @@ const maxScriptOutput = 64 << 10
 // it reads the daemon's frames on in and writes its own on out, which no
 // other process writes. It looks for edits made outside an exec (stray),
 // pushes (natively through the server, or by the request's push script
-// after a stage through the server), says Started, runs the user's command with pipes
-// of its own in a session of its own, frames its output, reports its exit,
-// then pulls (natively, or by the pull script) and sends the patch.
+// after a stage through the server), says Started, runs the user's
+// command with pipes of its own in a session of its own, frames its
+// output, reports its exit, then pulls (natively, or by the pull script
+// after a stage through the server) and sends the patch.
 //
 // Before anything, it makes itself non-dumpable: a command of the same uid
 // then cannot open /proc/<helper>/fd/1 (the channel), read its memory or
