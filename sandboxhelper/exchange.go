@@ -15,9 +15,14 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
+
+// stageTimeout bounds a stage through the server (git add of what
+// changed, or of everything).
+const stageTimeout = 10 * time.Minute
 
 // maxScriptOutput bounds what the helper keeps of a push or pull script's
 // stderr, and of the push script's stdout beyond the patch bound.
@@ -25,10 +30,12 @@ const maxScriptOutput = 64 << 10
 
 // Exchange is the verb `exchange` (the protocol in package helperproto):
 // it reads the daemon's frames on in and writes its own on out, which no
-// other process writes. It pushes (natively through the server, or by the
-// request's push script), says Started, runs the user's command with pipes
-// of its own in a session of its own, frames its output, reports its exit,
-// then pulls (natively, or by the pull script) and sends the patch.
+// other process writes. It looks for edits made outside an exec (stray),
+// pushes (natively through the server, or by the request's push script
+// after a stage through the server), says Started, runs the user's
+// command with pipes of its own in a session of its own, frames its
+// output, reports its exit, then pulls (natively, or by the pull script
+// after a stage through the server) and sends the patch.
 //
 // Before anything, it makes itself non-dumpable: a command of the same uid
 // then cannot open /proc/<helper>/fd/1 (the channel), read its memory or
@@ -51,7 +58,7 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	// nonce and the request key every answer frame (helperproto.AnswerKey),
 	// the hello answer too, so it comes after the request: no answer can
 	// be tagged without them.
-	x := &exchange{state: o.State, pushEnv: o.PushEnv, fw: &helperproto.FrameWriter{W: out}, log: log}
+	x := &exchange{state: o.State, root: o.Root, fw: &helperproto.FrameWriter{W: out}, log: log}
 	fr := &helperproto.FrameReader{R: in}
 	typ, p, err := fr.Next()
 	var hello helperproto.Hello
@@ -97,6 +104,9 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	// The command's PATH is the sandbox's own (the exec's shell added
 	// git's usual places to its PATH).
 	req.Path = o.Path
+	if !x.stray(ctx, &req) {
+		return 0
+	}
 	started, ok := x.push(ctx, &req)
 	if !ok {
 		return 0
@@ -117,16 +127,15 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 // ExchangeOptions are what the exchange's own shell found before it
 // became the helper.
 type ExchangeOptions struct {
-	// State is the sync state directory (.git/sandboxd); Path the
-	// sandbox's own PATH, the command's.
-	State, Path string
-	// PushEnv are variables for the push script only (what strayEdits
-	// learnt: the patch of stray edits it made, the tree it staged).
-	PushEnv []string
+	// State is the sync state directory (.git/sandboxd), Root the
+	// checkout; Path the sandbox's own PATH, the command's.
+	State, Root, Path string
 }
 
 type exchange struct {
-	state   string
+	state, root string
+	// pushEnv is what the stray look found, for the push script: sready
+	// (the tree whose stray patch it made).
 	pushEnv []string
 	log     io.Writer
 	mu      sync.Mutex
@@ -191,7 +200,8 @@ func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (
 	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command("/bin/sh", "-c", req.PushScript)
-	cmd.Env = append(os.Environ(), x.pushEnv...)
+	cmd.Env = append(os.Environ(), "sready=", "hcur="+x.stagePush(ctx, req))
+	cmd.Env = append(cmd.Env, x.pushEnv...)
 	cmd.Stdin = bytes.NewReader(req.Patch)
 	cmd.Stdout = &capped{buf: &stdout, max: req.Max + maxScriptOutput}
 	cmd.Stderr = &capped{buf: &stderr, max: maxScriptOutput}
@@ -205,17 +215,123 @@ func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (
 		}
 		return helperproto.Started{}, false
 	}
-	// The push script prints the snapshot, the tree the sync index holds
-	// and whether the server adopted it ("1": the pull is native).
-	lines := strings.SplitN(stdout.String(), "\n", 4)
-	for len(lines) < 3 {
+	// The push script prints the snapshot and the tree it made, which the
+	// server adopts (unless a decline for good holds for head), so that
+	// the pull and the next push are native.
+	lines := strings.SplitN(stdout.String(), "\n", 3)
+	for len(lines) < 2 {
 		lines = append(lines, "")
 	}
-	st := helperproto.Started{Snapshot: strings.TrimSpace(lines[0]), Native: strings.TrimSpace(lines[2]) == "1"}
-	if st.Native {
-		x.tree = strings.TrimSpace(lines[1])
+	st := helperproto.Started{Snapshot: strings.TrimSpace(lines[0])}
+	if tree := strings.TrimSpace(lines[1]); isHex(tree) && req.Instance != "" && firstLine(offFile) != offKey {
+		if a, err := ask(ctx, x.state, req.Instance, "adopt "+tree, nil); err != nil || a.Declined != "" {
+			fmt.Fprintf(x.log, "%s exchange: adopt: %v%s\n", Name, err, a.Declined)
+		} else {
+			x.tree, st.Native = tree, true
+		}
 	}
 	return st, true
+}
+
+// stray looks for edits made in the checkout outside an exec before the
+// push (see daemon/gitsync, strayEdits): natively, a pull against the
+// tree the last native pull left, when no earlier exec's edits wait; the
+// stray script does the rest, or all of it when the native pull declines.
+// ok false: the script could not run and the answer was sent.
+func (x *exchange) stray(ctx context.Context, req *helperproto.ExchangeRequest) bool {
+	if req.StrayScript == "" {
+		return true
+	}
+	var env []string
+	if t0 := firstLine(filepath.Join(x.state, "pulled.tree")); isHex(t0) && req.Instance != "" && !x.pendingUnacked(req.Acks) {
+		out := filepath.Join(x.state, "stray.patch")
+		a, err := ask(ctx, x.state, req.Instance, "pull", pullRequest{Tree: t0, Out: out, DiffArgs: req.DiffArgs})
+		switch fi, serr := os.Stat(out); {
+		case err != nil || a.Declined != "" || serr != nil:
+			fmt.Fprintf(x.log, "%s exchange: native look for stray edits: %v%s\n", Name, err, a.Declined)
+		case fi.Size() == 0:
+			// The checkout holds the tree the last pull left.
+			return true
+		default:
+			// The native pull wrote the checkout's tree to pulled.tree.
+			if c1 := firstLine(filepath.Join(x.state, "pulled.tree")); isHex(c1) {
+				env = []string{"x=" + t0, "c1=" + c1, "sready=" + t0}
+			}
+		}
+	}
+	if env == nil {
+		env = []string{"x=", "c1=", "sready="}
+	}
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command("/bin/sh", "-c", req.StrayScript)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout = &capped{buf: &stdout, max: maxScriptOutput}
+	cmd.Stderr = &capped{buf: &stderr, max: maxScriptOutput}
+	if code := status(cmd.Run()); code.Code != 0 || code.Signal != "" {
+		c := code.Code
+		if code.Signal != "" {
+			c = 128 + signalNumber(code.Signal)
+		}
+		x.pushFailed(helperproto.PushFailed{Code: c, Stderr: stderr.String()})
+		return false
+	}
+	// Its last line: the tree whose stray patch it made, "-" for none.
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	if v := lines[len(lines)-1]; isHex(v) {
+		x.pushEnv = []string{"sready=" + v}
+	}
+	return true
+}
+
+// stagePush stages the sync index through the server before the push
+// script, which then moves the checkout from the tree it returns, and
+// resets the user's index to head; "" when it did not (the script stages
+// with git). Not when an earlier exec's edits wait: the script brings
+// them back first and pushes nothing.
+func (x *exchange) stagePush(ctx context.Context, req *helperproto.ExchangeRequest) string {
+	if req.Instance == "" || x.pendingUnacked(req.Acks) || !x.syncIndex() {
+		return ""
+	}
+	gd := filepath.Dir(x.state)
+	ctx, cancel := context.WithTimeout(ctx, stageTimeout)
+	defer cancel()
+	res, err := Stage(ctx, StageOptions{Root: x.root, State: x.state, Instance: req.Instance, Index: filepath.Join(x.state, "index"),
+		PrintTree: true, Head: req.Head, Real: filepath.Join(gd, "index")})
+	if err != nil || !isHex(res.Tree) {
+		fmt.Fprintf(x.log, "%s exchange: stage: %v\n", Name, err)
+		return ""
+	}
+	return res.Tree
+}
+
+// syncIndex makes sure the sync index exists, as the scripts' syncidx
+// does: a copy of the user's index, so that unchanged files are not
+// hashed again.
+func (x *exchange) syncIndex() bool {
+	idx := filepath.Join(x.state, "index")
+	if _, err := os.Stat(idx); err == nil {
+		return true
+	}
+	_ = os.Remove(idx + ".fast")
+	_ = os.Remove(idx + ".tree")
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(x.state), "index"))
+	if errors.Is(err, os.ErrNotExist) {
+		return true
+	}
+	return err == nil && os.WriteFile(idx, b, 0o644) == nil
+}
+
+// isHex says s is an object id as git prints it.
+func isHex(s string) bool {
+	if len(s) != 40 && len(s) != 64 {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 func (x *exchange) pushFailed(f helperproto.PushFailed) {
@@ -333,14 +449,34 @@ func (x *exchange) pull(ctx context.Context, req *helperproto.ExchangeRequest, s
 			fmt.Fprintf(x.log, "%s exchange: native pull: %v\n", Name, err)
 		}
 	}
+	// The server stages what changed; without it the script stages
+	// everything.
+	staged := ""
+	if req.Instance != "" && x.syncIndex() {
+		ctx, cancel := context.WithTimeout(ctx, stageTimeout)
+		defer cancel()
+		if _, err := Stage(ctx, StageOptions{Root: x.root, State: x.state, Instance: req.Instance, Index: filepath.Join(x.state, "index")}); err == nil {
+			staged = "1"
+		} else {
+			fmt.Fprintf(x.log, "%s exchange: stage: %v\n", Name, err)
+		}
+	}
+	// The script writes the patch to the file the native pull writes.
 	var stderr bytes.Buffer
-	pw := &pullWriter{x: x}
 	cmd := exec.Command("/bin/sh", "-c", req.PullScript)
-	cmd.Stdout, cmd.Stderr = pw, &capped{buf: &stderr, max: maxScriptOutput}
+	cmd.Env = append(os.Environ(), "hstaged="+staged)
+	cmd.Stdout, cmd.Stderr = &capped{buf: &bytes.Buffer{}, max: 0}, &capped{buf: &stderr, max: maxScriptOutput}
 	code := status(cmd.Run())
 	c := code.Code
 	if code.Signal != "" {
 		c = 128 + signalNumber(code.Signal)
+	}
+	if c == 0 {
+		if err := x.sendPatch(req, filepath.Join(x.state, "pull.patch")); err != nil {
+			fmt.Fprintf(x.log, "%s exchange: %v\n", Name, err)
+			_ = x.send(helperproto.FramePullEnd, helperproto.PullEnd{Code: exitFailed, Stderr: err.Error()})
+		}
+		return
 	}
 	_ = x.send(helperproto.FramePullEnd, helperproto.PullEnd{Code: c, Stderr: stderr.String()})
 }
@@ -369,16 +505,17 @@ func (x *exchange) sendPatch(req *helperproto.ExchangeRequest, path string) erro
 		return fmt.Errorf("name the pull's patch: %w", err)
 	}
 	pw := &pullWriter{x: x}
-	size, code := fi.Size(), 0
+	size := fi.Size()
 	if _, err := fmt.Fprintf(pw, "%s%s %d\n", PullHeader, id, size); err != nil {
 		return err
 	}
 	if size > req.Max {
-		code = ExitPullTooLarge
-	} else if n, err := io.Copy(pw, io.LimitReader(f, size)); err != nil || n != size {
+		return x.send(helperproto.FramePullEnd, helperproto.PullEnd{TooLarge: true})
+	}
+	if n, err := io.Copy(pw, io.LimitReader(f, size)); err != nil || n != size {
 		return fmt.Errorf("send the pull's patch (%d of %d bytes): %v", n, size, err)
 	}
-	return x.send(helperproto.FramePullEnd, helperproto.PullEnd{Code: code})
+	return x.send(helperproto.FramePullEnd, helperproto.PullEnd{})
 }
 
 // pullWriter frames what it is given as pull output.

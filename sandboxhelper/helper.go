@@ -11,33 +11,37 @@
 //     the checkout with inotify (internal/watch.Trees) and answers, on a
 //     Unix socket under .git/sandboxd/helper, one question at a time:
 //     changes, adopt, push, pull (a line, a JSON body, a JSON answer).
-//   - stage (Stage, stage.go): run by the scripts' stageall in place of
-//     `git add -A` whenever the daemon named a server. It stages only the
-//     paths the server saw change when it can vouch for the rest, the
-//     whole tree otherwise; any failure makes the script run git add -A.
 //   - exchange (Exchange, exchange.go): one synced exec in one exec
 //     request, in the framed protocol of internal/helperproto (frames in
 //     on stdin, frames out on stdout, which nothing else writes). It makes
-//     itself non-dumpable, pushes natively by asking the server (when the
-//     request has entries, no earlier exec's edits are pending and no
-//     decline holds for head, .git/sandboxd/native.off) or by the
-//     request's push script, says Started, runs the user's command with
-//     pipes of its own in a new session (signals from the daemon's frames
-//     or the agent go to its process group), reports its Exit, then pulls
-//     natively or by the pull script. The native sync (native.go) builds
-//     trees in-process (internal/gitobj); it declines before changing
-//     anything when it cannot vouch for the result (no known base, the
-//     tracker unsure, rules files changed, converting settings or
-//     attributes, submodules). Without a patch in the request it then
-//     answers Declined (the daemon sends the patch); a push script that
-//     fails answers PushFailed. Its own messages go to stderr and
+//     itself non-dumpable, then does every sandbox step of the sync, each
+//     natively where it can, else by the request's script (the scripts
+//     never call the helper back: it hands them what it found in their
+//     environment):
+//     1. edits made outside an exec: a native pull against the tree the
+//     last native pull left (.git/sandboxd/pulled.tree) when no earlier
+//     exec's edits are pending; nothing changed ends the step, else (or
+//     declined) the stray script brings them back;
+//     2. the push: natively by asking the server (when the request has
+//     entries, no earlier exec's edits are pending and no decline holds
+//     for head, .git/sandboxd/native.off); else a stage through the server
+//     (Stage, stage.go: only the paths it saw change when it can vouch for
+//     the rest, git add -A otherwise), the push script, and an adopt of
+//     the tree it made, so that the pull (and the next exchange) can be
+//     native;
+//     3. Started, the user's command with pipes of its own in a new
+//     session (signals from the daemon's frames or the agent go to its
+//     process group), its Exit;
+//     4. the pull: natively when the server knows the tree the push left;
+//     else a stage through the server and the pull script's diff.
+//     The native sync (native.go) builds trees in-process
+//     (internal/gitobj); it declines before changing anything when it
+//     cannot vouch for the result (no known base, the tracker unsure,
+//     rules files changed, converting settings or attributes,
+//     submodules). Without a patch in the request it then answers
+//     Declined (the daemon sends the patch); a script that fails answers
+//     PushFailed. Its own messages go to stderr and
 //     .git/sandboxd/native.err.
-//   - adopt: after the push script's plain way, tells the server the tree
-//     the push made, so that the pull (and the next exchange) can be
-//     native.
-//   - pull: the pull script's native pull, when the server knows the tree
-//     the push left (after an exchange's push or adopt); declined, the
-//     script stages and diffs with git.
 //   - hold (package hold): durable execs, for a split exec without a
 //     terminal when the daemon's durable exec is on (docs/durable-exec.md).
 //   - ping: prints the ready line of the checkout's server when one of

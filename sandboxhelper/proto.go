@@ -5,12 +5,9 @@ import "github.com/sandboxd/sandboxd/internal/helperproto"
 // The contract with the daemon is package helperproto's, which both sides
 // import; these names keep the helper's code as it reads.
 const (
-	Name                = helperproto.Name
-	Ready               = helperproto.Ready
-	ExitDeclined        = helperproto.ExitDeclined
-	ExitDeclinedForGood = helperproto.ExitDeclinedForGood
-	PullHeader          = helperproto.PullHeader
-	ExitPullTooLarge    = helperproto.ExitPullTooLarge
+	Name       = helperproto.Name
+	Ready      = helperproto.Ready
+	PullHeader = helperproto.PullHeader
 )
 
 type PushEntry = helperproto.PushEntry

@@ -20,9 +20,6 @@ type StageOptions struct {
 	State    string // the sync state directory, .git/sandboxd (absolute)
 	Instance string // the server to ask
 	Index    string // the sync index to stage into (absolute)
-	// TreeHint is the tree the index held before this stage (the push just
-	// moved it there); with nothing staged it is the index's tree.
-	TreeHint string
 	// PrintTree prints the index's tree after staging.
 	PrintTree bool
 	// Head and Real: the user's index Real is reset to commit Head, unless
@@ -35,9 +32,6 @@ type Result struct {
 	Full   bool   // the whole tree was staged
 	Staged int    // paths handed to git add (restricted staging)
 	Tree   string // with PrintTree
-	// Same says the index still holds TreeHint: only paths were looked
-	// at, and none differed.
-	Same bool
 }
 
 // errFallback: the restricted staging does not apply; stage everything.
@@ -84,10 +78,6 @@ func Stage(ctx context.Context, o StageOptions) (Result, error) {
 		}
 	}
 	cache := o.Index + ".tree"
-	if o.TreeHint != "" && !staged {
-		rememberTree(cache, o.Index, o.TreeHint)
-		res.Same = true
-	}
 	if o.PrintTree {
 		t, ok := cachedTree(cache, o.Index)
 		if !ok || staged {

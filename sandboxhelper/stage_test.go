@@ -251,7 +251,7 @@ func TestStageFallsBackWhenUnsure(t *testing.T) {
 	}
 }
 
-// The tree a push leaves in the index is remembered, so the next stage with
+// The tree of a staged index is remembered, so the next stage with
 // nothing changed needs no git; the user's index is reset to head only when
 // it is not as the helper left it.
 func TestStageRemembersTreesAndTheUserIndex(t *testing.T) {
@@ -263,19 +263,15 @@ func TestStageRemembersTreesAndTheUserIndex(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A wrong hint for an index nothing touched is what the cache then
-	// says: the hint is trusted, so a test can see it was used.
-	o2 := f.o
-	o2.TreeHint = strings.Repeat("ab", 20)
-	if _, err := Stage(context.Background(), o2); err != nil {
-		t.Fatal(err)
-	}
+	// A wrong tree in the cache of an index nothing touched is what the
+	// next stage says: the cache is trusted, so a test can see it used.
+	rememberTree(o.Index+".tree", o.Index, strings.Repeat("ab", 20))
 	got, err := Stage(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Tree != o2.TreeHint {
-		t.Fatalf("the hint was not remembered: %s", got.Tree)
+	if got.Tree != strings.Repeat("ab", 20) {
+		t.Fatalf("the cached tree was not used: %s", got.Tree)
 	}
 	// Once the index changes, the cache is not used.
 	write(t, filepath.Join(f.root, "d2/new.txt"), "n\n")

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // The exchange with the sandbox helper under attack by the command it
@@ -99,7 +101,7 @@ sleep 1`
 	// is refused; daemon/gitsync's TestReplacedHelperIsHeldToTheProtocol
 	// holds a replaced helper that tags its frames to the protocol.
 	fake := "#!/bin/sh\n[ \"$1\" = exchange ] || exit 2\nprintf '" +
-		frameOctal('h', `{"version":1}`) + frameOctal('G', `{"snapshot":""}`) +
+		frameOctal('h', fmt.Sprintf(`{"version":%d}`, helperproto.Version)) + frameOctal('G', `{"snapshot":""}`) +
 		frameOctal('D', `{"reason":"again","need_patch":true}`) + "'\n"
 	r = e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\nfor b in .git/sandboxd/bin/sandboxd-helper-*; do rm -f \"$b\"; printf '%s' "+shellQuote(fake)+" >\"$b\"; chmod +x \"$b\"; done")
 	if n := lines(t, runs); n != 3 || r.code != 0 {

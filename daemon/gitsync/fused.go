@@ -137,49 +137,26 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	if err := s.checkPatch(p); err != nil {
 		return nil, false, err
 	}
-	// One look at the helper: the instance the exchange is for is the one
-	// its request names.
-	name, inst := syncHelper(r)
-	if inst == "" {
-		return nil, false, nil
-	}
 	rp, err := s.openRepo(ctx, p.RepoRoot)
 	if err != nil {
 		return nil, false, repoError(err)
 	}
-	x := &Exchange{s: s, rp: rp, p: p, pend: newID(), start: time.Now(), inst: inst}
+	// The side is picked once: the instance the exchange is for is the
+	// one its request names.
+	pend := newID()
+	remote, req, ok := sideOf(r).exchange(exchangeInput{p: p, pend: pend, acks: s.acks(rp), now: s.now(), max: s.maxBytes}, command)
+	if !ok {
+		return nil, false, nil
+	}
+	x := &Exchange{s: s, rp: rp, p: p, pend: pend, start: time.Now(), inst: req.Instance, command: remote}
 	var res PushResult
 	if err := s.pushCommitsIfNeeded(ctx, r, rp, p, &res); err != nil {
 		return nil, false, err
 	}
 	x.commit = res.Commits
-	hv := helperLine(name, inst)
-	acks := s.acks(rp)
-	now := s.now()
-	req := helperproto.ExchangeRequest{
-		Instance: inst, Head: p.HeadSHA, Time: now.Unix(), SnapRef: SnapshotRef, BaseRef: BaseRef,
-		Pending: x.pend, Acks: acks, Max: s.maxBytes, DiffArgs: diffOptions, Command: command,
-		PullScript: pullScript(hv, acks, s.maxBytes),
-	}
-	if p.lazy {
-		req.Entries, req.NoPatch = []byte(p.bundle), true
-	} else {
-		if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.LFSFiles, MaxFusedPatch); ok {
-			if b, ok := nativeBundle(entries); ok {
-				req.Entries = []byte(b)
-			}
-		}
-		req.Patch = p.Data
-		req.PushScript = prelude + hv + `off=; [ ! -f "$st/native.off" ] || read -r off <"$st/native.off" || true
-` + pushBody(p.HeadSHA, patchKey(p.Data), now, x.pend, acks, s.maxBytes, p.LargeTree, true)
-	}
 	if x.req, x.key, err = marshalRequest(req); err != nil {
 		return nil, false, err
 	}
-	// The exec's shell finds the repository, brings in edits made outside
-	// an exec (strayEdits) and setup's files, then becomes the helper
-	// (exec: no shell stays between the channel and the helper).
-	x.command = prelude + hv + setupEdits + strayEdits(acks) + `exec "$H" exchange -state "$st" -path "$P0" -sready "$sready" -c0 "$c0"` + "\n"
 	return x, true, nil
 }
 
@@ -531,6 +508,8 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	case a.pullEnd == nil || a.pull.overflow || a.err != nil:
 		x.s.log.Warn("the pull part of a fused exec arrived damaged, pulling again")
 		id, patch, saved, err = x.s.fetchPull(ctx, r, x.rp)
+	case a.pullEnd.TooLarge:
+		id, patch, saved, err = x.s.pullFailed(ctx, r, x.rp, exitTooLarge, &a.pull, "")
 	case a.pullEnd.Code != 0:
 		id, patch, saved, err = x.s.pullFailed(ctx, r, x.rp, a.pullEnd.Code, &a.pull, sandboxText(a.pullEnd.Stderr))
 	default:

@@ -38,28 +38,38 @@
 //     the working tree moves by a patch of what differs; below, by a
 //     two-way `git read-tree -m -u` (pushBody).
 //
-// The sandbox side has two implementations, and an exec takes one of two
-// paths:
+// The sandbox side (side.go) has two implementations, picked once per
+// exec by sideOf from the Runner; an exec takes one of two paths, helper ×
+// one exchange or shell × separate steps:
 //
-//   - The helper, one exchange (Fuse, fused.go). When the sandbox helper
-//     serves on the connection (HelperRunner), an exec without a terminal
-//     is one exec request, `exec <helper> exchange`, speaking the framed,
-//     versioned protocol of internal/helperproto: the request (entries,
-//     patch, the push and pull scripts, the command) and the caller's
-//     stdin and signals on its stdin; the helper's typed answers on its
-//     stdout (Exchange.Run checks their order and bounds). The helper
-//     pushes natively (sandboxhelper; in-process trees) or runs the push
-//     script, starts the command with its own pipes, and pulls natively
-//     or by the pull script. An answer that says nothing ran is believed
-//     only before Started; a stream that ends after Started without Exit
-//     is reported, never re-run.
-//   - The shell, separate steps (Push, the command, Pull or Save when the
-//     caller went away; remote.go): without a helper, on another platform,
-//     with an unknown protocol version, when the helper did not take the
-//     exchange (Fused.Split), and for terminal execs. Each step is its own
-//     exec request whose exit status is that step's. Where a helper runs,
-//     the scripts use its `stage` in place of `git add -A` (stageall) and
-//     its `adopt` / `pull` verbs; without one everything is shell and git.
+//   - The helper, one exchange (helperSide; Fuse, fused.go). When the
+//     sandbox helper serves on the connection (HelperRunner), an exec
+//     without a terminal is one exec request: the exec's shell finds the
+//     repository, brings in setup's files (setupEdits) and becomes
+//     `<helper> exchange`, which speaks the framed, versioned protocol of
+//     internal/helperproto: the request (entries, patch, the stray, push
+//     and pull scripts, the command) and the caller's stdin and signals on
+//     its stdin; the helper's typed answers on its stdout (Exchange.Run
+//     checks their order and bounds). In the sandbox (sandboxhelper) the
+//     helper looks for edits made outside an exec by its native pull
+//     against the tree the last pull left, else by the stray script;
+//     pushes natively (in-process trees), else stages through its server
+//     and runs the push script, then adopts the tree it made; starts the
+//     command with its own pipes; pulls natively, else stages through its
+//     server and runs the pull script. The scripts never call the helper:
+//     it hands them what it found in their environment. An answer that
+//     says nothing ran is believed only before Started; a stream that ends
+//     after Started without Exit is reported, never re-run.
+//   - The shell, separate steps (shellSide; Push, the command, Pull or
+//     Save when the caller went away; remote.go): without a helper (none
+//     installed yet, another platform), and, whatever the side, for
+//     terminal execs and when the helper did not take the exchange
+//     (another protocol version, a decline: Fused.Split). Each step is a
+//     script of its own exec request, git and POSIX shell only, whose exit
+//     status is that step's: 0, or one of the scripts' codes (remote.go:
+//     80-92 and 127, each naming the step that failed), which no other
+//     path reads. Revert and the fetch of a kept patch are shell steps
+//     too.
 package gitsync
 
 import (

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/internal/testutil"
 )
 
@@ -347,8 +346,9 @@ func TestNativePushHealsChangesBetweenExecs(t *testing.T) {
 	}
 }
 
-// A native exec's command that exits with the helper's decline code is
-// reported with it and never run again by the plain way.
+// A native exec's command that exits with the codes with which the helper
+// once declined (75, 76) is reported with them and never run again by the
+// plain way.
 func TestNativeRunReportsTheCommandsOwnStatus(t *testing.T) {
 	useHelper = true
 	t.Cleanup(func() { useHelper = false })
@@ -356,7 +356,7 @@ func TestNativeRunReportsTheCommandsOwnStatus(t *testing.T) {
 	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
 		t.Fatalf("first exec: native %v, err %v", fr.Native, err)
 	}
-	for _, code := range []int{helperproto.ExitDeclined, helperproto.ExitDeclinedForGood, 1} {
+	for _, code := range []int{75, 76, 1} {
 		_, fr, err := f.fused(fmt.Sprintf("echo run >> count; exit %d", code))
 		if err != nil || !fr.Native || fr.ExitCode != code {
 			t.Fatalf("exit %d: native %v, reported %d, err %v", code, fr.Native, fr.ExitCode, err)

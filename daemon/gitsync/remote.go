@@ -32,7 +32,7 @@ const (
 	exitNoSnapshot  = 86
 	exitDiff        = 87
 	exitRevert      = 88 // only the revert failed
-	exitTooLarge    = helperproto.ExitPullTooLarge
+	exitTooLarge    = 89 // the patch is over the limit: its header alone
 	exitNoPullPatch = 90
 	exitNoGit       = 127
 )
@@ -74,18 +74,14 @@ syncidx() {
 	rm -f "$st/index.fast" "$st/index.tree"
 	[ ! -f "$gd/index" ] || cp "$gd/index" "$st/index"
 }
-# stageall [TREE]: the worktree, untracked files included, into the sync
-# index. The helper ($H, its server $HI), when the daemon runs one, stages
-# only what changed since the last stage (TREE: the tree the index held,
-# when the push just put it there); without it, or when it fails, git add
-# -A looks at everything.
+# stageall: the worktree, untracked files included, into the sync index
+# (the helper's record that the index is up to date with its answers,
+# index.fast, goes: git looked at everything).
 stageall() {
 	syncidx || return 1
-	if [ -n "$HI" ] && "$H" stage -state "$st" -instance "$HI" -index "$st/index" ${1:+-tree-hint "$1"} 2>/dev/null; then return 0; fi
 	rm -f "$st/index.fast"
 	GIT_INDEX_FILE="$st/index" g add -A
 }
-H=; HI=
 `
 
 // prelude starts every plain script.
@@ -97,8 +93,8 @@ const prelude = dieExit + preludeChecks
 // are over max). Otherwise it resets the sandbox to head, applies the patch
 // from stdin when there is one, records the snapshot, marks the new exec pend
 // as pending (none when pend is empty) and prints the snapshot commit.
-func pushScript(hv, head, key string, now time.Time, pend string, acks []string, max int64, large bool) string {
-	return prelude + hv + setupEdits + strayEdits(acks) + pushBody(head, key, now, pend, acks, max, large, false)
+func pushScript(head, key string, now time.Time, pend string, acks []string, max int64, large bool) string {
+	return prelude + setupEdits + strayEdits(acks, false) + pushBody(head, key, now, pend, acks, max, large, false)
 }
 
 // strayEdits runs before a push (or a pull on demand) looks for
@@ -112,35 +108,35 @@ func pushScript(hv, head, key string, now time.Time, pend string, acks []string,
 // acknowledged, under an id of their own, so they come back like an
 // exec's unpulled edits (recover) before anything resets the checkout.
 //
-// The helper, when the last pull was native, answers without git: its
-// native pull against the tree that pull left ($st/pulled.tree, which it
-// writes) is empty when nothing else changed. Without the helper the
-// working tree is staged (c0, the tree the push then moves from) and its
-// diff compared with the last pull's patch. Only when they differ is the
-// tree the last pull left made and compared with the checkout's (with a
-// helper that declined, staged on a copy of the sync index, so that the
-// helper's own state is not touched).
-func strayEdits(acks []string) string {
-	return fmt.Sprintf(`sp0=; [ ! -f "$st/pending" ] || read -r sp0 <"$st/pending" || true
+// The working tree is staged (c0, the tree the push then moves from) and
+// its diff compared with the last pull's patch. Only when they differ is
+// the tree the last pull left made and compared with the checkout's.
+//
+// With preset, the sandbox helper ran this script (the exchange) after its
+// native pull against the tree the last pull left (sandboxhelper): its
+// environment then holds what that found, x (the tree the last pull left)
+// and c1 (the checkout's tree) with sready (the patch is in
+// $st/stray.patch), or nothing when it declined; the tree the last pull
+// left is then made and the checkout staged on a copy of the sync index,
+// whose stage is the helper's. Without preset they are cleared, so
+// nothing in the sandbox's environment stands for them.
+func strayEdits(acks []string, preset bool) string {
+	init := "same=; x=; c1=; sready=; hs=\n"
+	if preset {
+		init = "same=; x=${x:-}; c1=${c1:-}; sready=${sready:-}; hs=1\n"
+	}
+	return init + fmt.Sprintf(`sp0=; [ ! -f "$st/pending" ] || read -r sp0 <"$st/pending" || true
 sp=$sp0
 case ' %[1]s ' in *" $sp "*) sp= ;; esac
-c0=; c1=; sready=
+c0=
 s0=; [ -n "$sp" ] || [ ! -f "$gd/$SNAP" ] || read -r s0 <"$gd/$SNAP" || true
 [ -n "$sp" ] || [ -n "$s0" ] || s0=$(g rev-parse -q --verify "$SNAP^{commit}") || s0=
 if [ -n "$s0" ]; then
 	pid=; [ -z "$sp0" ] || [ ! -f "$st/pull.id" ] || read -r pid <"$st/pull.id" || true
-	same=; x=
-	if [ -n "$HI" ] && [ -f "$st/pulled.tree" ]; then
-		t0=; read -r t0 <"$st/pulled.tree" || true
-		if [ -n "$t0" ] && "$H" pull -state "$st" -instance "$HI" -tree "$t0" -out "$st/stray.patch" -- %[2]s 2>/dev/null; then
-			if [ ! -s "$st/stray.patch" ]; then same=1
-			else x=$t0; read -r c1 <"$st/pulled.tree" || x=; sready=$x
-			fi
-		fi
-	fi
-	# Without the helper: the stage the push needs anyway (c0), and its
-	# diff, compared with the last pull's patch (the same command made it).
-	if [ -z "$same" ] && [ -z "$x" ] && [ -z "$HI" ]; then
+	# The stage the push needs anyway (c0), and its diff, compared with
+	# the last pull's patch (the same command made it). Not in the
+	# helper's exchange (hs): it stages the sync index itself.
+	if [ -z "$x" ] && [ -z "$hs" ]; then
 		if stageall && c0=$(GIT_INDEX_FILE="$st/index" g write-tree) &&
 			GIT_INDEX_FILE="$st/index" g diff --cached %[2]s "$s0" -- >"$st/stray.patch"; then
 			if [ -n "$pid" ] && [ "$pid" = "$sp0" ]; then ! cmp -s "$st/stray.patch" "$st/pull.patch" || same=1
@@ -158,7 +154,9 @@ if [ -n "$s0" ]; then
 			rm -f "$st/xidx"
 		else x=$(g rev-parse -q --verify "$s0^{tree}") || x=
 		fi
-		if [ -n "$x" ] && [ -n "$HI" ] && [ -z "$c1" ]; then
+		# In the helper's exchange, staged on a copy of the sync index,
+		# so that what the helper knows of it holds.
+		if [ -n "$x" ] && [ -n "$hs" ] && [ -z "$c1" ]; then
 			syncidx && rm -f "$st/sidx" && cp "$st/index" "$st/sidx" && GIT_INDEX_FILE="$st/sidx" g add -A &&
 				c1=$(GIT_INDEX_FILE="$st/sidx" g write-tree) || c1=
 			rm -f "$st/sidx"
@@ -217,9 +215,16 @@ func recoveredWhat(id string) string {
 
 // pushBody is pushScript after the prelude. The patch, when there is one,
 // is on its standard input, and key is patchKey of it ("" for none). With
-// native, the sandbox helper adopts the tree the push made.
-func pushBody(head, key string, now time.Time, pend string, acks []string, max int64, large, native bool) string {
+// helper, the sandbox helper's exchange runs it: its environment holds
+// what the helper's stray look and stage found (sready, and hcur, the
+// checkout's tree, the user's index already reset to head), and it prints
+// the tree the push made in every case, for the helper to adopt.
+func pushBody(head, key string, now time.Time, pend string, acks []string, max int64, large, helper bool) string {
 	var b strings.Builder
+	curFirst := "\nreal=\nif [ -n \"${c0:-}\" ]; then cur=$c0"
+	if helper {
+		curFirst = " The helper's stage (hcur) also reset the user's index to head.\nreal=\nif [ -n \"${hcur:-}\" ]; then cur=$hcur; real=1"
+	}
 	big := ""
 	if large {
 		big = "1"
@@ -280,11 +285,8 @@ else
 	if ! g cat-file -e "$head^{commit}" 2>/dev/null; then echo "sandboxd: commit $head is not in the sandbox" >&2; exit 82; fi
 	exit 83
 fi
-# The tree the working tree holds now. The helper also resets the user's
-# index to head (unless it is as the helper left it for head).
-real=
-if [ -n "$HI" ] && syncidx && cur=$("$H" stage -state "$st" -instance "$HI" -index "$st/index" -print-tree -head "$head" -real "$gd/index" 2>/dev/null); then real=1
-elif [ -n "${c0:-}" ]; then cur=$c0
+# The tree the working tree holds now: the one strayEdits staged (c0), or
+# staged here.%[3]s
 elif ! { stageall && cur=$(GIT_INDEX_FILE="$st/index" g write-tree); }; then cur=
 fi
 # The move: in a large tree by a patch of what differs (it costs what
@@ -314,25 +316,20 @@ if snap=$(GIT_AUTHOR_DATE=%[1]q GIT_COMMITTER_DATE=%[1]q g -c user.name=sandboxd
 else
 	revert "$head"; exit 84
 fi
-`, date, key)
+`, date, key, curFirst)
 	} else {
 		b.WriteString(`if ! revert "$head"; then
 ` + missing + "snap=$head\n")
 	}
-	// After the plain push the helper adopts the tree it made (unless a
-	// decline for good holds), so the pull and the next push are native.
-	if native {
-		b.WriteString(`nat=
-if [ -n "$HI" ] && [ "${off:-}" != "$HI $head" ]; then
-	[ -n "$tree" ] || tree=$(g rev-parse "$head^{tree}") || tree=
-	[ -z "$tree" ] || ! "$H" adopt -state "$st" -instance "$HI" -tree "$tree" 2>"$st/adopt.err" || nat=1
-fi
+	// The helper adopts the tree the push made: it needs it also when no
+	// patch made one.
+	if helper {
+		b.WriteString(`[ -n "$tree" ] || tree=$(g rev-parse "$head^{tree}") || tree=
 `)
 	}
-	// The snapshot, then the tree the sync index holds (the pull's hint),
-	// then whether the helper knows the working tree (the native pull).
+	// The snapshot, then the tree the checkout holds.
 	b.WriteString(`if [ -n "$pend" ]; then echo "$pend" >"$st/pending" || exit 84; else rm -f "$st/pending"; fi
-echo "$snap"; echo "${tree:-}"; echo "${nat:-}"
+echo "$snap"; echo "${tree:-}"
 `)
 	return b.String()
 }
@@ -348,48 +345,41 @@ const pullHeader = helperproto.PullHeader
 // Run on its own (not after a push), it first finds edits made outside an
 // exec (strayEdits); when every exec's edits were pulled and there are
 // none, it answers an empty patch.
-func pullScript(hv string, acks []string, max int64) string {
-	return prelude + hv + strayEdits(acks) + fmt.Sprintf(`p=; [ ! -f "$st/pending" ] || read -r p <"$st/pending" || true
+func pullScript(acks []string, max int64) string {
+	return prelude + strayEdits(acks, false) + fmt.Sprintf(`p=; [ ! -f "$st/pending" ] || read -r p <"$st/pending" || true
 case ' %s ' in *" $p "*) p= ;; esac
 if [ -z "$p" ]; then
 	g rev-parse -q --verify "$SNAP^{commit}" >/dev/null || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
 	printf '%snone 0\n'; exit 0
 fi
-`, strings.Join(acks, " "), pullHeader) + "snap=; ptree=\n" + pullBody(max, "exit")
+`, strings.Join(acks, " "), pullHeader) + pullBody(max, false)
 }
 
-// pullBody is pullScript after the prelude; end is how it ends early with
-// a code ("exit", or "return" in a function).
-func pullBody(max int64, end string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "max=%d\n", max)
-	// snap (and ptree, the tree the push left in the sync index) are
-	// already known when a fused exchange pushed just before.
-	fmt.Fprintf(&b, `[ -n "${snap:-}" ] || snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; %[3]s 86; }
+// pullBody is the pull after the prelude: the sync index staged, its
+// diff against the snapshot kept in $st/pull.patch and named by the
+// exec's id in $st/pull.id. With helper, the sandbox helper's exchange
+// runs it: the index is as the helper staged it when hstaged is set, and
+// the helper sends the patch; else it prints the header and the patch.
+func pullBody(max int64, helper bool) string {
+	stage := `{ syncidx && rm -f "$st/index.fast" && GIT_INDEX_FILE="$st/index" g add -A; }`
+	if helper {
+		stage = `{ [ -n "${hstaged:-}" ] || ` + stage + `; }`
+	}
+	body := fmt.Sprintf(`snap=$(g rev-parse -q --verify "$SNAP^{commit}") || { echo "sandboxd: no sync snapshot: nothing was pushed" >&2; exit 86; }
 id=none; [ ! -f "$st/pending" ] || read -r id <"$st/pending" || true
 out="$st/pull.patch"
 echo >"$st/pull.id"
-# With the helper and the tree the push left (the snapshot's), a stage that
-# found nothing changed means an empty patch: no diff to run.
-# The helper that moved the working tree (nat) finds the edits itself, or
-# already did (pulled).
-pc=1
-if [ -n "${pulled:-}" ]; then pc=4
-elif [ -n "${nat:-}" ] && [ -n "$ptree" ] && "$H" pull -state "$st" -instance "$HI" -tree "$ptree" -out "$out" -- %[1]s 2>"$st/npull.err"; then pc=4
-elif [ -n "$HI" ] && syncidx; then "$H" stage -state "$st" -instance "$HI" -index "$st/index" ${ptree:+-tree-hint "$ptree" -same-exit 3} 2>/dev/null; pc=$?; fi
-case $pc in
-0) GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out" || %[3]s 87 ;;
-3) : >"$out" || %[3]s 87 ;;
-4) ;;
-*) { syncidx && rm -f "$st/index.fast" && GIT_INDEX_FILE="$st/index" g add -A && GIT_INDEX_FILE="$st/index" g diff --cached %[1]s "$snap" -- >"$out"; } || %[3]s 87 ;;
-esac
+{ %s && GIT_INDEX_FILE="$st/index" g diff --cached %s "$snap" -- >"$out"; } || exit 87
 echo "$id" >"$st/pull.id"
-size=0; [ ! -s "$out" ] || size=$(($(wc -c <"$out")))
-printf '%[2]s%%s %%d\n' "$id" "$size"
-if [ "$size" -gt "$max" ]; then %[3]s 89; fi
-[ "$size" -eq 0 ] || cat "$out" || %[3]s 87
-`, strings.Join(diffOptions, " "), pullHeader, end)
-	return b.String()
+`, stage, strings.Join(diffOptions, " "))
+	if helper {
+		return body
+	}
+	return body + fmt.Sprintf(`size=0; [ ! -s "$out" ] || size=$(($(wc -c <"$out")))
+printf '%s%%s %%d\n' "$id" "$size"
+if [ "$size" -gt %d ]; then exit 89; fi
+[ "$size" -eq 0 ] || cat "$out" || exit 87
+`, pullHeader, max)
 }
 
 // keptPatch is where the sandbox keeps the last pull's patch.
@@ -451,7 +441,7 @@ func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, erro
 			stdin = bytes.NewReader(p.Data)
 		}
 		out := &limitedBuffer{max: s.maxBytes + 64, buf: &stdout}
-		code, err := r.Run(ctx, pushScript(helperVars(r), p.HeadSHA, patchKey(p.Data), s.now(), pend, s.acks(rp), s.maxBytes, p.LargeTree), stdin, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
+		code, err := r.Run(ctx, pushScript(p.HeadSHA, patchKey(p.Data), s.now(), pend, s.acks(rp), s.maxBytes, p.LargeTree), stdin, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 		if err != nil {
 			return res, errdefs.Unavailable(fmt.Errorf("push your changes to the sandbox: %w", err))
 		}
@@ -582,7 +572,7 @@ func (s *Syncer) Revert(ctx context.Context, r Runner) error {
 func (s *Syncer) fetchPull(ctx context.Context, r Runner, rp repo) (id string, patch []byte, saved string, err error) {
 	var stderr bytes.Buffer
 	out := &limitedBuffer{max: s.maxBytes + 128, buf: &bytes.Buffer{}}
-	code, runErr := r.Run(ctx, pullScript(helperVars(r), s.acks(rp), s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
+	code, runErr := r.Run(ctx, pullScript(s.acks(rp), s.maxBytes), nil, out, &limitedBuffer{max: 64 << 10, buf: &stderr})
 	if runErr == nil && code != 0 {
 		return s.pullFailed(ctx, r, rp, code, out, sandboxText(stderr.String()))
 	}
@@ -842,18 +832,6 @@ func newID() string {
 // .git/sandboxd/bin and its server's instance, or "" while there is none.
 type HelperRunner interface {
 	SyncHelper() (name, instance string)
-}
-
-// helperVars is the script line that hands the helper of r, if any, to the
-// scripts (stageall); without one they stage the whole tree.
-func helperVars(r Runner) string { return helperLine(syncHelper(r)) }
-
-// helperLine is helperVars for the helper syncHelper named.
-func helperLine(name, inst string) string {
-	if inst == "" {
-		return ""
-	}
-	return fmt.Sprintf("H=\"$st/bin/%s\"; HI=%s\n", name, inst)
 }
 
 // helperOf is the instance of r's sandbox helper, "" for none.

@@ -142,3 +142,23 @@ func TestStrayEditsComeBackWithTheHelper(t *testing.T) {
 		t.Fatalf("the exec after them was not native: %s", native)
 	}
 }
+
+// With the helper but without its native look (it has no tree of a last
+// native pull to look from), the exchange's stray script finds the edits
+// with git and they come back all the same.
+func TestStrayEditsComeBackWithTheHelperByItsScript(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	for i := 0; i < 2; i++ {
+		if _, fr, err := f.fused("echo made > made.txt"); err != nil || !fr.Native {
+			t.Fatalf("exec %d: native %v, err %v", i, fr.Native, err)
+		}
+	}
+	f.inSandbox(strayEdit + "\nrm .git/sandboxd/pulled.tree")
+	if _, _, err := f.fused("true"); err != nil {
+		t.Fatalf("exec after the stray edits: %v", err)
+	}
+	f.assertStrayBack()
+	assertTree(t, f.sandbox, tree(t, f.local))
+}

@@ -199,7 +199,7 @@ func TestReplacedHelperIsHeldToTheProtocol(t *testing.T) {
 		"a frame over the bound":      {hello, started, {helperproto.FrameStdout, 0x7f, 0xff, 0xff, 0xff}},
 		"a pull named by a path": {hello, started, frame(helperproto.FrameExit, helperproto.Exit{}),
 			frame(helperproto.FramePull, []byte("sandboxd-pull /../../../victim 99999999999\n")),
-			frame(helperproto.FramePullEnd, helperproto.PullEnd{Code: helperproto.ExitPullTooLarge}), frame(helperproto.FrameEnd, nil)},
+			frame(helperproto.FramePullEnd, helperproto.PullEnd{TooLarge: true}), frame(helperproto.FrameEnd, nil)},
 	}
 	for name, frames := range cases {
 		t.Run(name, func(t *testing.T) {

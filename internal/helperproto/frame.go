@@ -121,10 +121,20 @@ type ExchangeRequest struct {
 	Entries json.RawMessage `json:"entries,omitempty"`
 	Patch   []byte          `json:"patch,omitempty"`
 	NoPatch bool            `json:"no_patch,omitempty"`
-	// PushScript and PullScript are the shell ways of the push and the
-	// pull, run by /bin/sh -c when the native ones decline.
-	PushScript string `json:"push_script"`
-	PullScript string `json:"pull_script"`
+	// StrayScript, PushScript and PullScript are the shell ways of the
+	// look for edits made outside an exec, the push and the pull, run by
+	// /bin/sh -c when the native ones decline. The helper hands them what
+	// it found in their environment (see daemon/gitsync): StrayScript
+	// gets x, c1 and sready and prints sready ("-" for none) on its last
+	// line; PushScript gets sready and hcur (the tree the helper
+	// staged, the user's index reset to head) and prints the snapshot and
+	// the tree it made; PullScript gets hstaged (the sync index is
+	// staged) and writes the patch to .git/sandboxd/pull.patch, which the
+	// helper sends. A script's exit status is its step's: PushFailed's or
+	// PullEnd's Code.
+	StrayScript string `json:"stray_script"`
+	PushScript  string `json:"push_script"`
+	PullScript  string `json:"pull_script"`
 	// Max bounds the pull's patch (the header alone above it).
 	Max      int64    `json:"max"`
 	DiffArgs []string `json:"diff_args"`
@@ -162,11 +172,14 @@ type Exit struct {
 	Signal string `json:"signal,omitempty"`
 }
 
-// PullEnd ends the pull's output: the pull's exit code (the pull
-// script's, or ExitPullTooLarge) and its messages.
+// PullEnd ends the pull's output. TooLarge: the patch is over the
+// request's Max, so its header alone was sent. Code: the pull script
+// failed with that status (one of daemon/gitsync's, naming the step), and
+// Stderr are its messages; nothing was sent.
 type PullEnd struct {
-	Code   int    `json:"code"`
-	Stderr string `json:"stderr"`
+	Code     int    `json:"code"`
+	Stderr   string `json:"stderr"`
+	TooLarge bool   `json:"too_large,omitempty"`
 }
 
 // Signal is a signal for the command's process group, by name.

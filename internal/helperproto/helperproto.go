@@ -1,8 +1,8 @@
 // Package helperproto is the contract between the daemon and the program
 // it installs in a sandbox (sandboxd-helper, package sandboxhelper): the
 // program's name and ready line, the exchange's frames and messages
-// (frame.go), the native push's entries, the exit codes of the helper's
-// script verbs, and the path and attribute rules both sides apply. Both import it, so that the daemon links none of the
+// (frame.go), the native push's entries, and the path and attribute rules
+// both sides apply. Both import it, so that the daemon links none of the
 // helper's implementation.
 package helperproto
 
@@ -10,18 +10,6 @@ import "strings"
 
 // Name is the program's file name; the installed copy carries its hash.
 const Name = "sandboxd-helper"
-
-// Exit codes with which the helper's script verbs (stage, adopt, pull, run
-// by the shell scripts of the split steps) decline, beyond their failures.
-// The exchange declines with a typed frame instead (Declined).
-const (
-	// ExitDeclined: push or pull does not apply here (nothing was
-	// changed); the scripts take the plain way.
-	ExitDeclined = 75
-	// ExitDeclinedForGood: declined for a setting of the repository or
-	// attributes in head's tree, which hold until head changes.
-	ExitDeclinedForGood = 76
-)
 
 // PushEntry is one path of the pushed tree that differs from head: its
 // mode and blob (Mode 0: the path is absent), with the blob's content when
@@ -91,16 +79,10 @@ func ValidPath(p string) bool {
 	return true
 }
 
-// The pull's output, in the exchange's FramePull frames as from the pull
-// script: a header, then the patch.
-const (
-	// PullHeader starts the pull output; the exec's id and the patch's
-	// size follow, so a truncated transfer is noticed.
-	PullHeader = "sandboxd-pull "
-	// ExitPullTooLarge ends the pull of a patch over the limit: the
-	// header is sent, not the patch.
-	ExitPullTooLarge = 89
-)
+// PullHeader starts the pull's output, in the exchange's FramePull frames
+// as from the pull script of the separate steps: the exec's id and the
+// patch's size follow, so a truncated transfer is noticed, then the patch.
+const PullHeader = "sandboxd-pull "
 
 // Ready starts the line serve prints once it answers: "ready <instance>".
 const Ready = "ready "

@@ -1,0 +1,92 @@
+package gitsync
+
+import (
+	"time"
+
+	"github.com/sandboxd/sandboxd/internal/helperproto"
+)
+
+// side is the sandbox side of a synced exec: what sync asks of the
+// sandbox (look for edits made there outside an exec and bring them back,
+// make the checkout the pushed tree, find the command's edits) and how it
+// reaches it. sideOf picks one of its two implementations, once per exec:
+//
+//   - helperSide: the sandbox helper serves on the connection. The exec
+//     is one exchange: an exec request of the helper speaking
+//     internal/helperproto, its request carrying the scripts the helper
+//     falls back to (built for it: they read what the helper found from
+//     their environment).
+//   - shellSide: no helper. The exec takes separate steps, each a script
+//     of its own exec request (Push, the command, Pull) whose exit status
+//     is that step's.
+//
+// Separate steps are always the shell's: a terminal exec, and an exchange
+// the helper did not take (another protocol version, a decline:
+// Fused.Split), take them whatever side was picked.
+type side interface {
+	// kind names the implementation: "helper" or "shell".
+	kind() string
+	// exchange is the remote command and the request of the exec of
+	// command synced with in as one exchange; ok false: this side takes
+	// separate steps.
+	exchange(in exchangeInput, command string) (remote string, req helperproto.ExchangeRequest, ok bool)
+}
+
+// exchangeInput is what a push of an exchange says.
+type exchangeInput struct {
+	p    *Patch
+	pend string
+	acks []string
+	now  time.Time
+	max  int64
+}
+
+// sideOf is the side of an exec on r: the helper when r offers a valid
+// one (HelperRunner), else the shell.
+func sideOf(r Runner) side {
+	if name, inst := syncHelper(r); inst != "" {
+		return helperSide{name: name, inst: inst}
+	}
+	return shellSide{}
+}
+
+// helperSide is the sandbox helper installed as .git/sandboxd/bin/<name>,
+// its server instance inst.
+type helperSide struct{ name, inst string }
+
+func (helperSide) kind() string { return "helper" }
+
+func (h helperSide) exchange(in exchangeInput, command string) (string, helperproto.ExchangeRequest, bool) {
+	p := in.p
+	req := helperproto.ExchangeRequest{
+		Instance: h.inst, Head: p.HeadSHA, Time: in.now.Unix(), SnapRef: SnapshotRef, BaseRef: BaseRef,
+		Pending: in.pend, Acks: in.acks, Max: in.max, DiffArgs: diffOptions, Command: command,
+		StrayScript: prelude + strayEdits(in.acks, true) + `echo "${sready:--}"` + "\n",
+		PullScript:  prelude + pullBody(in.max, true),
+	}
+	if p.lazy {
+		req.Entries, req.NoPatch = []byte(p.bundle), true
+	} else {
+		if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.LFSFiles, MaxFusedPatch); ok {
+			if b, ok := nativeBundle(entries); ok {
+				req.Entries = []byte(b)
+			}
+		}
+		req.Patch = p.Data
+		req.PushScript = prelude + pushBody(p.HeadSHA, patchKey(p.Data), in.now, in.pend, in.acks, in.max, p.LargeTree, true)
+	}
+	// The exec's shell finds the repository, brings in setup's files, then
+	// becomes the helper (exec: no shell stays between the channel and the
+	// helper), which does the rest.
+	remote := prelude + setupEdits + `exec "$st/bin/` + h.name + `" exchange -state "$st" -path "$P0"` + "\n"
+	return remote, req, true
+}
+
+// shellSide is the sandbox without a helper: POSIX shell and git.
+type shellSide struct{}
+
+func (shellSide) kind() string { return "shell" }
+
+func (shellSide) exchange(exchangeInput, string) (string, helperproto.ExchangeRequest, bool) {
+	return "", helperproto.ExchangeRequest{}, false
+}
