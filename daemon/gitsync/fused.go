@@ -3,6 +3,8 @@ package gitsync
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -54,10 +56,19 @@ type Exchange struct {
 	inst    string
 	command string
 	req     []byte
+	// hold is the exec id under which the helper's holder runs the
+	// command; hv, pullReq and the stdin pump serve a Reattach.
+	hold    string
+	hv      string
+	pullReq helperproto.ExchangeRequest
+	inOnce  sync.Once
+	in      chan []byte
+	inOff   int64
 
-	mu      sync.Mutex
-	a       answers
-	started bool
+	mu         sync.Mutex
+	a          answers
+	started    bool
+	reattached bool
 }
 
 // ExchangeIO are the caller's streams: its stdin (nil for none), the
@@ -133,7 +144,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	if err != nil {
 		return nil, false, repoError(err)
 	}
-	x := &Exchange{s: s, rp: rp, p: p, pend: newID(), start: time.Now(), inst: inst}
+	x := &Exchange{s: s, rp: rp, p: p, pend: newID(), start: time.Now(), inst: inst, hold: holdID()}
 	var res PushResult
 	if err := s.pushCommitsIfNeeded(ctx, r, rp, p, &res); err != nil {
 		return nil, false, err
@@ -145,8 +156,10 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	req := helperproto.ExchangeRequest{
 		Instance: inst, Head: p.HeadSHA, Time: now.Unix(), SnapRef: SnapshotRef, BaseRef: BaseRef,
 		Pending: x.pend, Acks: acks, Max: s.maxBytes, DiffArgs: diffOptions, Command: command,
-		PullScript: pullScript(hv, acks, s.maxBytes),
+		PullScript: pullScript(hv, acks, s.maxBytes), Hold: x.hold,
 	}
+	x.hv = hv
+	x.pullReq = helperproto.ExchangeRequest{Instance: inst, Pending: x.pend, Max: s.maxBytes, DiffArgs: diffOptions, PullScript: req.PullScript}
 	if p.lazy {
 		req.Entries, req.NoPatch = []byte(p.bundle), true
 	} else {
@@ -191,10 +204,109 @@ func (x *Exchange) Command() string { return x.command }
 // transport's (the connection broke, ctx ended) or the helper's answer
 // breaking the protocol; Finish says what happened either way.
 func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
+	return x.run(ctx, r, cio, x.command, x.req)
+}
+
+// ErrReattach: a reattach to a held command failed; the command may still
+// run in the sandbox, and it is never started again.
+var ErrReattach = errors.New("reattaching to the command failed")
+
+// Reattach follows the held command of an exchange whose connection was
+// lost after Started and before Exit, on r's new connection (under the
+// lock): the rest of its output from the bytes received, its exit, then
+// the pull, as Run would have. The request asks only for an id the daemon
+// chose; a decline, another version or garbage ends the exchange
+// (ErrReattach or ErrForgedReport), and nothing asks for the command to
+// run again. Finish then completes it as after Run.
+func (x *Exchange) Reattach(ctx context.Context, r Runner, cio ExchangeIO) error {
+	x.mu.Lock()
+	if x.a.started == nil || x.a.exit != nil || x.a.err != nil || x.hold == "" {
+		x.mu.Unlock()
+		return fmt.Errorf("%w: the exchange is not a held command that is running", ErrReattach)
+	}
+	tree := ""
+	if x.a.started.Native {
+		tree = x.a.started.Tree
+	}
+	ra := helperproto.Reattach{Hold: x.hold, Out: x.a.out, Err: x.a.errn, Tree: tree, Request: x.pullReq}
+	// The new helper says hello again; the rest (started, offsets) holds.
+	x.a.hello, x.a.version, x.reattached = false, 0, true
+	x.mu.Unlock()
+	var b bytes.Buffer
+	fw := &helperproto.FrameWriter{W: &b}
+	if err := fw.JSON(helperproto.FrameHello, helperproto.Hello{Versions: []int{helperproto.Version}}); err != nil {
+		return err
+	}
+	if err := fw.JSON(helperproto.FrameReattach, ra); err != nil {
+		return err
+	}
+	command := prelude + x.hv + `exec "$H" exchange -state "$st" -path "$P0"` + "\n"
+	return x.run(ctx, r, cio, command, b.Bytes())
+}
+
+// Held says the command runs under the helper's holder (it outlives a
+// lost connection), and the helper said it started.
+func (x *Exchange) Held() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.hold != "" && x.a.started != nil && x.a.hello && x.a.version == helperproto.Version
+}
+
+// Exited says the helper reported the command's status.
+func (x *Exchange) Exited() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.a.exit != nil
+}
+
+// GiveUp records why the command's end is unknown (a reattach that did
+// not happen), which Finish reports, unless something came first.
+func (x *Exchange) GiveUp(err error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.a.err == nil && x.a.exit == nil {
+		x.a.err = err
+	}
+}
+
+// stdinChunks is the caller's stdin read by one pump for every run of the
+// exchange, so that a run that was lost leaves the next bytes to the
+// reattach's; nil for no stdin. The pump ends with ctx.
+func (x *Exchange) stdinChunks(ctx context.Context, stdin io.Reader) <-chan []byte {
+	if stdin == nil {
+		return nil
+	}
+	x.inOnce.Do(func() {
+		x.in = make(chan []byte)
+		go func() {
+			defer close(x.in)
+			for {
+				buf := make([]byte, helperproto.DataChunk)
+				n, err := stdin.Read(buf)
+				if n > 0 {
+					select {
+					case x.in <- buf[:n]:
+					case <-ctx.Done():
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	})
+	return x.in
+}
+
+func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command string, req []byte) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	x.a.pull = limitedBuffer{max: x.s.maxBytes + 128, buf: &bytes.Buffer{}}
-	x.a.log = limitedBuffer{max: maxHelperLog, buf: &bytes.Buffer{}}
+	if x.a.pull.buf == nil {
+		x.a.pull = limitedBuffer{max: x.s.maxBytes + 128, buf: &bytes.Buffer{}}
+		x.a.log = limitedBuffer{max: maxHelperLog, buf: &bytes.Buffer{}}
+	}
+	in := x.stdinChunks(context.WithoutCancel(ctx), cio.Stdin)
 
 	inR, inW := io.Pipe()
 	done := make(chan struct{})
@@ -216,22 +328,24 @@ func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
 	}
 	pr, preamble := r.(PreambleRunner)
 	go func() {
-		if !preamble && !send(func() error { _, err := inW.Write(x.req); return err }) {
+		if !preamble && !send(func() error { _, err := inW.Write(req); return err }) {
 			return
 		}
-		if cio.Stdin != nil {
+		if in != nil {
 			go func() {
-				buf := make([]byte, helperproto.DataChunk)
-				var off int64
 				for {
-					n, err := cio.Stdin.Read(buf)
-					if n > 0 && !send(func() error { return fw.Data(helperproto.FrameStdin, off, buf[:n]) }) {
+					select {
+					case <-done:
 						return
-					}
-					off += int64(n)
-					if err != nil {
-						send(func() error { return fw.Write(helperproto.FrameStdinEOF, nil) })
-						return
+					case b, ok := <-in:
+						if !ok {
+							send(func() error { return fw.Write(helperproto.FrameStdinEOF, nil) })
+							return
+						}
+						if !send(func() error { return fw.Data(helperproto.FrameStdin, x.inOff, b) }) {
+							return
+						}
+						x.inOff += int64(len(b))
 					}
 				}
 			}()
@@ -266,9 +380,9 @@ func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
 	}()
 	var err error
 	if preamble {
-		_, err = pr.RunPreamble(ctx, x.command, x.req, inR, outW, &x.a.log)
+		_, err = pr.RunPreamble(ctx, command, req, inR, outW, &x.a.log)
 	} else {
-		_, err = r.Run(ctx, x.command, inR, outW, &x.a.log)
+		_, err = r.Run(ctx, command, inR, outW, &x.a.log)
 	}
 	_ = outW.Close()
 	<-read
@@ -299,8 +413,21 @@ func (x *Exchange) read(r io.Reader, cio ExchangeIO, cancel func()) {
 		if errors.Is(err, io.EOF) {
 			return
 		}
+		if errors.Is(err, helperproto.ErrTruncated) && x.Held() {
+			// The connection broke mid-frame: the frame's bytes were not
+			// counted, so a reattach asks for them again.
+			x.s.log.Debug("the exchange's stream ended inside a frame", "err", err)
+			return
+		}
 		if err == nil {
 			err = x.take(typ, payload, cio, &outErr, &errErr)
+		}
+		if errors.Is(err, ErrReattach) {
+			x.mu.Lock()
+			x.a.err = errdefs.Unavailable(fmt.Errorf("the command may still be running in the sandbox; it was not run again: %w", err))
+			x.mu.Unlock()
+			cancel()
+			return
 		}
 		if err != nil {
 			x.mu.Lock()
@@ -340,11 +467,19 @@ func (x *Exchange) take(typ byte, payload []byte, cio ExchangeIO, outErr, errErr
 			return err
 		}
 		a.hello, a.version = true, h.Version
+		if h.Version != helperproto.Version && x.reattached {
+			return fmt.Errorf("%w: the sandbox helper speaks version %d, not %d (was it replaced?)", ErrReattach, h.Version, helperproto.Version)
+		}
 		if h.Version != helperproto.Version {
 			// The helper takes nothing: the shell way (Finish).
 			a.end = true
 		}
 	case helperproto.FrameDeclined, helperproto.FramePushFailed:
+		if x.reattached && typ == helperproto.FrameDeclined {
+			var d helperproto.Declined
+			_ = helperproto.Decode(typ, payload, &d)
+			return fmt.Errorf("%w: the sandbox helper declined (%s)", ErrReattach, sandboxText(clip([]byte(d.Reason))))
+		}
 		if a.started != nil {
 			return errors.New("a report that nothing ran, after the command started")
 		}
@@ -375,6 +510,9 @@ func (x *Exchange) take(typ byte, payload []byte, cio ExchangeIO, outErr, errErr
 		}
 		if !shaPattern.MatchString(a.started.Snapshot) {
 			a.started.Snapshot = ""
+		}
+		if !shaPattern.MatchString(a.started.Tree) {
+			a.started.Tree = ""
 		}
 	case helperproto.FrameStdout, helperproto.FrameStderr:
 		if a.started == nil || a.exit != nil {
@@ -524,4 +662,11 @@ func clip(b []byte) string {
 		b = b[:80]
 	}
 	return string(b)
+}
+
+// holdID is an exec id for the helper's holder: 128 random bits.
+func holdID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
