@@ -1,0 +1,59 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSyncedCommandSurvivesEightSecondsOfDroppedSilence: a synced exec
+// (the framed exchange: push, command, pull) whose connection 8 s of
+// silence drops goes on under the sandbox helper's holder; the daemon
+// reattaches on a new connection, the caller gets all 20 lines once, in
+// order, the command's own exit status and a notice of the drop, the
+// command ran once, and the files it wrote in the checkout, before and
+// after the silence, are on the laptop afterwards.
+func TestSyncedCommandSurvivesEightSecondsOfDroppedSilence(t *testing.T) {
+	t.Parallel()
+	lines, every, b := 20, time.Second, longSilence
+	e := newEnv(t)
+	lc := e.startSilentLocalcloud(b)
+	d := e.startDaemon()
+	repo := e.newRepo("durablesync", defaultConfig)
+	e.startServedSandbox(t, repo)
+	e.mustNook(repo, "exec", "--", "true")
+	counter := counterFile(t, "durablesync")
+	script := fmt.Sprintf("echo ran >> %s; echo before > before.txt; i=1; while [ $i -le %d ]; do echo line $i; i=$((i+1)); sleep %s; done; echo after > after.txt; exit 7", counter, lines, fmt.Sprint(every.Seconds()))
+	cmd := e.nookBackground(repo, "exec", "--", "sh", "-c", script)
+	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
+	time.Sleep(2 * every)
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": b.silence.Milliseconds(), "drop": true})
+	start := time.Now()
+	r := cmd.wait(t, 2*time.Minute)
+	if r.code != 7 {
+		d.stop(t)
+		t.Fatalf("a synced command across %v of dropped silence: %s\n%s", b.silence, r, d.logs)
+	}
+	var want []string
+	for i := 1; i <= lines; i++ {
+		want = append(want, fmt.Sprintf("line %d", i))
+	}
+	if got := strings.TrimSpace(r.stdout); got != strings.Join(want, "\n") {
+		t.Errorf("output across the reattach:\n%s\nwant %d lines once each, in order", got, lines)
+	}
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		t.Errorf("the command ran %d times", n)
+	}
+	if !strings.Contains(r.stderr, "dropped for about") || !strings.Contains(r.stderr, "is reattached") {
+		t.Errorf("no notice of the drop and the reattach on stderr:\n%s", r.stderr)
+	}
+	for name, want := range map[string]string{"before.txt": "before\n", "after.txt": "after\n"} {
+		if got, err := os.ReadFile(filepath.Join(repo, name)); err != nil || string(got) != want {
+			t.Errorf("%s on the laptop after the exec: %q, %v; want %q (the pull after the reattach)", name, got, err, want)
+		}
+	}
+	t.Logf("a synced %d-line command across %v of dropped silence: exit %d, ended %v after the silence began\n%s", lines, b.silence, r.code, time.Since(start).Round(time.Millisecond), r.stderr)
+}
