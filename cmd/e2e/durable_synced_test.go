@@ -57,3 +57,25 @@ func TestSyncedCommandSurvivesEightSecondsOfDroppedSilence(t *testing.T) {
 	}
 	t.Logf("a synced %d-line command across %v of dropped silence: exit %d, ended %v after the silence began\n%s", lines, b.silence, r.code, time.Since(start).Round(time.Millisecond), r.stderr)
 }
+
+// TestSyncedHeldCommandStopsWhenNookDies: a synced exec's command runs
+// under the holder, yet an nook that dies (no --detach) still stops it,
+// as before: the daemon's TERM on the channel reaches the command.
+func TestSyncedHeldCommandStopsWhenNookDies(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.startLocalcloud()
+	e.startDaemon()
+	repo := e.newRepo("syncnodetach", defaultConfig)
+	e.startServedSandbox(t, repo)
+	e.mustNook(repo, "exec", "--", "true")
+	counter := counterFile(t, "syncnodetach")
+	cmd := e.nookBackground(repo, "exec", "--", "sh", "-c", fmt.Sprintf("echo ran >> %s; sleep 3; echo survived >> %s", counter, counter))
+	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
+	_ = cmd.cmd.Process.Kill()
+	cmd.wait(t, 30*time.Second)
+	time.Sleep(5 * time.Second)
+	if got := readFileOr(counter); strings.Contains(got, "survived") {
+		t.Errorf("a synced command whose nook was killed ran on:\n%s", got)
+	}
+}
