@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -77,5 +80,70 @@ func TestSyncedHeldCommandStopsWhenNookDies(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	if got := readFileOr(counter); strings.Contains(got, "survived") {
 		t.Errorf("a synced command whose nook was killed ran on:\n%s", got)
+	}
+}
+
+// TestSyncedCommandGetsStdinAndSignalsAfterAReattach: after a synced
+// exec's connection was dropped and the daemon reattached, the command
+// reads what the caller writes to its stdin next and receives the
+// caller's Ctrl-C; what it wrote in the checkout comes back.
+func TestSyncedCommandGetsStdinAndSignalsAfterAReattach(t *testing.T) {
+	t.Parallel()
+	b := shortSilence
+	e := newEnv(t)
+	lc := e.startSilentLocalcloud(b)
+	e.writeConfig(map[string]any{"ssh_probe_timeout": b.probeTimeout.String()})
+	d := e.startDaemon()
+	repo := e.newRepo("syncin", defaultConfig)
+	e.startServedSandbox(t, repo)
+	e.mustNook(repo, "exec", "--", "true")
+	counter := counterFile(t, "syncin")
+	script := fmt.Sprintf(`echo ran >> %s; trap 'echo got INT; exit 9' INT; read a; echo "got $a"; echo "$a" > got.txt; while :; do sleep 0.1; done`, counter)
+	c := e.nookCmd(repo, "exec", "--", "sh", "-c", script)
+	stdin, err := c.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errb := &syncBuf{}, &syncBuf{}
+	c.Stdout, c.Stderr = out, errb
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	t.Cleanup(func() { _ = c.Process.Kill() })
+	report := func() string { return fmt.Sprintf("stdout:\n%s\nstderr:\n%s\ndaemon:\n%s", out, errb, d.logs) }
+	waitUntil(t, 30*time.Second, "the command to start", func() bool { return strings.Contains(readFileOr(counter), "ran") })
+	lc.call(t, "POST", "/admin/silence", map[string]any{"duration_ms": b.silence.Milliseconds(), "drop": true})
+	if !waitFor(time.Minute, func() bool { return strings.Contains(errb.String(), "dropped for about") }) {
+		d.stop(t)
+		t.Fatalf("no reattach within a minute of the drop\n%s", report())
+	}
+	if _, err := io.WriteString(stdin, "hello\n"); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(30*time.Second, func() bool { return strings.Contains(out.String(), "got hello") }) {
+		d.stop(t)
+		t.Fatalf("the synced command did not get the stdin written after the reattach\n%s", report())
+	}
+	if err := c.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		d.stop(t)
+		t.Fatalf("the synced command did not end within 30 s of Ctrl-C after the reattach\n%s", report())
+	}
+	var ee *exec.ExitError
+	if !asExit(err, &ee) || ee.ExitCode() != 9 || !strings.Contains(out.String(), "got INT") {
+		t.Errorf("Ctrl-C after the reattach: %v, want exit 9 from the command's trap\n%s", err, report())
+	}
+	_ = stdin.Close()
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		t.Errorf("the command ran %d times", n)
+	}
+	if got, err := os.ReadFile(filepath.Join(repo, "got.txt")); err != nil || string(got) != "hello\n" {
+		t.Errorf("got.txt on the laptop: %q, %v\n%s", got, err, report())
 	}
 }
