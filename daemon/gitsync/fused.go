@@ -59,6 +59,7 @@ type Exchange struct {
 	// hold is the exec id under which the helper's holder runs the
 	// command; hv, pullReq and the stdin pump serve a Reattach.
 	hold    string
+	reqv    helperproto.ExchangeRequest
 	hv      string
 	pullReq helperproto.ExchangeRequest
 	inOnce  sync.Once
@@ -175,6 +176,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	if x.req, err = marshalRequest(req); err != nil {
 		return nil, false, err
 	}
+	x.reqv = req
 	// The exec's shell finds the repository, brings in edits made outside
 	// an exec (strayEdits) and setup's files, then becomes the helper
 	// (exec: no shell stays between the channel and the helper).
@@ -242,6 +244,20 @@ func (x *Exchange) Reattach(ctx context.Context, r Runner, cio ExchangeIO) error
 	}
 	command := prelude + x.hv + `exec "$H" exchange -state "$st" -path "$P0"` + "\n"
 	return x.run(ctx, r, cio, command, b.Bytes())
+}
+
+// Unheld has the helper run the command with pipes of its own instead of
+// the holder (durable exec turned off): a connection lost while it runs
+// then ends the exec with "may or may not have completed". Call it before
+// Run.
+func (x *Exchange) Unheld() error {
+	x.hold, x.reqv.Hold = "", ""
+	b, err := marshalRequest(x.reqv)
+	if err != nil {
+		return err
+	}
+	x.req = b
+	return nil
 }
 
 // Held says the command runs under the helper's holder (it outlives a

@@ -176,3 +176,42 @@ func TestReplacedHelperAnswerToAReattachIsRefused(t *testing.T) {
 		})
 	}
 }
+
+// With durable exec off (Unheld), the helper runs the command with pipes
+// of its own: output and status as before, and nothing in the holder's
+// directory.
+func TestUnheldExchangeRunsTheCommandWithoutTheHolder(t *testing.T) {
+	withHelper(t)
+	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "runs\n"})
+	if _, fr, err := f.fused("true"); err != nil || !fr.Ran {
+		t.Fatalf("first exec: %+v %v", fr, err)
+	}
+	root := filepath.Join(os.Getenv("XDG_CACHE_HOME"), "sandboxd", "hold")
+	before, _ := os.ReadDir(root)
+	ctx := context.Background()
+	p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, ok, err := f.s.Fuse(ctx, f.r, p, "echo ran >>runs; echo out; echo made >made.txt; exit 3")
+	if err != nil || !ok {
+		t.Fatalf("fuse: %v %v", ok, err)
+	}
+	if err := x.Unheld(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := x.Run(ctx, f.r, ExchangeIO{Stdout: &out, Stderr: io.Discard}); err != nil {
+		t.Fatal(err)
+	}
+	fr, err := x.Finish(ctx, f.r)
+	if err != nil || !fr.Ran || fr.ExitCode != 3 || out.String() != "out\n" || x.Held() {
+		t.Fatalf("unheld exchange: %q %+v %v held %v", out.String(), fr, err, x.Held())
+	}
+	if after, _ := os.ReadDir(root); len(after) != len(before) {
+		t.Fatalf("the holder kept the unheld command: %d execs before, %d after", len(before), len(after))
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "made.txt"))); got != "made\n" {
+		t.Fatalf("made.txt on the laptop: %q", got)
+	}
+}

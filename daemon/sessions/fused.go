@@ -44,6 +44,14 @@ func (m *Manager) execFused(ctx context.Context, lc *sshpool.Locked, s *store.Se
 		if !ok {
 			return false, nil
 		}
+		m.mu.Lock()
+		durable := m.daemonCfg.DurableExec
+		m.mu.Unlock()
+		if !durable {
+			if err := ex.Unheld(); err != nil {
+				return true, err
+			}
+		}
 		if attempt == 0 {
 			m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 			_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
