@@ -44,7 +44,8 @@ const maxHelperLog = 16 << 10
 //
 // The exec's own exit status carries nothing: a stream that ends after
 // Started without Exit is a command whose status is unknown (error, not
-// run again).
+// run again), unless the command is held (the request's hold id): then
+// Reattach follows it on a new connection, by its id only.
 type Exchange struct {
 	s     *Syncer
 	rp    repo
