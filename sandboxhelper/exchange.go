@@ -80,6 +80,10 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	// The command's PATH is the sandbox's own (the exec's shell added
 	// git's usual places to its PATH).
 	req.Path = o.Path
+	if len(req.Forget) > 0 && len(req.Forget) <= helperproto.MaxForget {
+		// Off the exchange's path: earlier exchanges the daemon saw end.
+		go forget(req.Forget)
+	}
 	started, ok := x.push(ctx, &req)
 	if !ok {
 		return 0
@@ -112,6 +116,18 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	x.pull(ctx, &req, started)
 	_ = x.fw.Write(helperproto.FrameEnd, nil)
 	return 0
+}
+
+// forget removes what the holder kept of the ended execs ids.
+func forget(ids []string) {
+	root, err := hold.DefaultRoot()
+	if err != nil {
+		return
+	}
+	h := &hold.Holder{Root: root}
+	for _, id := range ids {
+		_ = h.Forget(id)
+	}
 }
 
 // reattach answers a Reattach: the rest of the held command's output from

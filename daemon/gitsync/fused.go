@@ -158,7 +158,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	req := helperproto.ExchangeRequest{
 		Instance: inst, Head: p.HeadSHA, Time: now.Unix(), SnapRef: SnapshotRef, BaseRef: BaseRef,
 		Pending: x.pend, Acks: acks, Max: s.maxBytes, DiffArgs: diffOptions, Command: command,
-		PullScript: pullScript(hv, acks, s.maxBytes), Hold: x.hold,
+		PullScript: pullScript(hv, acks, s.maxBytes), Hold: x.hold, Forget: s.takeEnded(rp.root),
 	}
 	x.hv = hv
 	x.pullReq = helperproto.ExchangeRequest{Instance: inst, Pending: x.pend, Max: s.maxBytes, DiffArgs: diffOptions, PullScript: req.PullScript}
@@ -643,6 +643,9 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		}
 		return res, errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox helper ended before it reported the command's status (the connection broke or the helper died): the command may or may not have completed, so it was not run again; what it changed stays in the sandbox and the next exec brings it back"))
 	}
+	if x.hold != "" {
+		x.s.heldEnded(x.rp.root, x.hold)
+	}
 	res.Ran, res.ExitCode, res.Signal = true, a.exit.Code, a.exit.Signal
 	if a.exit.Signal != "" {
 		res.ExitCode = 128 + signalNumber(a.exit.Signal)
@@ -679,6 +682,27 @@ func clip(b []byte) string {
 		b = b[:80]
 	}
 	return string(b)
+}
+
+// heldEnded notes that the held exchange id of root reported its exit: the
+// next exchange's request asks the holder to forget it.
+func (s *Syncer) heldEnded(root, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ids := s.ended[root]; len(ids) < helperproto.MaxForget {
+		s.ended[root] = append(ids, id)
+	}
+}
+
+// takeEnded returns the ids heldEnded noted for root, and drops them: a
+// request that does not arrive leaves them to the holder (no harm but
+// their files).
+func (s *Syncer) takeEnded(root string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := s.ended[root]
+	delete(s.ended, root)
+	return ids
 }
 
 // holdID is an exec id for the helper's holder: 128 random bits.

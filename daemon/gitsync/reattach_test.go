@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -213,5 +214,39 @@ func TestUnheldExchangeRunsTheCommandWithoutTheHolder(t *testing.T) {
 	}
 	if got := string(fileBytes(t, filepath.Join(f.local, "made.txt"))); got != "made\n" {
 		t.Fatalf("made.txt on the laptop: %q", got)
+	}
+}
+
+// The holder keeps a held exchange's output and status only until the
+// daemon saw its exit: the next exchange's request has the holder forget
+// it, so the sandbox does not collect every exec's output.
+func TestHolderForgetsAnExchangeTheDaemonSawEnd(t *testing.T) {
+	withHelper(t)
+	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "runs\n"})
+	root := filepath.Join(os.Getenv("XDG_CACHE_HOME"), "sandboxd", "hold")
+	kept := func() []string {
+		var ids []string
+		entries, _ := os.ReadDir(root)
+		for _, e := range entries {
+			ids = append(ids, e.Name())
+		}
+		return ids
+	}
+	if _, fr, err := f.fused("echo first"); err != nil || !fr.Ran {
+		t.Fatalf("first exec: %+v %v", fr, err)
+	}
+	first := kept()
+	if len(first) != 1 {
+		t.Fatalf("the holder keeps %v after the first exec, want its one exec", first)
+	}
+	if _, fr, err := f.fused("echo second"); err != nil || !fr.Ran {
+		t.Fatalf("second exec: %+v %v", fr, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for slices.Contains(kept(), first[0]) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if now := kept(); slices.Contains(now, first[0]) || len(now) != 1 {
+		t.Fatalf("the holder keeps %v after the second exec, want the second's alone (not %s)", now, first[0])
 	}
 }

@@ -116,7 +116,13 @@ type ExchangeRequest struct {
 	// Hold, when set, is the exec id (16 to 64 lowercase hex digits, the
 	// daemon's) under which the holder runs the command once.
 	Hold string `json:"hold,omitempty"`
+	// Forget are the ids of earlier held exchanges whose exit the daemon
+	// received: the holder removes what it kept of them (MaxForget).
+	Forget []string `json:"forget,omitempty"`
 }
+
+// MaxForget bounds ExchangeRequest.Forget.
+const MaxForget = 64
 
 // Reattach asks for the rest of a held exchange whose connection was
 // lost: the output of the command of Hold past the Out and Err bytes the

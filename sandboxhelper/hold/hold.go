@@ -438,6 +438,19 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 	}
 }
 
+// Forget removes what was kept of the exec of id, once it ended (its
+// status written); a running or unknown one is left alone.
+func (h *Holder) Forget(id string) error {
+	dir, err := h.dir(id)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(dir, statusFile)); err != nil {
+		return nil
+	}
+	return os.RemoveAll(dir)
+}
+
 // Signal sends sig to the exec's command and its process group.
 func (h *Holder) Signal(id string, sig syscall.Signal) error {
 	s, err := h.State(id)
