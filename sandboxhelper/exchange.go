@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/helperproto"
+	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
 )
 
 // stageTimeout bounds a stage through the server (git add of what
@@ -90,6 +91,9 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	if err := x.send(helperproto.FrameHelloAnswer, helperproto.HelloAnswer{Version: helperproto.Version}); err != nil {
 		return exitFailed
 	}
+	if rtyp == helperproto.FrameReattach {
+		return x.reattach(ctx, rp, fr, sigs)
+	}
 	if rtyp != helperproto.FrameRequest {
 		err = fmt.Errorf("expected a request frame, got %q", rtyp)
 	}
@@ -104,6 +108,10 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	// The command's PATH is the sandbox's own (the exec's shell added
 	// git's usual places to its PATH).
 	req.Path = o.Path
+	if len(req.Forget) > 0 && len(req.Forget) <= helperproto.MaxForget {
+		// Off the exchange's path: earlier exchanges the daemon saw end.
+		go forget(req.Forget)
+	}
 	if !x.stray(ctx, &req) {
 		return 0
 	}
@@ -111,17 +119,192 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	if !ok {
 		return 0
 	}
+	started.Tree = x.tree
 	if err := x.send(helperproto.FrameStarted, started); err != nil {
 		// Nobody listens: the command does not start.
 		return exitFailed
 	}
-	exit := x.run(&req, fr, sigs)
+	var exit helperproto.Exit
+	if req.Hold != "" {
+		env := os.Environ()
+		if req.Path != "" {
+			env = withPath(env, req.Path)
+		}
+		if exit, ok = x.held(ctx, req.Hold, []string{"/bin/sh", "-c", req.Command}, env, 0, 0, fr, sigs); !ok {
+			// The channel is gone: the command goes on under the holder,
+			// and the reattach that follows it pulls.
+			return exitFailed
+		}
+	} else {
+		exit = x.run(&req, fr, sigs)
+	}
 	if err := x.send(helperproto.FrameExit, exit); err != nil {
 		fmt.Fprintf(log, "%s exchange: %v\n", Name, err)
+		if req.Hold != "" {
+			return exitFailed
+		}
 	}
 	x.pull(ctx, &req, started)
 	_ = x.fw.Write(helperproto.FrameEnd, nil)
 	return 0
+}
+
+// forget removes what the holder kept of the ended execs ids.
+func forget(ids []string) {
+	root, err := hold.DefaultRoot()
+	if err != nil {
+		return
+	}
+	h := &hold.Holder{Root: root}
+	for _, id := range ids {
+		_ = h.Forget(id)
+	}
+}
+
+// reattach answers a Reattach: the rest of the held command's output from
+// the daemon's offsets, its exit and the pull, as the lost exchange would
+// have sent them. An id the holder never started is declined: nothing
+// starts here.
+func (x *exchange) reattach(ctx context.Context, p []byte, fr *helperproto.FrameReader, sigs <-chan os.Signal) int {
+	var ra helperproto.Reattach
+	if err := helperproto.Decode(helperproto.FrameReattach, p, &ra); err != nil {
+		x.decline("read the reattach: " + err.Error())
+		return exitUsage
+	}
+	if ra.Out < 0 || ra.Err < 0 {
+		x.decline("negative offsets")
+		return exitUsage
+	}
+	root, err := hold.DefaultRoot()
+	if err != nil {
+		x.decline("find the holder's directory: " + err.Error())
+		return exitFailed
+	}
+	st, err := (&hold.Holder{Root: root}).State(ra.Hold)
+	if err != nil || !st.Started {
+		x.decline(fmt.Sprintf("no command of exec id %q was started here (%v)", ra.Hold, err))
+		return 0
+	}
+	x.tree = ra.Tree
+	exit, ok := x.held(ctx, ra.Hold, nil, nil, ra.Out, ra.Err, fr, sigs)
+	if !ok {
+		return exitFailed
+	}
+	if err := x.send(helperproto.FrameExit, exit); err != nil {
+		return exitFailed
+	}
+	x.pull(ctx, &ra.Request, helperproto.Started{Native: x.tree != ""})
+	_ = x.fw.Write(helperproto.FrameEnd, nil)
+	return 0
+}
+
+// held starts argv under the holder as exec id (once: argv nil only
+// follows it), relays the daemon's stdin and signals to it and frames its
+// output from the offsets out and errOff until it ended. ok false: the
+// daemon's stream ended or a frame could not be written first (the channel
+// is gone), or the holder lost the command; the command goes on for a
+// reattach and nothing is pulled here.
+func (x *exchange) held(ctx context.Context, id string, argv, env []string, out, errOff int64, fr *helperproto.FrameReader, sigs <-chan os.Signal) (helperproto.Exit, bool) {
+	root, err := hold.DefaultRoot()
+	if err != nil {
+		fmt.Fprintf(x.log, "%s exchange: find the holder's directory: %v\n", Name, err)
+		return helperproto.Exit{}, false
+	}
+	h := &hold.Holder{Root: root}
+	if argv != nil {
+		self, err := os.Executable()
+		if err == nil {
+			h.Keeper = []string{self, "hold", "keep"}
+			wd, werr := os.Getwd()
+			err = werr
+			if err == nil {
+				o := hold.Options{Self: self, Server: func(ctx context.Context, id string, req hold.SpawnRequest) error {
+					return askHold(ctx, self, id, req)
+				}}
+				err = o.Begin(ctx, h, id, argv, env, wd)
+			}
+		}
+		if err != nil && !errors.Is(err, hold.ErrStarted) {
+			_ = x.data(helperproto.FrameStderr, 0, []byte(fmt.Sprintf("%s: hold the command: %v\n", Name, err)))
+			return helperproto.Exit{Code: 127}, true
+		}
+	}
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pr, pw := io.Pipe()
+	go func() {
+		// The end of the caller's stdin (the pipe closed without an
+		// error) ends the command's; a lost channel does not.
+		if err := h.Feed(actx, id, pr); err == nil {
+			_ = h.EOF(id)
+		}
+	}()
+	go func() {
+		for {
+			typ, p, err := fr.Next()
+			if err != nil {
+				// The channel is gone (the daemon closes it only after
+				// the End): the attach ends, the command goes on.
+				pw.CloseWithError(fmt.Errorf("the daemon's stream ended: %w", err))
+				cancel()
+				return
+			}
+			switch typ {
+			case helperproto.FrameStdin:
+				if _, d, err := helperproto.SplitData(p); err == nil {
+					_, _ = pw.Write(d)
+				}
+			case helperproto.FrameStdinEOF:
+				_ = pw.Close()
+			case helperproto.FrameSignal:
+				var s helperproto.Signal
+				if helperproto.Decode(typ, p, &s) == nil {
+					if n := signalNumber(s.Name); n > 0 {
+						_ = h.Signal(id, syscall.Signal(n))
+					}
+				}
+			}
+		}
+	}()
+	go func() {
+		for {
+			select {
+			case s := <-sigs:
+				// A hang-up is the channel's end, not the command's.
+				if s != syscall.SIGPIPE && s != syscall.SIGHUP {
+					_ = h.Signal(id, s.(syscall.Signal))
+				}
+			case <-actx.Done():
+				return
+			}
+		}
+	}()
+	code, err := h.Attach(actx, id, out, errOff, &frameOut{x: x, typ: helperproto.FrameStdout, off: out}, &frameOut{x: x, typ: helperproto.FrameStderr, off: errOff})
+	if err != nil {
+		fmt.Fprintf(x.log, "%s exchange: follow the held command: %v\n", Name, err)
+		return helperproto.Exit{}, false
+	}
+	if st, err := h.State(id); err == nil && st.Signal != "" {
+		if n := signalNumber(st.Signal); n > 0 && code == 128+n {
+			return helperproto.Exit{Signal: st.Signal}, true
+		}
+	}
+	return helperproto.Exit{Code: code}, true
+}
+
+// frameOut frames what it is given as the command's output from off.
+type frameOut struct {
+	x   *exchange
+	typ byte
+	off int64
+}
+
+func (w *frameOut) Write(p []byte) (int, error) {
+	if err := w.x.data(w.typ, w.off, p); err != nil {
+		return 0, err
+	}
+	w.off += int64(len(p))
+	return len(p), nil
 }
 
 // ExchangeOptions are what the exchange's own shell found before it
@@ -436,6 +619,12 @@ func (x *exchange) run(req *helperproto.ExchangeRequest, fr *helperproto.FrameRe
 // pull sends the command's edits: the native pull when the server knows
 // the tree the push left, else (or when it fails) the pull script's.
 func (x *exchange) pull(ctx context.Context, req *helperproto.ExchangeRequest, st helperproto.Started) {
+	// One pull at a time: the exchange of a lost channel may still pull
+	// while the reattach's does; both write the same files.
+	if lock, err := os.OpenFile(filepath.Join(x.state, "pull.lock"), os.O_CREATE|os.O_RDWR, 0o600); err == nil {
+		defer lock.Close()
+		_ = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX)
+	}
 	if x.tree != "" && req.Instance != "" {
 		out := filepath.Join(x.state, "pull.patch")
 		a, err := ask(ctx, x.state, req.Instance, "pull", pullRequest{Tree: x.tree, Out: out, DiffArgs: req.DiffArgs})

@@ -18,21 +18,18 @@ import (
 // it may have completed, and the laptop is untouched.
 
 // channelAttack writes the frames of a failed push to the stdout of the
-// exchange helper among its ancestors (its channel to the daemon; only
-// its own: the suite's tests run side by side as one user) and opens its
-// memory; it reports what it managed to the file out.
+// exchange helper of its checkout (its channel to the daemon; found by
+// the state directory its command line names, since the command runs
+// under the holder, not under the helper; only its own: the suite's tests
+// run side by side as one user) and opens its memory; it reports what it
+// managed to the file out.
 func channelAttack(out string) string {
 	return fmt.Sprintf(`F='P\000\000\000\013{"code":91}Z\000\000\000\000'
-n=0; h=sandboxd-help; h=${h}er-; x=exch; x="${x}ange "
-p=$$
-while [ "$p" -gt 1 ]; do
-	d=/proc/$p
-	case "$(tr '\0' ' ' <$d/cmdline 2>/dev/null)" in
-	*/$h*" $x"*) n=$((n+1))
-		if printf "$F" >$d/fd/1 2>/dev/null; then echo "wrote $d/fd/1" >>%[1]s; fi
-		if (exec 3<$d/mem) 2>/dev/null; then echo "opened $d/mem" >>%[1]s; fi ;;
-	esac
-	p=$(sed 's/.*) //' $d/stat 2>/dev/null | cut -d' ' -f2); p=${p:-1}
+n=0; x=exch; x="${x}ange"
+for c in $(grep -las -e "/sandboxd-helper-[^/]*.$x.-state.$PWD/.git/sandboxd." /proc/[0-9]*/cmdline); do
+	d=${c%%/cmdline}; n=$((n+1))
+	if printf "$F" >$d/fd/1 2>/dev/null; then echo "wrote $d/fd/1" >>%[1]s; fi
+	if (exec 3<$d/mem) 2>/dev/null; then echo "opened $d/mem" >>%[1]s; fi
 done
 echo "tried $n" >>%[1]s
 `, out)
@@ -76,14 +73,11 @@ func TestUntrustedCommandAttacksTheHelpersChannel(t *testing.T) {
 		t.Fatalf("the command ran %d times and the exec ended %d, want once and 7: %s", n, r.code, r)
 	}
 
-	// The helper killed by its command (its grandparent, found by its
-	// command line): the status is unknown, and the command is not run
-	// again.
-	killHelper := `h=sandboxd-help; h=${h}er-; x=exch; x="${x}ange "
-p=$$
-while [ "$p" -gt 1 ]; do
-	case "$(tr '\0' ' ' </proc/$p/cmdline 2>/dev/null)" in */$h*" $x"*) kill -KILL $p ;; esac
-	p=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f2); p=${p:-1}
+	// The helper killed by its command (found by its command line): the
+	// status is unknown, and the command is not run again.
+	killHelper := `x=exch; x="${x}ange"
+for c in $(grep -las -e "/sandboxd-helper-[^/]*.$x.-state.$PWD/.git/sandboxd." /proc/[0-9]*/cmdline); do
+	p=${c%/cmdline}; kill -KILL ${p#/proc/}
 done
 sleep 1`
 	r = e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"; echo made2 >made2.txt\n"+killHelper)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,7 +52,8 @@ const maxHelperLog = 16 << 10
 //
 // The exec's own exit status carries nothing: a stream that ends after
 // Started without Exit is a command whose status is unknown (error, not
-// run again).
+// run again), unless the command is held (the request's hold id): then
+// Reattach follows it on a new connection, by its id only.
 type Exchange struct {
 	s     *Syncer
 	rp    repo
@@ -65,10 +67,24 @@ type Exchange struct {
 	req     []byte
 	// key is what tags the helper's answers (helperproto.AnswerKey).
 	key []byte
+	// hold is the exec id under which the helper's holder runs the
+	// command; remote, pullReq and the stdin pump serve
+	// a Reattach.
+	hold    string
+	reqv    helperproto.ExchangeRequest
+	remote  string
+	pullReq helperproto.ExchangeRequest
+	inOnce  sync.Once
+	in      chan []byte
+	inOff   int64
 
-	mu      sync.Mutex
-	a       answers
-	started bool
+	mu         sync.Mutex
+	a          answers
+	started    bool
+	reattached bool
+	// opening makes a reattach's opening frames and key (marshalOpening;
+	// tests see the key through it).
+	opening func(typ byte, v any) ([]byte, []byte, error)
 }
 
 // ExchangeIO are the caller's streams: its stdin (nil for none), the
@@ -144,30 +160,43 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	// The side is picked once: the instance the exchange is for is the
 	// one its request names.
 	pend := newID()
-	remote, req, ok := sideOf(r).exchange(exchangeInput{p: p, pend: pend, acks: s.acks(rp), now: s.now(), max: s.maxBytes}, command)
+	sd := sideOf(r)
+	remote, req, ok := sd.exchange(exchangeInput{p: p, pend: pend, acks: s.acks(rp), now: s.now(), max: s.maxBytes}, command)
 	if !ok {
 		return nil, false, nil
 	}
-	x := &Exchange{s: s, rp: rp, p: p, pend: pend, start: time.Now(), inst: req.Instance, command: remote}
+	x := &Exchange{s: s, rp: rp, p: p, pend: pend, start: time.Now(), inst: req.Instance, command: remote, hold: holdID()}
+	if h, ok := sd.(helperSide); ok {
+		x.remote = prelude + h.becomeHelper()
+	}
 	var res PushResult
 	if err := s.pushCommitsIfNeeded(ctx, r, rp, p, &res); err != nil {
 		return nil, false, err
 	}
 	x.commit = res.Commits
+	req.Hold, req.Forget = x.hold, s.takeEnded(rp.root)
+	x.pullReq = helperproto.ExchangeRequest{Instance: req.Instance, Pending: pend, Max: s.maxBytes, DiffArgs: diffOptions, PullScript: req.PullScript}
 	if x.req, x.key, err = marshalRequest(req); err != nil {
 		return nil, false, err
 	}
+	x.reqv = req
 	return x, true, nil
 }
 
 // marshalRequest is the hello and the request frames, and the key of the
 // answers' tags: a fresh nonce the hello carries, bound to the request.
 func marshalRequest(req helperproto.ExchangeRequest) ([]byte, []byte, error) {
+	return marshalOpening(helperproto.FrameRequest, req)
+}
+
+// marshalOpening is the hello and the frame typ of v (a request or a
+// reattach), and the key of the answers' tags.
+func marshalOpening(typ byte, v any) ([]byte, []byte, error) {
 	nonce := make([]byte, helperproto.NonceSize)
 	if _, err := rand.Read(nonce); err != nil {
 		return nil, nil, fmt.Errorf("make the exchange's nonce: %w", err)
 	}
-	body, err := json.Marshal(req)
+	body, err := json.Marshal(v)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -176,7 +205,7 @@ func marshalRequest(req helperproto.ExchangeRequest) ([]byte, []byte, error) {
 	if err := fw.JSON(helperproto.FrameHello, helperproto.Hello{Versions: []int{helperproto.Version}, Nonce: nonce}); err != nil {
 		return nil, nil, err
 	}
-	if err := fw.Write(helperproto.FrameRequest, body); err != nil {
+	if err := fw.Write(typ, body); err != nil {
 		return nil, nil, err
 	}
 	if b.Len() > helperproto.MaxRequest {
@@ -192,10 +221,123 @@ func (x *Exchange) Command() string { return x.command }
 // transport's (the connection broke, ctx ended) or the helper's answer
 // breaking the protocol; Finish says what happened either way.
 func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
+	return x.run(ctx, r, cio, x.command, x.req)
+}
+
+// ErrReattach: a reattach to a held command failed; the command may still
+// run in the sandbox, and it is never started again.
+var ErrReattach = errors.New("reattaching to the command failed")
+
+// Reattach follows the held command of an exchange whose connection was
+// lost after Started and before Exit, on r's new connection (under the
+// lock): the rest of its output from the bytes received, its exit, then
+// the pull, as Run would have. The request asks only for an id the daemon
+// chose; a decline, another version or garbage ends the exchange
+// (ErrReattach or ErrForgedReport), and nothing asks for the command to
+// run again. Finish then completes it as after Run.
+func (x *Exchange) Reattach(ctx context.Context, r Runner, cio ExchangeIO) error {
+	x.mu.Lock()
+	if x.a.started == nil || x.a.exit != nil || x.a.err != nil || x.hold == "" {
+		x.mu.Unlock()
+		return fmt.Errorf("%w: the exchange is not a held command that is running", ErrReattach)
+	}
+	tree := ""
+	if x.a.started.Native {
+		tree = x.a.started.Tree
+	}
+	ra := helperproto.Reattach{Hold: x.hold, Out: x.a.out, Err: x.a.errn, Tree: tree, Request: x.pullReq}
+	// The new helper says hello again; the rest (started, offsets) holds.
+	x.a.hello, x.a.version, x.reattached = false, 0, true
+	// A new nonce: the new helper's answers are tagged under a key of
+	// their own, from the first frame (seq 0) on.
+	opening := x.opening
+	if opening == nil {
+		opening = marshalOpening
+	}
+	b, key, err := opening(helperproto.FrameReattach, ra)
+	if err != nil {
+		x.mu.Unlock()
+		return err
+	}
+	x.key = key
+	x.mu.Unlock()
+	return x.run(ctx, r, cio, x.remote, b)
+}
+
+// Unheld has the helper run the command with pipes of its own instead of
+// the holder (durable exec turned off): a connection lost while it runs
+// then ends the exec with "may or may not have completed". Call it before
+// Run.
+func (x *Exchange) Unheld() error {
+	x.hold, x.reqv.Hold = "", ""
+	var err error
+	x.req, x.key, err = marshalRequest(x.reqv)
+	return err
+}
+
+// Held says the command runs under the helper's holder (it outlives a
+// lost connection), and the helper said it started.
+func (x *Exchange) Held() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.hold != "" && x.a.started != nil && x.a.hello && x.a.version == helperproto.Version
+}
+
+// Exited says the helper reported the command's status.
+func (x *Exchange) Exited() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.a.exit != nil
+}
+
+// GiveUp records why the command's end is unknown (a reattach that did
+// not happen), which Finish reports, unless something came first.
+func (x *Exchange) GiveUp(err error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.a.err == nil && x.a.exit == nil {
+		x.a.err = err
+	}
+}
+
+// stdinChunks is the caller's stdin read by one pump for every run of the
+// exchange, so that a run that was lost leaves the next bytes to the
+// reattach's; nil for no stdin. The pump ends with ctx.
+func (x *Exchange) stdinChunks(ctx context.Context, stdin io.Reader) <-chan []byte {
+	if stdin == nil {
+		return nil
+	}
+	x.inOnce.Do(func() {
+		x.in = make(chan []byte)
+		go func() {
+			defer close(x.in)
+			for {
+				buf := make([]byte, helperproto.DataChunk)
+				n, err := stdin.Read(buf)
+				if n > 0 {
+					select {
+					case x.in <- buf[:n]:
+					case <-ctx.Done():
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	})
+	return x.in
+}
+
+func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command string, req []byte) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	x.a.pull = limitedBuffer{max: x.s.maxBytes + 128, buf: &bytes.Buffer{}}
-	x.a.log = limitedBuffer{max: maxHelperLog, buf: &bytes.Buffer{}}
+	if x.a.pull.buf == nil {
+		x.a.pull = limitedBuffer{max: x.s.maxBytes + 128, buf: &bytes.Buffer{}}
+		x.a.log = limitedBuffer{max: maxHelperLog, buf: &bytes.Buffer{}}
+	}
+	in := x.stdinChunks(context.WithoutCancel(ctx), cio.Stdin)
 
 	inR, inW := io.Pipe()
 	done := make(chan struct{})
@@ -217,22 +359,24 @@ func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
 	}
 	pr, preamble := r.(PreambleRunner)
 	go func() {
-		if !preamble && !send(func() error { _, err := inW.Write(x.req); return err }) {
+		if !preamble && !send(func() error { _, err := inW.Write(req); return err }) {
 			return
 		}
-		if cio.Stdin != nil {
+		if in != nil {
 			go func() {
-				buf := make([]byte, helperproto.DataChunk)
-				var off int64
 				for {
-					n, err := cio.Stdin.Read(buf)
-					if n > 0 && !send(func() error { return fw.Data(helperproto.FrameStdin, off, buf[:n]) }) {
+					select {
+					case <-done:
 						return
-					}
-					off += int64(n)
-					if err != nil {
-						send(func() error { return fw.Write(helperproto.FrameStdinEOF, nil) })
-						return
+					case b, ok := <-in:
+						if !ok {
+							send(func() error { return fw.Write(helperproto.FrameStdinEOF, nil) })
+							return
+						}
+						if !send(func() error { return fw.Data(helperproto.FrameStdin, x.inOff, b) }) {
+							return
+						}
+						x.inOff += int64(len(b))
 					}
 				}
 			}()
@@ -268,9 +412,9 @@ func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
 	var err error
 	code := -1
 	if preamble {
-		code, err = pr.RunPreamble(ctx, x.command, x.req, inR, outW, &x.a.log)
+		code, err = pr.RunPreamble(ctx, command, req, inR, outW, &x.a.log)
 	} else {
-		code, err = r.Run(ctx, x.command, inR, outW, &x.a.log)
+		code, err = r.Run(ctx, command, inR, outW, &x.a.log)
 	}
 	_ = outW.Close()
 	<-read
@@ -295,15 +439,31 @@ func (x *Exchange) Started() bool {
 // read reads the helper's frames until End, the stream's end or a
 // violation (then cancel ends the exec).
 func (x *Exchange) read(r io.Reader, cio ExchangeIO, cancel func()) {
-	fr := &helperproto.FrameReader{R: r, Budget: x.s.maxBytes + 4<<20, Key: x.key}
+	x.mu.Lock()
+	key := x.key
+	x.mu.Unlock()
+	fr := &helperproto.FrameReader{R: r, Budget: x.s.maxBytes + 4<<20, Key: key}
 	var outErr, errErr error
 	for {
 		typ, payload, err := fr.Next()
 		if errors.Is(err, io.EOF) {
 			return
 		}
+		if errors.Is(err, helperproto.ErrTruncated) && x.Held() {
+			// The connection broke mid-frame: the frame's bytes were not
+			// counted, so a reattach asks for them again.
+			x.s.log.Debug("the exchange's stream ended inside a frame", "err", err)
+			return
+		}
 		if err == nil {
 			err = x.take(typ, payload, cio, &outErr, &errErr)
+		}
+		if errors.Is(err, ErrReattach) {
+			x.mu.Lock()
+			x.a.err = errdefs.Unavailable(fmt.Errorf("the command may still be running in the sandbox; it was not run again: %w", err))
+			x.mu.Unlock()
+			cancel()
+			return
 		}
 		if err != nil {
 			x.mu.Lock()
@@ -343,11 +503,19 @@ func (x *Exchange) take(typ byte, payload []byte, cio ExchangeIO, outErr, errErr
 			return err
 		}
 		a.hello, a.version = true, h.Version
+		if h.Version != helperproto.Version && x.reattached {
+			return fmt.Errorf("%w: the sandbox helper speaks version %d, not %d (was it replaced?)", ErrReattach, h.Version, helperproto.Version)
+		}
 		if h.Version != helperproto.Version {
 			// The helper takes nothing: the shell way (Finish).
 			a.end = true
 		}
 	case helperproto.FrameDeclined, helperproto.FramePushFailed:
+		if x.reattached && typ == helperproto.FrameDeclined {
+			var d helperproto.Declined
+			_ = helperproto.Decode(typ, payload, &d)
+			return fmt.Errorf("%w: the sandbox helper declined (%s)", ErrReattach, sandboxText(clip([]byte(d.Reason))))
+		}
 		if a.started != nil {
 			return errors.New("a report that nothing ran, after the command started")
 		}
@@ -378,6 +546,9 @@ func (x *Exchange) take(typ byte, payload []byte, cio ExchangeIO, outErr, errErr
 		}
 		if !shaPattern.MatchString(a.started.Snapshot) {
 			a.started.Snapshot = ""
+		}
+		if !shaPattern.MatchString(a.started.Tree) {
+			a.started.Tree = ""
 		}
 	case helperproto.FrameStdout, helperproto.FrameStderr:
 		if a.started == nil || a.exit != nil {
@@ -497,6 +668,9 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		}
 		return res, errdefs.Unavailable(newError(ErrTransfer, nil, "the sandbox helper ended before it reported the command's status (the connection broke or the helper died): the command may or may not have completed, so it was not run again; what it changed stays in the sandbox and the next exec brings it back"))
 	}
+	if x.hold != "" {
+		x.s.heldEnded(x.rp.root, x.hold)
+	}
 	res.Ran, res.ExitCode, res.Signal = true, a.exit.Code, a.exit.Signal
 	if a.exit.Signal != "" {
 		res.ExitCode = 128 + signalNumber(a.exit.Signal)
@@ -535,4 +709,32 @@ func clip(b []byte) string {
 		b = b[:80]
 	}
 	return string(b)
+}
+
+// heldEnded notes that the held exchange id of root reported its exit: the
+// next exchange's request asks the holder to forget it.
+func (s *Syncer) heldEnded(root, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ids := s.ended[root]; len(ids) < helperproto.MaxForget {
+		s.ended[root] = append(ids, id)
+	}
+}
+
+// takeEnded returns the ids heldEnded noted for root, and drops them: a
+// request that does not arrive leaves them to the holder (no harm but
+// their files).
+func (s *Syncer) takeEnded(root string) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := s.ended[root]
+	delete(s.ended, root)
+	return ids
+}
+
+// holdID is an exec id for the helper's holder: 128 random bits.
+func holdID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }

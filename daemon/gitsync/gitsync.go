@@ -176,12 +176,13 @@ type Syncer struct {
 	pushed map[string]string     // sandbox key → commit known to be there
 	prep   map[string]*prepState // repository root → its last Prepare
 	native map[string]string     // repository root → nativeServed's instance
+	ended  map[string][]string   // repository root → held exchanges whose exit came (heldEnded)
 }
 
 // New returns a Syncer.
 func New(o Options) *Syncer {
 	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, maxSaved: o.MaxSavedPatchBytes, saveWait: time.Minute, now: o.Now, log: o.Logger, pause: o.Pause, changes: o.Changes,
-		pushed: map[string]string{}, prep: map[string]*prepState{}, native: map[string]string{}, largeIndex: largeIndexBytes}
+		pushed: map[string]string{}, prep: map[string]*prepState{}, native: map[string]string{}, ended: map[string][]string{}, largeIndex: largeIndexBytes}
 	if s.pause == nil {
 		s.pause = func(string) {}
 	}

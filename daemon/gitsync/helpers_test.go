@@ -33,6 +33,7 @@ func isolate(t testing.TB) {
 	t.Setenv("XDG_STATE_HOME", filepath.Join(home, ".state"))
 	t.Setenv("XDG_DATA_HOME", filepath.Join(home, ".data"))
 	t.Setenv("XDG_RUNTIME_DIR", filepath.Join(home, ".run"))
+	t.Setenv("XDG_CACHE_HOME", filepath.Join(home, ".cache"))
 	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
 	t.Setenv("GIT_AUTHOR_NAME", "Test")
 	t.Setenv("GIT_AUTHOR_EMAIL", "test@example.com")

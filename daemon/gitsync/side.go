@@ -78,8 +78,13 @@ func (h helperSide) exchange(in exchangeInput, command string) (string, helperpr
 	// The exec's shell finds the repository, brings in setup's files, then
 	// becomes the helper (exec: no shell stays between the channel and the
 	// helper), which does the rest.
-	remote := prelude + setupEdits + `exec "$st/bin/` + h.name + `" exchange -state "$st" -path "$P0"` + "\n"
-	return remote, req, true
+	return prelude + setupEdits + h.becomeHelper(), req, true
+}
+
+// becomeHelper is the end of an exchange's remote command: the shell
+// becomes the helper. A Reattach's command is the prelude and this.
+func (h helperSide) becomeHelper() string {
+	return `exec "$st/bin/` + h.name + `" exchange -state "$st" -path "$P0"` + "\n"
 }
 
 // shellSide is the sandbox without a helper: POSIX shell and git.

@@ -25,22 +25,18 @@ import (
 
 // attackChannel is the shell a hostile command runs against the channel
 // of its exchange: it prints frames that say the push failed, then writes
-// them to the stdout (the channel) of the exchange helper among its
-// ancestors, and opens its memory (only its own: the tests of the suite
-// run side by side as one user). What it managed goes to
-// the file attack.
+// them to the stdout (the channel) of the exchange helper of its checkout
+// (found by the state directory its command line names: the command runs
+// under the holder, not under the helper), and opens its memory (only its
+// own: the tests of the suite run side by side as one user). What it
+// managed goes to the file attack.
 const attackChannel = `F='P\000\000\000\013{"code":91}Z\000\000\000\000'
 printf "$F"
-n=0; h=sandboxd-help; h=${h}er-; x=exch; x="${x}ange "
-p=$$
-while [ "$p" -gt 1 ]; do
-	d=/proc/$p
-	case "$(tr '\0' ' ' <$d/cmdline 2>/dev/null)" in
-	*/$h*" $x"*) n=$((n+1))
-		if printf "$F" >$d/fd/1 2>/dev/null; then echo "wrote $d/fd/1" >>attack; fi
-		if (exec 3<$d/mem) 2>/dev/null; then echo "opened $d/mem" >>attack; fi ;;
-	esac
-	p=$(sed 's/.*) //' $d/stat 2>/dev/null | cut -d' ' -f2); p=${p:-1}
+n=0; x=exch; x="${x}ange"
+for c in $(grep -las -e "/sandboxd-helper-[^/]*.$x.-state.$PWD/.git/sandboxd." /proc/[0-9]*/cmdline); do
+	d=${c%/cmdline}; n=$((n+1))
+	if printf "$F" >$d/fd/1 2>/dev/null; then echo "wrote $d/fd/1" >>attack; fi
+	if (exec 3<$d/mem) 2>/dev/null; then echo "opened $d/mem" >>attack; fi
 done
 echo "tried $n" >>attack
 `
@@ -60,7 +56,10 @@ func TestCommandCannotWriteTheHelpersAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x, ok, err := f.s.Fuse(ctx, f.r, p, "echo ran >>runs\n"+attackChannel+"exit 7")
+	// The holder (the helper's server, or a keeper) runs the command: it
+	// too runs without CAP_SYS_PTRACE, as the agent runs a sandbox's
+	// commands.
+	x, ok, err := f.s.Fuse(ctx, f.r, p, unprivilegedCommand("echo ran >>runs\n"+attackChannel+"exit 7"))
 	if err != nil || !ok {
 		t.Fatalf("fuse: %v %v", ok, err)
 	}
@@ -90,8 +89,13 @@ func TestCommandCannotWriteTheHelpersAnswer(t *testing.T) {
 // opens any process's /proc files.
 type unprivileged struct{ Runner }
 
+// unprivilegedCommand is command run without CAP_SYS_PTRACE.
+func unprivilegedCommand(command string) string {
+	return "exec setpriv --bounding-set=-sys_ptrace sh -c " + shellWord(command)
+}
+
 func (u unprivileged) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	return u.Runner.Run(ctx, "exec setpriv --bounding-set=-sys_ptrace sh -c "+shellWord(command), stdin, stdout, stderr)
+	return u.Runner.Run(ctx, unprivilegedCommand(command), stdin, stdout, stderr)
 }
 
 // A command that kills the helper (its parent) leaves the daemon without
@@ -146,8 +150,14 @@ func dataFrame(typ byte, off int64, data string) []byte {
 // writes them: each tagged under x's key, in order. A frame that does not
 // parse (a header over the bound) goes as it is.
 func tagged(x *Exchange, frames [][]byte) []byte {
+	return taggedWith(x.key, frames)
+}
+
+// taggedWith is frames tagged under key; a frame that does not parse
+// goes as it is.
+func taggedWith(key []byte, frames [][]byte) []byte {
 	var b bytes.Buffer
-	fw := &helperproto.FrameWriter{W: &b, Key: x.key}
+	fw := &helperproto.FrameWriter{W: &b, Key: key}
 	for _, f := range frames {
 		typ, p, err := (&helperproto.FrameReader{R: bytes.NewReader(f)}).Next()
 		if err != nil {

@@ -44,11 +44,19 @@ func (m *Manager) execFused(ctx context.Context, lc *sshpool.Locked, s *store.Se
 		if !ok {
 			return false, nil
 		}
+		m.mu.Lock()
+		durable := m.daemonCfg.DurableExec
+		m.mu.Unlock()
+		if !durable {
+			if err := ex.Unheld(); err != nil {
+				return true, err
+			}
+		}
 		if attempt == 0 {
 			m.publish(eventExecStarted, s, map[string]any{"argv0": req.Argv[0]})
 			_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecStarted})
 		}
-		runErr := m.exchange(ctx, runner, ex, req, stream)
+		runErr := m.exchange(ctx, s, lc, runner, ex, req, stream)
 		if runErr != nil && (ctx.Err() != nil || !ex.Started()) {
 			if ctx.Err() != nil {
 				// The caller went away: what the command changed is saved,
@@ -106,16 +114,74 @@ func (m *Manager) execFused(ctx context.Context, lc *sshpool.Locked, s *store.Se
 	return false, nil
 }
 
-// exchange runs ex on runner with the caller's streams and signals.
-func (m *Manager) exchange(ctx context.Context, runner gitsync.Runner, ex *gitsync.Exchange, req ipc.ExecRequest, stream backend.ExecStream) error {
+// exchange runs ex on runner with the caller's streams and signals,
+// probing the connection as a held exec does. When the connection is lost
+// while the held command runs, it reattaches on a new connection
+// (reattachExchange); when that fails, the exchange ends with the command's
+// end unknown, never run again.
+func (m *Manager) exchange(ctx context.Context, s *store.Session, lc *sshpool.Locked, runner gitsync.Runner, ex *gitsync.Exchange, req ipc.ExecRequest, stream backend.ExecStream) error {
 	done := make(chan struct{})
 	defer close(done)
 	signals := relaySignals[string](stream.Signals(), done)
-	cio := gitsync.ExchangeIO{Stdout: stream.Stdout(), Stderr: stream.Stderr(), Signals: signals}
+	out, errw := &counted{w: stream.Stdout()}, &counted{w: stream.Stderr()}
+	cio := gitsync.ExchangeIO{Stdout: out, Stderr: errw, Signals: signals}
 	if req.Stdin {
 		cio.Stdin = stream.Stdin()
 	}
-	return ex.Run(ctx, runner, cio)
+	pctx := withLockProgress(ctx, func(msg string) {
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecQueued, Message: msg})
+		m.progress(s, ipc.PhaseWaiting, msg)
+	})
+	began := time.Now().UnixNano()
+	stop := m.probeConn(pctx, lc.Conn, afterHeld)
+	err := ex.Run(ctx, runner, cio)
+	stop()
+	if err == nil || ctx.Err() != nil || !ex.Held() || ex.Exited() || !errors.Is(err, sshpool.ErrConnectionLost) {
+		return err
+	}
+	// Silence gives no time of its own: the last byte received is the
+	// best bound of when the connection went.
+	lost := func() time.Time { return time.Unix(0, max(began, out.last.Load(), errw.last.Load())) }
+	if err = m.reattachExchange(pctx, s, lc, ex, cio, stream, err, lost); err != nil && !ex.Exited() {
+		ex.GiveUp(errdefs.Unavailable(fmt.Errorf("the connection to the sandbox broke while the command ran and reattaching to it failed: the command may still be running in the sandbox and was not run again; what it changed stays there and the next exec brings it back: %w", err)))
+	}
+	return err
+}
+
+// reattachExchange follows the held command of ex after its connection
+// was lost (err): it takes the lock on a new connection and asks a new
+// exchange helper for the rest (gitsync.Exchange.Reattach), all attempts
+// together bounded by reattach_timeout, saying on stderr that the
+// connection dropped. It asks for the command's id only: nothing here can
+// start the command again.
+func (m *Manager) reattachExchange(ctx context.Context, s *store.Session, lc *sshpool.Locked, ex *gitsync.Exchange, cio gitsync.ExchangeIO, stream backend.ExecStream, err error, lost func() time.Time) error {
+	bound := m.reattachTimeout()
+	by := time.Now().Add(bound)
+	for attempt := 0; attempt < reattachAttempts && err != nil && errors.Is(err, sshpool.ErrConnectionLost) && ctx.Err() == nil && !ex.Exited(); attempt++ {
+		at := lost()
+		m.log.Info("the connection broke while a synced held command ran; reattaching", "run", s.RunID, "err", err)
+		rctx, cancel := context.WithDeadline(ctx, by)
+		conn, lerr := m.relock(rctx, s)
+		expired := errors.Is(rctx.Err(), context.DeadlineExceeded)
+		cancel()
+		if lerr != nil {
+			if ctx.Err() == nil && expired {
+				lerr = fmt.Errorf("no connection to the sandbox within reattach_timeout (%s): %w", bound, lerr)
+			}
+			return fmt.Errorf("%w; reattaching failed: %w", err, lerr)
+		}
+		lc.Conn = conn
+		msg := fmt.Sprintf("the connection to the sandbox dropped for about %s (nothing came since); the command went on in the sandbox and is reattached", time.Since(at).Round(100*time.Millisecond))
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: msg})
+		stop := m.probeConn(ctx, conn, afterHeld)
+		err = ex.Reattach(ctx, m.runner(lc), cio)
+		stop()
+	}
+	if ex.Exited() {
+		// The status came: a pull cut short is fetched again (Finish).
+		return nil
+	}
+	return err
 }
 
 // prepare makes the sync patch of s's working tree, telling the caller its

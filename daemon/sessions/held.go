@@ -200,10 +200,18 @@ func heldSignal(st sshpool.ExitStatus, hs holdState) sshpool.ExitStatus {
 // reported). A probe unanswered past sayAfter says so through ctx's lock
 // progress; after is what happens once the probe timeout passes.
 func (m *Manager) execProbing(ctx context.Context, lc *sshpool.Locked, line string, stdio sshpool.Stdio, after string) (sshpool.ExitStatus, error) {
+	defer m.probeConn(ctx, lc.Conn, after)()
+	return lc.Exec(ctx, line, stdio)
+}
+
+// probeConn probes conn every probeEvery until the returned stop is called,
+// saying through ctx's lock progress when a probe goes unanswered past
+// sayAfter, and what happens once the probe timeout passes (after); a
+// probe that fails closes conn, so what runs on it ends with
+// ErrConnectionLost.
+func (m *Manager) probeConn(ctx context.Context, conn *sshpool.Conn, after string) (stop func()) {
 	_, probeTimeout := m.waitBounds()
 	done := make(chan struct{})
-	defer close(done)
-	conn := lc.Conn
 	say := lockProgress(ctx)
 	go func() {
 		for {
@@ -229,7 +237,7 @@ func (m *Manager) execProbing(ctx context.Context, lc *sshpool.Locked, line stri
 			}
 		}
 	}()
-	return lc.Exec(ctx, line, stdio)
+	return func() { close(done) }
 }
 
 // holdState asks the holder about exec id on lc. The holder reads two

@@ -36,10 +36,21 @@ import (
 // Signal frames as they come. The helper answers Hello, then either
 // Declined, or Pull frames and PushFailed (nothing ran), or Started, Stdout/Stderr frames,
 // Exit, Pull frames, PullEnd; End closes every answer that completed.
+//
+// A request that names a hold id (ExchangeRequest.Hold) has its command
+// run under the sandbox helper's holder (sandboxhelper/hold), which keeps
+// it, its output and its status apart from the channel. When the
+// connection is lost after Started and before Exit, the daemon opens a new
+// exchange and writes Hello, then Reattach (instead of Request), then
+// Stdin and Signal frames: the helper answers Hello, then the rest of the
+// output from the offsets given, Exit, the pull and End, as after an
+// unbroken exchange; or Declined when it knows no command of that id (the
+// daemon then never starts it again).
 const (
 	// Daemon to helper.
 	FrameHello    byte = 'H' // Hello
 	FrameRequest  byte = 'R' // ExchangeRequest
+	FrameReattach byte = 'A' // Reattach
 	FrameStdin    byte = 'I' // data: the caller's stdin
 	FrameStdinEOF byte = 'i' // empty: the caller's stdin ended
 	FrameSignal   byte = 'S' // Signal
@@ -57,9 +68,11 @@ const (
 	FrameEnd         byte = 'Z' // empty: the exchange is complete
 )
 
-// Version is the exchange protocol this package speaks. A helper that
+// Version is the exchange protocol this package speaks (2: tagged
+// answers, the held command and Reattach, the helper's own sync steps). A helper that
 // speaks none of the daemon's versions answers HelloAnswer{Version: 0}
-// (tagged) and nothing else; the daemon then takes the shell way.
+// (tagged) and nothing else; the daemon then takes the shell way (whose
+// command is held by `hold start`).
 const Version = 2
 
 // NonceSize is the size of Hello.Nonce; TagSize of the tag that ends
@@ -141,6 +154,27 @@ type ExchangeRequest struct {
 	// Command is the user's command line for /bin/sh -c; Path its PATH.
 	Command string `json:"command"`
 	Path    string `json:"path"`
+	// Hold, when set, is the exec id (16 to 64 lowercase hex digits, the
+	// daemon's) under which the holder runs the command once.
+	Hold string `json:"hold,omitempty"`
+	// Forget are the ids of earlier held exchanges whose exit the daemon
+	// received: the holder removes what it kept of them (MaxForget).
+	Forget []string `json:"forget,omitempty"`
+}
+
+// MaxForget bounds ExchangeRequest.Forget.
+const MaxForget = 64
+
+// Reattach asks for the rest of a held exchange whose connection was
+// lost: the output of the command of Hold past the Out and Err bytes the
+// daemon received, its exit, then the pull as Request's fields (Instance,
+// Pending, Max, DiffArgs, PullScript) and Tree (Started's) ask for it.
+type Reattach struct {
+	Hold    string          `json:"hold"`
+	Out     int64           `json:"out"`
+	Err     int64           `json:"err"`
+	Tree    string          `json:"tree,omitempty"`
+	Request ExchangeRequest `json:"request"`
 }
 
 // Declined says the helper changed nothing and did not start the command.
@@ -164,6 +198,9 @@ type Started struct {
 	Snapshot string `json:"snapshot"`
 	// Native: the helper knows the working tree, so the pull is native.
 	Native bool `json:"native"`
+	// Tree is the tree the push left, the native pull's base, which a
+	// Reattach hands back.
+	Tree string `json:"tree,omitempty"`
 }
 
 // Exit is how the command ended: Code, or Signal (a name such as "TERM").
@@ -195,6 +232,10 @@ func ValidSignal(name string) bool { return signalName.MatchString(name) }
 
 // ErrFrame reports a frame that breaks the protocol.
 var ErrFrame = errors.New("malformed exchange frame")
+
+// ErrTruncated is the stream's end inside a frame: a lost connection, or
+// a helper that broke off.
+var ErrTruncated = fmt.Errorf("%w: the stream ended inside a frame", ErrFrame)
 
 // FrameWriter writes frames; it is not safe for concurrent use.
 type FrameWriter struct {
@@ -281,7 +322,7 @@ type FrameReader struct {
 func (f *FrameReader) Next() (typ byte, payload []byte, err error) {
 	if _, err := io.ReadFull(f.R, f.hdr[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return 0, nil, fmt.Errorf("%w: the stream ended inside a frame header", ErrFrame)
+			return 0, nil, fmt.Errorf("%w header", ErrTruncated)
 		}
 		return 0, nil, err
 	}
@@ -303,7 +344,7 @@ func (f *FrameReader) Next() (typ byte, payload []byte, err error) {
 	}
 	payload = make([]byte, n)
 	if _, err := io.ReadFull(f.R, payload); err != nil {
-		return typ, nil, fmt.Errorf("%w: the stream ended inside frame %q: %v", ErrFrame, typ, err)
+		return typ, nil, fmt.Errorf("%w %q: %v", ErrTruncated, typ, err)
 	}
 	if f.Key != nil {
 		if n < TagSize {

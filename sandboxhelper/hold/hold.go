@@ -79,6 +79,9 @@ type Holder struct {
 	Keeper []string
 	// Cap bounds each kept stream (DefaultCap when zero).
 	Cap int64
+	// Env is the keeper's environment, and so the command's (this
+	// process's when nil).
+	Env []string
 }
 
 // State is what `hold state` answers.
@@ -127,6 +130,7 @@ func (h *Holder) Start(id string, argv []string) error {
 	defer devnull.Close()
 	k := exec.Command(h.Keeper[0], append(append([]string(nil), h.Keeper[1:]...), id)...)
 	k.Stdin, k.Stdout, k.Stderr = devnull, devnull, devnull
+	k.Env = h.Env
 	// Its own session: the hang-up of the channel that started it does not
 	// reach it.
 	k.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -432,6 +436,19 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 		case <-time.After(pollEvery):
 		}
 	}
+}
+
+// Forget removes what was kept of the exec of id, once it ended (its
+// status written); a running or unknown one is left alone.
+func (h *Holder) Forget(id string) error {
+	dir, err := h.dir(id)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(dir, statusFile)); err != nil {
+		return nil
+	}
+	return os.RemoveAll(dir)
 }
 
 // Signal sends sig to the exec's command and its process group.

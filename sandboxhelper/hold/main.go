@@ -60,6 +60,35 @@ type Options struct {
 	Server func(ctx context.Context, id string, req SpawnRequest) error
 }
 
+// Begin starts argv under id once, in dir with env: kept by o.Server when
+// it answers, else by a keeper of h's own (h.Env set to env). ErrStarted:
+// the id was started before, nothing ran again.
+func (o Options) Begin(ctx context.Context, h *Holder, id string, argv, env []string, dir string) error {
+	h.Env = env
+	if o.Server == nil {
+		return h.Start(id, argv)
+	}
+	d, err := h.dir(id)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(d); err == nil {
+		return ErrStarted
+	}
+	// The server's answer is not trusted beyond this: whatever it says,
+	// the command ran here iff the exec's directory now exists, and it was
+	// absent before the question.
+	_ = o.Server(ctx, id, SpawnRequest{Root: h.Root, Argv: argv, Env: env, Dir: dir})
+	if _, err := os.Stat(d); err == nil {
+		return nil
+	}
+	err = h.Start(id, argv)
+	if errors.Is(err, ErrStarted) {
+		return nil // created since the question: this start's one run
+	}
+	return err
+}
+
 // MainWith is Main whose start and launch first ask o.Server to keep the
 // command: one process start in the sandbox instead of two.
 func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -81,32 +110,11 @@ func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, st
 	// begin starts the command of id once, kept by the server when one
 	// answers, else by a keeper of its own.
 	begin := func(argv []string) error {
-		if o.Server == nil {
-			return h.Start(id, argv)
-		}
-		dir, err := h.dir(id)
-		if err != nil {
-			return err
-		}
-		if _, err := os.Stat(dir); err == nil {
-			return ErrStarted
-		}
 		wd, err := os.Getwd()
 		if err != nil {
 			return fmt.Errorf("find the working directory: %w", err)
 		}
-		// The server's answer is not trusted beyond this: whatever it
-		// says, the command ran here iff the exec's directory now
-		// exists, and it was absent before the question.
-		_ = o.Server(ctx, id, SpawnRequest{Root: root, Argv: argv, Env: os.Environ(), Dir: wd})
-		if _, err := os.Stat(dir); err == nil {
-			return nil
-		}
-		err = h.Start(id, argv)
-		if errors.Is(err, ErrStarted) {
-			return nil // created since the question: this start's one run
-		}
-		return err
+		return o.Begin(ctx, h, id, argv, os.Environ(), wd)
 	}
 	fail := func(err error) int {
 		if errors.Is(err, context.Canceled) || ctx.Err() != nil {
