@@ -30,13 +30,14 @@ const DefaultCap = 64 << 20
 const (
 	outFile    = "out"
 	errFile    = "err"
-	inFile     = "in"     // a FIFO: the command's stdin, fed by the attach
+	inFile     = "in"     // a FIFO: the command's stdin, fed by the attach; made by the keeper
 	inEOFFile  = "in.eof" // the caller's stdin ended
 	stateFile  = "state"
 	statusFile = "status"
-	// runFile is locked (flock, exclusive) by the keeper for as long as
-	// it runs: an attach waiting on it wakes the moment the status is
-	// written, rather than at its next poll.
+	// The run lock is locked (flock, exclusive) by the keeper for as
+	// long as it runs: an attach waiting on it wakes the moment the
+	// status is written, rather than at its next poll. It is the exec's
+	// directory itself, or runFile where the directory is made in place.
 	runFile = "run"
 )
 
@@ -53,6 +54,13 @@ var ErrStarted = errors.New("this exec was started before: it is not run again")
 // ended without its status; the output so far was delivered, the command
 // is no longer followed.
 var ErrKeeperGone = errors.New("what kept this exec (the helper's server or its keeper) ended without writing its status: the command's end is unknown")
+
+// renameDir places a prepared exec directory (a variable: the tests take
+// the path of a file system that cannot refuse to replace).
+var renameDir = renameNoReplace
+
+// errNoReplaceUnsupported: a rename here cannot refuse to replace.
+var errNoReplaceUnsupported = errors.New("the file system cannot rename without replacing")
 
 // ErrUnknown: no exec of that id was started here.
 var ErrUnknown = errors.New("no exec of that id was started here")
@@ -116,10 +124,13 @@ func (h *Holder) dir(id string) (string, error) {
 // directory and has a keeper, in a session of its own, run the command;
 // any later one returns ErrStarted and runs nothing.
 func (h *Holder) Start(id string, argv []string) error {
-	dir, err := h.create(id, argv, true)
+	_, run, err := h.create(id, argv, true)
 	if err != nil {
 		return err
 	}
+	// The lock is the open file's, shared with the keeper's copy: it
+	// lasts until the keeper ends, whatever this process does.
+	defer run.Close()
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return err
@@ -130,13 +141,6 @@ func (h *Holder) Start(id string, argv []string) error {
 	// Its own session: the hang-up of the channel that started it does not
 	// reach it.
 	k.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	// The lock is the open file's, shared with the keeper's copy: it
-	// lasts until the keeper ends, whatever this process does.
-	run, err := lockRun(dir)
-	if err != nil {
-		return err
-	}
-	defer run.Close()
 	k.ExtraFiles = []*os.File{run}
 	if err := k.Start(); err != nil {
 		return fmt.Errorf("start the keeper: %w", err)
@@ -144,38 +148,83 @@ func (h *Holder) Start(id string, argv []string) error {
 	return k.Process.Release()
 }
 
-// create makes the directory of id, once, with its stdin FIFO and, for a
-// keeper to read (record), the command.
-func (h *Holder) create(id string, argv []string, record bool) (string, error) {
+// create makes the directory of id, once, and returns it locked (the run
+// lock, held for as long as the command runs). The directory is made
+// under a name of its own, locked and renamed into place without
+// replacing anything: an attach never finds it unlocked before the
+// command ended, no second start of the id gets it, and the start's path
+// creates one entry, not three. With record, the command is in it, for a
+// keeper to read. Where a rename cannot refuse to replace, it is made in
+// place with a run file as the lock, as before.
+func (h *Holder) create(id string, argv []string, record bool) (string, *os.File, error) {
 	if len(argv) == 0 {
-		return "", errors.New("no command to hold")
+		return "", nil, errors.New("no command to hold")
 	}
 	dir, err := h.dir(id)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if err := os.MkdirAll(h.Root, 0o700); err != nil {
-		return "", fmt.Errorf("create the holder's directory: %w", err)
+		return "", nil, fmt.Errorf("create the holder's directory: %w", err)
 	}
+	if _, err := os.Lstat(dir); err == nil {
+		return "", nil, ErrStarted
+	}
+	var args []byte
+	if record {
+		if args, err = json.Marshal(argv); err != nil {
+			return "", nil, err
+		}
+	}
+	tmp, err := os.MkdirTemp(h.Root, id+".new-")
+	if err != nil {
+		return "", nil, fmt.Errorf("create the exec's directory: %w", err)
+	}
+	run, err := os.Open(tmp)
+	if err == nil {
+		err = syscall.Flock(int(run.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	}
+	if err == nil && record {
+		err = os.WriteFile(filepath.Join(tmp, "argv"), args, 0o600)
+	}
+	if err == nil {
+		err = renameDir(tmp, dir)
+	}
+	if err == nil {
+		return dir, run, nil
+	}
+	if run != nil {
+		run.Close()
+	}
+	_ = os.RemoveAll(tmp)
+	switch {
+	case errors.Is(err, errNoReplaceUnsupported):
+		return h.createInPlace(dir, args, record)
+	case errors.Is(err, os.ErrExist), errors.Is(err, syscall.ENOTEMPTY):
+		return "", nil, ErrStarted
+	}
+	return "", nil, fmt.Errorf("create the exec's directory: %w", err)
+}
+
+// createInPlace is create where the rename cannot refuse to replace: the
+// directory itself is the gate, a run file in it the lock.
+func (h *Holder) createInPlace(dir string, args []byte, record bool) (string, *os.File, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return "", ErrStarted
+			return "", nil, ErrStarted
 		}
-		return "", fmt.Errorf("create the exec's directory: %w", err)
+		return "", nil, fmt.Errorf("create the exec's directory: %w", err)
 	}
 	if record {
-		args, err := json.Marshal(argv)
-		if err != nil {
-			return "", err
-		}
 		if err := os.WriteFile(filepath.Join(dir, "argv"), args, 0o600); err != nil {
-			return "", fmt.Errorf("record the command: %w", err)
+			return "", nil, fmt.Errorf("record the command: %w", err)
 		}
 	}
-	if err := syscall.Mkfifo(filepath.Join(dir, inFile), 0o600); err != nil {
-		return "", fmt.Errorf("create the command's stdin: %w", err)
+	run, err := lockRun(dir)
+	if err != nil {
+		return "", nil, err
 	}
-	return dir, nil
+	return dir, run, nil
 }
 
 // lockRun creates the exec's run file, locked for as long as it is open.
@@ -198,17 +247,23 @@ func lockRun(dir string) (*os.File, error) {
 	return run, nil
 }
 
+// openRunLock opens what holds the exec's run lock: its run file when it
+// has one (made in place), else the directory itself.
+func openRunLock(dir string) (*os.File, error) {
+	run, err := os.Open(filepath.Join(dir, runFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return os.Open(dir)
+	}
+	return run, err
+}
+
 // Spawn is Start without a keeper: the calling process (the helper's
 // server, which outlives the channel) runs argv in a session of its own,
 // in workDir with env, and keeps it as the keeper would, in the same
 // files. It returns once the command started (or failed to); done is
 // closed once its status is written.
 func (h *Holder) Spawn(id string, argv, env []string, workDir string) (done <-chan struct{}, err error) {
-	dir, err := h.create(id, argv, false)
-	if err != nil {
-		return nil, err
-	}
-	run, err := lockRun(dir)
+	dir, run, err := h.create(id, argv, false)
 	if err != nil {
 		return nil, err
 	}
@@ -396,7 +451,7 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 		return 0, ErrUnknown
 	}
 	ran := make(chan struct{})
-	if run, err := os.Open(filepath.Join(dir, runFile)); err == nil {
+	if run, err := openRunLock(dir); err == nil {
 		// Blocks until the keeper ends (at once if it has); the process
 		// exits with the attach, the goroutine with it.
 		go func() {
@@ -529,7 +584,12 @@ func signalName(s syscall.Signal) string {
 // goroutine polls both the data and the end.
 func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}) {
 	defer stdin.Close()
-	fd, err := syscall.Open(filepath.Join(dir, inFile), syscall.O_RDWR|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	// Made here, off the start's path: a feed waits for it.
+	fifo := filepath.Join(dir, inFile)
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil && !errors.Is(err, os.ErrExist) {
+		return
+	}
+	fd, err := syscall.Open(fifo, syscall.O_RDWR|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return
 	}
@@ -573,7 +633,8 @@ func (h *Holder) Feed(ctx context.Context, id string, r io.Reader) error {
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, syscall.ENXIO) {
+		// ENOENT: the keeper has not made it yet.
+		if !errors.Is(err, syscall.ENXIO) && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 		if _, serr := os.Stat(filepath.Join(dir, statusFile)); serr == nil {
