@@ -9,11 +9,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +38,8 @@ func holdMain(t *testing.T, state string, stdin string, args ...string) (int, st
 	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
 	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"), Server: func(ctx context.Context, id string, req hold.SpawnRequest) error {
 		return askHold(ctx, self, id, req)
+	}, Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+		return askHoldStream(ctx, self, id, req)
 	}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -158,5 +163,157 @@ func TestServerDoesNotIdleAwayWhileItKeepsACommand(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the server did not exit once its command ended and it was idle")
+	}
+}
+
+// gatedWriter blocks every write until open is closed, as a start whose
+// channel stopped taking its output.
+type gatedWriter struct {
+	open chan struct{}
+	buf  bytes.Buffer
+}
+
+func (g *gatedWriter) Write(p []byte) (int, error) {
+	<-g.open
+	return g.buf.Write(p)
+}
+
+// TestStreamedStartThatFallsBehindGetsTheRestFromTheFiles: a start that
+// takes none of the command's output (its channel stalled) neither stops
+// the command nor makes the server keep its output in memory: the server
+// stops sending past its bound and the command ends meanwhile; once the
+// start takes output again, it gets the rest from the files, from the
+// bytes it had, every byte exactly once, and the command's exit code.
+func TestStreamedStartThatFallsBehindGetsTheRestFromTheFiles(t *testing.T) {
+	state := newState(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serveAt(t, ctx, state, time.Hour)
+	defer func() { cancel(); <-done }()
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	t.Chdir(t.TempDir())
+	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
+	streamed := false
+	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"), Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+		c, rd, err := askHoldStream(ctx, self, id, req)
+		streamed = err == nil
+		return c, rd, err
+	}}
+	id := holdID(t)
+	// 4 MiB of numbered lines, past the server's bound of what it queues.
+	const lines = 500000
+	out := &gatedWriter{open: make(chan struct{})}
+	codec := make(chan int, 1)
+	go func() {
+		code := hold.MainWith(context.Background(), o, []string{"start", id, hold.StdinFrames, "--", "sh", "-c", "seq 1 " + strconv.Itoa(lines) + "; exit 4"}, strings.NewReader("\x00\x00\x00\x00"), out, io.Discard)
+		codec <- code
+	}()
+	root, err := hold.DefaultRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hold.Holder{Root: root}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, _ := h.State(id)
+		if s.Ended {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the command did not end while its start took no output (state %+v)", s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(out.open)
+	select {
+	case code := <-codec:
+		if code != 4 {
+			t.Fatalf("hold start exited %d, want the command's 4", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("hold start did not end once its output was taken again")
+	}
+	if !streamed {
+		t.Fatal("the start was not streamed")
+	}
+	var want bytes.Buffer
+	for i := 1; i <= lines; i++ {
+		want.WriteString(strconv.Itoa(i))
+		want.WriteByte('\n')
+	}
+	if got := out.buf.Bytes(); !bytes.Equal(got, want.Bytes()) {
+		t.Fatalf("the output is %d bytes, not the command's %d, or differs", len(got), want.Len())
+	}
+}
+
+// notifyWriter keeps what is written and says when it first holds want.
+type notifyWriter struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	want string
+	seen chan struct{}
+}
+
+func (n *notifyWriter) Write(p []byte) (int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.buf.Write(p)
+	if n.seen != nil && strings.Contains(n.buf.String(), n.want) {
+		close(n.seen)
+		n.seen = nil
+	}
+	return len(p), nil
+}
+
+// TestStreamedStartRelaysSignalsToTheCommand: a signal the start gets
+// (the client's, through the channel) reaches the command the server
+// keeps, over the stream.
+func TestStreamedStartRelaysSignalsToTheCommand(t *testing.T) {
+	state := newState(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serveAt(t, ctx, state, time.Hour)
+	defer func() { cancel(); <-done }()
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	t.Chdir(t.TempDir())
+	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
+	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"), Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+		return askHoldStream(ctx, self, id, req)
+	}}
+	id := holdID(t)
+	root, err := hold.DefaultRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command loops until signaled: it is stopped whatever happens.
+	t.Cleanup(func() { _ = (&hold.Holder{Root: root}).Signal(id, syscall.SIGKILL) })
+	seen := make(chan struct{})
+	out := &notifyWriter{want: "ready", seen: seen}
+	codec := make(chan int, 1)
+	go func() {
+		// No end of stdin: the command is not ended by its input.
+		codec <- hold.MainWith(context.Background(), o, []string{"start", id, hold.StdinFrames, "--", "sh", "-c", `trap 'echo got; exit 9' USR1; echo ready; while :; do sleep 0.05; done`}, strings.NewReader(""), out, io.Discard)
+	}()
+	select {
+	case <-seen:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the command did not start")
+	}
+	// The start relays the signals its process gets; it listens once
+	// the command's output reaches it.
+	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-codec:
+		out.mu.Lock()
+		defer out.mu.Unlock()
+		if code != 9 || !strings.Contains(out.buf.String(), "got") {
+			t.Fatalf("hold start exited %d with %q, want the trap's 9 and its line", code, out.buf.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the signal did not reach the command")
 	}
 }

@@ -263,6 +263,13 @@ func openRunLock(dir string) (*os.File, error) {
 // files. It returns once the command started (or failed to); done is
 // closed once its status is written.
 func (h *Holder) Spawn(id string, argv, env []string, workDir string) (done <-chan struct{}, err error) {
+	return h.SpawnStream(id, argv, env, workDir, nil)
+}
+
+// SpawnStream is Spawn whose command is also streamed to the start that
+// asked for it, when st is not nil (st.Serve, once the start is
+// answered).
+func (h *Holder) SpawnStream(id string, argv, env []string, workDir string, st *Stream) (done <-chan struct{}, err error) {
 	dir, run, err := h.create(id, argv, false)
 	if err != nil {
 		return nil, err
@@ -273,7 +280,7 @@ func (h *Holder) Spawn(id string, argv, env []string, workDir string) (done <-ch
 	// A session of its own: no hang-up of the server's reaches it, and
 	// its process group is what a signal goes to.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	wait, err := h.run(dir, argv, cmd)
+	wait, err := h.run(dir, argv, cmd, st)
 	if err != nil {
 		run.Close()
 		return nil, err
@@ -311,7 +318,7 @@ func (h *Holder) Keep(id string) error {
 	// A process group of its own: signals reach the command and what it
 	// started, not the keeper that writes its status.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	wait, err := h.run(dir, argv, cmd)
+	wait, err := h.run(dir, argv, cmd, nil)
 	if err != nil {
 		return err
 	}
@@ -320,8 +327,9 @@ func (h *Holder) Keep(id string) error {
 
 // run starts cmd (argv) with its streams kept in dir and returns what
 // waits for it and writes its status; a command that cannot start has
-// status 127 at once.
-func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd) (wait func() error, err error) {
+// status 127 at once. With st, the command is streamed too: its output
+// once kept, its end as soon as it is known.
+func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd, st *Stream) (wait func() error, err error) {
 	limit := h.Cap
 	if limit <= 0 {
 		limit = DefaultCap
@@ -332,40 +340,73 @@ func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd) (wait func() erro
 	closeAll := func() { out.Close(); errf.Close() }
 	ow, ew := &capped{w: out, left: limit}, &capped{w: errf, left: limit}
 	cmd.Stdout, cmd.Stderr = ow, ew
+	var in <-chan []byte
+	var inEnd, exited chan struct{}
+	if st != nil {
+		cmd.Stdout, cmd.Stderr = &teeWriter{w: ow, s: st, typ: frameOut}, &teeWriter{w: ew, s: st, typ: frameErr}
+		in, inEnd, exited = st.in, st.inEnd, st.exited
+	} else {
+		exited = make(chan struct{})
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(errf, "hold: %v\n", err)
+		fmt.Fprintf(cmd.Stderr, "hold: %v\n", err)
 		closeAll()
-		serr := writeJSON(filepath.Join(dir, statusFile), status{ExitCode: 127})
+		close(exited)
+		s := status{ExitCode: 127}
+		serr := writeJSON(filepath.Join(dir, statusFile), s)
+		if st != nil {
+			st.end(s)
+		}
 		return func() error { return serr }, nil
 	}
-	ps := procState{PID: cmd.Process.Pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)}
-	relayDone, exited := make(chan struct{}), make(chan struct{})
+	pid := cmd.Process.Pid
+	if st != nil {
+		st.signal = func(sig syscall.Signal) error { return syscall.Kill(-pid, sig) }
+	}
+	ps := procState{PID: pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)}
+	relayDone := make(chan struct{})
 	go func() {
 		defer close(relayDone)
-		relayStdin(dir, stdin, exited)
+		relayStdin(dir, stdin, exited, in, inEnd)
+	}()
+	// Written beside the command, not before run returns: the server
+	// answers the start first (a keeper's start wrote it no sooner), and a
+	// streamed end does not wait on it.
+	stateDone := make(chan struct{})
+	go func() {
+		defer close(stateDone)
+		_ = writeJSON(filepath.Join(dir, stateFile), ps)
 	}()
 	return func() error {
 		defer closeAll()
-		// Written here, not before run returns: the server answers the
-		// start first (a keeper's start wrote it no sooner).
-		_ = writeJSON(filepath.Join(dir, stateFile), ps)
 		werr := cmd.Wait()
 		close(exited)
-		<-relayDone
-		st := status{ExitCode: cmd.ProcessState.ExitCode(), Truncated: ow.over || ew.over}
+		s := status{ExitCode: cmd.ProcessState.ExitCode(), Truncated: ow.over || ew.over}
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			st.ExitCode, st.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
+			s.ExitCode, s.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
 		}
 		var exitErr *exec.ExitError
 		if werr != nil && !errors.As(werr, &exitErr) {
 			fmt.Fprintf(errf, "hold: %v\n", werr)
 		}
-		return writeJSON(filepath.Join(dir, statusFile), st)
+		// A streamed end goes before the status file, which the run
+		// lock's release still waits for; but not a signal's, whose name
+		// the daemon reads in that file (`hold state`) once it has the end.
+		if st != nil && s.Signal == "" {
+			st.end(s)
+		}
+		<-relayDone
+		<-stateDone
+		err := writeJSON(filepath.Join(dir, statusFile), s)
+		if st != nil && s.Signal != "" {
+			st.end(s)
+		}
+		return err
 	}, nil
 }
 
@@ -577,12 +618,13 @@ func signalName(s syscall.Signal) string {
 	return "UNKNOWN"
 }
 
-// relayStdin copies what the attaches write into the FIFO to the command's
-// stdin, and closes it once the caller's stdin ended and the FIFO is
-// drained, or the command exited. The FIFO is opened read-write and
-// non-blocking: an attach that goes away is no end of the input, and one
-// goroutine polls both the data and the end.
-func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}) {
+// relayStdin copies to the command's stdin what the attaches write into
+// the FIFO and what a streamed start sends (in), and closes it once the
+// caller's stdin ended (in.eof, or inEnd) and the FIFO is drained, or the
+// command exited. The FIFO is opened read-write and non-blocking: an
+// attach that goes away is no end of the input, and one goroutine polls
+// both the data and the end.
+func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}, in <-chan []byte, inEnd <-chan struct{}) {
 	defer stdin.Close()
 	// Made here, off the start's path: a feed waits for it.
 	fifo := filepath.Join(dir, inFile)
@@ -595,6 +637,7 @@ func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}) {
 	}
 	defer syscall.Close(fd)
 	buf := make([]byte, 32<<10)
+	ended := false
 	for {
 		n, err := syscall.Read(fd, buf)
 		if n > 0 {
@@ -606,12 +649,22 @@ func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}) {
 		if err != nil && err != syscall.EAGAIN && err != syscall.EINTR {
 			return
 		}
+		if ended {
+			return
+		}
 		if _, serr := os.Stat(filepath.Join(dir, inEOFFile)); serr == nil {
 			return
 		}
 		select {
 		case <-exited:
 			return
+		case b := <-in:
+			if _, werr := stdin.Write(b); werr != nil {
+				return
+			}
+		case <-inEnd:
+			// The FIFO once more, then the end.
+			ended, inEnd = true, nil
 		case <-time.After(pollEvery):
 		}
 	}
