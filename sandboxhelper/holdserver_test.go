@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"io"
@@ -266,9 +267,26 @@ func (n *notifyWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// blockedStdin is 1 MiB of framed stdin, then nothing, never ending.
+type blockedStdin struct{ left int }
+
+func (b *blockedStdin) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		select {}
+	}
+	const chunk = 16 << 10
+	if len(p) < 4+chunk {
+		return 0, io.ErrShortBuffer
+	}
+	binary.BigEndian.PutUint32(p, chunk)
+	clear(p[4 : 4+chunk])
+	b.left -= chunk
+	return 4 + chunk, nil
+}
+
 // TestStreamedStartRelaysSignalsToTheCommand: a signal the start gets
 // (the client's, through the channel) reaches the command the server
-// keeps, over the stream.
+// keeps, even behind stdin the command does not read.
 func TestStreamedStartRelaysSignalsToTheCommand(t *testing.T) {
 	state := newState(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -294,7 +312,7 @@ func TestStreamedStartRelaysSignalsToTheCommand(t *testing.T) {
 	codec := make(chan int, 1)
 	go func() {
 		// No end of stdin: the command is not ended by its input.
-		codec <- hold.MainWith(context.Background(), o, []string{"start", id, hold.StdinFrames, "--", "sh", "-c", `trap 'echo got; exit 9' USR1; echo ready; while :; do sleep 0.05; done`}, strings.NewReader(""), out, io.Discard)
+		codec <- hold.MainWith(context.Background(), o, []string{"start", id, hold.StdinFrames, "--", "sh", "-c", `trap 'echo got; exit 9' USR1; echo ready; while :; do sleep 0.05; done`}, &blockedStdin{left: 1 << 20}, out, io.Discard)
 	}()
 	select {
 	case <-seen:
@@ -302,7 +320,9 @@ func TestStreamedStartRelaysSignalsToTheCommand(t *testing.T) {
 		t.Fatal("the command did not start")
 	}
 	// The start relays the signals its process gets; it listens once
-	// the command's output reaches it.
+	// the command's output reaches it. By now the stdin fills the pipe
+	// and the socket.
+	time.Sleep(200 * time.Millisecond)
 	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}

@@ -364,11 +364,7 @@ func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd, st *Stream) (wait
 		}
 		return func() error { return serr }, nil
 	}
-	pid := cmd.Process.Pid
-	if st != nil {
-		st.signal = func(sig syscall.Signal) error { return syscall.Kill(-pid, sig) }
-	}
-	ps := procState{PID: pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)}
+	ps := procState{PID: cmd.Process.Pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)}
 	relayDone := make(chan struct{})
 	go func() {
 		defer close(relayDone)

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // A streamed start: `hold start` asks the helper's server to run the
@@ -18,16 +20,17 @@ import (
 // start's path makes one directory entry and starts no keeper. The files
 // are still written, the output before it is sent, so an attach after a
 // lost channel finds at least what was sent; the run lock is released
-// only once the status is written.
+// only once the status is written. Signals go to the command's process
+// group as an attach's do, not on the stream, where they could wait
+// behind stdin the command does not read.
 //
 // Frames, both ways: a type byte, a 4-byte big-endian length, the payload.
 const (
-	frameOut    = 'o' // server → start: stdout bytes, already kept
-	frameErr    = 'e' // server → start: stderr bytes, already kept
-	frameEnd    = 'x' // server → start: the command's status (JSON)
-	frameIn     = 'i' // start → server: stdin bytes
-	frameInEnd  = 'z' // start → server: the caller's stdin ended
-	frameSignal = 's' // start → server: a signal's name, for the command
+	frameOut   = 'o' // server → start: stdout bytes, already kept
+	frameErr   = 'e' // server → start: stderr bytes, already kept
+	frameEnd   = 'x' // server → start: the command's status (JSON)
+	frameIn    = 'i' // start → server: stdin bytes
+	frameInEnd = 'z' // start → server: the caller's stdin ended
 )
 
 // Bounds of the stream: one frame's payload, and what the server queues
@@ -78,7 +81,6 @@ type Stream struct {
 	inEnd    chan struct{} // closed at the start's end frame
 	inEndSet sync.Once
 	exited   chan struct{} // closed when the command exited
-	signal   func(syscall.Signal) error
 }
 
 // NewStream is a Stream to pass to SpawnStream.
@@ -127,8 +129,8 @@ func (s *Stream) end(st status) {
 	s.push(appendFrame(nil, frameEnd, b), true)
 }
 
-// Serve sends the command's output and end on c, and takes its stdin and
-// signals from r (c's reading side, past the answer), until the end is
+// Serve sends the command's output and end on c, and takes its stdin
+// from r (c's reading side, past the answer), until the end is
 // sent, c is lost, or ctx ends; the command goes on either way. A start
 // that falls behind gets no more frames (c's writing side is closed) but
 // still feeds the stdin.
@@ -177,8 +179,8 @@ func (s *Stream) Serve(ctx context.Context, c io.WriteCloser, r io.Reader) {
 	}
 }
 
-// readFrom takes the start's frames: stdin to the command's relay, its
-// end, signals. A malformed frame ends the reading, as a lost channel.
+// readFrom takes the start's frames: stdin to the command's relay, and
+// its end. A malformed frame ends the reading, as a lost channel.
 func (s *Stream) readFrom(r io.Reader) {
 	buf := make([]byte, maxStreamFrame)
 	for {
@@ -196,10 +198,6 @@ func (s *Stream) readFrom(r io.Reader) {
 			}
 		case frameInEnd:
 			s.inEndSet.Do(func() { close(s.inEnd) })
-		case frameSignal:
-			if sig, ok := signals[string(p)]; ok && s.signal != nil {
-				_ = s.signal(sig)
-			}
 		default:
 			return
 		}
@@ -208,7 +206,7 @@ func (s *Stream) readFrom(r io.Reader) {
 
 // streamed relays a streamed start on c (rd its reading side, past the
 // answer): the command's output to stdout and stderr, the caller's stdin
-// (in frames when framed) and signals to the server. Should c end before
+// (in frames when framed) to the server, signals to the command. Should c end before
 // the command's end, the rest comes from the files, from the offsets
 // relayed, and the stdin goes to the FIFO.
 func (h *Holder) streamed(ctx context.Context, id string, c io.WriteCloser, rd io.Reader, stdin io.Reader, framed bool, sigs <-chan syscall.Signal, stdout, stderr io.Writer) (int, error) {
@@ -223,7 +221,7 @@ func (h *Holder) streamed(ctx context.Context, id string, c io.WriteCloser, rd i
 			case <-ctx.Done():
 				return
 			case sig := <-sigs:
-				sink.signal(sig)
+				h.signalStarted(ctx, id, sig)
 			}
 		}
 	}()
@@ -257,8 +255,8 @@ func (h *Holder) streamed(ctx context.Context, id string, c io.WriteCloser, rd i
 	}
 }
 
-// streamSink sends the caller's stdin and signals on the stream, and
-// once the stream fails, to the exec's FIFO and process group.
+// streamSink sends the caller's stdin on the stream, and once the stream
+// fails, to the exec's FIFO.
 type streamSink struct {
 	mu     sync.Mutex
 	c      io.Writer
@@ -278,12 +276,6 @@ func (s *streamSink) send(typ byte, p []byte) bool {
 		s.failed = true
 	}
 	return !s.failed
-}
-
-func (s *streamSink) signal(sig syscall.Signal) {
-	if !s.send(frameSignal, []byte(signalName(sig))) {
-		_ = s.h.Signal(s.id, sig)
-	}
 }
 
 func (s *streamSink) chunk(p []byte) {
@@ -339,3 +331,24 @@ func (s *streamSink) feed(r io.Reader, framed bool) {
 		}
 	}
 }
+
+// signalStarted is Signal, waiting up to signalWait for the command's
+// process to be recorded (the server records it beside the command's
+// start, not before its answer).
+func (h *Holder) signalStarted(ctx context.Context, id string, sig syscall.Signal) {
+	deadline := time.Now().Add(signalWait)
+	for {
+		err := h.Signal(id, sig)
+		if !errors.Is(err, ErrUnknown) || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+// signalWait bounds the wait of a signal for the command's process.
+const signalWait = 2 * time.Second
