@@ -238,11 +238,19 @@ func (h *Holder) streamed(ctx context.Context, id string, c io.WriteCloser, rd i
 		}
 		switch typ {
 		case frameOut:
-			n, _ := stdout.Write(p)
+			// A channel that takes no more ends this start, as an
+			// attach's copy; the command goes on.
+			n, err := stdout.Write(p)
 			outN += int64(n)
+			if err != nil {
+				return 0, err
+			}
 		case frameErr:
-			n, _ := stderr.Write(p)
+			n, err := stderr.Write(p)
 			errN += int64(n)
+			if err != nil {
+				return 0, err
+			}
 		case frameEnd:
 			var st status
 			if len(p) > maxEndFrame || json.Unmarshal(p, &st) != nil || st.ExitCode < 0 || st.ExitCode > 255 {
