@@ -189,6 +189,8 @@ func serveOne(ctx context.Context, c *net.UnixConn, mu *sync.Mutex, nat *nativeS
 	return serveLocked(ctx, verb, arg, br, mu, nat), nil
 }
 
+// serveLocked answers the questions that take the server's lock (the
+// tracker's and the native sync's), one at a time.
 func serveLocked(ctx context.Context, verb, arg string, br *bufio.Reader, mu *sync.Mutex, nat *nativeState) answer {
 	// The body is read before the lock: a slow client holds up no one.
 	var push pushRequest
