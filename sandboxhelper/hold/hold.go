@@ -487,15 +487,21 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 	if _, err := os.Stat(dir); err != nil {
 		return 0, ErrUnknown
 	}
-	ran := make(chan struct{})
-	if run, err := openRunLock(dir); err == nil {
-		// Blocks until the keeper ends (at once if it has); the process
-		// exits with the attach, the goroutine with it.
+	// Blocks until the keeper ends (at once if it has); the process exits
+	// with the attach, the goroutine with it.
+	waitLock := func(run *os.File) <-chan struct{} {
+		ran := make(chan struct{})
 		go func() {
 			defer run.Close()
 			_ = syscall.Flock(int(run.Fd()), syscall.LOCK_SH)
 			close(ran)
 		}()
+		return ran
+	}
+	var ran <-chan struct{}
+	_, noRunFile := os.Stat(filepath.Join(dir, runFile))
+	if run, err := openRunLock(dir); err == nil {
+		ran = waitLock(run)
 	}
 	// freed: the keeper's lock was seen released, so its status, written
 	// before, is there to read unless the keeper died without one.
@@ -504,6 +510,15 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 		// The status first: once it exists, the streams are complete.
 		var st status
 		ended := readJSON(filepath.Join(dir, statusFile), &st) == nil
+		if !ended && freed && noRunFile != nil {
+			// A directory made in place is not locked itself: its run
+			// file, placed just after it, is the lock.
+			noRunFile = nil
+			if run, err := waitRunFile(ctx, dir); err == nil {
+				ran, freed = waitLock(run), false
+				continue
+			}
+		}
 		if !ended && freed {
 			return 0, ErrKeeperGone
 		}
@@ -521,6 +536,26 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 			return 0, ctx.Err()
 		case <-ran:
 			ran, freed = nil, true // the status is written: the next look finds it
+		case <-time.After(pollEvery):
+		}
+	}
+}
+
+// runFileWait bounds the wait for the run file of a directory made in
+// place, found unlocked: its keeper places it just after the directory.
+const runFileWait = 200 * time.Millisecond
+
+// waitRunFile opens the run file of dir, waiting up to runFileWait for it.
+func waitRunFile(ctx context.Context, dir string) (*os.File, error) {
+	deadline := time.Now().Add(runFileWait)
+	for {
+		run, err := os.Open(filepath.Join(dir, runFile))
+		if err == nil || !errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
+			return run, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		case <-time.After(pollEvery):
 		}
 	}

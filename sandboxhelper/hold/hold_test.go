@@ -340,3 +340,42 @@ func TestConcurrentStartsOfOneIDRunItOnce(t *testing.T) {
 		})
 	}
 }
+
+// TestAttachWaitsForTheRunFileOfADirectoryMadeInPlace: where the exec's
+// directory is made in place, an attach that comes between the
+// directory and its run lock (the keeper places it just after) waits on
+// that lock instead of taking the unlocked directory for a keeper gone.
+func TestAttachWaitsForTheRunFileOfADirectoryMadeInPlace(t *testing.T) {
+	h := newHolder(t)
+	id := newID(t)
+	dir, err := h.dir(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		code, err := h.Attach(ctx, id, 0, 0, io.Discard, io.Discard)
+		if err == nil && code != 6 {
+			err = fmt.Errorf("exit %d, want 6", code)
+		}
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	run, err := lockRun(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := writeJSON(filepath.Join(dir, statusFile), status{ExitCode: 6}); err != nil {
+		t.Fatal(err)
+	}
+	run.Close()
+	if err := <-got; err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+}
