@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -335,5 +336,42 @@ func TestStreamedStartRelaysSignalsToTheCommand(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the signal did not reach the command")
+	}
+}
+
+// TestHoldStartFallsBackToAServerThatDoesNotStream: a server of an
+// older helper answers a streamed start with an error (it does not know
+// the question); the start asks it the plain way and the command runs
+// once, kept by that server, with its output and exit code.
+func TestHoldStartFallsBackToAServerThatDoesNotStream(t *testing.T) {
+	state := newState(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serveAt(t, ctx, state, time.Hour)
+	defer func() { cancel(); <-done }()
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	t.Chdir(t.TempDir())
+	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
+	asked := 0
+	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"),
+		Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+			return nil, nil, errors.New("unknown question")
+		},
+		Server: func(ctx context.Context, id string, req hold.SpawnRequest) error {
+			asked++
+			return askHold(ctx, self, id, req)
+		}}
+	counter := filepath.Join(t.TempDir(), "ran")
+	var out, errb bytes.Buffer
+	code := hold.MainWith(context.Background(), o, []string{"start", holdID(t), hold.StdinFrames, "--", "sh", "-c", "echo ran >> " + counter + "; echo $PPID; exit 6"}, strings.NewReader("\x00\x00\x00\x00"), &out, &errb)
+	if code != 6 || asked != 1 {
+		t.Fatalf("hold start exited %d (stderr %q) after %d plain questions, want the command's 6 after one", code, errb.String(), asked)
+	}
+	if strings.TrimSpace(out.String()) != strconv.Itoa(os.Getpid()) {
+		t.Fatalf("the command's parent is %q, want the server's pid %d", out.String(), os.Getpid())
+	}
+	if b, _ := os.ReadFile(counter); string(b) != "ran\n" {
+		t.Fatalf("the command ran %d times", strings.Count(string(b), "ran"))
 	}
 }
