@@ -1,9 +1,13 @@
 package sandboxhelper
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"path/filepath"
 	"strings"
 	"time"
@@ -30,12 +34,13 @@ var holdAsk = 5 * time.Second
 // serveHold runs and keeps the command of exec id (hold.Holder.Spawn):
 // the server outlives the channel as the keeper would, without one more
 // process start per exec. The server idles not while a command runs.
-func serveHold(id string, req hold.SpawnRequest, act *activity) answer {
+// With st, the command is streamed to the start (st.Serve) too.
+func serveHold(id string, req hold.SpawnRequest, act *activity, st *hold.Stream) answer {
 	if err := checkHold(req); err != nil {
 		return answer{Error: err.Error()}
 	}
 	act.begin()
-	done, err := (&hold.Holder{Root: req.Root}).Spawn(id, req.Argv, req.Env, req.Dir)
+	done, err := (&hold.Holder{Root: req.Root}).SpawnStream(id, req.Argv, req.Env, req.Dir, st)
 	if err != nil {
 		act.end()
 		if errors.Is(err, hold.ErrStarted) {
@@ -94,4 +99,72 @@ func askHold(ctx context.Context, self, id string, req hold.SpawnRequest) error 
 		return hold.ErrStarted
 	}
 	return fmt.Errorf("the server answered %q to a hold", a.Held)
+}
+
+// askHoldStream is askHold for a streamed start: on "kept" it returns the
+// connection, on which the server streams the command (hold.Stream), and
+// its reading side past the answer.
+func askHoldStream(ctx context.Context, self, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+	bin := filepath.Dir(self)
+	if filepath.Base(bin) != "bin" {
+		return nil, nil, errors.New("the helper is not in a state directory's bin")
+	}
+	state := filepath.Dir(bin)
+	inst, _, err := readCurrent(Dir(state))
+	if err != nil {
+		return nil, nil, fmt.Errorf("no server serves this checkout: %w", err)
+	}
+	if strings.ContainsAny(inst, "/.") {
+		return nil, nil, errors.New("no helper instance")
+	}
+	addr, release, err := sockAddr(Dir(state), socketName(inst))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(ctx, holdAsk)
+	defer cancel()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			c.Close()
+		}
+	}()
+	dl, _ := ctx.Deadline()
+	_ = c.SetDeadline(dl)
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := c.Write(append([]byte("hold-stream "+id+"\n"), body...)); err != nil {
+		return nil, nil, err
+	}
+	// The answer is one line; what follows it is the stream's.
+	br := bufio.NewReaderSize(c, 4<<10)
+	line, err := br.ReadSlice('\n')
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the helper's answer: %w", err)
+	}
+	var a answer
+	if err := json.Unmarshal(line, &a); err != nil {
+		return nil, nil, fmt.Errorf("read the helper's answer: %w", err)
+	}
+	switch {
+	case a.Instance != inst:
+		return nil, nil, fmt.Errorf("the helper answered as %q, not %q", a.Instance, inst)
+	case a.Error != "":
+		return nil, nil, errors.New(a.Error)
+	case a.Held == holdStarted:
+		return nil, nil, hold.ErrStarted
+	case a.Held != holdKept:
+		return nil, nil, fmt.Errorf("the server answered %q to a hold", a.Held)
+	}
+	_ = c.SetDeadline(time.Time{})
+	ok = true
+	return c, br, nil
 }

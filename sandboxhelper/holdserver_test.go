@@ -7,13 +7,18 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +40,8 @@ func holdMain(t *testing.T, state string, stdin string, args ...string) (int, st
 	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
 	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"), Server: func(ctx context.Context, id string, req hold.SpawnRequest) error {
 		return askHold(ctx, self, id, req)
+	}, Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+		return askHoldStream(ctx, self, id, req)
 	}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -158,5 +165,213 @@ func TestServerDoesNotIdleAwayWhileItKeepsACommand(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the server did not exit once its command ended and it was idle")
+	}
+}
+
+// gatedWriter blocks every write until open is closed, as a start whose
+// channel stopped taking its output.
+type gatedWriter struct {
+	open chan struct{}
+	buf  bytes.Buffer
+}
+
+func (g *gatedWriter) Write(p []byte) (int, error) {
+	<-g.open
+	return g.buf.Write(p)
+}
+
+// TestStreamedStartThatFallsBehindGetsTheRestFromTheFiles: a start that
+// takes none of the command's output (its channel stalled) neither stops
+// the command nor makes the server keep its output in memory: the server
+// stops sending past its bound and the command ends meanwhile; once the
+// start takes output again, it gets the rest from the files, from the
+// bytes it had, every byte exactly once, and the command's exit code.
+func TestStreamedStartThatFallsBehindGetsTheRestFromTheFiles(t *testing.T) {
+	state := newState(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serveAt(t, ctx, state, time.Hour)
+	defer func() { cancel(); <-done }()
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	t.Chdir(t.TempDir())
+	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
+	streamed := false
+	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"), Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+		c, rd, err := askHoldStream(ctx, self, id, req)
+		streamed = err == nil
+		return c, rd, err
+	}}
+	id := holdID(t)
+	// 4 MiB of numbered lines, past the server's bound of what it queues.
+	const lines = 500000
+	out := &gatedWriter{open: make(chan struct{})}
+	codec := make(chan int, 1)
+	go func() {
+		code := hold.MainWith(context.Background(), o, []string{"start", id, hold.StdinFrames, "--", "sh", "-c", "seq 1 " + strconv.Itoa(lines) + "; exit 4"}, strings.NewReader("\x00\x00\x00\x00"), out, io.Discard)
+		codec <- code
+	}()
+	root, err := hold.DefaultRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &hold.Holder{Root: root}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		s, _ := h.State(id)
+		if s.Ended {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the command did not end while its start took no output (state %+v)", s)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(out.open)
+	select {
+	case code := <-codec:
+		if code != 4 {
+			t.Fatalf("hold start exited %d, want the command's 4", code)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("hold start did not end once its output was taken again")
+	}
+	if !streamed {
+		t.Fatal("the start was not streamed")
+	}
+	var want bytes.Buffer
+	for i := 1; i <= lines; i++ {
+		want.WriteString(strconv.Itoa(i))
+		want.WriteByte('\n')
+	}
+	if got := out.buf.Bytes(); !bytes.Equal(got, want.Bytes()) {
+		t.Fatalf("the output is %d bytes, not the command's %d, or differs", len(got), want.Len())
+	}
+}
+
+// notifyWriter keeps what is written and says when it first holds want.
+type notifyWriter struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	want string
+	seen chan struct{}
+}
+
+func (n *notifyWriter) Write(p []byte) (int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.buf.Write(p)
+	if n.seen != nil && strings.Contains(n.buf.String(), n.want) {
+		close(n.seen)
+		n.seen = nil
+	}
+	return len(p), nil
+}
+
+// blockedStdin is 1 MiB of framed stdin, then nothing, never ending.
+type blockedStdin struct{ left int }
+
+func (b *blockedStdin) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		select {}
+	}
+	const chunk = 16 << 10
+	if len(p) < 4+chunk {
+		return 0, io.ErrShortBuffer
+	}
+	binary.BigEndian.PutUint32(p, chunk)
+	clear(p[4 : 4+chunk])
+	b.left -= chunk
+	return 4 + chunk, nil
+}
+
+// TestStreamedStartRelaysSignalsToTheCommand: a signal the start gets
+// (the client's, through the channel) reaches the command the server
+// keeps, even behind stdin the command does not read.
+func TestStreamedStartRelaysSignalsToTheCommand(t *testing.T) {
+	state := newState(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serveAt(t, ctx, state, time.Hour)
+	defer func() { cancel(); <-done }()
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	t.Chdir(t.TempDir())
+	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
+	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"), Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+		return askHoldStream(ctx, self, id, req)
+	}}
+	id := holdID(t)
+	root, err := hold.DefaultRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command loops until signaled: it is stopped whatever happens.
+	t.Cleanup(func() { _ = (&hold.Holder{Root: root}).Signal(id, syscall.SIGKILL) })
+	seen := make(chan struct{})
+	out := &notifyWriter{want: "ready", seen: seen}
+	codec := make(chan int, 1)
+	go func() {
+		// No end of stdin: the command is not ended by its input.
+		codec <- hold.MainWith(context.Background(), o, []string{"start", id, hold.StdinFrames, "--", "sh", "-c", `trap 'echo got; exit 9' USR1; echo ready; while :; do sleep 0.05; done`}, &blockedStdin{left: 1 << 20}, out, io.Discard)
+	}()
+	select {
+	case <-seen:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the command did not start")
+	}
+	// The start relays the signals its process gets; it listens once
+	// the command's output reaches it. By now the stdin fills the pipe
+	// and the socket.
+	time.Sleep(200 * time.Millisecond)
+	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case code := <-codec:
+		out.mu.Lock()
+		defer out.mu.Unlock()
+		if code != 9 || !strings.Contains(out.buf.String(), "got") {
+			t.Fatalf("hold start exited %d with %q, want the trap's 9 and its line", code, out.buf.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the signal did not reach the command")
+	}
+}
+
+// TestHoldStartFallsBackToAServerThatDoesNotStream: a server of an
+// older helper answers a streamed start with an error (it does not know
+// the question); the start asks it the plain way and the command runs
+// once, kept by that server, with its output and exit code.
+func TestHoldStartFallsBackToAServerThatDoesNotStream(t *testing.T) {
+	state := newState(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serveAt(t, ctx, state, time.Hour)
+	defer func() { cancel(); <-done }()
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	t.Chdir(t.TempDir())
+	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
+	asked := 0
+	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"),
+		Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+			return nil, nil, errors.New("unknown question")
+		},
+		Server: func(ctx context.Context, id string, req hold.SpawnRequest) error {
+			asked++
+			return askHold(ctx, self, id, req)
+		}}
+	counter := filepath.Join(t.TempDir(), "ran")
+	var out, errb bytes.Buffer
+	code := hold.MainWith(context.Background(), o, []string{"start", holdID(t), hold.StdinFrames, "--", "sh", "-c", "echo ran >> " + counter + "; echo $PPID; exit 6"}, strings.NewReader("\x00\x00\x00\x00"), &out, &errb)
+	if code != 6 || asked != 1 {
+		t.Fatalf("hold start exited %d (stderr %q) after %d plain questions, want the command's 6 after one", code, errb.String(), asked)
+	}
+	if strings.TrimSpace(out.String()) != strconv.Itoa(os.Getpid()) {
+		t.Fatalf("the command's parent is %q, want the server's pid %d", out.String(), os.Getpid())
+	}
+	if b, _ := os.ReadFile(counter); string(b) != "ran\n" {
+		t.Fatalf("the command ran %d times", strings.Count(string(b), "ran"))
 	}
 }

@@ -42,6 +42,8 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 		}
 		o := hold.Options{Self: self, Server: func(ctx context.Context, id string, req hold.SpawnRequest) error {
 			return askHold(ctx, self, id, req)
+		}, Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+			return askHoldStream(ctx, self, id, req)
 		}}
 		return hold.MainWith(ctx, o, args[1:], stdin, stdout, stderr)
 	}

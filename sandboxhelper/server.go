@@ -134,9 +134,17 @@ func ServeIdle(ctx context.Context, root, state string, idle time.Duration, read
 			defer act.end()
 			defer c.Close()
 			_ = c.SetDeadline(time.Now().Add(time.Minute))
-			a := serveOne(ctx, c, &mu, nat, act)
+			a, follow := serveOne(ctx, c, &mu, nat, act)
 			a.Instance = instance
-			_ = json.NewEncoder(c).Encode(a)
+			if err := json.NewEncoder(c).Encode(a); err != nil || follow == nil {
+				return
+			}
+			// A streamed hold: the connection lasts as long as the
+			// command, or the start that asked, or this server.
+			_ = c.SetDeadline(time.Time{})
+			stop := context.AfterFunc(ctx, func() { _ = c.Close() })
+			defer stop()
+			follow(c)
 		}()
 	}
 }
@@ -146,24 +154,44 @@ func ServeIdle(ctx context.Context, root, state string, idle time.Duration, read
 const maxRequest = 16 << 20
 
 // serveOne answers one question: a line naming it, then its JSON body.
-func serveOne(ctx context.Context, c net.Conn, mu *sync.Mutex, nat *nativeState, act *activity) answer {
+// follow, when not nil, goes on with the connection once it is answered.
+func serveOne(ctx context.Context, c *net.UnixConn, mu *sync.Mutex, nat *nativeState, act *activity) (a answer, follow func(*net.UnixConn)) {
 	br := bufio.NewReader(io.LimitReader(c, maxRequest))
 	line, err := br.ReadString('\n')
 	if err != nil || len(line) > 256 {
-		return answer{Error: "unknown question"}
+		return answer{Error: "unknown question"}, nil
 	}
 	verb, arg, _ := strings.Cut(strings.TrimSpace(line), " ")
 	if verb == "ping" {
-		return answer{} // Ping: the instance is the answer
+		return answer{}, nil // Ping: the instance is the answer
 	}
-	if verb == "hold" {
+	if verb == "hold" || verb == "hold-stream" {
 		// Needs no lock: it touches only the exec's own directory.
 		var req hold.SpawnRequest
-		if err := json.NewDecoder(br).Decode(&req); err != nil {
-			return answer{Error: "read the hold: " + err.Error()}
+		dec := json.NewDecoder(br)
+		if err := dec.Decode(&req); err != nil {
+			return answer{Error: "read the hold: " + err.Error()}, nil
 		}
-		return serveHold(arg, req, act)
+		if verb == "hold" {
+			return serveHold(arg, req, act, nil), nil
+		}
+		st := hold.NewStream()
+		a := serveHold(arg, req, act, st)
+		if a.Held != holdKept {
+			return a, nil
+		}
+		// The start sends its frames once answered: what the decoder
+		// read ahead is theirs. The stream's frames are bounded by
+		// their own reader, not by a request's bound.
+		rest := io.MultiReader(dec.Buffered(), br, c)
+		return a, func(c *net.UnixConn) { st.Serve(ctx, c, rest) }
 	}
+	return serveLocked(ctx, verb, arg, br, mu, nat), nil
+}
+
+// serveLocked answers the questions that take the server's lock (the
+// tracker's and the native sync's), one at a time.
+func serveLocked(ctx context.Context, verb, arg string, br *bufio.Reader, mu *sync.Mutex, nat *nativeState) answer {
 	// The body is read before the lock: a slow client holds up no one.
 	var push pushRequest
 	var pull pullRequest

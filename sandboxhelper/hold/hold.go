@@ -30,13 +30,14 @@ const DefaultCap = 64 << 20
 const (
 	outFile    = "out"
 	errFile    = "err"
-	inFile     = "in"     // a FIFO: the command's stdin, fed by the attach
+	inFile     = "in"     // a FIFO: the command's stdin, fed by the attach; made by the keeper
 	inEOFFile  = "in.eof" // the caller's stdin ended
 	stateFile  = "state"
 	statusFile = "status"
-	// runFile is locked (flock, exclusive) by the keeper for as long as
-	// it runs: an attach waiting on it wakes the moment the status is
-	// written, rather than at its next poll.
+	// The run lock is locked (flock, exclusive) by the keeper for as
+	// long as it runs: an attach waiting on it wakes the moment the
+	// status is written, rather than at its next poll. It is the exec's
+	// directory itself, or runFile where the directory is made in place.
 	runFile = "run"
 )
 
@@ -53,6 +54,13 @@ var ErrStarted = errors.New("this exec was started before: it is not run again")
 // ended without its status; the output so far was delivered, the command
 // is no longer followed.
 var ErrKeeperGone = errors.New("what kept this exec (the helper's server or its keeper) ended without writing its status: the command's end is unknown")
+
+// renameDir places a prepared exec directory (a variable: the tests take
+// the path of a file system that cannot refuse to replace).
+var renameDir = renameNoReplace
+
+// errNoReplaceUnsupported: a rename here cannot refuse to replace.
+var errNoReplaceUnsupported = errors.New("the file system cannot rename without replacing")
 
 // ErrUnknown: no exec of that id was started here.
 var ErrUnknown = errors.New("no exec of that id was started here")
@@ -119,10 +127,13 @@ func (h *Holder) dir(id string) (string, error) {
 // directory and has a keeper, in a session of its own, run the command;
 // any later one returns ErrStarted and runs nothing.
 func (h *Holder) Start(id string, argv []string) error {
-	dir, err := h.create(id, argv, true)
+	_, run, err := h.create(id, argv, true)
 	if err != nil {
 		return err
 	}
+	// The lock is the open file's, shared with the keeper's copy: it
+	// lasts until the keeper ends, whatever this process does.
+	defer run.Close()
 	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
 	if err != nil {
 		return err
@@ -134,13 +145,6 @@ func (h *Holder) Start(id string, argv []string) error {
 	// Its own session: the hang-up of the channel that started it does not
 	// reach it.
 	k.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	// The lock is the open file's, shared with the keeper's copy: it
-	// lasts until the keeper ends, whatever this process does.
-	run, err := lockRun(dir)
-	if err != nil {
-		return err
-	}
-	defer run.Close()
 	k.ExtraFiles = []*os.File{run}
 	if err := k.Start(); err != nil {
 		return fmt.Errorf("start the keeper: %w", err)
@@ -148,38 +152,83 @@ func (h *Holder) Start(id string, argv []string) error {
 	return k.Process.Release()
 }
 
-// create makes the directory of id, once, with its stdin FIFO and, for a
-// keeper to read (record), the command.
-func (h *Holder) create(id string, argv []string, record bool) (string, error) {
+// create makes the directory of id, once, and returns it locked (the run
+// lock, held for as long as the command runs). The directory is made
+// under a name of its own, locked and renamed into place without
+// replacing anything: an attach never finds it unlocked before the
+// command ended, no second start of the id gets it, and the start's path
+// creates one entry, not three. With record, the command is in it, for a
+// keeper to read. Where a rename cannot refuse to replace, it is made in
+// place with a run file as the lock, as before.
+func (h *Holder) create(id string, argv []string, record bool) (string, *os.File, error) {
 	if len(argv) == 0 {
-		return "", errors.New("no command to hold")
+		return "", nil, errors.New("no command to hold")
 	}
 	dir, err := h.dir(id)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if err := os.MkdirAll(h.Root, 0o700); err != nil {
-		return "", fmt.Errorf("create the holder's directory: %w", err)
+		return "", nil, fmt.Errorf("create the holder's directory: %w", err)
 	}
+	if _, err := os.Lstat(dir); err == nil {
+		return "", nil, ErrStarted
+	}
+	var args []byte
+	if record {
+		if args, err = json.Marshal(argv); err != nil {
+			return "", nil, err
+		}
+	}
+	tmp, err := os.MkdirTemp(h.Root, id+".new-")
+	if err != nil {
+		return "", nil, fmt.Errorf("create the exec's directory: %w", err)
+	}
+	run, err := os.Open(tmp)
+	if err == nil {
+		err = syscall.Flock(int(run.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	}
+	if err == nil && record {
+		err = os.WriteFile(filepath.Join(tmp, "argv"), args, 0o600)
+	}
+	if err == nil {
+		err = renameDir(tmp, dir)
+	}
+	if err == nil {
+		return dir, run, nil
+	}
+	if run != nil {
+		run.Close()
+	}
+	_ = os.RemoveAll(tmp)
+	switch {
+	case errors.Is(err, errNoReplaceUnsupported):
+		return h.createInPlace(dir, args, record)
+	case errors.Is(err, os.ErrExist), errors.Is(err, syscall.ENOTEMPTY):
+		return "", nil, ErrStarted
+	}
+	return "", nil, fmt.Errorf("create the exec's directory: %w", err)
+}
+
+// createInPlace is create where the rename cannot refuse to replace: the
+// directory itself is the gate, a run file in it the lock.
+func (h *Holder) createInPlace(dir string, args []byte, record bool) (string, *os.File, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
-			return "", ErrStarted
+			return "", nil, ErrStarted
 		}
-		return "", fmt.Errorf("create the exec's directory: %w", err)
+		return "", nil, fmt.Errorf("create the exec's directory: %w", err)
 	}
 	if record {
-		args, err := json.Marshal(argv)
-		if err != nil {
-			return "", err
-		}
 		if err := os.WriteFile(filepath.Join(dir, "argv"), args, 0o600); err != nil {
-			return "", fmt.Errorf("record the command: %w", err)
+			return "", nil, fmt.Errorf("record the command: %w", err)
 		}
 	}
-	if err := syscall.Mkfifo(filepath.Join(dir, inFile), 0o600); err != nil {
-		return "", fmt.Errorf("create the command's stdin: %w", err)
+	run, err := lockRun(dir)
+	if err != nil {
+		return "", nil, err
 	}
-	return dir, nil
+	return dir, run, nil
 }
 
 // lockRun creates the exec's run file, locked for as long as it is open.
@@ -202,17 +251,30 @@ func lockRun(dir string) (*os.File, error) {
 	return run, nil
 }
 
+// openRunLock opens what holds the exec's run lock: its run file when it
+// has one (made in place), else the directory itself.
+func openRunLock(dir string) (*os.File, error) {
+	run, err := os.Open(filepath.Join(dir, runFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return os.Open(dir)
+	}
+	return run, err
+}
+
 // Spawn is Start without a keeper: the calling process (the helper's
 // server, which outlives the channel) runs argv in a session of its own,
 // in workDir with env, and keeps it as the keeper would, in the same
 // files. It returns once the command started (or failed to); done is
 // closed once its status is written.
 func (h *Holder) Spawn(id string, argv, env []string, workDir string) (done <-chan struct{}, err error) {
-	dir, err := h.create(id, argv, false)
-	if err != nil {
-		return nil, err
-	}
-	run, err := lockRun(dir)
+	return h.SpawnStream(id, argv, env, workDir, nil)
+}
+
+// SpawnStream is Spawn whose command is also streamed to the start that
+// asked for it, when st is not nil (st.Serve, once the start is
+// answered).
+func (h *Holder) SpawnStream(id string, argv, env []string, workDir string, st *Stream) (done <-chan struct{}, err error) {
+	dir, run, err := h.create(id, argv, false)
 	if err != nil {
 		return nil, err
 	}
@@ -222,7 +284,7 @@ func (h *Holder) Spawn(id string, argv, env []string, workDir string) (done <-ch
 	// A session of its own: no hang-up of the server's reaches it, and
 	// its process group is what a signal goes to.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	wait, err := h.run(dir, argv, cmd)
+	wait, err := h.run(dir, argv, cmd, st)
 	if err != nil {
 		run.Close()
 		return nil, err
@@ -260,7 +322,7 @@ func (h *Holder) Keep(id string) error {
 	// A process group of its own: signals reach the command and what it
 	// started, not the keeper that writes its status.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	wait, err := h.run(dir, argv, cmd)
+	wait, err := h.run(dir, argv, cmd, nil)
 	if err != nil {
 		return err
 	}
@@ -269,8 +331,9 @@ func (h *Holder) Keep(id string) error {
 
 // run starts cmd (argv) with its streams kept in dir and returns what
 // waits for it and writes its status; a command that cannot start has
-// status 127 at once.
-func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd) (wait func() error, err error) {
+// status 127 at once. With st, the command is streamed too: its output
+// once kept, its end as soon as it is known.
+func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd, st *Stream) (wait func() error, err error) {
 	limit := h.Cap
 	if limit <= 0 {
 		limit = DefaultCap
@@ -281,40 +344,69 @@ func (h *Holder) run(dir string, argv []string, cmd *exec.Cmd) (wait func() erro
 	closeAll := func() { out.Close(); errf.Close() }
 	ow, ew := &capped{w: out, left: limit}, &capped{w: errf, left: limit}
 	cmd.Stdout, cmd.Stderr = ow, ew
+	var in <-chan []byte
+	var inEnd, exited chan struct{}
+	if st != nil {
+		cmd.Stdout, cmd.Stderr = &teeWriter{w: ow, s: st, typ: frameOut}, &teeWriter{w: ew, s: st, typ: frameErr}
+		in, inEnd, exited = st.in, st.inEnd, st.exited
+	} else {
+		exited = make(chan struct{})
+	}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(errf, "hold: %v\n", err)
+		fmt.Fprintf(cmd.Stderr, "hold: %v\n", err)
 		closeAll()
-		serr := writeJSON(filepath.Join(dir, statusFile), status{ExitCode: 127})
+		close(exited)
+		s := status{ExitCode: 127}
+		serr := writeJSON(filepath.Join(dir, statusFile), s)
+		if st != nil {
+			st.end(s)
+		}
 		return func() error { return serr }, nil
 	}
 	ps := procState{PID: cmd.Process.Pid, Argv: argv, Started: time.Now().UTC().Format(time.RFC3339Nano)}
-	relayDone, exited := make(chan struct{}), make(chan struct{})
+	relayDone := make(chan struct{})
 	go func() {
 		defer close(relayDone)
-		relayStdin(dir, stdin, exited)
+		relayStdin(dir, stdin, exited, in, inEnd)
+	}()
+	// Written beside the command, not before run returns: the server
+	// answers the start first (a keeper's start wrote it no sooner), and a
+	// streamed end does not wait on it.
+	stateDone := make(chan struct{})
+	go func() {
+		defer close(stateDone)
+		_ = writeJSON(filepath.Join(dir, stateFile), ps)
 	}()
 	return func() error {
 		defer closeAll()
-		// Written here, not before run returns: the server answers the
-		// start first (a keeper's start wrote it no sooner).
-		_ = writeJSON(filepath.Join(dir, stateFile), ps)
 		werr := cmd.Wait()
 		close(exited)
-		<-relayDone
-		st := status{ExitCode: cmd.ProcessState.ExitCode(), Truncated: ow.over || ew.over}
+		s := status{ExitCode: cmd.ProcessState.ExitCode(), Truncated: ow.over || ew.over}
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			st.ExitCode, st.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
+			s.ExitCode, s.Signal = 128+int(ws.Signal()), signalName(ws.Signal())
 		}
 		var exitErr *exec.ExitError
 		if werr != nil && !errors.As(werr, &exitErr) {
 			fmt.Fprintf(errf, "hold: %v\n", werr)
 		}
-		return writeJSON(filepath.Join(dir, statusFile), st)
+		// A streamed end goes before the status file, which the run
+		// lock's release still waits for; but not a signal's, whose name
+		// the daemon reads in that file (`hold state`) once it has the end.
+		if st != nil && s.Signal == "" {
+			st.end(s)
+		}
+		<-relayDone
+		<-stateDone
+		err := writeJSON(filepath.Join(dir, statusFile), s)
+		if st != nil && s.Signal != "" {
+			st.end(s)
+		}
+		return err
 	}, nil
 }
 
@@ -399,15 +491,21 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 	if _, err := os.Stat(dir); err != nil {
 		return 0, ErrUnknown
 	}
-	ran := make(chan struct{})
-	if run, err := os.Open(filepath.Join(dir, runFile)); err == nil {
-		// Blocks until the keeper ends (at once if it has); the process
-		// exits with the attach, the goroutine with it.
+	// Blocks until the keeper ends (at once if it has); the process exits
+	// with the attach, the goroutine with it.
+	waitLock := func(run *os.File) <-chan struct{} {
+		ran := make(chan struct{})
 		go func() {
 			defer run.Close()
 			_ = syscall.Flock(int(run.Fd()), syscall.LOCK_SH)
 			close(ran)
 		}()
+		return ran
+	}
+	var ran <-chan struct{}
+	_, noRunFile := os.Stat(filepath.Join(dir, runFile))
+	if run, err := openRunLock(dir); err == nil {
+		ran = waitLock(run)
 	}
 	// freed: the keeper's lock was seen released, so its status, written
 	// before, is there to read unless the keeper died without one.
@@ -416,6 +514,15 @@ func (h *Holder) Attach(ctx context.Context, id string, outOff, errOff int64, st
 		// The status first: once it exists, the streams are complete.
 		var st status
 		ended := readJSON(filepath.Join(dir, statusFile), &st) == nil
+		if !ended && freed && noRunFile != nil {
+			// A directory made in place is not locked itself: its run
+			// file, placed just after it, is the lock.
+			noRunFile = nil
+			if run, err := waitRunFile(ctx, dir); err == nil {
+				ran, freed = waitLock(run), false
+				continue
+			}
+		}
 		if !ended && freed {
 			return 0, ErrKeeperGone
 		}
@@ -449,6 +556,26 @@ func (h *Holder) Forget(id string) error {
 		return nil
 	}
 	return os.RemoveAll(dir)
+}
+
+// runFileWait bounds the wait for the run file of a directory made in
+// place, found unlocked: its keeper places it just after the directory.
+const runFileWait = 200 * time.Millisecond
+
+// waitRunFile opens the run file of dir, waiting up to runFileWait for it.
+func waitRunFile(ctx context.Context, dir string) (*os.File, error) {
+	deadline := time.Now().Add(runFileWait)
+	for {
+		run, err := os.Open(filepath.Join(dir, runFile))
+		if err == nil || !errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
+			return run, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(pollEvery):
+		}
+	}
 }
 
 // Signal sends sig to the exec's command and its process group.
@@ -539,19 +666,26 @@ func signalName(s syscall.Signal) string {
 	return "UNKNOWN"
 }
 
-// relayStdin copies what the attaches write into the FIFO to the command's
-// stdin, and closes it once the caller's stdin ended and the FIFO is
-// drained, or the command exited. The FIFO is opened read-write and
-// non-blocking: an attach that goes away is no end of the input, and one
-// goroutine polls both the data and the end.
-func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}) {
+// relayStdin copies to the command's stdin what the attaches write into
+// the FIFO and what a streamed start sends (in), and closes it once the
+// caller's stdin ended (in.eof, or inEnd) and the FIFO is drained, or the
+// command exited. The FIFO is opened read-write and non-blocking: an
+// attach that goes away is no end of the input, and one goroutine polls
+// both the data and the end.
+func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}, in <-chan []byte, inEnd <-chan struct{}) {
 	defer stdin.Close()
-	fd, err := syscall.Open(filepath.Join(dir, inFile), syscall.O_RDWR|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	// Made here, off the start's path: a feed waits for it.
+	fifo := filepath.Join(dir, inFile)
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil && !errors.Is(err, os.ErrExist) {
+		return
+	}
+	fd, err := syscall.Open(fifo, syscall.O_RDWR|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return
 	}
 	defer syscall.Close(fd)
 	buf := make([]byte, 32<<10)
+	ended := false
 	for {
 		n, err := syscall.Read(fd, buf)
 		if n > 0 {
@@ -563,12 +697,22 @@ func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}) {
 		if err != nil && err != syscall.EAGAIN && err != syscall.EINTR {
 			return
 		}
+		if ended {
+			return
+		}
 		if _, serr := os.Stat(filepath.Join(dir, inEOFFile)); serr == nil {
 			return
 		}
 		select {
 		case <-exited:
 			return
+		case b := <-in:
+			if _, werr := stdin.Write(b); werr != nil {
+				return
+			}
+		case <-inEnd:
+			// The FIFO once more, then the end.
+			ended, inEnd = true, nil
 		case <-time.After(pollEvery):
 		}
 	}
@@ -590,7 +734,8 @@ func (h *Holder) Feed(ctx context.Context, id string, r io.Reader) error {
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, syscall.ENXIO) {
+		// ENOENT: the keeper has not made it yet.
+		if !errors.Is(err, syscall.ENXIO) && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 		if _, serr := os.Stat(filepath.Join(dir, statusFile)); serr == nil {

@@ -205,7 +205,7 @@ func TestAttachWakesWhenTheKeeperEndsAndTheCommandGetsNoLock(t *testing.T) {
 		t.Errorf("the command inherited the keeper's run lock")
 	}
 	dir, _ := h.dir(id)
-	run, err := os.Open(filepath.Join(dir, runFile))
+	run, err := openRunLock(dir)
 	if err != nil {
 		t.Fatalf("no run lock: %v", err)
 	}
@@ -280,5 +280,102 @@ func TestAttachEndsWhenTheKeeperDiesWithoutAStatus(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("attach took %v to see the keeper gone", d)
+	}
+}
+
+// TestConcurrentStartsOfOneIDRunItOnce: starts of one id racing each
+// other (a retried start whose answer was lost) run the command once,
+// whether the exec's directory is prepared and renamed into place or,
+// where a rename cannot refuse to replace, made in place; the others get
+// ErrStarted, an attach gets the command's end, and no prepared
+// directory is left behind.
+func TestConcurrentStartsOfOneIDRunItOnce(t *testing.T) {
+	for _, inPlace := range []bool{false, true} {
+		t.Run(fmt.Sprintf("inPlace=%v", inPlace), func(t *testing.T) {
+			if inPlace {
+				renameDir = func(string, string) error { return errNoReplaceUnsupported }
+				defer func() { renameDir = renameNoReplace }()
+			}
+			h := newHolder(t)
+			id := newID(t)
+			counter := filepath.Join(t.TempDir(), "ran")
+			argv := []string{"sh", "-c", "echo ran >> " + counter + "; sleep 0.2; exit 5"}
+			const n = 8
+			errs := make(chan error, n)
+			for i := 0; i < n; i++ {
+				go func() {
+					_, err := h.Spawn(id, argv, os.Environ(), t.TempDir())
+					errs <- err
+				}()
+			}
+			started := 0
+			for i := 0; i < n; i++ {
+				switch err := <-errs; {
+				case err == nil:
+					started++
+				case !errors.Is(err, ErrStarted):
+					t.Fatalf("a start: %v", err)
+				}
+			}
+			if started != 1 {
+				t.Fatalf("%d starts ran the command, want 1", started)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			code, err := h.Attach(ctx, id, 0, 0, io.Discard, io.Discard)
+			if err != nil || code != 5 {
+				t.Fatalf("attach: exit %d, %v; want 5", code, err)
+			}
+			if b, _ := os.ReadFile(counter); string(b) != "ran\n" {
+				t.Errorf("the command ran %d times", strings.Count(string(b), "ran"))
+			}
+			names, _ := os.ReadDir(h.Root)
+			if len(names) != 1 || names[0].Name() != id {
+				var got []string
+				for _, e := range names {
+					got = append(got, e.Name())
+				}
+				t.Errorf("the holder's directory holds %v, want only the exec's", got)
+			}
+		})
+	}
+}
+
+// TestAttachWaitsForTheRunFileOfADirectoryMadeInPlace: where the exec's
+// directory is made in place, an attach that comes between the
+// directory and its run lock (the keeper places it just after) waits on
+// that lock instead of taking the unlocked directory for a keeper gone.
+func TestAttachWaitsForTheRunFileOfADirectoryMadeInPlace(t *testing.T) {
+	h := newHolder(t)
+	id := newID(t)
+	dir, err := h.dir(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		code, err := h.Attach(ctx, id, 0, 0, io.Discard, io.Discard)
+		if err == nil && code != 6 {
+			err = fmt.Errorf("exit %d, want 6", code)
+		}
+		got <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	run, err := lockRun(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if err := writeJSON(filepath.Join(dir, statusFile), status{ExitCode: 6}); err != nil {
+		t.Fatal(err)
+	}
+	run.Close()
+	if err := <-got; err != nil {
+		t.Fatalf("attach: %v", err)
 	}
 }

@@ -58,6 +58,10 @@ type Options struct {
 	// id: nil when it started it. Any error leaves it to a keeper of this
 	// process's own, unless the exec's directory appeared meanwhile.
 	Server func(ctx context.Context, id string, req SpawnRequest) error
+	// Stream, when set, asks the helper's server to keep the command of
+	// id and stream it (Stream.Serve) on c, rd being c's reading side
+	// past the answer; start asks it before Server.
+	Stream func(ctx context.Context, id string, req SpawnRequest) (c io.WriteCloser, rd io.Reader, err error)
 }
 
 // Begin starts argv under id once, in dir with env: kept by o.Server when
@@ -116,6 +120,38 @@ func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, st
 		}
 		return o.Begin(ctx, h, id, argv, os.Environ(), wd)
 	}
+	// beginStream is begin asking for a streamed start first: c is nil
+	// when the command runs but is not streamed to this process (kept by
+	// an older server, or by a keeper of its own, or started before the
+	// answer was lost).
+	beginStream := func(argv []string) (io.WriteCloser, io.Reader, error) {
+		if o.Stream == nil {
+			return nil, nil, begin(argv)
+		}
+		dir, err := h.dir(id)
+		if err != nil {
+			return nil, nil, err
+		}
+		if _, err := os.Stat(dir); err == nil {
+			return nil, nil, ErrStarted
+		}
+		wd, err := os.Getwd()
+		if err != nil {
+			return nil, nil, fmt.Errorf("find the working directory: %w", err)
+		}
+		// As in begin, the server's answer is not trusted beyond this.
+		c, rd, serr := o.Stream(ctx, id, SpawnRequest{Root: root, Argv: argv, Env: os.Environ(), Dir: wd})
+		if _, err := os.Stat(dir); err == nil {
+			if serr != nil {
+				return nil, nil, nil
+			}
+			return c, rd, nil
+		}
+		if serr == nil {
+			c.Close()
+		}
+		return nil, nil, begin(argv)
+	}
 	fail := func(err error) int {
 		if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 			// The channel is gone (the attach was cut): nothing to say on
@@ -125,11 +161,12 @@ func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, st
 		fmt.Fprintf(stderr, "hold %s: %v\n", args[0], err)
 		return ExitFailed
 	}
+	signalFiles := func(sig syscall.Signal) { _ = h.Signal(id, sig) }
 	// start and attach live as long as the channel that runs them: a hang-up
 	// (the channel or its connection is gone) ends them and leaves the
 	// command running; any other signal the client sends goes to the
 	// command.
-	attached := func() (context.Context, func()) {
+	attached := func(relay func(syscall.Signal)) (context.Context, func()) {
 		actx, cancel := context.WithCancel(context.Background())
 		sigs := make(chan os.Signal, 4)
 		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGHUP)
@@ -143,7 +180,7 @@ func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, st
 						cancel()
 						return
 					}
-					_ = h.Signal(id, sig.(syscall.Signal))
+					relay(sig.(syscall.Signal))
 				}
 			}
 		}()
@@ -160,14 +197,30 @@ func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, st
 		if len(args) < 4 || args[2] != "--" {
 			return usage()
 		}
-		if err := begin(args[3:]); err != nil {
+		c, rd, err := beginStream(args[3:])
+		if err != nil {
 			if errors.Is(err, ErrStarted) {
 				fmt.Fprintf(stderr, "hold start: %v\n", err)
 				return ExitStarted
 			}
 			return fail(err)
 		}
-		actx, stop := attached()
+		if c != nil {
+			sigs := make(chan syscall.Signal, 4)
+			actx, stop := attached(func(sig syscall.Signal) {
+				select {
+				case sigs <- sig:
+				default:
+				}
+			})
+			defer stop()
+			code, err := h.streamed(actx, id, c, rd, stdin, framed, sigs, stdout, stderr)
+			if err != nil {
+				return fail(err)
+			}
+			return code
+		}
+		actx, stop := attached(signalFiles)
 		defer stop()
 		go func() { _ = h.feed(actx, id, stdin, framed) }()
 		code, err := h.Attach(actx, id, 0, 0, stdout, stderr)
@@ -205,7 +258,7 @@ func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, st
 		if err1 != nil || err2 != nil || out < 0 || errOff < 0 {
 			return usage()
 		}
-		actx, stop := attached()
+		actx, stop := attached(signalFiles)
 		defer stop()
 		go func() { _ = h.feed(actx, id, stdin, framed) }()
 		code, err := h.Attach(actx, id, out, errOff, stdout, stderr)
