@@ -162,3 +162,75 @@ func TestStrayEditsComeBackWithTheHelperByItsScript(t *testing.T) {
 	f.assertStrayBack()
 	assertTree(t, f.sandbox, tree(t, f.local))
 }
+
+// A synced exec with the helper starts one helper process in the sandbox,
+// the exchange: it looks for stray edits itself (the server's native pull
+// against the tree the last pull left) instead of a second process, and
+// edits it finds come back.
+func TestFusedExecStartsOneHelperProcess(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	for i := 0; i < 2; i++ { // the first adopts, the second is native
+		if _, fr, err := f.fused("echo made > made.txt"); err != nil || !fr.Native {
+			t.Fatalf("exec %d: native %v, err %v", i, fr.Native, err)
+		}
+	}
+	// Every start of the helper is written down by a wrapper in its place.
+	bin := filepath.Join(f.sandbox, ".git", "sandboxd", "bin", f.r.helperName)
+	if err := os.Rename(bin, bin+".real"); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(t.TempDir(), "starts")
+	writeFile(t, bin, "#!/bin/sh\necho \"$1\" >>"+log+"\nexec \""+bin+".real\" \"$@\"\n")
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	starts := func() string {
+		b, _ := os.ReadFile(log)
+		_ = os.Remove(log)
+		return strings.TrimSpace(string(b))
+	}
+	writeFile(t, filepath.Join(f.local, "b.txt"), "local\n")
+	if _, fr, err := f.fused("true"); err != nil || !fr.Native {
+		t.Fatalf("exec: native %v, err %v", fr.Native, err)
+	}
+	if got := starts(); got != "exchange" {
+		t.Fatalf("helper processes of one exec: %q, want only the exchange", got)
+	}
+	f.inSandbox(strayEdit)
+	if _, _, err := f.fused("true"); err != nil {
+		t.Fatal(err)
+	}
+	// They come back first (the exchange answers Again), then the command
+	// runs in a second exchange: still no other helper process.
+	if got := starts(); strings.ReplaceAll(got, "exchange", "") != "\n" {
+		t.Fatalf("helper processes of the exec after stray edits: %q, want two exchanges", got)
+	}
+	f.assertStrayBack()
+	assertTree(t, f.sandbox, tree(t, f.local))
+}
+
+// When the exchange cannot ask the helper's server (it went away), the
+// look for stray edits takes the shell's way (the request's stray script)
+// and they still come back.
+func TestStrayEditsComeBackWhenTheHelperServerIsGone(t *testing.T) {
+	useHelper = true
+	t.Cleanup(func() { useHelper = false })
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	for i := 0; i < 2; i++ {
+		if _, fr, err := f.fused("echo made > made.txt"); err != nil || !fr.Native {
+			t.Fatalf("exec %d: native %v, err %v", i, fr.Native, err)
+		}
+	}
+	f.inSandbox(strayEdit)
+	sock := filepath.Join(f.sandbox, ".git", "sandboxd", "helper", f.r.helperInstance+".sock")
+	if err := os.Rename(sock, sock+".away"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.fused("true"); err != nil {
+		t.Fatal(err)
+	}
+	f.assertStrayBack()
+	assertTree(t, f.sandbox, tree(t, f.local))
+}
