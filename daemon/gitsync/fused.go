@@ -103,8 +103,8 @@ type Fused struct {
 	// for the command's edits itself (see sandboxhelper).
 	Native bool
 	// Again says the command did not run because the push found something
-	// to do first (edits of an earlier exec brought back, a commit pushed,
-	// a patch needed): prepare and exchange again.
+	// to do first (edits of an earlier exec brought back, a commit pushed):
+	// prepare and exchange again.
 	Again bool
 	// Split says the helper did not take the exchange (it is missing, did
 	// not answer, speaks another version or declined): nothing ran; take
@@ -114,9 +114,8 @@ type Fused struct {
 
 // Fuse returns the exchange that runs command (a shell command line for the
 // sandbox's /bin/sh) synced with p through the sandbox helper. ok is false
-// when no helper serves on r's connection, or the patch was left out and
-// the helper went away: the caller then takes the separate steps (Push,
-// the command, Pull). When the sandbox may lack p's head commit, it is
+// when no helper serves on r's connection: the caller then takes the
+// separate steps (Push, the command, Pull). When the sandbox may lack p's head commit, it is
 // pushed first with git's protocol (one more round trip, only when HEAD
 // moved).
 func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (*Exchange, bool, error) {
@@ -147,18 +146,14 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 		Pending: x.pend, Acks: acks, Max: s.maxBytes, DiffArgs: diffOptions, Command: command,
 		PullScript: pullScript(hv, acks, s.maxBytes),
 	}
-	if p.lazy {
-		req.Entries, req.NoPatch = []byte(p.bundle), true
-	} else {
-		if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.LFSFiles, MaxFusedPatch); ok {
-			if b, ok := nativeBundle(entries); ok {
-				req.Entries = []byte(b)
-			}
+	if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.LFSFiles, MaxFusedPatch); ok {
+		if b, ok := nativeBundle(entries); ok {
+			req.Entries = []byte(b)
 		}
-		req.Patch = p.Data
-		req.PushScript = prelude + hv + `off=; [ ! -f "$st/native.off" ] || read -r off <"$st/native.off" || true
-` + pushBody(p.HeadSHA, patchKey(p.Data), now, x.pend, acks, s.maxBytes, p.LargeTree, true)
 	}
+	req.Patch = p.Data
+	req.PushScript = prelude + hv + `off=; [ ! -f "$st/native.off" ] || read -r off <"$st/native.off" || true
+` + pushBody(p.HeadSHA, patchKey(p.Data), now, x.pend, acks, s.maxBytes, p.LargeTree, true)
 	if x.req, err = marshalRequest(req); err != nil {
 		return nil, false, err
 	}
@@ -451,16 +446,10 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	case a.started == nil && (!a.hello || a.version != helperproto.Version):
 		// The helper is missing or speaks another version: nothing of
 		// the exchange ran.
-		x.s.nativeServed(x.rp.root, "")
 		res.Split = true
 		return res, nil
 	case a.declined != nil:
-		x.s.nativeServed(x.rp.root, "")
-		if a.declined.NeedPatch && x.p.lazy {
-			res.Again = true
-		} else {
-			res.Split = true
-		}
+		res.Split = true
 		return res, nil
 	case a.pushFail != nil:
 		if _, err := x.s.pushFailed(ctx, r, x.rp, x.p, a.pushFail.Code, &a.pull, sandboxText(a.pushFail.Stderr), 0, &res.Push); err != nil {
@@ -476,11 +465,6 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		return res, nil
 	}
 	res.Native = a.started.Native
-	served := ""
-	if res.Native {
-		served = x.inst
-	}
-	x.s.nativeServed(x.rp.root, served)
 	x.s.pushDone(x.p, x.pend, a.started.Snapshot, &res.Push)
 	if a.exit == nil {
 		if a.err != nil {

@@ -239,7 +239,7 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 	f.t.Helper()
 	ctx := context.Background()
 	for attempt := 0; attempt < 3; attempt++ {
-		p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
+		p, err := f.s.Prepare(ctx, f.local, f.base)
 		if err != nil {
 			f.t.Fatalf("prepare: %v", err)
 		}
@@ -275,9 +275,6 @@ func (f *fixture) fused(command string) (string, Fused, error) {
 		}
 		if fr.Native {
 			nativeExecs.Add(1)
-		}
-		if p.lazy {
-			lazyExecs.Add(1)
 		}
 		want := 1
 		if fr.Push.Commits {
@@ -473,9 +470,6 @@ var useHelper bool
 
 // nativeExecs counts the fused execs the helper's native sync took part in.
 var nativeExecs atomic.Int64
-
-// lazyExecs counts the fused execs that carried no patch (PrepareExchange).
-var lazyExecs atomic.Int64
 
 // againExchanges counts the exchanges that ended asking for another
 // (Fused.Again) before one ran the command.
