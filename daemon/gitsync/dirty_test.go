@@ -573,3 +573,55 @@ func TestIncrementalPrepareAgreesWithAFullScan(t *testing.T) {
 		f.syncCompare()
 	}
 }
+
+// The incremental Prepare learns which paths the user's index tracks from
+// git whatever the index's layout (version 4, split), so a tracked file
+// that .gitignore matches is synced and one the user stops tracking is
+// not; an index with skip-worktree entries, whose files git add -A leaves
+// alone, makes every Prepare a full scan. The Syncer checks each result
+// against a full scan (verify).
+func TestIncrementalPrepareReadsEveryIndexLayout(t *testing.T) {
+	for name, layout := range map[string][]string{
+		"version 4":     {"update-index", "--index-version", "4"},
+		"split":         {"update-index", "--split-index"},
+		"skip-worktree": {"update-index", "--skip-worktree", "b.txt"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n", "kept.log": "k\n"})
+			testutil.Git(t, f.local, layout...)
+			sparse := name == "skip-worktree"
+			// The sandbox gets b.txt's committed content, not the local one.
+			f.compareTrees = !sparse
+			var hows []string
+			f.s.observe = func(how string) { hows = append(hows, how) }
+			step := func(what string, change func(), files string) {
+				t.Helper()
+				hows = nil
+				change()
+				if p := f.syncCompare(); strings.Join(p.Files, ",") != files {
+					t.Fatalf("%s: files %v, want %s", what, p.Files, files)
+				}
+				if incremental := hows[0] == "incremental"; incremental == sparse {
+					t.Fatalf("%s: the prepare was %q", what, hows[0])
+				}
+			}
+			f.syncCompare() // the first, full scan
+			wantB := "a.txt,b.txt"
+			if sparse {
+				wantB = "a.txt"
+			}
+			step("two tracked files edited", func() {
+				writeFile(t, filepath.Join(f.local, "a.txt"), "a2\n")
+				writeFile(t, filepath.Join(f.local, "b.txt"), "b2\n")
+			}, wantB)
+			writeFile(t, filepath.Join(f.local, ".gitignore"), "*.log\n")
+			f.syncCompare() // a new rule: a full scan
+			step("a tracked file the rules ignore, edited", func() {
+				writeFile(t, filepath.Join(f.local, "kept.log"), "k2\n")
+			}, ".gitignore,"+wantB+",kept.log")
+			step("that file no longer tracked", func() {
+				testutil.Git(t, f.local, "rm", "-q", "--cached", "kept.log")
+			}, ".gitignore,"+wantB+",kept.log")
+		})
+	}
+}
