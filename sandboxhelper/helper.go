@@ -28,9 +28,9 @@
 //     trees in-process (internal/gitobj); it declines before changing
 //     anything when it cannot vouch for the result (no known base, the
 //     tracker unsure, rules files changed, converting settings or
-//     attributes, submodules). Without a patch in the request it then
-//     answers Declined (the daemon sends the patch); a push script that
-//     fails answers PushFailed. Its own messages go to stderr and
+//     attributes, submodules), and the request's push script takes the
+//     plain way with its patch; a push script that fails answers
+//     PushFailed. Its own messages go to stderr and
 //     .git/sandboxd/native.err.
 //   - adopt: after the push script's plain way, tells the server the tree
 //     the push made, so that the pull (and the next exchange) can be
