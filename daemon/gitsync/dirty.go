@@ -231,7 +231,7 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 	// time (by a stamp, or by the tracker, whose answer came before).
 	indexSt := stampOf(r.index)
 	stamps, supported := s.configFiles(ctx, r)
-	ix, ixErr := s.readIndexPaths(ctx, r)
+	ix, ixErr := readIndexPaths(r.index, len(head)/2)
 	if ixErr == nil && !supported {
 		ixErr = errors.New("core.fileMode or core.symlinks is false, or core.ignoreCase true")
 	}
@@ -240,7 +240,7 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 		return nil, "", err
 	}
 	if ixErr != nil {
-		// Skip-worktree entries, or settings the sync does not follow:
+		// An index the sync cannot read, or settings it does not follow:
 		// always the full scan.
 		s.log.Debug("every sync of this repository scans the whole tree", "repo", r.root, "why", ixErr)
 		return res, "full:" + why, nil
@@ -332,7 +332,7 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 	}
 	// The user's index: only which paths it tracks matters.
 	if now := stampOf(r.index); now != st.indexSt {
-		ix, err := s.readIndexPaths(ctx, r)
+		ix, err := readIndexPaths(r.index, len(st.head)/2)
 		if err != nil {
 			return nil, &fallback{"index"}
 		}

@@ -574,14 +574,15 @@ func TestIncrementalPrepareAgreesWithAFullScan(t *testing.T) {
 	}
 }
 
-// The incremental Prepare learns which paths the user's index tracks from
-// git whatever the index's layout (version 4, split), so a tracked file
-// that .gitignore matches is synced and one the user stops tracking is
-// not; an index with skip-worktree entries, whose files git add -A leaves
-// alone, makes every Prepare a full scan. The Syncer checks each result
-// against a full scan (verify).
+// The incremental Prepare reads which paths the user's index tracks
+// (version 2 and 4 indexes), so a tracked file that .gitignore matches is
+// synced and one the user stops tracking is not; an index it does not
+// read (split) or one with skip-worktree entries, whose files git add -A
+// leaves alone, makes every Prepare a full scan. The Syncer checks each
+// result against a full scan (verify).
 func TestIncrementalPrepareReadsEveryIndexLayout(t *testing.T) {
 	for name, layout := range map[string][]string{
+		"version 2":     {"update-index", "--index-version", "2"},
 		"version 4":     {"update-index", "--index-version", "4"},
 		"split":         {"update-index", "--split-index"},
 		"skip-worktree": {"update-index", "--skip-worktree", "b.txt"},
@@ -590,6 +591,7 @@ func TestIncrementalPrepareReadsEveryIndexLayout(t *testing.T) {
 			f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n", "kept.log": "k\n"})
 			testutil.Git(t, f.local, layout...)
 			sparse := name == "skip-worktree"
+			full := sparse || name == "split"
 			// The sandbox gets b.txt's committed content, not the local one.
 			f.compareTrees = !sparse
 			var hows []string
@@ -601,7 +603,7 @@ func TestIncrementalPrepareReadsEveryIndexLayout(t *testing.T) {
 				if p := f.syncCompare(); strings.Join(p.Files, ",") != files {
 					t.Fatalf("%s: files %v, want %s", what, p.Files, files)
 				}
-				if incremental := hows[0] == "incremental"; incremental == sparse {
+				if incremental := hows[0] == "incremental"; incremental == full {
 					t.Fatalf("%s: the prepare was %q", what, hows[0])
 				}
 			}

@@ -19,7 +19,7 @@
 //     With it (internal/watch.Trees), prepareIncremental looks only at the
 //     paths the tracker names; prepareTracked falls back to the full scan
 //     the first time, when the tracker is unsure, a config file changed,
-//     the index has skip-worktree entries, HEAD moved too far, or the
+//     the index is one the sync cannot read, HEAD moved too far, or the
 //     changes are many (maxIncremental) or touch an ignore file, a
 //     submodule or a special file (the fallback reasons in dirty.go).
 //     The incremental way stages the changed paths with git itself, into
