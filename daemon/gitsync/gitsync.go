@@ -32,8 +32,8 @@
 //     docs/performance.md). One piece stays, because that number needs it
 //     whenever the user's index changed (a git add, an editor's git
 //     status): which paths the index tracks is read in-process
-//     (userindex.go), 6 to 10 ms at 50,000 entries where `git ls-files`
-//     takes 72 to 86 ms.
+//     (userindex.go), 5 to 20 ms at 50,000 entries where `git ls-files`
+//     and its parse take 50 to 90 ms.
 //   - Apply what differs or read-tree (sandbox side of the plain push).
 //     When the local index is at least largeIndexBytes (Patch.LargeTree)
 //     the working tree moves by a patch of what differs; below, by a
