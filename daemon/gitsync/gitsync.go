@@ -27,13 +27,15 @@
 //     update-index` on it, then `git diff --cached` limited to those paths:
 //     diffPaths), so its cost is what changed, not the tree's size. Git's
 //     index format is not written in-process and every exchange carries
-//     the patch: a synced exec with one changed file at 50,000 files is
-//     within 1.2x of one at 200 without them (`make bench`, synced rows;
-//     docs/performance.md). One piece stays, because that number needs it
-//     whenever the user's index changed (a git add, an editor's git
-//     status): which paths the index tracks is read in-process
-//     (userindex.go), 5 to 20 ms at 50,000 entries where `git ls-files`
-//     and its parse take 50 to 90 ms.
+//     the patch: a synced exec with one changed file does not need them to
+//     cost the same at 50,000 files as at 200 (the same two git processes
+//     either way, BenchmarkPrepareOneFileChange; `make bench`'s synced rows
+//     at 50,000 files are 0.9 to 1.3 times those at 200 with and without
+//     them, the noise of the machine). One piece stays, because that
+//     number needs it whenever the user's index changed (a git add, an
+//     editor's git status): which paths the index tracks is read
+//     in-process (userindex.go), 5 to 20 ms at 50,000 entries where `git
+//     ls-files` and its parse take 50 to 90 ms.
 //   - Apply what differs or read-tree (sandbox side of the plain push).
 //     When the local index is at least largeIndexBytes (Patch.LargeTree)
 //     the working tree moves by a patch of what differs; below, by a
