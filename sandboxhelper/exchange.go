@@ -375,12 +375,6 @@ func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (
 			return helperproto.Started{Snapshot: a.Snap, Native: true}, true
 		}
 	}
-	if req.NoPatch {
-		fmt.Fprintf(x.log, "%s exchange: declined: the native push did not apply and the request has no patch\n", Name)
-		_ = x.send(helperproto.FrameDeclined, helperproto.Declined{Reason: "the native push did not apply", NeedPatch: true})
-		_ = x.fw.Write(helperproto.FrameEnd, nil)
-		return helperproto.Started{}, false
-	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command("/bin/sh", "-c", req.PushScript)
 	cmd.Env = append(os.Environ(), "sready=", "hcur="+x.stagePush(ctx, req))

@@ -38,8 +38,8 @@
 //     (internal/gitobj); it declines before changing anything when it
 //     cannot vouch for the result (no known base, the tracker unsure,
 //     rules files changed, converting settings or attributes,
-//     submodules). Without a patch in the request it then answers
-//     Declined (the daemon sends the patch); a script that fails answers
+//     submodules), and the script takes the plain way with the request's
+//     patch; a script that fails answers
 //     PushFailed. Its own messages go to stderr and
 //     .git/sandboxd/native.err.
 //   - hold (package hold): durable execs, for a split exec without a

@@ -40,46 +40,33 @@ func benchPath(i int) string {
 // BenchmarkPrepareOneFileChange measures the local half of a push with one
 // file edited before each Prepare: what every synced exec pays before its
 // push request, at 200, 5,000 and 50,000 files.
-//
-// exchange=true is the Prepare of a fused exchange whose helper served the
-// last one natively (PrepareExchange): no patch, no git process.
 func BenchmarkPrepareOneFileChange(b *testing.B) {
-	for _, exchange := range []bool{false, true} {
-		for _, n := range benchSizes {
-			b.Run(fmt.Sprintf("exchange=%v/files=%d", exchange, n), func(b *testing.B) {
-				isolate(b)
-				dir := filepath.Join(b.TempDir(), "repo")
-				base := benchRepo(b, dir, n)
-				s := newBenchSyncer(b)
-				ctx := context.Background()
-				native := ""
-				if exchange {
-					native = "bench"
-					s.nativeServed(dir, native)
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("files=%d", n), func(b *testing.B) {
+			isolate(b)
+			dir := filepath.Join(b.TempDir(), "repo")
+			base := benchRepo(b, dir, n)
+			s := newBenchSyncer(b)
+			ctx := context.Background()
+			edited := filepath.Join(dir, benchPath(n/2))
+			writeFile(b, edited, "package pkg\n\n// edited\n")
+			if _, err := s.Prepare(ctx, dir, base); err != nil { // the first one scans
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				writeFile(b, edited, fmt.Sprintf("package pkg\n\n// edited %d\n", i))
+				b.StartTimer()
+				p, err := s.Prepare(ctx, dir, base)
+				if err != nil {
+					b.Fatal(err)
 				}
-				edited := filepath.Join(dir, benchPath(n/2))
-				// The first one scans, the second learns HEAD's entry.
-				for range 2 {
-					writeFile(b, edited, "package pkg\n\n// edited\n")
-					if _, err := s.prepare(ctx, dir, base, native); err != nil {
-						b.Fatal(err)
-					}
+				if len(p.Files) != 1 {
+					b.Fatalf("files %v", p.Files)
 				}
-				b.ResetTimer()
-				for i := 0; i < b.N; i++ {
-					b.StopTimer()
-					writeFile(b, edited, fmt.Sprintf("package pkg\n\n// edited %d\n", i))
-					b.StartTimer()
-					p, err := s.prepare(ctx, dir, base, native)
-					if err != nil {
-						b.Fatal(err)
-					}
-					if len(p.Files) != 1 || p.lazy != exchange {
-						b.Fatalf("files %v, without the patch %v", p.Files, p.lazy)
-					}
-				}
-			})
-		}
+			}
+		})
 	}
 }
 

@@ -12,9 +12,6 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-
-	"github.com/sandboxd/sandboxd/internal/gitobj"
-	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // ChangeTracker tells which paths of a working tree changed since its
@@ -58,57 +55,6 @@ type prepState struct {
 	// ignoreKnown is what git said of untracked paths since the last full
 	// scan: ignored or not.
 	ignoreKnown map[string]bool
-	// mem mirrors the sync index when it is staged in-process (nil: git
-	// stages it); objects is where its blobs go.
-	mem     memIndex
-	objects *gitobj.Store
-	// headKnown is HEAD's entry at the paths the sync learnt it for
-	// (learnHead), valid for the commit headFor.
-	headFor   string
-	headKnown map[string]headEntry
-	// pending are the blobs the copy in memory staged that are not
-	// written yet, by path (the latest content only); when there are any,
-	// or the copy changed, the sync index file lags it (flushSmall). Only
-	// git reads either, and a patchless exchange asks git nothing.
-	pending      map[string]blob
-	pendingBytes int
-	smallStale   bool
-}
-
-// maxPending bounds the content stageLater keeps in memory.
-const maxPending = 4 << 20
-
-// stageLater records what the copy in memory just staged, to be written
-// when git next reads the sync index.
-func (st *prepState) stageLater(blobs map[string]blob) error {
-	if st.pending == nil {
-		st.pending = map[string]blob{}
-	}
-	for p, b := range blobs {
-		st.pendingBytes += len(b.data) - len(st.pending[p].data)
-		st.pending[p] = b
-	}
-	st.smallStale = true
-	if st.pendingBytes > maxPending {
-		return st.flushSmall()
-	}
-	return nil
-}
-
-// flushSmall writes the pending blobs and the sync index as the copy in
-// memory has them.
-func (st *prepState) flushSmall() error {
-	if !st.smallStale || st.mem == nil {
-		return nil
-	}
-	if err := writeBlobs(st.objects, st.pending); err != nil {
-		return err
-	}
-	if err := st.mem.write(st.small); err != nil {
-		return err
-	}
-	st.pending, st.pendingBytes, st.smallStale = nil, 0, false
-	return nil
 }
 
 // stamp identifies a file's version without reading it.
@@ -148,12 +94,8 @@ func (s *Syncer) prepState(root string) *prepState {
 // configFiles are the files outside the working tree that change what git
 // add -A stages or how: configuration (filters, autocrlf, excludes file),
 // excludes, attributes, sparse checkout.
-//
-// asIs says no setting makes git add convert files (line ends, a custom
-// attributes file), the first condition of staging in-process (see
-// memIndex).
-func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok, asIs bool) {
-	ok, asIs = true, true
+func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok bool) {
+	ok = true
 	dirs := []string{r.gitDir}
 	if b, err := os.ReadFile(filepath.Join(r.gitDir, "commondir")); err == nil {
 		c := strings.TrimSpace(string(b))
@@ -188,10 +130,10 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok, a
 	// A custom excludes or attributes file, and settings under which git
 	// add keeps the index's mode or matches paths its own way (the sync
 	// index of the changed paths would not know): asked once per full scan.
-	out, err := s.run(ctx, gitCall{dir: r.root}, "config", "-z", "--get-regexp", `^core\.(excludesfile|attributesfile|filemode|symlinks|ignorecase|autocrlf|eol|precomposeunicode)$`)
+	out, err := s.run(ctx, gitCall{dir: r.root}, "config", "-z", "--get-regexp", `^core\.(excludesfile|attributesfile|filemode|symlinks|ignorecase)$`)
 	var ge *gitError
 	if err != nil && !(errors.As(err, &ge) && ge.code == 1) { // 1: none set
-		return nil, false, false
+		return nil, false
 	}
 	for _, kv := range splitZ(out) {
 		k, v, _ := strings.Cut(kv, "\n")
@@ -206,15 +148,6 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok, a
 				ok = false
 			}
 			continue
-		case "core.autocrlf", "core.eol", "core.precomposeunicode":
-			switch strings.ToLower(strings.TrimSpace(v)) {
-			case "false", "no", "off", "0", "lf", "native":
-			default:
-				asIs = false
-			}
-			continue
-		case "core.attributesfile":
-			asIs = false
 		}
 		if v == "" {
 			continue
@@ -227,7 +160,7 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok, a
 		}
 		files = append(files, v)
 	}
-	return files, ok, asIs
+	return files, ok
 }
 
 // gitTrue reads a git boolean ("true" when set without a value).
@@ -251,7 +184,7 @@ func stampsChanged(old []stamp) bool {
 // prepareTracked is Prepare with a change tracker: a full scan the first
 // time and whenever anything is uncertain, else only the changed paths are
 // looked at; nothing changed costs no process at all.
-func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *prepState, lazy bool) (*prepared, string, error) {
+func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *prepState) (*prepared, string, error) {
 	cookieDir := filepath.Join(r.stateDir(), "watch")
 	paths, gone, full := s.changes.Changes(ctx, r.root, cookieDir)
 	if ctx.Err() != nil {
@@ -274,7 +207,7 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 			st.valid = false
 			return nil, "", err
 		}
-		res, err := s.prepareIncremental(ctx, r, st, head, paths, gone, lazy)
+		res, err := s.prepareIncremental(ctx, r, st, head, paths, gone)
 		if err == nil {
 			if s.verify {
 				err = s.verifyFull(ctx, r, head, res)
@@ -297,7 +230,7 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 	// The versions the scan starts from: a change after this is seen next
 	// time (by a stamp, or by the tracker, whose answer came before).
 	indexSt := stampOf(r.index)
-	stamps, supported, asIs := s.configFiles(ctx, r)
+	stamps, supported := s.configFiles(ctx, r)
 	ix, ixErr := readIndexPaths(r.index, len(head)/2)
 	if ixErr == nil && !supported {
 		ixErr = errors.New("core.fileMode or core.symlinks is false, or core.ignoreCase true")
@@ -312,13 +245,11 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 		s.log.Debug("every sync of this repository scans the whole tree", "repo", r.root, "why", ixErr)
 		return res, "full:" + why, nil
 	}
-	asIs = asIs && stagesAsIs(r, stamps, ix, res.recs, len(head)/2)
-	if err := s.resetSmall(ctx, r, st, res, asIs); err != nil {
+	if err := s.resetSmall(ctx, r, st, res); err != nil {
 		s.log.Debug("sync index of changed paths not written; the next sync scans again", "repo", r.root, "err", err)
 		return res, "full:" + why, nil
 	}
 	st.head, st.index, st.indexSt, st.res = head, ix, indexSt, res
-	st.learnHead(head, nil, true, res.recs, nil)
 	st.stamps = st.stamps[:0]
 	for _, f := range stamps {
 		st.stamps = append(st.stamps, stampOf(f))
@@ -333,16 +264,13 @@ type fallback struct{ why string }
 func (f *fallback) Error() string { return "full scan needed: " + f.why }
 
 // resetSmall rebuilds the sync index from a full scan's records: the
-// changed paths that exist, with the content the scan staged. With asIs
-// (stagesAsIs) the sync index is kept in memory too and staged in-process
-// from now on.
-func (s *Syncer) resetSmall(ctx context.Context, r repo, st *prepState, res *prepared, asIs bool) error {
+// changed paths that exist, with the content the scan staged.
+func (s *Syncer) resetSmall(ctx context.Context, r repo, st *prepState, res *prepared) error {
 	if st.small == "" {
 		st.small = filepath.Join(r.stateDir(), fmt.Sprintf("sync-index-%d-%s", os.Getpid(), newID()[:8]))
 		removeStaleSmall(r)
 	}
 	_ = os.Remove(st.small)
-	st.mem, st.pending, st.pendingBytes = nil, nil, 0
 	st.inSmall = map[string]bool{}
 	st.ignoreKnown = map[string]bool{}
 	st.changed = map[string]bool{}
@@ -355,17 +283,6 @@ func (s *Syncer) resetSmall(ctx context.Context, r repo, st *prepState, res *pre
 			st.inSmall[rec.dst] = true
 		}
 	}
-	if asIs {
-		m, ok := memFromRecs(res.recs)
-		objects, err := gitobj.OpenStore(r.gitDir)
-		if ok && err == nil {
-			if err := m.write(st.small); err != nil {
-				return err
-			}
-			st.mem, st.objects = m, objects
-			return nil
-		}
-	}
 	if in.Len() == 0 {
 		return nil
 	}
@@ -373,47 +290,6 @@ func (s *Syncer) resetSmall(ctx context.Context, r repo, st *prepState, res *pre
 		return fmt.Errorf("write the sync index: %w", err)
 	}
 	return nil
-}
-
-// stagesAsIs says git add stores every file of r as it is in the working
-// tree, so its changed paths may be staged in-process (memIndex): SHA-1
-// objects in r's own directory, and no attributes file (files, the
-// tracked ones of ix, the new ones of recs) sets an attribute that
-// converts. A change to any of them makes the next Prepare a full scan,
-// which asks again.
-func stagesAsIs(r repo, files []string, ix *indexPaths, recs []rawRec, hashLen int) bool {
-	if hashLen != 20 {
-		return false
-	}
-	if _, err := os.Lstat(filepath.Join(r.gitDir, "commondir")); err == nil {
-		return false
-	}
-	converts := func(file string, mustExist bool) bool {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return mustExist || !errors.Is(err, fs.ErrNotExist)
-		}
-		return helperproto.ConvertingAttribute(b) != ""
-	}
-	for _, f := range files {
-		if filepath.Base(f) == "attributes" && converts(f, false) {
-			return false
-		}
-	}
-	inTree := func(p string) bool {
-		return path.Base(p) == ".gitattributes" && converts(filepath.Join(r.root, filepath.FromSlash(p)), true)
-	}
-	for _, p := range ix.paths {
-		if inTree(p) {
-			return false
-		}
-	}
-	for _, rec := range recs {
-		if rec.status != 'D' && inTree(rec.dst) {
-			return false
-		}
-	}
-	return true
 }
 
 // removeStaleSmall removes the sync indexes of daemons no longer running.
@@ -433,11 +309,7 @@ func removeStaleSmall(r repo) {
 
 // prepareIncremental updates the sync index for the changed paths and
 // diffs only the paths that can differ from HEAD.
-//
-// lazy allows a result without the patch (prepared.lazy) when the records
-// can be made in-process; a lazy result kept from before is completed
-// when lazy is false.
-func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, head string, paths, gone []string, lazy bool) (*prepared, error) {
+func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, head string, paths, gone []string) (*prepared, error) {
 	dirty := map[string]bool{}
 	for _, p := range paths {
 		dirty[p] = true
@@ -470,14 +342,6 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		st.index, st.indexSt = ix, now
 	}
 	if len(dirty) == 0 && len(gone) == 0 && head == st.head {
-		if st.res.lazy && !lazy {
-			// The same paths as the records name, now with the patch.
-			res, err := s.diffPaths(ctx, r, st, head, sortedKeys(st.changed))
-			if err != nil {
-				return nil, err
-			}
-			st.res = res
-		}
 		return st.res, nil
 	}
 	if len(dirty)+len(gone) > maxIncremental {
@@ -591,37 +455,14 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		}
 	}
 
-	staged := false
-	if st.mem != nil && (len(feed) > 0 || len(forceRemove) > 0) {
-		blobs, err := st.mem.stage(r.root, feed, forceRemove)
-		switch {
-		case err == nil:
-			if err := st.stageLater(blobs); err != nil {
-				st.valid = false
-				return nil, err
-			}
-			staged = true
-		case errors.Is(err, errToGit):
-			// git stages from now on (until a full scan), so the copy
-			// in memory never misses what it did; it starts from the
-			// sync index as the copy has it.
-			if err := st.flushSmall(); err != nil {
-				st.valid = false
-				return nil, err
-			}
-			st.mem = nil
-		default:
-			return nil, err
-		}
-	}
-	if len(feed) > 0 && !staged {
+	if len(feed) > 0 {
 		in := strings.Join(feed, "\x00") + "\x00"
 		if _, err := s.run(ctx, gitCall{dir: r.root, index: st.small, stdin: strings.NewReader(in)},
 			"update-index", "-z", "--add", "--remove", "--replace", "--stdin"); err != nil {
 			return nil, fmt.Errorf("update the sync index: %w", err)
 		}
 	}
-	if len(forceRemove) > 0 && !staged {
+	if len(forceRemove) > 0 {
 		in := strings.Join(forceRemove, "\x00") + "\x00"
 		if _, err := s.run(ctx, gitCall{dir: r.root, index: st.small, stdin: strings.NewReader(in)},
 			"update-index", "-z", "--force-remove", "--stdin"); err != nil {
@@ -650,14 +491,9 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 	if size > maxPathspecBytes {
 		return nil, &fallback{"pathspec"}
 	}
-	res := &prepared{head: head, files: []string{}}
-	if len(spec) > 0 {
-		var err error
-		if res = lazyResult(r, st, head, spec, lazy); res == nil {
-			if res, err = s.diffPaths(ctx, r, st, head, spec); err != nil {
-				return nil, err
-			}
-		}
+	res, err := s.diffPaths(ctx, r, head, st.small, spec)
+	if err != nil {
+		return nil, err
 	}
 	st.changed = map[string]bool{}
 	for _, rec := range res.recs {
@@ -669,54 +505,17 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 	return res, nil
 }
 
-// diffPaths is git's diff of the sync index against head limited to spec,
-// and what it tells of HEAD's entries.
-func (s *Syncer) diffPaths(ctx context.Context, r repo, st *prepState, head string, spec []string) (*prepared, error) {
+// diffPaths is git's diff of the sync index small against head limited
+// to spec.
+func (s *Syncer) diffPaths(ctx context.Context, r repo, head, small string, spec []string) (*prepared, error) {
 	if len(spec) == 0 {
 		return &prepared{head: head, files: []string{}}, nil
 	}
-	if err := st.flushSmall(); err != nil {
-		st.valid = false
-		return nil, err
-	}
-	res, err := s.diffIndex(ctx, r, st.small, head, spec)
+	res, err := s.diffIndex(ctx, r, small, head, spec)
 	if errors.Is(err, errOverflow) {
 		return nil, &fallback{"too large"}
 	}
-	if err != nil {
-		return nil, err
-	}
-	st.learnHead(head, spec, false, res.recs, st.mem)
-	return res, nil
-}
-
-// lazyResult is the in-process result of spec (memDiff) when lazy allows
-// one and the native push can take it: no LFS file, every changed file
-// within the fused exchange's bound. nil: ask git.
-func lazyResult(r repo, st *prepState, head string, spec []string, lazy bool) *prepared {
-	if !lazy {
-		return nil
-	}
-	recs, ok := st.memDiff(head, spec)
-	if !ok {
-		return nil
-	}
-	files, added := recFiles(recs)
-	if len(recs) == 0 {
-		return &prepared{head: head, files: files}
-	}
-	if mayUseLFS(r, files) {
-		return nil
-	}
-	entries, ok := nativeEntries(r.root, recs, nil, MaxFusedPatch)
-	if !ok {
-		return nil
-	}
-	bundle, ok := nativeBundle(entries)
-	if !ok || len(bundle) > MaxFusedPatch {
-		return nil
-	}
-	return &prepared{head: head, files: files, added: added, recs: recs, lazy: true, bundle: bundle}
+	return res, err
 }
 
 // ignored tells which of paths (untracked files) git ignores.
@@ -739,12 +538,6 @@ func (s *Syncer) verifyFull(ctx context.Context, r repo, head string, inc *prepa
 	full, err := s.prepareFull(ctx, r, head)
 	if err != nil {
 		return fmt.Errorf("verify: %w", err)
-	}
-	if inc.lazy {
-		if !sameTargets(full.recs, inc.recs) {
-			return fmt.Errorf("verify: the in-process diff differs from a full scan:\nincremental %+v\nfull %+v", inc.recs, full.recs)
-		}
-		return nil
 	}
 	if !bytes.Equal(full.data, inc.data) || strings.Join(full.files, "\x00") != strings.Join(inc.files, "\x00") ||
 		strings.Join(full.lfs, "\x00") != strings.Join(inc.lfs, "\x00") {

@@ -398,14 +398,15 @@ func TestPrepareProcessCount(t *testing.T) {
 		expect("nothing changed", "", "a.txt")
 	}
 	writeFile(t, filepath.Join(f.local, "d3/f3.txt"), "edited\n")
-	// Staged in-process: the diff is the only process.
-	expect("one tracked file edited", "diff", "a.txt,d3/f3.txt")
+	// Staged into the sync index of the changed paths, then diffed: two
+	// processes, whatever the tree holds.
+	expect("one tracked file edited", "update-index,diff", "a.txt,d3/f3.txt")
 	writeFile(t, filepath.Join(f.local, "new.txt"), "new\n")
-	expect("one new file", "check-ignore,diff", "a.txt,d3/f3.txt,new.txt")
+	expect("one new file", "check-ignore,update-index,diff", "a.txt,d3/f3.txt,new.txt")
 	// The same new file edited again: git was asked already whether it
 	// ignores it.
 	writeFile(t, filepath.Join(f.local, "new.txt"), "new, edited\n")
-	expect("the new file edited again", "diff", "a.txt,d3/f3.txt,new.txt")
+	expect("the new file edited again", "update-index,diff", "a.txt,d3/f3.txt,new.txt")
 }
 
 // Prepares of one repository from many sandboxes at once agree.
@@ -515,13 +516,12 @@ func TestIgnoreAnswersForgottenWhenTheRulesChange(t *testing.T) {
 	}
 }
 
-// The in-process diff (memDiff, what PrepareExchange uses when it leaves
-// the patch out) names the same changes as a full scan with git, through
+// The incremental Prepare names the same changes as a full scan, through
 // random edits, additions, removals, mode and type changes, files that
 // become directories and back, and contents back to HEAD's. The Syncer
-// checks each result against a full scan (verify); then the patch is made
-// and pushed, and the sandbox must equal the local tree.
-func TestInProcessDiffAgreesWithGit(t *testing.T) {
+// checks each result against a full scan (verify); then the patch is
+// pushed, and the sandbox must equal the local tree.
+func TestIncrementalPrepareAgreesWithAFullScan(t *testing.T) {
 	files := map[string]string{"a.txt": "a\n", "b.txt": "b\n", "d/x.txt": "x\n", "d/y.txt": "y\n", "e/f/g.txt": "g\n"}
 	f := newFixture(t, files)
 	ctx := context.Background()
@@ -540,7 +540,6 @@ func TestInProcessDiffAgreesWithGit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	lazy := 0
 	for step := 0; step < 200; step++ {
 		for n := 1 + rng.IntN(2); n > 0; n-- {
 			p := paths[rng.IntN(len(paths))]
@@ -568,69 +567,63 @@ func TestInProcessDiffAgreesWithGit(t *testing.T) {
 				writeFile(t, filepath.Join(abs, "in.txt"), "in\n")
 			}
 		}
-		f.s.nativeServed(f.local, "t")
-		p, err := f.s.prepare(ctx, f.local, f.base, "t")
-		if err != nil {
+		if _, err := f.s.Prepare(ctx, f.local, f.base); err != nil {
 			t.Fatalf("step %d: %v", step, err)
-		}
-		if p.lazy {
-			lazy++
 		}
 		f.syncCompare()
 	}
-	t.Logf("%d of 200 prepares without the patch", lazy)
-	if lazy < 30 {
-		t.Fatalf("only %d of 200 prepares were made in-process", lazy)
-	}
 }
 
-// A patchless Prepare leaves the sync index file behind the copy in
-// memory; when git has to stage the next change itself (a file too large
-// to hash in-process), it starts from the copy's state, not the file's.
-func TestGitStagesFromTheStagingKeptInMemory(t *testing.T) {
-	f := newFixture(t, map[string]string{"a.txt": "a\n"})
-	ctx := context.Background()
-	f.syncCompare()
-	f.s.nativeServed(f.local, "t")
-	for i, content := range []string{"one\n", "two\n"} {
-		writeFile(t, filepath.Join(f.local, "a.txt"), content)
-		p, err := f.s.prepare(ctx, f.local, f.base, "t")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if p.lazy != (i == 1) {
-			t.Fatalf("prepare %d: without the patch %v", i, p.lazy)
-		}
-	}
-	big := bytes.Repeat([]byte("0123456789abcdef"), maxInProcessFile/16+1)
-	if err := os.WriteFile(filepath.Join(f.local, "big.bin"), big, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// The Syncer checks the patch against a full scan; the sandbox must
-	// get a.txt's latest content.
-	if p := f.syncCompare(); strings.Join(p.Files, ",") != "a.txt,big.bin" {
-		t.Fatalf("files %v", p.Files)
-	}
-}
-
-// Recording which helper served an exchange does not wait for the
-// repository's Prepare (a full scan for another sandbox can hold it for
-// seconds): the exec that finished is not held up.
-func TestNativeServedDoesNotWaitForAPrepare(t *testing.T) {
-	s := New(Options{})
-	st := s.prepState("/repo") // held, as by a Prepare under way
-	defer st.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		s.nativeServed("/repo", "inst")
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("nativeServed waited for the Prepare lock")
-	}
-	if !s.servedNatively("/repo", "inst") || s.servedNatively("/repo", "other") {
-		t.Fatal("the instance was not recorded")
+// The incremental Prepare reads which paths the user's index tracks
+// (version 2 and 4 indexes), so a tracked file that .gitignore matches is
+// synced and one the user stops tracking is not; an index it does not
+// read (split) or one with skip-worktree entries, whose files git add -A
+// leaves alone, makes every Prepare a full scan. The Syncer checks each
+// result against a full scan (verify).
+func TestIncrementalPrepareReadsEveryIndexLayout(t *testing.T) {
+	for name, layout := range map[string][]string{
+		"version 2":     {"update-index", "--index-version", "2"},
+		"version 4":     {"update-index", "--index-version", "4"},
+		"split":         {"update-index", "--split-index"},
+		"skip-worktree": {"update-index", "--skip-worktree", "b.txt"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n", "kept.log": "k\n"})
+			testutil.Git(t, f.local, layout...)
+			sparse := name == "skip-worktree"
+			full := sparse || name == "split"
+			// The sandbox gets b.txt's committed content, not the local one.
+			f.compareTrees = !sparse
+			var hows []string
+			f.s.observe = func(how string) { hows = append(hows, how) }
+			step := func(what string, change func(), files string) {
+				t.Helper()
+				hows = nil
+				change()
+				if p := f.syncCompare(); strings.Join(p.Files, ",") != files {
+					t.Fatalf("%s: files %v, want %s", what, p.Files, files)
+				}
+				if incremental := hows[0] == "incremental"; incremental == full {
+					t.Fatalf("%s: the prepare was %q", what, hows[0])
+				}
+			}
+			f.syncCompare() // the first, full scan
+			wantB := "a.txt,b.txt"
+			if sparse {
+				wantB = "a.txt"
+			}
+			step("two tracked files edited", func() {
+				writeFile(t, filepath.Join(f.local, "a.txt"), "a2\n")
+				writeFile(t, filepath.Join(f.local, "b.txt"), "b2\n")
+			}, wantB)
+			writeFile(t, filepath.Join(f.local, ".gitignore"), "*.log\n")
+			f.syncCompare() // a new rule: a full scan
+			step("a tracked file the rules ignore, edited", func() {
+				writeFile(t, filepath.Join(f.local, "kept.log"), "k2\n")
+			}, ".gitignore,"+wantB+",kept.log")
+			step("that file no longer tracked", func() {
+				testutil.Git(t, f.local, "rm", "-q", "--cached", "kept.log")
+			}, ".gitignore,"+wantB+",kept.log")
+		})
 	}
 }

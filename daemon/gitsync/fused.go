@@ -133,8 +133,8 @@ type Fused struct {
 	// for the command's edits itself (see sandboxhelper).
 	Native bool
 	// Again says the command did not run because the push found something
-	// to do first (edits of an earlier exec brought back, a commit pushed,
-	// a patch needed): prepare and exchange again.
+	// to do first (edits of an earlier exec brought back, a commit pushed):
+	// prepare and exchange again.
 	Again bool
 	// Split says the helper did not take the exchange (it is missing, did
 	// not answer, speaks another version or declined): nothing ran; take
@@ -144,9 +144,8 @@ type Fused struct {
 
 // Fuse returns the exchange that runs command (a shell command line for the
 // sandbox's /bin/sh) synced with p through the sandbox helper. ok is false
-// when no helper serves on r's connection, or the patch was left out and
-// the helper went away: the caller then takes the separate steps (Push,
-// the command, Pull). When the sandbox may lack p's head commit, it is
+// when no helper serves on r's connection: the caller then takes the
+// separate steps (Push, the command, Pull). When the sandbox may lack p's head commit, it is
 // pushed first with git's protocol (one more round trip, only when HEAD
 // moved).
 func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (*Exchange, bool, error) {
@@ -631,16 +630,10 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	case a.started == nil && (!a.hello || a.version != helperproto.Version):
 		// The helper is missing, failed before it answered, or speaks
 		// another version: nothing of the exchange ran.
-		x.s.nativeServed(x.rp.root, "")
 		res.Split = true
 		return res, nil
 	case a.declined != nil:
-		x.s.nativeServed(x.rp.root, "")
-		if a.declined.NeedPatch && x.p.lazy {
-			res.Again = true
-		} else {
-			res.Split = true
-		}
+		res.Split = true
 		return res, nil
 	case a.pushFail != nil:
 		if _, err := x.s.pushFailed(ctx, r, x.rp, x.p, a.pushFail.Code, &a.pull, sandboxText(a.pushFail.Stderr), 0, &res.Push); err != nil {
@@ -656,11 +649,6 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		return res, nil
 	}
 	res.Native = a.started.Native
-	served := ""
-	if res.Native {
-		served = x.inst
-	}
-	x.s.nativeServed(x.rp.root, served)
 	x.s.pushDone(x.p, x.pend, a.started.Snapshot, &res.Push)
 	if a.exit == nil {
 		if a.err != nil {

@@ -22,17 +22,20 @@
 //     the index is one the sync cannot read, HEAD moved too far, or the
 //     changes are many (maxIncremental) or touch an ignore file, a
 //     submodule or a special file (the fallback reasons in dirty.go).
-//   - In-process or git staging (incremental only). Where no setting or
-//     attribute converts files (configFiles, stagesAsIs), the sync index is
-//     staged in memory (memIndex, smallindex.go) and the records diffed
-//     in-process (memDiff); otherwise, or when memIndex.stage gives up
-//     (errToGit), `git update-index` and `git diff` do it (diffPaths).
-//   - With or without the patch. Prepare always makes it. PrepareExchange
-//     leaves it out when the same helper instance served the repository's
-//     last exchange natively (servedNatively) and memDiff could make the
-//     records: the exchange carries the helper's entries alone. Should the
-//     helper's native push decline, it answers Declined (need the patch)
-//     and Fused.Again makes the caller prepare again, with the patch.
+//     The incremental way stages the changed paths with git itself, into
+//     a sync index that holds only the paths differing from HEAD (`git
+//     update-index` on it, then `git diff --cached` limited to those paths:
+//     diffPaths), so its cost is what changed, not the tree's size. Git's
+//     index format is not written in-process and every exchange carries
+//     the patch: a synced exec with one changed file does not need them to
+//     cost the same at 50,000 files as at 200 (the same two git processes
+//     either way, BenchmarkPrepareOneFileChange; `make bench`'s synced rows
+//     at 50,000 files are 0.9 to 1.3 times those at 200 with and without
+//     them, the noise of the machine). One piece stays, because that
+//     number needs it whenever the user's index changed (a git add, an
+//     editor's git status): which paths the index tracks is read
+//     in-process (userindex.go), 5 to 20 ms at 50,000 entries where `git
+//     ls-files` and its parse take 50 to 90 ms.
 //   - Apply what differs or read-tree (sandbox side of the plain push).
 //     When the local index is at least largeIndexBytes (Patch.LargeTree)
 //     the working tree moves by a patch of what differs; below, by a
@@ -175,14 +178,13 @@ type Syncer struct {
 	mu     sync.Mutex
 	pushed map[string]string     // sandbox key → commit known to be there
 	prep   map[string]*prepState // repository root → its last Prepare
-	native map[string]string     // repository root → nativeServed's instance
 	ended  map[string][]string   // repository root → held exchanges whose exit came (heldEnded)
 }
 
 // New returns a Syncer.
 func New(o Options) *Syncer {
 	s := &Syncer{git: o.Git, maxBytes: o.MaxPatchBytes, maxSaved: o.MaxSavedPatchBytes, saveWait: time.Minute, now: o.Now, log: o.Logger, pause: o.Pause, changes: o.Changes,
-		pushed: map[string]string{}, prep: map[string]*prepState{}, native: map[string]string{}, ended: map[string][]string{}, largeIndex: largeIndexBytes}
+		pushed: map[string]string{}, prep: map[string]*prepState{}, ended: map[string][]string{}, largeIndex: largeIndexBytes}
 	if s.pause == nil {
 		s.pause = func(string) {}
 	}
@@ -239,10 +241,6 @@ type Patch struct {
 	// read-tree, whose cost is the whole tree but which starts one process
 	// fewer and so wins below the bound (docs/performance.md).
 	LargeTree bool
-	// lazy says Data was left out (PrepareExchange): only the native
-	// entries of bundle go with the exchange.
-	lazy   bool
-	bundle string
 }
 
 // largeIndexBytes is the index size from which a tree counts as large:

@@ -29,7 +29,6 @@ import (
 // shows the scenarios run that way.
 func TestScenariosWithTheSandboxHelper(t *testing.T) {
 	nativeExecs.Store(0)
-	lazyExecs.Store(0)
 	for name, test := range syncScenarios() {
 		t.Run(name, func(t *testing.T) {
 			useHelper = true
@@ -40,7 +39,7 @@ func TestScenariosWithTheSandboxHelper(t *testing.T) {
 	if n := nativeExecs.Load(); n < 15 {
 		t.Fatalf("%d fused execs were native", n)
 	}
-	t.Logf("%d fused execs were native, %d without a patch", nativeExecs.Load(), lazyExecs.Load())
+	t.Logf("%d fused execs were native", nativeExecs.Load())
 }
 
 // With the helper serving, a synced exec after the first is native: the
@@ -524,68 +523,49 @@ func TestNativeRunReportsAPullOverTheLimit(t *testing.T) {
 	}
 }
 
-// Once the helper served an exchange natively, the next exchanges on the
-// paths the sync knows carry no patch: no local git process runs (the
-// diff is made in-process), the sandbox ends up as the local tree all the
-// same, and the command's edits come back. A helper that then does not
-// push (here its run fails at the start) costs one more exchange, with the
-// patch, and the command still runs once.
-func TestExchangeWithoutThePatch(t *testing.T) {
+// Exchange after exchange with the helper, through edits, a mode change,
+// content back to HEAD's, a removal, entries of 18 KB and a quote in a
+// path, the command sees the local tree, the sandbox ends up as the local
+// tree, and the command's edits come back. A helper that then does not
+// answer (here its run fails at the start) costs no second exchange: the
+// separate steps follow and the command runs once.
+func TestExchangesLeaveTheSandboxAsTheLocalTree(t *testing.T) {
 	useHelper = true
 	t.Cleanup(func() { useHelper = false })
-	log := gitLog(t)
 	f := newFixture(t, map[string]string{"a.txt": "a\n", "b.txt": "b\n", "dir/c.txt": "c\n", ".gitignore": "count\n"})
-	f.s.verify = false // a full scan runs git; the sandbox's tree is checked instead
-	lazyExecs.Store(0)
 	steps := []struct {
 		change  func()
 		command string
-		lazy    bool
 	}{
-		// The first exec is the plain way; then a.txt's and n.txt's
-		// entries at HEAD are learnt from git's diff.
-		{func() { writeFile(t, filepath.Join(f.local, "a.txt"), "one\n") }, "true", false},
-		{func() { writeFile(t, filepath.Join(f.local, "n.txt"), "n\n") }, "true", false},
-		{func() { writeFile(t, filepath.Join(f.local, "a.txt"), "two\n") }, "cat a.txt", true},
+		{func() { writeFile(t, filepath.Join(f.local, "a.txt"), "one\n") }, "true"},
+		{func() { writeFile(t, filepath.Join(f.local, "n.txt"), "n\n") }, "true"},
+		{func() { writeFile(t, filepath.Join(f.local, "a.txt"), "two\n") }, "cat a.txt"},
 		{func() {
 			writeFile(t, filepath.Join(f.local, "a.txt"), "three\n")
 			writeFile(t, filepath.Join(f.local, "n.txt"), "n2\n")
-		}, "echo from-sandbox >> b.txt", true},
-		// b.txt came back from the sandbox: the first sync of it asks git.
-		{func() { writeFile(t, filepath.Join(f.local, "b.txt"), "b local\n") }, "true", false},
+		}, "echo from-sandbox >> b.txt"},
+		{func() { writeFile(t, filepath.Join(f.local, "b.txt"), "b local\n") }, "true"},
 		{func() {
 			if err := os.Chmod(filepath.Join(f.local, "a.txt"), 0o755); err != nil {
 				t.Fatal(err)
 			}
-		}, "test -x a.txt", true},
+		}, "test -x a.txt"},
 		// Back to HEAD's content: the records say so, the sandbox too.
-		{func() { writeFile(t, filepath.Join(f.local, "b.txt"), "b\n") }, "cat b.txt", true},
-		{func() { rm(f, "n.txt") }, "test ! -e n.txt", true},
+		{func() { writeFile(t, filepath.Join(f.local, "b.txt"), "b\n") }, "cat b.txt"},
+		{func() { rm(f, "n.txt") }, "test ! -e n.txt"},
 		// Entries of 18 KB (an argument of the helper's run, where a
 		// here-document over 4 KiB cost the sandbox's sh a fork).
-		{func() { writeFile(t, filepath.Join(f.local, "big.txt"), strings.Repeat("0123456789\n", 900)) }, "true", false},
-		{func() { writeFile(t, filepath.Join(f.local, "big.txt"), strings.Repeat("abcdefghij\n", 900)) }, "test \"$(grep -c abcdefghij big.txt)\" -eq 900", true},
+		{func() { writeFile(t, filepath.Join(f.local, "big.txt"), strings.Repeat("0123456789\n", 900)) }, "true"},
+		{func() { writeFile(t, filepath.Join(f.local, "big.txt"), strings.Repeat("abcdefghij\n", 900)) }, "test \"$(grep -c abcdefghij big.txt)\" -eq 900"},
 		// A quote in a path (the entries are a quoted argument).
-		{func() { writeFile(t, filepath.Join(f.local, "it's é.txt"), "q\n") }, "true", false},
-		{func() { writeFile(t, filepath.Join(f.local, "it's é.txt"), "q'2\n") }, "grep -q \"q'2\" \"it's é.txt\"", true},
+		{func() { writeFile(t, filepath.Join(f.local, "it's é.txt"), "q\n") }, "true"},
+		{func() { writeFile(t, filepath.Join(f.local, "it's é.txt"), "q'2\n") }, "grep -q \"q'2\" \"it's é.txt\""},
 	}
 	for i, st := range steps {
 		st.change()
-		mark := len(sandboxCalls(t, log, f.local))
-		before := lazyExecs.Load()
 		out, fr, err := f.fused(st.command)
 		if err != nil || !fr.Ran || fr.ExitCode != 0 {
 			t.Fatalf("step %d: %q ran %v, exit %d, err %v, output %q", i, st.command, fr.Ran, fr.ExitCode, err, out)
-		}
-		lazy := lazyExecs.Load() > before
-		var calls []string // the sync's own (a pull applies the command's edits with git)
-		for _, c := range sandboxCalls(t, log, f.local)[mark:] {
-			if c != "apply" {
-				calls = append(calls, c)
-			}
-		}
-		if lazy != st.lazy || (lazy && len(calls) != 0) {
-			t.Fatalf("step %d: without a patch %v (want %v), local git %v", i, lazy, st.lazy, calls)
 		}
 		if st.command == "cat a.txt" && out != "two\n" {
 			t.Fatalf("step %d: the command saw %q", i, out)
@@ -597,17 +577,13 @@ func TestExchangeWithoutThePatch(t *testing.T) {
 	}
 
 	// The helper fails before it answers (an older binary, a crash at its
-	// start): nothing ran, and the exec takes the separate steps, with the
-	// patch.
+	// start): nothing ran, and the exec takes the separate steps.
 	f.breakHelperRun()
 	writeFile(t, filepath.Join(f.local, "a.txt"), "four\n")
-	before, again := lazyExecs.Load(), againExchanges.Load()
+	again := againExchanges.Load()
 	out, fr, err := f.fused("echo run >> count; cat a.txt")
 	if err != nil || fr.Native || out != "four\n" {
 		t.Fatalf("native %v, output %q, err %v", fr.Native, out, err)
-	}
-	if lazyExecs.Load() != before {
-		t.Fatal("the exchange that ran the command carried no patch")
 	}
 	if n := againExchanges.Load() - again; n != 0 {
 		t.Fatalf("%d exchanges were sent again, want none (the separate steps follow)", n)

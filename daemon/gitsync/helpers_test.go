@@ -247,7 +247,7 @@ func (f *fixture) fusedAfter(command string, before func(*Exchange)) (string, Fu
 	f.t.Helper()
 	ctx := context.Background()
 	for attempt := 0; attempt < 3; attempt++ {
-		p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
+		p, err := f.s.Prepare(ctx, f.local, f.base)
 		if err != nil {
 			f.t.Fatalf("prepare: %v", err)
 		}
@@ -286,9 +286,6 @@ func (f *fixture) fusedAfter(command string, before func(*Exchange)) (string, Fu
 		}
 		if fr.Native {
 			nativeExecs.Add(1)
-		}
-		if p.lazy {
-			lazyExecs.Add(1)
 		}
 		want := 1
 		if fr.Push.Commits {
@@ -484,9 +481,6 @@ var useHelper bool
 
 // nativeExecs counts the fused execs the helper's native sync took part in.
 var nativeExecs atomic.Int64
-
-// lazyExecs counts the fused execs that carried no patch (PrepareExchange).
-var lazyExecs atomic.Int64
 
 // againExchanges counts the exchanges that ended asking for another
 // (Fused.Again) before one ran the command.

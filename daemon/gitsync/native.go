@@ -80,24 +80,3 @@ func nativeBundle(entries []helperproto.PushEntry) (string, bool) {
 	}
 	return string(raw), true
 }
-
-// nativeServed records which helper instance served the last exchange of
-// the repository at root natively ("" for none): PrepareExchange leaves the
-// patch out for it. Not under the repository's Prepare lock, which a
-// long scan for another sandbox may hold.
-func (s *Syncer) nativeServed(root, inst string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if inst == "" {
-		delete(s.native, root)
-		return
-	}
-	s.native[root] = inst
-}
-
-// servedNatively says inst served the last exchange of root natively.
-func (s *Syncer) servedNatively(root, inst string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return inst != "" && s.native[root] == inst
-}

@@ -26,22 +26,6 @@ var shaPattern = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
 // the changes are staged into a copy of the index (GIT_INDEX_FILE). Changed
 // Git LFS files are left out and named in a warning.
 func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch, error) {
-	return s.prepare(ctx, repoRoot, baseSHA, "")
-}
-
-// PrepareExchange is Prepare for a fused exchange with r (Fuse): when r's
-// sandbox helper served the repository's last exchange natively, and the
-// changed paths allow, the patch is left out (git is not asked for it) and
-// the exchange carries the helper's entries alone. Should the helper
-// decline after all, the exchange asks for the patch (Fused.Again), which
-// the next PrepareExchange then makes.
-func (s *Syncer) PrepareExchange(ctx context.Context, r Runner, repoRoot, baseSHA string) (*Patch, error) {
-	return s.prepare(ctx, repoRoot, baseSHA, helperOf(r))
-}
-
-// prepare is Prepare; native names the helper instance of the exchange
-// the patch is for ("" for none).
-func (s *Syncer) prepare(ctx context.Context, repoRoot, baseSHA, native string) (*Patch, error) {
 	start := time.Now()
 	r, err := s.openRepo(ctx, repoRoot)
 	if err != nil {
@@ -67,7 +51,7 @@ func (s *Syncer) prepare(ctx context.Context, repoRoot, baseSHA, native string) 
 	}
 	st := s.prepState(r.root)
 	defer st.mu.Unlock()
-	res, how, err := s.prepareTracked(ctx, r, head, st, s.servedNatively(r.root, native))
+	res, how, err := s.prepareTracked(ctx, r, head, st)
 	if err != nil {
 		return nil, err
 	}
@@ -83,10 +67,6 @@ type prepared struct {
 	lfs   []string
 	// recs are the diff's records, LFS files included.
 	recs []rawRec
-	// lazy says data was not made: recs are memDiff's and bundle holds
-	// the native push's entries (lazyResult).
-	lazy   bool
-	bundle string
 }
 
 // finishPatch makes the Patch the caller owns (the cached result stays
@@ -94,7 +74,7 @@ type prepared struct {
 func (s *Syncer) finishPatch(r repo, baseSHA string, res *prepared, start time.Time, how string) *Patch {
 	p := &Patch{RepoRoot: r.root, BaseSHA: baseSHA, HeadSHA: res.head, Data: res.data,
 		Files: append([]string{}, res.files...), LFSFiles: append([]string(nil), res.lfs...),
-		recs: res.recs, lazy: res.lazy, bundle: res.bundle}
+		recs: res.recs}
 	if fi, err := os.Stat(r.index); err == nil && fi.Size() >= s.largeIndex {
 		p.LargeTree = true
 	}
@@ -108,7 +88,7 @@ func (s *Syncer) finishPatch(r repo, baseSHA string, res *prepared, start time.T
 	if s.observe != nil {
 		s.observe(how)
 	}
-	s.log.Debug("sync patch prepared", "repo", r.root, "how", how, "files", len(p.Files), "bytes", len(p.Data), "patch", !p.lazy, "lfs", len(p.LFSFiles), "took", time.Since(start))
+	s.log.Debug("sync patch prepared", "repo", r.root, "how", how, "files", len(p.Files), "bytes", len(p.Data), "lfs", len(p.LFSFiles), "took", time.Since(start))
 	return p
 }
 

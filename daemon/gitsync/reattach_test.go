@@ -50,7 +50,7 @@ func heldExchange(t *testing.T, f *fixture) (*Exchange, string) {
 	}
 	release := filepath.Join(t.TempDir(), "go")
 	t.Cleanup(func() { _ = os.WriteFile(release, nil, 0o600) })
-	p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
+	p, err := f.s.Prepare(ctx, f.local, f.base)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestUnheldExchangeRunsTheCommandWithoutTheHolder(t *testing.T) {
 	root := filepath.Join(os.Getenv("XDG_CACHE_HOME"), "sandboxd", "hold")
 	before, _ := os.ReadDir(root)
 	ctx := context.Background()
-	p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
+	p, err := f.s.Prepare(ctx, f.local, f.base)
 	if err != nil {
 		t.Fatal(err)
 	}

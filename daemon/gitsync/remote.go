@@ -834,12 +834,6 @@ type HelperRunner interface {
 	SyncHelper() (name, instance string)
 }
 
-// helperOf is the instance of r's sandbox helper, "" for none.
-func helperOf(r Runner) string {
-	_, inst := syncHelper(r)
-	return inst
-}
-
 // syncHelper is r's sandbox helper when it names a valid one, else "".
 func syncHelper(r Runner) (name, inst string) {
 	h, ok := r.(HelperRunner)

@@ -64,17 +64,13 @@ func (h helperSide) exchange(in exchangeInput, command string) (string, helperpr
 		StrayScript: prelude + strayEdits(in.acks, true) + `echo "${sready:--}"` + "\n",
 		PullScript:  prelude + pullBody(in.max, true),
 	}
-	if p.lazy {
-		req.Entries, req.NoPatch = []byte(p.bundle), true
-	} else {
-		if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.LFSFiles, MaxFusedPatch); ok {
-			if b, ok := nativeBundle(entries); ok {
-				req.Entries = []byte(b)
-			}
+	if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.LFSFiles, MaxFusedPatch); ok {
+		if b, ok := nativeBundle(entries); ok {
+			req.Entries = []byte(b)
 		}
-		req.Patch = p.Data
-		req.PushScript = prelude + pushBody(p.HeadSHA, patchKey(p.Data), in.now, in.pend, in.acks, in.max, p.LargeTree, true)
 	}
+	req.Patch = p.Data
+	req.PushScript = prelude + pushBody(p.HeadSHA, patchKey(p.Data), in.now, in.pend, in.acks, in.max, p.LargeTree, true)
 	// The exec's shell finds the repository, brings in setup's files, then
 	// becomes the helper (exec: no shell stays between the channel and the
 	// helper), which does the rest.

@@ -26,7 +26,7 @@ func TestEachSandboxSideIsTakenWhenItShould(t *testing.T) {
 	fuse := func(t *testing.T, f *fixture) (*Exchange, bool) {
 		t.Helper()
 		writeFile(t, filepath.Join(f.local, "a.txt"), "local\n")
-		p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
+		p, err := f.s.Prepare(ctx, f.local, f.base)
 		if err != nil {
 			t.Fatal(err)
 		}

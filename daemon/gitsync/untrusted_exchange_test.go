@@ -202,7 +202,7 @@ func TestReplacedHelperIsHeldToTheProtocol(t *testing.T) {
 	hello := frame(helperproto.FrameHelloAnswer, helperproto.HelloAnswer{Version: helperproto.Version})
 	started := frame(helperproto.FrameStarted, helperproto.Started{})
 	cases := map[string][][]byte{
-		"declined after the start":    {hello, started, frame(helperproto.FrameDeclined, helperproto.Declined{Reason: "run me again", NeedPatch: true})},
+		"declined after the start":    {hello, started, frame(helperproto.FrameDeclined, helperproto.Declined{Reason: "run me again"})},
 		"push failed after the start": {hello, started, frame(helperproto.FramePushFailed, helperproto.PushFailed{Code: 91})},
 		"exit status out of range":    {hello, started, frame(helperproto.FrameExit, helperproto.Exit{Code: 300})},
 		"output that goes back":       {hello, started, dataFrame(helperproto.FrameStdout, 0, "one"), dataFrame(helperproto.FrameStdout, 1, "again")},

@@ -33,7 +33,7 @@ const pullTimeout = 20 * time.Minute
 func (m *Manager) execFused(ctx context.Context, lc *sshpool.Locked, s *store.Session, req ipc.ExecRequest, dir string, stream backend.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
 	runner := m.runner(lc)
 	for attempt := 0; attempt < fusedAttempts; attempt++ {
-		patch, err := m.prepare(ctx, runner, s, attempt == 0, true, warn)
+		patch, err := m.prepare(ctx, runner, s, attempt == 0, warn)
 		if err != nil {
 			return true, err
 		}
@@ -185,9 +185,8 @@ func (m *Manager) reattachExchange(ctx context.Context, s *store.Session, lc *ss
 }
 
 // prepare makes the sync patch of s's working tree, telling the caller its
-// warnings when tell; exchange says it is for a fused exchange with r,
-// which may do without the patch (Syncer.PrepareExchange).
-func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Session, tell, exchange bool, warn func(string)) (*gitsync.Patch, error) {
+// warnings when tell.
+func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Session, tell bool, warn func(string)) (*gitsync.Patch, error) {
 	base := s.BaseSHA
 	if base == "" {
 		// A run sandboxd did not create: learn where it started.
@@ -196,13 +195,7 @@ func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Sessio
 			return nil, err
 		}
 	}
-	var patch *gitsync.Patch
-	var err error
-	if exchange {
-		patch, err = m.opts.Sync.PrepareExchange(ctx, r, s.RepoRoot, base)
-	} else {
-		patch, err = m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
-	}
+	patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
 	if err != nil {
 		return nil, fmt.Errorf("prepare the sync patch: %w", err)
 	}

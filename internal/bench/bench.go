@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -42,6 +43,9 @@ type Options struct {
 	// each time adding its rows: a group measured again and again in one
 	// setup, say to compare builds run after run.
 	Repeat int
+	// Files are the sizes of the synced repositories, in files (default
+	// 200, 5000 and 50,000; quick: 200).
+	Files []int
 }
 
 // Groups are the scenario groups, as -only names them: the round-trip
@@ -98,6 +102,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rwxRTTs := fs.String("rwx-rtt", "0,20ms,100ms", "round-trip times of the RWX-path rows, comma-separated")
 	only := fs.String("only", "", "run only these scenario groups, comma-separated: "+strings.Join(Groups(), ", "))
 	repeat := fs.Int("repeat", 1, "run the round-trip scenarios this many times")
+	files := fs.String("files", "", "sizes of the synced repositories in files, comma-separated (default 200,5000,50000; quick: 200)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -121,6 +126,16 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return 2
 			}
 			opts.Only = append(opts.Only, g)
+		}
+	}
+	if *files != "" {
+		for _, f := range strings.Split(*files, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				fmt.Fprintf(stderr, "sandboxd-bench: -files %q: want file counts such as 200,50000\n", *files)
+				return 2
+			}
+			opts.Files = append(opts.Files, n)
 		}
 	}
 	if *repeat < 1 {

@@ -66,14 +66,17 @@ func TestQuickSmoke(t *testing.T) {
 }
 
 // -only takes the scenario groups by name and refuses another, naming
-// them; -repeat wants a count.
+// them; -repeat wants a count, -files file counts.
 func TestFlagsNameTheGroups(t *testing.T) {
-	for _, args := range [][]string{{"-only", "callers,nope"}, {"-repeat", "0"}} {
+	for _, args := range [][]string{{"-only", "callers,nope"}, {"-repeat", "0"}, {"-files", "200,0"}, {"-files", "200,many"}} {
 		var stderr bytes.Buffer
 		if code := bench.Main(context.Background(), args, io.Discard, &stderr); code != 2 {
 			t.Errorf("%v: exit %d, want 2", args, code)
 		}
 		if args[0] == "-only" && !strings.Contains(stderr.String(), `no such scenario group; the groups are no-sync, synced, burst`) {
+			t.Errorf("%v: %s", args, stderr.String())
+		}
+		if args[0] == "-files" && !strings.Contains(stderr.String(), "want file counts such as 200,50000") {
 			t.Errorf("%v: %s", args, stderr.String())
 		}
 	}

@@ -45,6 +45,24 @@ var quickSizes = sizes{
 	bursts: 1, concurrent: 1, multi: 4, liveRSS: 8, listSessions: 12, nList: 2, readySess: 100, nReady: 2,
 }
 
+// withFiles makes the synced repositories those of files, taking the
+// sample counts of the nearest size already set.
+func (s *sizes) withFiles(files []int) {
+	synced, start := map[int]int{}, map[int]int{}
+	for _, f := range files {
+		near := s.repoFiles[0]
+		for _, k := range s.repoFiles {
+			if abs(k-f) < abs(near-f) {
+				near = k
+			}
+		}
+		synced[f], start[f] = s.nSynced[near], s.nStart[near]
+	}
+	s.repoFiles, s.nSynced, s.nStart = slices.Clone(files), synced, start
+}
+
+func abs(n int) int { return max(n, -n) }
+
 type runner struct {
 	opts  Options
 	sz    sizes
@@ -82,6 +100,9 @@ func Run(ctx context.Context, opts Options) (Result, error) {
 	r := &runner{opts: opts, sz: fullSizes, res: &res, root: root, sized: map[int]string{}, runOf: map[string]string{}}
 	if opts.Quick {
 		r.sz = quickSizes
+	}
+	if len(opts.Files) > 0 {
+		r.sz.withFiles(opts.Files)
 	}
 	if err := r.run(ctx); err != nil {
 		return res, err

@@ -10,7 +10,7 @@ import (
 
 // What git add stores for a path of the working tree when nothing converts
 // files (no line-end or filter attributes, core.fileMode and core.symlinks
-// true): shared by the daemon's in-process staging and the sandbox helper.
+// true): the sandbox helper's native sync.
 
 // ModeOf is the mode git stores for fi: a symbolic link, or a file whose
 // owner's execute bit makes it executable. ok is false for anything else

@@ -116,8 +116,8 @@ type HelloAnswer struct {
 
 // ExchangeRequest is one synced exec. Entries (the native push) and Patch
 // (the plain push, run by PushScript with the patch on its stdin) may be
-// both present; without a patch (NoPatch) the helper declines with
-// NeedPatch instead of taking the plain way.
+// both present: the helper takes the plain way when the native one
+// declines.
 type ExchangeRequest struct {
 	// Instance is the helper server to ask for the native push and pull.
 	Instance string `json:"instance"`
@@ -133,7 +133,6 @@ type ExchangeRequest struct {
 	Acks    []string        `json:"acks"`
 	Entries json.RawMessage `json:"entries,omitempty"`
 	Patch   []byte          `json:"patch,omitempty"`
-	NoPatch bool            `json:"no_patch,omitempty"`
 	// StrayScript, PushScript and PullScript are the shell ways of the
 	// look for edits made outside an exec, the push and the pull, run by
 	// /bin/sh -c when the native ones decline. The helper hands them what
@@ -180,8 +179,6 @@ type Reattach struct {
 // Declined says the helper changed nothing and did not start the command.
 type Declined struct {
 	Reason string `json:"reason"`
-	// NeedPatch: the native push declined and the request had no patch.
-	NeedPatch bool `json:"need_patch,omitempty"`
 }
 
 // PushFailed is the plain push's failure: its exit code (the push
