@@ -12,10 +12,15 @@ func TestForgetRemovesAnEndedExecOnly(t *testing.T) {
 	h := newHolder(t)
 	running, ended := newID(t), newID(t)
 	release := filepath.Join(t.TempDir(), "go")
-	t.Cleanup(func() { _ = os.WriteFile(release, nil, 0o600) })
 	if err := h.Start(running, []string{"sh", "-c", "while [ ! -e " + release + " ]; do sleep 0.05; done"}); err != nil {
 		t.Fatal(err)
 	}
+	// The release file's directory goes at the test's end: the command
+	// must be seen to end before it, or it polls for ever.
+	t.Cleanup(func() {
+		_ = os.WriteFile(release, nil, 0o600)
+		waitFor(t, "the running exec to end", func() bool { s, _ := h.State(running); return s.Ended })
+	})
 	if err := h.Start(ended, []string{"true"}); err != nil {
 		t.Fatal(err)
 	}
