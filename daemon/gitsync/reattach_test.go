@@ -55,7 +55,10 @@ func heldExchange(t *testing.T, f *fixture) (*Exchange, string) {
 		t.Fatal(err)
 	}
 	p.Sandbox = "fixture"
-	command := "echo ran >>runs; echo one; while [ ! -e " + release + " ]; do sleep 0.05; done; echo two; echo made >made.txt; exit 7"
+	// The loop also ends with the release file's directory, which the
+	// test's end removes right after it wrote the file: a command still
+	// polling then would run on after the test.
+	command := "echo ran >>runs; echo one; while [ ! -e " + release + " ] && [ -d " + filepath.Dir(release) + " ]; do sleep 0.05; done; echo two; echo made >made.txt; exit 7"
 	x, ok, err := f.s.Fuse(ctx, f.r, p, command)
 	if err != nil || !ok {
 		t.Fatalf("fuse: %v %v", ok, err)
