@@ -77,7 +77,14 @@ type env struct {
 	t    testing.TB
 	root string
 	vars []string
+	// daemon is the last sandboxd started, whose goroutines a nook that
+	// outlives nookBound prints.
+	daemon *daemon
 }
+
+// nookBound bounds one nook run: a wait the daemon never ends fails its
+// test with both processes' goroutines instead of the suite's timeout.
+const nookBound = 5 * time.Minute
 
 func newEnv(t testing.TB) *env {
 	t.Helper()
@@ -138,6 +145,7 @@ func (e *env) startDaemon(extra ...string) *daemon {
 		e.t.Fatal(err)
 	}
 	go func() { d.done <- d.cmd.Wait() }()
+	e.daemon = d
 	e.t.Cleanup(func() { d.stop(e.t) })
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
@@ -236,7 +244,30 @@ func (e *env) nookIn(dir string, stdin io.Reader, args ...string) result {
 	cmd.Stdin = stdin
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
+	if err := cmd.Start(); err != nil {
+		e.t.Fatalf("run nook %v: %v", args, err)
+	}
+	// SIGQUIT: the Go runtime prints every goroutine of nook (on its
+	// stderr) and of the daemon (in its logs).
+	hung := time.AfterFunc(nookBound, func() {
+		_ = cmd.Process.Signal(syscall.SIGQUIT)
+		if d := e.daemon; d != nil {
+			_ = d.cmd.Process.Signal(syscall.SIGQUIT)
+		}
+	})
+	err := cmd.Wait()
+	if !hung.Stop() {
+		daemonLogs := ""
+		if d := e.daemon; d != nil {
+			select {
+			case derr := <-d.done:
+				d.done <- derr
+				daemonLogs = d.logs.String()
+			case <-time.After(10 * time.Second):
+			}
+		}
+		e.t.Errorf("nook %v did not end within %s; its stderr:\n%s\nsandboxd's logs:\n%s", args, nookBound, errb.String(), daemonLogs)
+	}
 	code := 0
 	if err != nil {
 		ee, ok := err.(*exec.ExitError)
