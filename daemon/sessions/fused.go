@@ -160,14 +160,8 @@ func (m *Manager) reattachExchange(ctx context.Context, s *store.Session, lc *ss
 	for attempt := 0; attempt < reattachAttempts && err != nil && errors.Is(err, sshpool.ErrConnectionLost) && ctx.Err() == nil && !ex.Exited(); attempt++ {
 		at := lost()
 		m.log.Info("the connection broke while a synced held command ran; reattaching", "run", s.RunID, "err", err)
-		rctx, cancel := context.WithDeadline(ctx, by)
-		conn, lerr := m.relock(rctx, s)
-		expired := errors.Is(rctx.Err(), context.DeadlineExceeded)
-		cancel()
+		conn, lerr := m.relockBy(ctx, s, by, bound)
 		if lerr != nil {
-			if ctx.Err() == nil && expired {
-				lerr = fmt.Errorf("no connection to the sandbox within reattach_timeout (%s): %w", bound, lerr)
-			}
 			return fmt.Errorf("%w; reattaching failed: %w", err, lerr)
 		}
 		lc.Conn = conn

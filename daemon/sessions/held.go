@@ -68,6 +68,18 @@ func (m *Manager) holderOn(conn *sshpool.Conn) string {
 	return ""
 }
 
+// relockBy takes the lock on a new connection for a reattach, by the
+// reattach's deadline (reattach_timeout, bound, from the first loss).
+func (m *Manager) relockBy(ctx context.Context, s *store.Session, by time.Time, bound time.Duration) (*sshpool.Conn, error) {
+	rctx, cancel := context.WithDeadline(ctx, by)
+	defer cancel()
+	conn, err := m.relock(rctx, s)
+	if err != nil && ctx.Err() == nil && errors.Is(rctx.Err(), context.DeadlineExceeded) {
+		err = fmt.Errorf("no connection to the sandbox within reattach_timeout (%s): %w", bound, err)
+	}
+	return conn, err
+}
+
 // holdState is the holder's answer about one exec (sandboxhelper/hold).
 type holdState struct {
 	Started  bool   `json:"started"`
@@ -142,14 +154,8 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Loc
 		if reattachBy.IsZero() {
 			reattachBy = time.Now().Add(bound)
 		}
-		rctx, cancel := context.WithDeadline(ctx, reattachBy)
-		conn, lerr := m.relock(rctx, s)
-		expired := errors.Is(rctx.Err(), context.DeadlineExceeded)
-		cancel()
+		conn, lerr := m.relockBy(ctx, s, reattachBy, bound)
 		if lerr != nil {
-			if ctx.Err() == nil && expired {
-				lerr = fmt.Errorf("no connection to the sandbox within reattach_timeout (%s): %w", bound, lerr)
-			}
 			return st, fmt.Errorf("%w; reattaching failed: %w", err, lerr)
 		}
 		lc.Conn = conn
