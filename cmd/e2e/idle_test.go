@@ -1,8 +1,10 @@
 package e2e
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -110,20 +112,40 @@ func TestBusySandboxesAreNotIdleStopped(t *testing.T) {
 	t.Parallel()
 	python := sandboxPython(t)
 	e := newEnv(t)
-	e.idleStopConfig("3s")
+	// Setting the four up can take longer than idle_stop on a loaded
+	// machine: idle_stop is made short only once each is held.
+	e.idleStopConfig("1h")
 	e.startDaemon()
 	longRepo := e.newRepo("long", defaultConfig)
 	shellRepo := e.newRepo("shell", defaultConfig)
 	sshRepo := e.newRepo("ssh", defaultConfig)
 	webRepo := e.newRepo("web", defaultConfig)
+	idleRepo := e.newRepo("idle", defaultConfig)
 	long := e.startSandbox(longRepo)
 	shell := e.startSandbox(shellRepo)
 	sshRun := e.startSandbox(sshRepo)
 	web := e.startSandbox(webRepo)
+	// Nothing holds this one: its stop within the window shows the idle
+	// loop ran under the short idle_stop while the others were checked.
+	idle := e.startSandbox(idleRepo)
 
-	// A long command.
-	longDone := make(chan result, 1)
-	go func() { longDone <- e.nook(longRepo, "exec", "--", "sleep", "10") }()
+	// A long command: it runs until the test closes its stdin.
+	longCmd := e.nookCmd(longRepo, "exec", "--", "sh", "-c", "echo started; cat >/dev/null")
+	longIn, err := longCmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	longOut, err := longCmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var longErr strings.Builder
+	longCmd.Stderr = &longErr
+	if err := longCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { longIn.Close(); _ = longCmd.Process.Kill(); _ = longCmd.Wait() })
+	waitLine(t, longOut, "started", "the long command's first line")
 	// An open shell.
 	p := e.tmux(t, shellRepo, "nook shell; sleep 600")
 	p.line("echo SHELL-$((40+2))")
@@ -136,10 +158,16 @@ func TestBusySandboxesAreNotIdleStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	proxyOut, err := proxy.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := proxy.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { stdin.Close(); _ = proxy.Process.Kill(); _ = proxy.Wait() })
+	// The server's version line: the session is open.
+	waitLine(t, proxyOut, "SSH-2.0-", "the sandbox's SSH version line through the proxy")
 	// A server in the background, forwarded.
 	port := freePort(t)
 	bg := decode[bgJSON](t, e.mustNook(webRepo, "bg", "start", "--name", "web", "--port", fmt.Sprint(port), "--json", "--",
@@ -148,7 +176,10 @@ func TestBusySandboxesAreNotIdleStopped(t *testing.T) {
 		t.Fatalf("no forward: %+v", bg)
 	}
 
-	// Three idle_stop periods and more.
+	// Now only what holds a sandbox keeps it: three idle_stop periods
+	// and more.
+	e.idleStopConfig("3s")
+	waitIdleStop(t, e, longRepo, 3)
 	deadline := time.Now().Add(9 * time.Second)
 	for time.Now().Before(deadline) {
 		if _, err := fetch(bg.Forward.URL + "/"); err != nil {
@@ -163,8 +194,12 @@ func TestBusySandboxesAreNotIdleStopped(t *testing.T) {
 			t.Errorf("the sandbox with a %s was stopped: %s (%s)", name, st, reason)
 		}
 	}
-	if r := <-longDone; r.code != 0 {
-		t.Fatalf("the long command failed: %s", r)
+	if st, reason := e.statusOf(longRepo, idle); st != "stopped" || !strings.Contains(reason, "idle") {
+		t.Errorf("the sandbox nothing holds was not idle-stopped within 9s of idle_stop 3s: %s (%s)", st, reason)
+	}
+	longIn.Close()
+	if err := longCmd.Wait(); err != nil {
+		t.Fatalf("the long command failed: %v\n%s", err, longErr.String())
 	}
 	// The command ended, the SSH session closed: idle now, they stop
 	// after idle_stop (the SSH one was never synced: nothing to pull).
@@ -182,5 +217,51 @@ func TestBusySandboxesAreNotIdleStopped(t *testing.T) {
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
+	}
+}
+
+// waitLine reads r until a line starting with prefix, for at most a
+// minute; what keeps reading r after it is discarded.
+func waitLine(t *testing.T, r io.Reader, prefix, what string) {
+	t.Helper()
+	found := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(r)
+		ok := false
+		for sc.Scan() {
+			if !ok && strings.HasPrefix(sc.Text(), prefix) {
+				ok = true
+				found <- true
+			}
+		}
+		if !ok {
+			found <- false
+		}
+	}()
+	select {
+	case ok := <-found:
+		if !ok {
+			t.Fatalf("waiting for %s: the output ended without it", what)
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("waiting for %s: nothing within a minute", what)
+	}
+}
+
+// waitIdleStop waits until the daemon has reloaded its config and applies
+// an idle_stop of secs seconds.
+func waitIdleStop(t *testing.T, e *env, dir string, secs float64) {
+	t.Helper()
+	for by := time.Now().Add(30 * time.Second); ; {
+		var cfg struct {
+			IdleStopSeconds float64 `json:"idleStopSeconds"`
+		}
+		if r := e.nook(dir, "config", "--json"); r.code == 0 && json.Unmarshal([]byte(r.stdout), &cfg) == nil && cfg.IdleStopSeconds == secs {
+			return
+		}
+		if time.Now().After(by) {
+			t.Fatalf("the daemon did not take idle_stop %vs from its changed config file within 30s", secs)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -116,13 +116,14 @@ func (m *Manager) idleInfo(s *store.Session, in *ipc.SessionInfo) {
 }
 
 // RunIdleStop stops idle sandboxes until ctx ends (the daemon's services
-// run it). The configured idle_stop is read at each tick, so a reload
-// applies at once.
+// run it). The configured idle_stop is read at each tick, and a reload
+// starts a tick at once.
 func (m *Manager) RunIdleStop(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-m.idleNow:
 		case <-time.After(idleTick(m.idleStop())):
 		}
 		m.idlePass(ctx)

@@ -217,6 +217,7 @@ type Manager struct {
 	writing     int           // records being written now
 	flushing    bool          // flushRecords runs
 	flushNow    chan struct{} // cuts flushRecords' wait short
+	idleNow     chan struct{} // cuts RunIdleStop's wait short (a reload)
 }
 
 // sessionRuntime is what the daemon knows about a session beyond the store:
@@ -284,6 +285,7 @@ func New(opts Options) (*Manager, error) {
 	m.expiryPull = m.pullBeforeStop
 	m.recordsDone = sync.NewCond(&m.records)
 	m.flushNow = make(chan struct{}, 1)
+	m.idleNow = make(chan struct{}, 1)
 	return m, nil
 }
 
@@ -404,8 +406,13 @@ func isClosed(c chan struct{}) bool {
 // SetDaemonConfig applies a reloaded daemon configuration.
 func (m *Manager) SetDaemonConfig(c DaemonConfig) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	m.daemonCfg = c
+	m.mu.Unlock()
+	// The idle loop may wait out a tick of the old idle_stop (up to 15 s).
+	select {
+	case m.idleNow <- struct{}{}:
+	default:
+	}
 }
 
 // Config reports the effective remote (never the token) and where the
