@@ -235,6 +235,10 @@ type Patch struct {
 	// from them (and LFSFiles), only when a sandbox helper will take them
 	// (nativeEntries reads the changed files).
 	recs []rawRec
+	// early is set on the Patch of an early request (PrepareExchange):
+	// Data, Files and recs are set once its done is closed, and only
+	// read after.
+	early *earlyPatch
 	// LargeTree says the repository's index is large (largeIndexBytes): the
 	// sandbox then moves its working tree to the pushed tree by applying
 	// what differs, whose cost is what changed, rather than by a two-way

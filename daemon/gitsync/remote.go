@@ -466,7 +466,8 @@ func (s *Syncer) checkPatch(p *Patch) error {
 	if p == nil || !shaPattern.MatchString(p.HeadSHA) {
 		return errdefs.Invalid(fmt.Errorf("push: no prepared patch with a head commit"))
 	}
-	if int64(len(p.Data)) > s.maxBytes {
+	// An early patch's data is not there yet; its computation bounds it.
+	if p.early == nil && int64(len(p.Data)) > s.maxBytes {
 		return errdefs.TooLarge(newError(ErrPatchTooLarge, nil, "the sync patch is %s, over the %s limit: commit and push large files, or add them to .gitignore, or use --no-sync", formatBytes(int64(len(p.Data))), formatBytes(s.maxBytes)))
 	}
 	return nil
