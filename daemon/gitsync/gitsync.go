@@ -36,6 +36,22 @@
 //     editor's git status): which paths the index tracks is read
 //     in-process (userindex.go), 5 to 20 ms at 50,000 entries where `git
 //     ls-files` and its parse take 50 to 90 ms.
+//   - Request first or patch first (early.go). For an exec the helper
+//     takes as one exchange (PrepareExchange), an incremental Prepare
+//     whose files git stores as they are (no converting attribute,
+//     core.autocrlf off), whose HEAD did not move and where no directory
+//     appeared or went away, makes the native push's entries in-process
+//     (the tracker's paths and the last diff's, hashed, at most
+//     MaxFusedPatch) and sends the request at once; git's staging and
+//     diff run meanwhile and the patch follows in a Patch frame, which the
+//     helper reads only for the plain push. The next Prepare of the
+//     repository waits for that diff (prepState's mutex); its failure
+//     invalidates the state (the next Prepare scans everything) and, when
+//     the helper needed the patch, nothing ran and the exec prepares again
+//     (Fused.Again). Once done, the entries are checked against git's
+//     staging (checkEarly); a disagreement turns the early request off for
+//     the repository until its configuration or rules change. Every other
+//     case, and every other caller of Prepare, computes the patch first.
 //   - Apply what differs or read-tree (sandbox side of the plain push).
 //     When the local index is at least largeIndexBytes (Patch.LargeTree)
 //     the working tree moves by a patch of what differs; below, by a
