@@ -419,6 +419,12 @@ const (
 // prepares and pushes again.
 func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, error) {
 	var res PushResult
+	if p != nil && p.early != nil {
+		// Made for an exchange: its patch is computed behind it.
+		if err := p.early.wait(ctx); err != nil {
+			return res, err
+		}
+	}
 	if err := s.checkPatch(p); err != nil {
 		return res, err
 	}
@@ -466,7 +472,8 @@ func (s *Syncer) checkPatch(p *Patch) error {
 	if p == nil || !shaPattern.MatchString(p.HeadSHA) {
 		return errdefs.Invalid(fmt.Errorf("push: no prepared patch with a head commit"))
 	}
-	// An early patch's data is not there yet; its computation bounds it.
+	// An early patch's data may not be there yet; its computation bounds
+	// it.
 	if p.early == nil && int64(len(p.Data)) > s.maxBytes {
 		return errdefs.TooLarge(newError(ErrPatchTooLarge, nil, "the sync patch is %s, over the %s limit: commit and push large files, or add them to .gitignore, or use --no-sync", formatBytes(int64(len(p.Data))), formatBytes(s.maxBytes)))
 	}
