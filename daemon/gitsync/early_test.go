@@ -254,3 +254,64 @@ func TestEarlyRequestWhosePatchFailsRunsNothingOnAWrongTree(t *testing.T) {
 	}
 	assertTree(t, f.sandbox, syncedTree(t, f.local))
 }
+
+// convertingGit is a git whose update-index converts line ends
+// (core.autocrlf) while mark exists, which no file the sync reads says: a
+// conversion the early request's gate cannot see.
+func convertingGit(t *testing.T) (bin, mark string) {
+	t.Helper()
+	real, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin, mark = filepath.Join(dir, "git"), filepath.Join(dir, "convert")
+	script := `#!/bin/sh
+if [ -e '` + mark + `' ] && [ "$1" = update-index ]; then exec '` + real + `' -c core.autocrlf=true "$@"; fi
+exec '` + real + `' "$@"
+`
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin, mark
+}
+
+// When git stages a file otherwise than the early request's entries said
+// (a conversion nothing the sync reads tells of), the repository's
+// requests wait for the patch from then on, and the sandbox gets what git
+// stored; a change of its configuration lets them leave early again.
+func TestEarlyRequestThatGitDisagreesWithIsTurnedOff(t *testing.T) {
+	withHelper(t)
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	bin, mark := convertingGit(t)
+	f.s = newTrackedSyncer(t, Options{Git: bin})
+	// The disagreement is the point: not an error of the test's verify.
+	f.s.verify = false
+	h := watchHows(t, f)
+	step := func(name, text, wantHow, want string) {
+		t.Helper()
+		writeFile(t, filepath.Join(f.local, "a.txt"), text)
+		if _, fr, err := f.fused("true"); err != nil || !fr.Ran {
+			t.Fatalf("%s: ran %v, err %v", name, fr.Ran, err)
+		}
+		if got := h.take(); len(got) != 1 || !strings.HasPrefix(got[0], wantHow) {
+			t.Fatalf("%s: prepared %v, want %s", name, got, wantHow)
+		}
+		if want != "" {
+			if got := string(fileBytes(t, filepath.Join(f.sandbox, "a.txt"))); got != want {
+				t.Fatalf("%s: the sandbox's a.txt is %q, want %q", name, got, want)
+			}
+		}
+	}
+	step("first", "a\n", "full:", "a\n")
+	writeFile(t, mark, "")
+	// The entries said CRLF, git staged LF: noticed once git is done.
+	step("disagreement", "one\r\n", "early", "")
+	step("after it", "two\r\n", "incremental", "two\n")
+	if err := os.Remove(mark); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Git(t, f.local, "config", "sandboxd.test", "changed")
+	step("configuration changed", "three\n", "full:config", "three\n")
+	step("early again", "four\n", "early", "four\n")
+}
