@@ -57,7 +57,8 @@ type prepState struct {
 	ignoreKnown map[string]bool
 	// plain: the configuration converts no file (configFiles); earlyOff:
 	// an early request's entries disagreed with git's staging, so the
-	// repository takes the plain way until the next full scan.
+	// repository's requests wait for the patch until its configuration or
+	// rules change.
 	plain, earlyOff bool
 }
 
@@ -337,16 +338,6 @@ func removeStaleSmall(r repo) {
 	}
 }
 
-// prepareIncremental updates the sync index for the changed paths and
-// diffs only the paths that can differ from HEAD.
-func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, head string, paths, gone []string) (*prepared, error) {
-	pl, res, err := s.planIncremental(ctx, r, st, head, paths, gone)
-	if err != nil || res != nil {
-		return res, err
-	}
-	return s.stageIncremental(ctx, r, st, head, pl)
-}
-
 // incPlan is what an incremental Prepare stages: the paths fed to the
 // sync index (feed; exists says which are in the working tree), removed
 // from it whatever git would say (forceRemove), and diffed (pathspec).
@@ -362,9 +353,12 @@ type incPlan struct {
 	dirs bool
 }
 
-// planIncremental looks at the changed paths (lstat, the user's index,
-// the ignore rules for new untracked files) without staging anything. res
-// is not nil when nothing changed since the last Prepare: its result.
+// planIncremental, the first half of an incremental Prepare, looks at the
+// changed paths (lstat, the user's index, the ignore rules for new
+// untracked files) without staging anything; stageIncremental, the second,
+// updates the sync index for them and diffs only the paths that can differ
+// from HEAD. res is not nil when nothing changed since the last Prepare:
+// its result.
 func (s *Syncer) planIncremental(ctx context.Context, r repo, st *prepState, head string, paths, gone []string) (pl *incPlan, res *prepared, err error) {
 	dirty := map[string]bool{}
 	for _, p := range paths {

@@ -16,7 +16,7 @@
 //
 //   - Full or incremental scan (local). Without Options.Changes every
 //     Prepare stages the whole tree into a copy of the index (prepareFull).
-//     With it (internal/watch.Trees), prepareIncremental looks only at the
+//     With it (internal/watch.Trees), planIncremental looks only at the
 //     paths the tracker names; prepareTracked falls back to the full scan
 //     the first time, when the tracker is unsure, a config file changed,
 //     the index is one the sync cannot read, HEAD moved too far, or the
@@ -27,7 +27,8 @@
 //     update-index` on it, then `git diff --cached` limited to those paths:
 //     diffPaths), so its cost is what changed, not the tree's size. Git's
 //     index format is not written in-process and every exchange carries
-//     the patch: a synced exec with one changed file does not need them to
+//     the patch (in its request, or in the Patch frame right behind an
+//     early one): a synced exec with one changed file does not need them to
 //     cost the same at 50,000 files as at 200 (the same two git processes
 //     either way, BenchmarkPrepareOneFileChange; `make bench`'s synced rows
 //     at 50,000 files are 0.9 to 1.3 times those at 200 with and without
