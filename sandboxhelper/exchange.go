@@ -379,8 +379,8 @@ func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (
 			return helperproto.Started{Snapshot: a.Snap, Native: true}, true
 		}
 	}
-	hcur := x.stagePush(ctx, req)
 	if req.PatchFollows {
+		// Before the stage: without the patch nothing here changes.
 		if msg := x.readPatch(req); msg != "" {
 			fmt.Fprintf(x.log, "%s exchange: %s\n", Name, msg)
 			x.pushFailed(helperproto.PushFailed{Code: exitFailed, Stderr: msg})
@@ -389,7 +389,7 @@ func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (
 	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command("/bin/sh", "-c", req.PushScript)
-	cmd.Env = append(os.Environ(), "sready=", "hcur="+hcur)
+	cmd.Env = append(os.Environ(), "sready=", "hcur="+x.stagePush(ctx, req))
 	cmd.Env = append(cmd.Env, x.pushEnv...)
 	cmd.Stdin = bytes.NewReader(req.Patch)
 	cmd.Stdout = &capped{buf: &stdout, max: req.Max + maxScriptOutput}
