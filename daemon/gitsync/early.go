@@ -66,6 +66,16 @@ func (e *earlyPatch) wait(ctx context.Context) error {
 	}
 }
 
+// finished says the patch's computation ended (its data may be read).
+func (e *earlyPatch) finished() bool {
+	select {
+	case <-e.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // PrepareExchange is Prepare for an exec the caller runs as one exchange
 // (Fuse) on r. When r offers the sandbox helper and the change tracker
 // names what changed, the returned Patch may be early: its exchange's

@@ -651,8 +651,10 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		x.s.log.Debug("sandbox helper", "said", sandboxText(string(log)))
 	}
 	ea := x.p.early
-	if ea != nil {
-		// The push's bookkeeping reads the patch.
+	if ea != nil && (a.started == nil || x.s.verify) {
+		// Nothing ran, and the helper's answer may be about the patch;
+		// once the command ran the pull needs nothing of it (the next
+		// Prepare waits for it), except the check of tests (verify).
 		if err := ea.wait(ctx); ctx.Err() != nil {
 			return res, err
 		}

@@ -497,7 +497,13 @@ func (s *Syncer) pushCommitsIfNeeded(ctx context.Context, r Runner, rp repo, p *
 func (s *Syncer) pushDone(p *Patch, pend, snapshot string, res *PushResult) {
 	s.remember(p.Sandbox, p.HeadSHA)
 	res.Pending = pend
-	res.Snapshot, res.Bytes, res.Files = snapshot, len(p.Data), len(p.Files)
+	res.Snapshot = snapshot
+	if p.early != nil && !p.early.finished() {
+		// Computed behind the exchange, which does not wait for it.
+		res.Files = len(p.early.entries)
+		return
+	}
+	res.Bytes, res.Files = len(p.Data), len(p.Files)
 }
 
 // pushFailed handles a push script that did not succeed (exit code, its
