@@ -45,8 +45,9 @@
 //     (the tracker's paths and the last diff's, hashed, at most
 //     MaxFusedPatch) and sends the request at once; git's staging and
 //     diff run meanwhile and the patch follows in a Patch frame, which the
-//     helper reads only for the plain push. The next Prepare of the
-//     repository waits for that diff (prepState's mutex); its failure
+//     helper reads only for the plain push. The exec waits for that diff
+//     only when nothing ran; the next Prepare of the repository waits for
+//     it (prepState's mutex); its failure
 //     invalidates the state (the next Prepare scans everything) and, when
 //     the helper needed the patch, nothing ran and the exec prepares again
 //     (Fused.Again). Once done, the entries are checked against git's
