@@ -59,8 +59,8 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	// nonce and the request key every answer frame (helperproto.AnswerKey),
 	// the hello answer too, so it comes after the request: no answer can
 	// be tagged without them.
-	x := &exchange{state: o.State, root: o.Root, fw: &helperproto.FrameWriter{W: out}, log: log}
 	fr := &helperproto.FrameReader{R: in}
+	x := &exchange{state: o.State, root: o.Root, fw: &helperproto.FrameWriter{W: out}, fr: fr, log: log}
 	typ, p, err := fr.Next()
 	var hello helperproto.Hello
 	if err == nil && typ == helperproto.FrameHello {
@@ -323,6 +323,9 @@ type exchange struct {
 	log     io.Writer
 	mu      sync.Mutex
 	fw      *helperproto.FrameWriter
+	// fr reads the daemon's frames; push reads the Patch frame from it
+	// before the command's relay reads the rest.
+	fr *helperproto.FrameReader
 	// tree is the tree the push left, when the server knows the working
 	// tree (the native pull's base).
 	tree string
@@ -349,8 +352,9 @@ func (x *exchange) decline(reason string) {
 // push makes the checkout the request's tree: natively when the request
 // has entries, no earlier exec's edits wait to be brought back and no
 // decline for good holds for head; otherwise (or when the server
-// declines) by the push script. ok false: the answer (Declined or
-// PushFailed) was sent and nothing runs.
+// declines) by the push script, with the patch of the request or, when it
+// says PatchFollows, of the Patch frame read then (readPatch). ok false:
+// the answer (Declined or PushFailed) was sent and nothing runs.
 func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (helperproto.Started, bool) {
 	offFile := filepath.Join(x.state, "native.off")
 	offKey := req.Instance + " " + req.Head
@@ -373,6 +377,14 @@ func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (
 			}
 			x.tree = a.Tree
 			return helperproto.Started{Snapshot: a.Snap, Native: true}, true
+		}
+	}
+	if req.PatchFollows {
+		// Before the stage: without the patch nothing here changes.
+		if msg := x.readPatch(req); msg != "" {
+			fmt.Fprintf(x.log, "%s exchange: %s\n", Name, msg)
+			x.pushFailed(helperproto.PushFailed{Code: exitFailed, Stderr: msg})
+			return helperproto.Started{}, false
 		}
 	}
 	var stdout, stderr bytes.Buffer
@@ -408,6 +420,55 @@ func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (
 		}
 	}
 	return st, true
+}
+
+// patchTimeout bounds the wait for the daemon's Patch frame, which it
+// sends as soon as its git computed the patch.
+const patchTimeout = 2 * time.Minute
+
+// readPatch reads the Patch frame that follows a request with
+// PatchFollows into req. It returns why the plain push cannot run ("" when
+// it can): the frame did not come, is not a Patch frame, or says the
+// daemon could not compute the patch. A command never runs on a tree made
+// without it.
+func (x *exchange) readPatch(req *helperproto.ExchangeRequest) string {
+	type frame struct {
+		typ byte
+		p   []byte
+		err error
+	}
+	got := make(chan frame, 1)
+	go func() {
+		// Left blocked only when the wait below gives up: the exchange
+		// then ends, and the process with it.
+		typ, p, err := x.fr.Next()
+		got <- frame{typ, p, err}
+	}()
+	t := time.NewTimer(patchTimeout)
+	defer t.Stop()
+	var f frame
+	select {
+	case f = <-got:
+	case <-t.C:
+		return fmt.Sprintf("the daemon's sync patch did not come within %s; nothing ran: run the command again", patchTimeout)
+	}
+	if f.err == nil && f.typ != helperproto.FramePatch {
+		f.err = fmt.Errorf("a frame %q where the patch was due", f.typ)
+	}
+	var pf helperproto.Patch
+	if f.err == nil {
+		f.err = helperproto.Decode(f.typ, f.p, &pf)
+	}
+	switch {
+	case f.err != nil:
+		return fmt.Sprintf("read the daemon's sync patch: %v; nothing ran: run the command again", f.err)
+	case pf.Error != "":
+		return fmt.Sprintf("the daemon could not compute the sync patch (%s); nothing ran: run the command again", pf.Error)
+	case pf.PushScript == "":
+		return "the daemon's sync patch came without its push script; nothing ran: run the command again"
+	}
+	req.Patch, req.PushScript, req.PatchFollows = pf.Patch, pf.PushScript, false
+	return ""
 }
 
 // stray looks for edits made in the checkout outside an exec before the
@@ -547,7 +608,8 @@ func (x *exchange) run(req *helperproto.ExchangeRequest, fr *helperproto.FrameRe
 	kill := func(sig syscall.Signal) { _ = syscall.Kill(-pgid, sig) }
 	done := make(chan struct{})
 	go func() {
-		// The daemon's frames: stdin, its end, signals. The channel's end
+		// The daemon's frames: stdin, its end, signals (a Patch frame
+		// the native push did not need is skipped). The channel's end
 		// without StdinEOF (the connection went away) ends stdin too.
 		defer stdin.Close()
 		for {

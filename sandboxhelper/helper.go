@@ -39,8 +39,11 @@
 //     cannot vouch for the result (no known base, the tracker unsure,
 //     rules files changed, converting settings or attributes,
 //     submodules), and the script takes the plain way with the request's
-//     patch; a script that fails answers
-//     PushFailed. Its own messages go to stderr and
+//     patch, or, when the request says PatchFollows (the daemon sent it
+//     before its git computed the patch), with the Patch frame that
+//     follows it, read then and only then (readPatch; one that does not
+//     come or says git failed answers PushFailed: nothing runs); a script
+//     that fails answers PushFailed. Its own messages go to stderr and
 //     .git/sandboxd/native.err.
 //   - hold (package hold): durable execs, for a split exec without a
 //     terminal when the daemon's durable exec is on (docs/durable-exec.md).

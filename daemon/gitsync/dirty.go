@@ -55,6 +55,11 @@ type prepState struct {
 	// ignoreKnown is what git said of untracked paths since the last full
 	// scan: ignored or not.
 	ignoreKnown map[string]bool
+	// plain: the configuration converts no file (configFiles); earlyOff:
+	// an early request's entries disagreed with git's staging, so the
+	// repository's requests wait for the patch until its configuration or
+	// rules change.
+	plain, earlyOff bool
 }
 
 // stamp identifies a file's version without reading it.
@@ -93,9 +98,11 @@ func (s *Syncer) prepState(root string) *prepState {
 
 // configFiles are the files outside the working tree that change what git
 // add -A stages or how: configuration (filters, autocrlf, excludes file),
-// excludes, attributes, sparse checkout.
-func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok bool) {
-	ok = true
+// excludes, attributes, sparse checkout. plain says git stores files as
+// they are, as far as the configuration goes (core.autocrlf unset or
+// false, no core.attributesFile): the early request may hash them itself.
+func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok, plain bool) {
+	ok, plain = true, true
 	dirs := []string{r.gitDir}
 	if b, err := os.ReadFile(filepath.Join(r.gitDir, "commondir")); err == nil {
 		c := strings.TrimSpace(string(b))
@@ -130,10 +137,10 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok bo
 	// A custom excludes or attributes file, and settings under which git
 	// add keeps the index's mode or matches paths its own way (the sync
 	// index of the changed paths would not know): asked once per full scan.
-	out, err := s.run(ctx, gitCall{dir: r.root}, "config", "-z", "--get-regexp", `^core\.(excludesfile|attributesfile|filemode|symlinks|ignorecase)$`)
+	out, err := s.run(ctx, gitCall{dir: r.root}, "config", "-z", "--get-regexp", `^core\.(excludesfile|attributesfile|filemode|symlinks|ignorecase|autocrlf)$`)
 	var ge *gitError
 	if err != nil && !(errors.As(err, &ge) && ge.code == 1) { // 1: none set
-		return nil, false
+		return nil, false, false
 	}
 	for _, kv := range splitZ(out) {
 		k, v, _ := strings.Cut(kv, "\n")
@@ -148,6 +155,13 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok bo
 				ok = false
 			}
 			continue
+		case "core.autocrlf":
+			if gitTrue(v) || strings.EqualFold(strings.TrimSpace(v), "input") {
+				plain = false
+			}
+			continue
+		case "core.attributesfile":
+			plain = false
 		}
 		if v == "" {
 			continue
@@ -160,7 +174,7 @@ func (s *Syncer) configFiles(ctx context.Context, r repo) (files []string, ok bo
 		}
 		files = append(files, v)
 	}
-	return files, ok
+	return files, ok, plain
 }
 
 // gitTrue reads a git boolean ("true" when set without a value).
@@ -184,12 +198,16 @@ func stampsChanged(old []stamp) bool {
 // prepareTracked is Prepare with a change tracker: a full scan the first
 // time and whenever anything is uncertain, else only the changed paths are
 // looked at; nothing changed costs no process at all.
-func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *prepState) (*prepared, string, error) {
+//
+// early: the caller's exchange can take an early request (early.go); ea
+// is then not nil when the incremental way can make one, and st stays
+// locked for finishEarly.
+func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *prepState, early bool) (res *prepared, how string, ea *earlyPatch, err error) {
 	cookieDir := filepath.Join(r.stateDir(), "watch")
 	paths, gone, full := s.changes.Changes(ctx, r.root, cookieDir)
 	if ctx.Err() != nil {
 		st.valid = false
-		return nil, "", ctx.Err()
+		return nil, "", nil, ctx.Err()
 	}
 	why := ""
 	switch {
@@ -205,18 +223,26 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 			// The tracker named the file once: the next sync scans (and
 			// measures) the whole tree, so that it is not left out.
 			st.valid = false
-			return nil, "", err
+			return nil, "", nil, err
 		}
-		res, err := s.prepareIncremental(ctx, r, st, head, paths, gone)
+		pl, res, err := s.planIncremental(ctx, r, st, head, paths, gone)
+		if err == nil && res == nil {
+			if early {
+				if ea, ok := s.earlyEntries(r, st, head, pl); ok {
+					return nil, "early", ea, nil
+				}
+			}
+			res, err = s.stageIncremental(ctx, r, st, head, pl)
+		}
 		if err == nil {
 			if s.verify {
 				err = s.verifyFull(ctx, r, head, res)
 			}
-			return res, "incremental", err
+			return res, "incremental", nil, err
 		}
 		if ctx.Err() != nil {
 			st.valid = false
-			return nil, "", ctx.Err()
+			return nil, "", nil, ctx.Err()
 		}
 		var fb *fallback
 		if !errors.As(err, &fb) {
@@ -230,32 +256,37 @@ func (s *Syncer) prepareTracked(ctx context.Context, r repo, head string, st *pr
 	// The versions the scan starts from: a change after this is seen next
 	// time (by a stamp, or by the tracker, whose answer came before).
 	indexSt := stampOf(r.index)
-	stamps, supported := s.configFiles(ctx, r)
+	stamps, supported, plain := s.configFiles(ctx, r)
 	ix, ixErr := readIndexPaths(r.index, len(head)/2)
 	if ixErr == nil && !supported {
 		ixErr = errors.New("core.fileMode or core.symlinks is false, or core.ignoreCase true")
 	}
-	res, err := s.prepareFull(ctx, r, head)
+	res, err = s.prepareFull(ctx, r, head)
 	if err != nil {
-		return nil, "", err
+		return nil, "", nil, err
 	}
 	if ixErr != nil {
 		// An index the sync cannot read, or settings it does not follow:
 		// always the full scan.
 		s.log.Debug("every sync of this repository scans the whole tree", "repo", r.root, "why", ixErr)
-		return res, "full:" + why, nil
+		return res, "full:" + why, nil, nil
 	}
 	if err := s.resetSmall(ctx, r, st, res); err != nil {
 		s.log.Debug("sync index of changed paths not written; the next sync scans again", "repo", r.root, "err", err)
-		return res, "full:" + why, nil
+		return res, "full:" + why, nil, nil
 	}
-	st.head, st.index, st.indexSt, st.res = head, ix, indexSt, res
+	st.head, st.index, st.indexSt, st.res, st.plain = head, ix, indexSt, res, plain
+	if why == "config" || why == "rules" {
+		// The configuration or the rules changed: the early request may
+		// be tried again.
+		st.earlyOff = false
+	}
 	st.stamps = st.stamps[:0]
 	for _, f := range stamps {
 		st.stamps = append(st.stamps, stampOf(f))
 	}
 	st.valid = true
-	return res, "full:" + why, nil
+	return res, "full:" + why, nil, nil
 }
 
 // fallback says the incremental way does not apply: scan everything.
@@ -307,9 +338,28 @@ func removeStaleSmall(r repo) {
 	}
 }
 
-// prepareIncremental updates the sync index for the changed paths and
-// diffs only the paths that can differ from HEAD.
-func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, head string, paths, gone []string) (*prepared, error) {
+// incPlan is what an incremental Prepare stages: the paths fed to the
+// sync index (feed; exists says which are in the working tree), removed
+// from it whatever git would say (forceRemove), and diffed (pathspec).
+type incPlan struct {
+	feed, forceRemove []string
+	exists            map[string]bool
+	pathspec          map[string]bool
+	// ignored are untracked paths git ignores (not staged); untracked the
+	// fed ones git does not know yet.
+	ignored, untracked []string
+	// dirs says a directory or a subtree that went away is among the
+	// paths: what HEAD holds under it is not named one by one.
+	dirs bool
+}
+
+// planIncremental, the first half of an incremental Prepare, looks at the
+// changed paths (lstat, the user's index, the ignore rules for new
+// untracked files) without staging anything; stageIncremental, the second,
+// updates the sync index for them and diffs only the paths that can differ
+// from HEAD. res is not nil when nothing changed since the last Prepare:
+// its result.
+func (s *Syncer) planIncremental(ctx context.Context, r repo, st *prepState, head string, paths, gone []string) (pl *incPlan, res *prepared, err error) {
 	dirty := map[string]bool{}
 	for _, p := range paths {
 		dirty[p] = true
@@ -320,11 +370,11 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		// checkout's own writes come from the tracker.
 		out, err := s.run(ctx, gitCall{dir: r.root}, "diff-tree", "-r", "-z", "--name-only", "--no-renames", st.head, head)
 		if err != nil {
-			return nil, &fallback{"head"}
+			return nil, nil, &fallback{"head"}
 		}
 		moved := splitZ(out)
 		if len(moved) > maxIncremental {
-			return nil, &fallback{"head"}
+			return nil, nil, &fallback{"head"}
 		}
 		for _, p := range moved {
 			dirty[p] = true
@@ -334,7 +384,7 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 	if now := stampOf(r.index); now != st.indexSt {
 		ix, err := readIndexPaths(r.index, len(st.head)/2)
 		if err != nil {
-			return nil, &fallback{"index"}
+			return nil, nil, &fallback{"index"}
 		}
 		for _, p := range changedPaths(st.index, ix) {
 			dirty[p] = true
@@ -342,18 +392,18 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		st.index, st.indexSt = ix, now
 	}
 	if len(dirty) == 0 && len(gone) == 0 && head == st.head {
-		return st.res, nil
+		return nil, st.res, nil
 	}
 	if len(dirty)+len(gone) > maxIncremental {
-		return nil, &fallback{"many"}
+		return nil, nil, &fallback{"many"}
 	}
 	for _, p := range append(sortedKeys(dirty), gone...) {
 		switch path.Base(p) {
 		case ".gitignore", ".gitattributes", ".git":
-			return nil, &fallback{"rules"}
+			return nil, nil, &fallback{"rules"}
 		}
 		if st.index.inSubmodule(p) {
-			return nil, &fallback{"submodule"}
+			return nil, nil, &fallback{"submodule"}
 		}
 	}
 
@@ -372,6 +422,7 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 	}
 	// A subtree that went away: every path under it may differ from HEAD,
 	// and the sync index's entries under it are looked at again.
+	pl = &incPlan{dirs: len(gone) > 0}
 	for _, g := range gone {
 		pathspec[g] = true
 		dirty[g] = true
@@ -397,10 +448,11 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 			pathspec[p] = true
 			queue = append(queue, under(p)...)
 		case err != nil:
-			return nil, fmt.Errorf("look at %s: %w", p, err)
+			return nil, nil, fmt.Errorf("look at %s: %w", p, err)
 		case fi.IsDir():
 			// What is under it is named one by one; the path itself may
 			// have been a file.
+			pl.dirs = true
 			pathspec[p] = true
 			if st.inSmall[p] {
 				forceRemove = append(forceRemove, p)
@@ -415,7 +467,7 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 				candidates = append(candidates, p)
 			}
 		default:
-			return nil, &fallback{"special file"}
+			return nil, nil, &fallback{"special file"}
 		}
 	}
 	if len(candidates) > 0 {
@@ -434,7 +486,7 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 		if len(ask) > 0 {
 			ignored, err := s.ignored(ctx, r, ask)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			for _, c := range ask {
 				st.ignoreKnown[c] = ignored[c]
@@ -444,6 +496,7 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 			if st.ignoreKnown[c] {
 				// Not staged: absent from the sync index, so a deletion
 				// when HEAD has it (untracked since the last Prepare).
+				pl.ignored = append(pl.ignored, c)
 				pathspec[c] = true
 				if st.inSmall[c] {
 					forceRemove = append(forceRemove, c)
@@ -451,9 +504,18 @@ func (s *Syncer) prepareIncremental(ctx context.Context, r repo, st *prepState, 
 				continue
 			}
 			feed = append(feed, c)
+			pl.untracked = append(pl.untracked, c)
 			pathspec[c] = true
 		}
 	}
+	pl.feed, pl.forceRemove, pl.exists, pl.pathspec = feed, forceRemove, exists, pathspec
+	return pl, nil, nil
+}
+
+// stageIncremental stages pl into the sync index and diffs it against
+// head: today's incremental patch, which leaves st valid on success.
+func (s *Syncer) stageIncremental(ctx context.Context, r repo, st *prepState, head string, pl *incPlan) (*prepared, error) {
+	feed, forceRemove, exists, pathspec := pl.feed, pl.forceRemove, pl.exists, pl.pathspec
 
 	if len(feed) > 0 {
 		in := strings.Join(feed, "\x00") + "\x00"

@@ -70,8 +70,10 @@ type Exchange struct {
 	// hold is the exec id under which the helper's holder runs the
 	// command; remote, pullReq and the stdin pump serve
 	// a Reattach.
-	hold    string
-	reqv    helperproto.ExchangeRequest
+	hold string
+	reqv helperproto.ExchangeRequest
+	// pushIn makes the push script of an early request's Patch frame.
+	pushIn  exchangeInput
 	remote  string
 	pullReq helperproto.ExchangeRequest
 	inOnce  sync.Once
@@ -160,11 +162,12 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	// one its request names.
 	pend := newID()
 	sd := sideOf(r)
-	remote, req, ok := sd.exchange(exchangeInput{p: p, pend: pend, acks: s.acks(rp), now: s.now(), max: s.maxBytes}, command)
+	in := exchangeInput{p: p, pend: pend, acks: s.acks(rp), now: s.now(), max: s.maxBytes}
+	remote, req, ok := sd.exchange(in, command)
 	if !ok {
 		return nil, false, nil
 	}
-	x := &Exchange{s: s, rp: rp, p: p, pend: pend, start: time.Now(), inst: req.Instance, command: remote, hold: holdID()}
+	x := &Exchange{s: s, rp: rp, p: p, pend: pend, start: time.Now(), inst: req.Instance, command: remote, hold: holdID(), pushIn: in}
 	if h, ok := sd.(helperSide); ok {
 		x.remote = prelude + h.becomeHelper()
 	}
@@ -220,7 +223,7 @@ func (x *Exchange) Command() string { return x.command }
 // transport's (the connection broke, ctx ended) or the helper's answer
 // breaking the protocol; Finish says what happened either way.
 func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
-	return x.run(ctx, r, cio, x.command, x.req)
+	return x.run(ctx, r, cio, x.command, x.req, x.p.early != nil)
 }
 
 // ErrReattach: a reattach to a held command failed; the command may still
@@ -260,7 +263,7 @@ func (x *Exchange) Reattach(ctx context.Context, r Runner, cio ExchangeIO) error
 	}
 	x.key = key
 	x.mu.Unlock()
-	return x.run(ctx, r, cio, x.remote, b)
+	return x.run(ctx, r, cio, x.remote, b, false)
 }
 
 // Unheld has the helper run the command with pipes of its own instead of
@@ -329,7 +332,10 @@ func (x *Exchange) stdinChunks(ctx context.Context, stdin io.Reader) <-chan []by
 	return x.in
 }
 
-func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command string, req []byte) error {
+// run runs one exec of the exchange: command, with the opening frames req
+// and, when patch, an early request's Patch frame as soon as it is
+// computed, before any stdin.
+func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command string, req []byte, patch bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if x.a.pull.buf == nil {
@@ -360,6 +366,12 @@ func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command st
 	go func() {
 		if !preamble && !send(func() error { _, err := inW.Write(req); return err }) {
 			return
+		}
+		if patch {
+			b := x.patchFrame(ctx)
+			if b == nil || !send(func() error { return fw.Write(helperproto.FramePatch, b) }) {
+				return
+			}
 		}
 		if in != nil {
 			go func() {
@@ -425,6 +437,26 @@ func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command st
 		return x.a.err
 	}
 	return err
+}
+
+// patchFrame is the Patch frame of an early request: its patch and push
+// script once computed, or that they were not (the helper then runs
+// nothing). nil: ctx ended first.
+func (x *Exchange) patchFrame(ctx context.Context) []byte {
+	var pf helperproto.Patch
+	if err := x.p.early.wait(ctx); ctx.Err() != nil {
+		return nil
+	} else if err != nil {
+		// The daemon's own error stays here (it names local paths).
+		pf.Error = "the daemon's git could not compute it"
+	} else {
+		pf.Patch, pf.PushScript = x.p.Data, x.pushIn.pushScript(x.p.Data)
+	}
+	b, err := json.Marshal(pf)
+	if err != nil || len(b) > helperproto.MaxRequest {
+		b, _ = json.Marshal(helperproto.Patch{Error: "the patch is over what a frame may carry"})
+	}
+	return b
 }
 
 // Started says the helper said the command was about to start: from then
@@ -618,6 +650,22 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 	if log := a.log.buf.Bytes(); len(log) > 0 {
 		x.s.log.Debug("sandbox helper", "said", sandboxText(string(log)))
 	}
+	ea := x.p.early
+	if ea != nil && (a.started == nil || x.s.verify) {
+		// Nothing ran, and the helper's answer may be about the patch;
+		// once the command ran the pull needs nothing of it (the next
+		// Prepare waits for it), except the check of tests (verify).
+		if err := ea.wait(ctx); ctx.Err() != nil {
+			return res, err
+		}
+		if a.started == nil && a.pushFail != nil && ea.err != nil {
+			// The helper needed the patch git did not compute: nothing
+			// ran, and the next Prepare scans the whole tree.
+			x.s.log.Debug("the sandbox helper needed the patch behind an early request, which failed; preparing again", "err", ea.err)
+			res.Again = true
+			return res, nil
+		}
+	}
 	switch {
 	case a.started == nil && a.err != nil:
 		return res, a.err
@@ -678,6 +726,9 @@ func (x *Exchange) Finish(ctx context.Context, r Runner) (Fused, error) {
 		id, patch, saved, err = x.s.pullOutput(ctx, r, x.rp, &a.pull, 0, nil)
 	}
 	res.Pull, res.PullErr = x.s.land(ctx, x.rp, x.start, id, patch, saved, err)
+	if ea != nil && x.s.verify && (ea.err != nil || ea.mismatch != nil) {
+		return res, fmt.Errorf("verify: the early request: %w", errors.Join(ea.err, ea.mismatch))
+	}
 	return res, nil
 }
 

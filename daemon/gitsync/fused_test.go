@@ -40,7 +40,7 @@ func exchange(t *testing.T, f *fixture, command string, stdin io.Reader) (string
 func exchangeAfter(t *testing.T, f *fixture, command string, stdin io.Reader, before func(*Exchange)) (string, string, Fused, error) {
 	t.Helper()
 	ctx := context.Background()
-	p, err := f.s.Prepare(ctx, f.local, f.base)
+	p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
 	if err != nil {
 		t.Fatal(err)
 	}

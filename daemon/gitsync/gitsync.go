@@ -16,7 +16,7 @@
 //
 //   - Full or incremental scan (local). Without Options.Changes every
 //     Prepare stages the whole tree into a copy of the index (prepareFull).
-//     With it (internal/watch.Trees), prepareIncremental looks only at the
+//     With it (internal/watch.Trees), planIncremental looks only at the
 //     paths the tracker names; prepareTracked falls back to the full scan
 //     the first time, when the tracker is unsure, a config file changed,
 //     the index is one the sync cannot read, HEAD moved too far, or the
@@ -27,7 +27,8 @@
 //     update-index` on it, then `git diff --cached` limited to those paths:
 //     diffPaths), so its cost is what changed, not the tree's size. Git's
 //     index format is not written in-process and every exchange carries
-//     the patch: a synced exec with one changed file does not need them to
+//     the patch (in its request, or in the Patch frame right behind an
+//     early one): a synced exec with one changed file does not need them to
 //     cost the same at 50,000 files as at 200 (the same two git processes
 //     either way, BenchmarkPrepareOneFileChange; `make bench`'s synced rows
 //     at 50,000 files are 0.9 to 1.3 times those at 200 with and without
@@ -36,6 +37,23 @@
 //     editor's git status): which paths the index tracks is read
 //     in-process (userindex.go), 5 to 20 ms at 50,000 entries where `git
 //     ls-files` and its parse take 50 to 90 ms.
+//   - Request first or patch first (early.go). For an exec the helper
+//     takes as one exchange (PrepareExchange), an incremental Prepare
+//     whose files git stores as they are (no converting attribute,
+//     core.autocrlf off), whose HEAD did not move and where no directory
+//     appeared or went away, makes the native push's entries in-process
+//     (the tracker's paths and the last diff's, hashed, at most
+//     MaxFusedPatch) and sends the request at once; git's staging and
+//     diff run meanwhile and the patch follows in a Patch frame, which the
+//     helper reads only for the plain push. The exec waits for that diff
+//     only when nothing ran; the next Prepare of the repository waits for
+//     it (prepState's mutex); its failure
+//     invalidates the state (the next Prepare scans everything) and, when
+//     the helper needed the patch, nothing ran and the exec prepares again
+//     (Fused.Again). Once done, the entries are checked against git's
+//     staging (checkEarly); a disagreement turns the early request off for
+//     the repository until its configuration or rules change. Every other
+//     case, and every other caller of Prepare, computes the patch first.
 //   - Apply what differs or read-tree (sandbox side of the plain push).
 //     When the local index is at least largeIndexBytes (Patch.LargeTree)
 //     the working tree moves by a patch of what differs; below, by a
@@ -235,6 +253,10 @@ type Patch struct {
 	// from them (and LFSFiles), only when a sandbox helper will take them
 	// (nativeEntries reads the changed files).
 	recs []rawRec
+	// early is set on the Patch of an early request (PrepareExchange):
+	// Data, Files and recs are set once its done is closed, and only
+	// read after.
+	early *earlyPatch
 	// LargeTree says the repository's index is large (largeIndexBytes): the
 	// sandbox then moves its working tree to the pushed tree by applying
 	// what differs, whose cost is what changed, rather than by a two-way

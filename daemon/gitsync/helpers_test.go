@@ -247,7 +247,7 @@ func (f *fixture) fusedAfter(command string, before func(*Exchange)) (string, Fu
 	f.t.Helper()
 	ctx := context.Background()
 	for attempt := 0; attempt < 3; attempt++ {
-		p, err := f.s.Prepare(ctx, f.local, f.base)
+		p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
 		if err != nil {
 			f.t.Fatalf("prepare: %v", err)
 		}

@@ -26,6 +26,12 @@ var shaPattern = regexp.MustCompile(`^([0-9a-f]{40}|[0-9a-f]{64})$`)
 // the changes are staged into a copy of the index (GIT_INDEX_FILE). Changed
 // Git LFS files are left out and named in a warning.
 func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch, error) {
+	return s.prepare(ctx, repoRoot, baseSHA, false)
+}
+
+// prepare is Prepare, early when the caller's exchange can take an early
+// request (PrepareExchange).
+func (s *Syncer) prepare(ctx context.Context, repoRoot, baseSHA string, early bool) (*Patch, error) {
 	start := time.Now()
 	r, err := s.openRepo(ctx, repoRoot)
 	if err != nil {
@@ -50,8 +56,14 @@ func (s *Syncer) Prepare(ctx context.Context, repoRoot, baseSHA string) (*Patch,
 		return s.finishPatch(r, baseSHA, res, start, "full"), nil
 	}
 	st := s.prepState(r.root)
-	defer st.mu.Unlock()
-	res, how, err := s.prepareTracked(ctx, r, head, st)
+	res, how, ea, err := s.prepareTracked(ctx, r, head, st, early)
+	if ea != nil {
+		// st stays locked until the patch is computed.
+		p := s.newEarlyPatch(r, baseSHA, head, ea, start)
+		go s.finishEarly(ctx, r, head, st, p)
+		return p, nil
+	}
+	st.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}

@@ -419,6 +419,12 @@ const (
 // prepares and pushes again.
 func (s *Syncer) Push(ctx context.Context, r Runner, p *Patch) (PushResult, error) {
 	var res PushResult
+	if p != nil && p.early != nil {
+		// Made for an exchange: its patch is computed behind it.
+		if err := p.early.wait(ctx); err != nil {
+			return res, err
+		}
+	}
 	if err := s.checkPatch(p); err != nil {
 		return res, err
 	}
@@ -466,7 +472,9 @@ func (s *Syncer) checkPatch(p *Patch) error {
 	if p == nil || !shaPattern.MatchString(p.HeadSHA) {
 		return errdefs.Invalid(fmt.Errorf("push: no prepared patch with a head commit"))
 	}
-	if int64(len(p.Data)) > s.maxBytes {
+	// An early patch's data may not be there yet; its computation bounds
+	// it.
+	if p.early == nil && int64(len(p.Data)) > s.maxBytes {
 		return errdefs.TooLarge(newError(ErrPatchTooLarge, nil, "the sync patch is %s, over the %s limit: commit and push large files, or add them to .gitignore, or use --no-sync", formatBytes(int64(len(p.Data))), formatBytes(s.maxBytes)))
 	}
 	return nil
@@ -489,7 +497,13 @@ func (s *Syncer) pushCommitsIfNeeded(ctx context.Context, r Runner, rp repo, p *
 func (s *Syncer) pushDone(p *Patch, pend, snapshot string, res *PushResult) {
 	s.remember(p.Sandbox, p.HeadSHA)
 	res.Pending = pend
-	res.Snapshot, res.Bytes, res.Files = snapshot, len(p.Data), len(p.Files)
+	res.Snapshot = snapshot
+	if p.early != nil && !p.early.finished() {
+		// Computed behind the exchange, which does not wait for it.
+		res.Files = len(p.early.entries)
+		return
+	}
+	res.Bytes, res.Files = len(p.Data), len(p.Files)
 }
 
 // pushFailed handles a push script that did not succeed (exit code, its

@@ -41,6 +41,12 @@ type exchangeInput struct {
 	max  int64
 }
 
+// pushScript is the helper's push script of the patch data.
+func (in exchangeInput) pushScript(data []byte) string {
+	p := in.p
+	return prelude + pushBody(p.HeadSHA, patchKey(data), in.now, in.pend, in.acks, in.max, p.LargeTree, true)
+}
+
 // sideOf is the side of an exec on r: the helper when r offers a valid
 // one (HelperRunner), else the shell.
 func sideOf(r Runner) side {
@@ -64,13 +70,19 @@ func (h helperSide) exchange(in exchangeInput, command string) (string, helperpr
 		StrayScript: prelude + strayEdits(in.acks, true) + `echo "${sready:--}"` + "\n",
 		PullScript:  prelude + pullBody(in.max, true),
 	}
-	if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.LFSFiles, MaxFusedPatch); ok {
-		if b, ok := nativeBundle(entries); ok {
-			req.Entries = []byte(b)
+	if p.early != nil {
+		// The patch and its push script follow in a Patch frame
+		// (Exchange.patchFrame).
+		req.Entries, req.PatchFollows = []byte(p.early.bundle), true
+	} else {
+		if entries, ok := nativeEntries(p.RepoRoot, p.recs, p.LFSFiles, MaxFusedPatch); ok {
+			if b, ok := nativeBundle(entries); ok {
+				req.Entries = []byte(b)
+			}
 		}
+		req.Patch = p.Data
+		req.PushScript = in.pushScript(p.Data)
 	}
-	req.Patch = p.Data
-	req.PushScript = prelude + pushBody(p.HeadSHA, patchKey(p.Data), in.now, in.pend, in.acks, in.max, p.LargeTree, true)
 	// The exec's shell finds the repository, brings in setup's files, then
 	// becomes the helper (exec: no shell stays between the channel and the
 	// helper), which does the rest.

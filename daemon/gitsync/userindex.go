@@ -26,6 +26,12 @@ var errIndexUnusual = errors.New("the index uses a feature the sync does not rea
 // hide files from the working tree, are errIndexUnusual: the caller then
 // scans everything, as git would.
 func readIndexPaths(path string, hashLen int) (*indexPaths, error) {
+	return walkIndex(path, hashLen, nil)
+}
+
+// walkIndex is readIndexPaths that also hands each entry's path, mode
+// and object id to each, when set.
+func walkIndex(path string, hashLen int, each func(name string, mode uint32, oid []byte)) (*indexPaths, error) {
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return &indexPaths{}, nil
@@ -50,6 +56,7 @@ func readIndexPaths(path string, hashLen int) (*indexPaths, error) {
 		if off+fixed > end {
 			return nil, fmt.Errorf("%s: truncated entry %d", path, i)
 		}
+		p0 := off
 		mode := binary.BigEndian.Uint32(b[off+24 : off+28])
 		flags := binary.BigEndian.Uint16(b[off+40+hashLen : off+fixed])
 		p := off + fixed
@@ -83,6 +90,9 @@ func readIndexPaths(path string, hashLen int) (*indexPaths, error) {
 			}
 			name = string(b[p : p+nul])
 			off += (fixed + nul + 8) &^ 7
+		}
+		if each != nil {
+			each(name, mode, b[p0+40:p0+40+hashLen])
 		}
 		switch mode >> 12 {
 		case 0o16: // 0160000, a submodule

@@ -323,7 +323,7 @@ type pushOutcome struct {
 func (m *Manager) push(ctx context.Context, r gitsync.Runner, s *store.Session, pushOnly bool, warn func(string)) (pushOutcome, error) {
 	var out pushOutcome
 	for attempt := 0; ; attempt++ {
-		patch, err := m.prepare(ctx, r, s, attempt == 0, warn)
+		patch, err := m.prepare(ctx, r, s, attempt == 0, false, warn)
 		if err != nil {
 			return out, err
 		}

@@ -33,7 +33,7 @@ const pullTimeout = 20 * time.Minute
 func (m *Manager) execFused(ctx context.Context, lc *sshpool.Locked, s *store.Session, req ipc.ExecRequest, dir string, stream backend.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
 	runner := m.runner(lc)
 	for attempt := 0; attempt < fusedAttempts; attempt++ {
-		patch, err := m.prepare(ctx, runner, s, attempt == 0, warn)
+		patch, err := m.prepare(ctx, runner, s, attempt == 0, true, warn)
 		if err != nil {
 			return true, err
 		}
@@ -179,8 +179,8 @@ func (m *Manager) reattachExchange(ctx context.Context, s *store.Session, lc *ss
 }
 
 // prepare makes the sync patch of s's working tree, telling the caller its
-// warnings when tell.
-func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Session, tell bool, warn func(string)) (*gitsync.Patch, error) {
+// warnings when tell; fused: for an exchange (Fuse) on r.
+func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Session, tell, fused bool, warn func(string)) (*gitsync.Patch, error) {
 	base := s.BaseSHA
 	if base == "" {
 		// A run sandboxd did not create: learn where it started.
@@ -189,7 +189,13 @@ func (m *Manager) prepare(ctx context.Context, r gitsync.Runner, s *store.Sessio
 			return nil, err
 		}
 	}
-	patch, err := m.opts.Sync.Prepare(ctx, s.RepoRoot, base)
+	prepare := m.opts.Sync.Prepare
+	if fused {
+		prepare = func(ctx context.Context, root, base string) (*gitsync.Patch, error) {
+			return m.opts.Sync.PrepareExchange(ctx, r, root, base)
+		}
+	}
+	patch, err := prepare(ctx, s.RepoRoot, base)
 	if err != nil {
 		return nil, fmt.Errorf("prepare the sync patch: %w", err)
 	}

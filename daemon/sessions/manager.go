@@ -78,6 +78,9 @@ func (l sshLinks) NewLink(onState func(up bool, err error)) Link { return l.p.Ne
 // Syncer moves the working tree to the sandbox and back (*gitsync.Syncer).
 type Syncer interface {
 	Prepare(ctx context.Context, repoRoot, baseSHA string) (*gitsync.Patch, error)
+	// PrepareExchange is Prepare for an exec that Fuse on r runs: its
+	// request may leave before the patch is computed.
+	PrepareExchange(ctx context.Context, r gitsync.Runner, repoRoot, baseSHA string) (*gitsync.Patch, error)
 	Push(ctx context.Context, r gitsync.Runner, p *gitsync.Patch) (gitsync.PushResult, error)
 	Fuse(ctx context.Context, r gitsync.Runner, p *gitsync.Patch, command string) (*gitsync.Exchange, bool, error)
 	Pull(ctx context.Context, r gitsync.Runner, repoRoot string) (gitsync.PullResult, error)

@@ -93,6 +93,9 @@ func (nopLink) Forget()                                                    {}
 type nopSync struct{}
 
 func (nopSync) Prepare(context.Context, string, string) (*gitsync.Patch, error) { return nil, nil }
+func (nopSync) PrepareExchange(context.Context, gitsync.Runner, string, string) (*gitsync.Patch, error) {
+	return nil, nil
+}
 func (nopSync) Push(context.Context, gitsync.Runner, *gitsync.Patch) (gitsync.PushResult, error) {
 	return gitsync.PushResult{}, nil
 }

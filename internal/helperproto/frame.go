@@ -32,8 +32,13 @@ import (
 // the daemon takes. The tag is the frame layer, the same in every
 // version; versions name the messages.
 //
-// The daemon writes Hello, then Request, then Stdin frames, StdinEOF and
-// Signal frames as they come. The helper answers Hello, then either
+// The daemon writes Hello, then Request, then (when the request says
+// PatchFollows) one Patch frame, then Stdin frames, StdinEOF and Signal
+// frames as they come. A request with PatchFollows goes out before the
+// daemon's git computed the patch: its Entries are the native push's, and
+// the helper reads the Patch frame only when it takes the plain push; a
+// helper that pushed natively skips it as it skips any frame it does not
+// read (it is never stdin). The helper answers Hello, then either
 // Declined, or Pull frames and PushFailed (nothing ran), or Started, Stdout/Stderr frames,
 // Exit, Pull frames, PullEnd; End closes every answer that completed.
 //
@@ -51,6 +56,7 @@ const (
 	FrameHello    byte = 'H' // Hello
 	FrameRequest  byte = 'R' // ExchangeRequest
 	FrameReattach byte = 'A' // Reattach
+	FramePatch    byte = 'T' // Patch: the plain push's patch, after Request
 	FrameStdin    byte = 'I' // data: the caller's stdin
 	FrameStdinEOF byte = 'i' // empty: the caller's stdin ended
 	FrameSignal   byte = 'S' // Signal
@@ -82,10 +88,12 @@ const (
 	TagSize   = 16
 )
 
-// MaxFrame bounds one frame's payload, except FrameRequest's (MaxRequest).
+// MaxFrame bounds one frame's payload, except FrameRequest's and
+// FramePatch's (MaxRequest).
 const MaxFrame = 1 << 20
 
-// MaxRequest bounds the request frame, which carries the push's patch.
+// MaxRequest bounds the request frame and the patch frame, each of which
+// may carry the push's patch.
 const MaxRequest = 160 << 20
 
 // DataChunk is the most a data frame carries.
@@ -117,7 +125,8 @@ type HelloAnswer struct {
 // ExchangeRequest is one synced exec. Entries (the native push) and Patch
 // (the plain push, run by PushScript with the patch on its stdin) may be
 // both present: the helper takes the plain way when the native one
-// declines.
+// declines. With PatchFollows, Patch and PushScript are empty and come in
+// the Patch frame that follows the request.
 type ExchangeRequest struct {
 	// Instance is the helper server to ask for the native push and pull.
 	Instance string `json:"instance"`
@@ -133,6 +142,8 @@ type ExchangeRequest struct {
 	Acks    []string        `json:"acks"`
 	Entries json.RawMessage `json:"entries,omitempty"`
 	Patch   []byte          `json:"patch,omitempty"`
+	// PatchFollows: a Patch frame follows the request (Patch).
+	PatchFollows bool `json:"patch_follows,omitempty"`
 	// StrayScript, PushScript and PullScript are the shell ways of the
 	// look for edits made outside an exec, the push and the pull, run by
 	// /bin/sh -c when the native ones decline. The helper hands them what
@@ -159,6 +170,16 @@ type ExchangeRequest struct {
 	// Forget are the ids of earlier held exchanges whose exit the daemon
 	// received: the holder removes what it kept of them (MaxForget).
 	Forget []string `json:"forget,omitempty"`
+}
+
+// Patch is the plain push's patch and script, sent after a request that
+// went out before the daemon's git computed them (PatchFollows). Error,
+// when set, says the daemon could not compute them: a helper that needs
+// them fails the push (nothing runs), and the daemon prepares again.
+type Patch struct {
+	Patch      []byte `json:"patch,omitempty"`
+	PushScript string `json:"push_script,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 // MaxForget bounds ExchangeRequest.Forget.
@@ -326,7 +347,7 @@ func (f *FrameReader) Next() (typ byte, payload []byte, err error) {
 	typ = f.hdr[0]
 	n := int64(binary.BigEndian.Uint32(f.hdr[1:]))
 	limit := int64(MaxFrame)
-	if typ == FrameRequest {
+	if typ == FrameRequest || typ == FramePatch {
 		limit = MaxRequest
 	}
 	if n > limit {

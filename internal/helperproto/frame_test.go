@@ -152,3 +152,21 @@ func BenchmarkAnswerStream(b *testing.B) {
 		})
 	}
 }
+
+// A Patch frame may carry what a request may (the patch of an early
+// request), up to MaxRequest and not beyond.
+func TestPatchFrameIsBoundedAsTheRequest(t *testing.T) {
+	var b bytes.Buffer
+	payload := bytes.Repeat([]byte{'p'}, MaxFrame+1)
+	if err := (&FrameWriter{W: &b}).Write(FramePatch, payload); err != nil {
+		t.Fatal(err)
+	}
+	typ, p, err := (&FrameReader{R: &b}).Next()
+	if err != nil || typ != FramePatch || !bytes.Equal(p, payload) {
+		t.Fatalf("a Patch frame over MaxFrame: %q, %d bytes, %v", typ, len(p), err)
+	}
+	over := []byte{FramePatch, 0x0a, 0x00, 0x00, 0x01} // MaxRequest + 1
+	if _, _, err := (&FrameReader{R: bytes.NewReader(over)}).Next(); !errors.Is(err, ErrFrame) {
+		t.Fatalf("a Patch frame over MaxRequest: %v", err)
+	}
+}
