@@ -68,11 +68,11 @@ type sandbox struct {
 	closed    bool              // end began: spawn runs nothing more
 	looping   bool              // run was started
 
-	rt      sessionRuntime // guarded by m.mu
-	lease   lease          // guarded by lease.mu
-	line    *execq.Line
-	link    Link       // the kept connection (daemon/sshpool)
-	fwds    ForwardSet // its local port forwards (daemon/forward); nil without Options.Forwards
+	rt    sessionRuntime // guarded by m.mu
+	lease lease          // guarded by lease.mu
+	line  *execq.Line
+	link  Link       // the kept connection (daemon/sshpool)
+	fwds  ForwardSet // its local port forwards (daemon/forward); nil without Options.Forwards
 	// relay is the held execs' channel on the kept connection (relay.go),
 	// nil until the first; noRelay the connection and helper that
 	// refused one. Guarded by mu.
@@ -81,8 +81,8 @@ type sandbox struct {
 		conn *sshpool.Conn
 		bin  string
 	}
-	tally   execTally  // guarded by m.records
-	pending bool       // tally is in m.pending; guarded by m.records
+	tally   execTally // guarded by m.records
+	pending bool      // tally is in m.pending; guarded by m.records
 
 	wake   chan struct{} // the lease's task changed
 	ctx    context.Context
