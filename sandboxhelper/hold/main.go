@@ -66,10 +66,10 @@ type Options struct {
 }
 
 // Begin starts argv under id once, in dir with env: kept by o.Server when
-// it answers, else by a keeper of h's own (h.Env set to env). ErrStarted:
-// the id was started before, nothing ran again.
+// it answers, else by a keeper of h's own (h.Env and h.Dir set to env and
+// dir). ErrStarted: the id was started before, nothing ran again.
 func (o Options) Begin(ctx context.Context, h *Holder, id string, argv, env []string, dir string) error {
-	h.Env = env
+	h.Env, h.Dir = env, dir
 	if o.Server == nil {
 		return h.Start(id, argv)
 	}
