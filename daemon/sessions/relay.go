@@ -43,6 +43,8 @@ var (
 	// errRelayLost: the relay's channel ended while the command ran, its
 	// connection fine (the relay was killed): the command is attached to.
 	errRelayLost = errors.New("the sandbox helper's relay ended while the command ran")
+	// errRelayClosed: the relay was closed by this side.
+	errRelayClosed = errors.New("the relay was closed")
 	// errRelayForged: the relay answered something no relay sends.
 	errRelayForged = errors.New("the sandbox helper's relay answered a malformed frame")
 )
@@ -106,7 +108,19 @@ func (c *sandbox) openRelay(conn *sshpool.Conn, bin string, idle time.Duration) 
 	r := &heldRelay{conn: conn, bin: bin, in: inW, inR: inR, out: bufio.NewReaderSize(outR, 64<<10), outW: outW, cancel: cancel, ended: make(chan struct{})}
 	r.idle = time.AfterFunc(idle, r.closeIfIdle)
 	r.idle.Stop()
-	c.wg.Add(1)
+	c.wg.Add(2)
+	go func() {
+		defer c.wg.Done()
+		// Output nobody reads (the relay's, unasked) must not hold the
+		// channel's exec once the connection or the controller ends.
+		select {
+		case <-r.ended:
+			return
+		case <-conn.Done():
+		case <-ctx.Done():
+		}
+		outW.CloseWithError(errRelayClosed)
+	}()
 	go func() {
 		defer c.wg.Done()
 		defer cancel()
@@ -115,7 +129,8 @@ func (c *sandbox) openRelay(conn *sshpool.Conn, bin string, idle time.Duration) 
 		var said bytes.Buffer
 		st, err := conn.ExecOnce(ctx, "exec .git/sandboxd/bin/"+bin+" hold relay", sshpool.Stdio{Stdin: inR, Stdout: outW, Stderr: &limitWriter{w: &said, left: 1 << 10}})
 		c.m.log.Debug("the held execs' relay ended", "run", conn.RunID(), "code", st.Code, "signal", st.Signal, "err", err, "said", said.String())
-		// Ended by itself before any answer: a helper without the relay.
+		// Ended by itself, not asked to, before any answer: a helper
+		// without the relay.
 		refused := err == nil && st.Signal == ""
 		if err == nil {
 			err = errRelayLost
@@ -124,8 +139,8 @@ func (c *sandbox) openRelay(conn *sshpool.Conn, bin string, idle time.Duration) 
 		outW.CloseWithError(err)
 		inR.CloseWithError(err)
 		r.mu.Lock()
+		refused = refused && !r.answered && !r.closing
 		r.closing = true
-		refused = refused && !r.answered
 		r.mu.Unlock()
 		r.idle.Stop()
 		close(r.ended)
@@ -160,6 +175,9 @@ func (r *heldRelay) close() {
 	r.mu.Unlock()
 	r.idle.Stop()
 	_ = r.in.Close()
+	// What it still writes is nobody's: discarded, so that it never
+	// waits on a reader to end.
+	r.outW.CloseWithError(errRelayClosed)
 	t := time.AfterFunc(relayCloseGrace, r.cancel)
 	go func() {
 		<-r.ended
