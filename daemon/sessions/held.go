@@ -142,10 +142,9 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Loc
 	var st sshpool.ExitStatus
 	var err error
 	if r := m.sandboxOf(s).relayFor(lc.Conn, helper, m.relayIdle()); r != nil {
-		st, err = m.relayed(ctx, r, lc, id, command, stdio)
-		// The relay's stdin reader ends here; a start or an attach that
-		// follows reads the caller's next bytes.
-		stdio.Stdin = in.next()
+		// The relay's stdin reader ends with its exec; a start or an
+		// attach that follows reads the caller's next bytes.
+		st, err = m.relayed(ctx, r, lc, id, command, stdio, func() { stdio.Stdin = in.next() })
 		if errors.Is(err, errRelayNotSent) {
 			m.log.Debug("the relay did not take a held exec; starting it on its own channel", "run", s.RunID, "exec", id, "err", err)
 			st, err = m.execProbing(ctx, lc, start, stdio, afterHeld)

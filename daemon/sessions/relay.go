@@ -33,6 +33,11 @@ const DefaultRelayIdle = 30 * time.Second
 // after TERM before KILL, and after KILL before the relay is given up.
 const relayKillGrace = 2 * time.Second
 
+// relayStdinEnd is how long an exec that ended waits for its stdin
+// writer to end before it leaves the relay busy until then: the next exec
+// finds it idle.
+const relayStdinEnd = 100 * time.Millisecond
+
 // relayCloseGrace is how long a relay asked to close (its stdin ended)
 // gets to end before its channel is cut.
 const relayCloseGrace = 5 * time.Second
@@ -214,17 +219,24 @@ func (r *heldRelay) done(broken bool, idle time.Duration) {
 // empty one is the end), signals and the caller's end as `hold signal`
 // execs. The errors: errRelayNotSent (nothing ran: start it another way),
 // errRelayLost or sshpool.ErrConnectionLost (attach), errRelayForged.
-func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked, id, command string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
+func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked, id, command string, stdio sshpool.Stdio, cutStdin func()) (sshpool.ExitStatus, error) {
 	broken := true
 	stdinDone := make(chan struct{})
 	defer func() {
 		// The relay is idle once the exec's stdin writer ended too: a
 		// frame it still writes is taken (and dropped) before the next
-		// request.
-		go func() {
-			<-stdinDone
+		// request. Its reader ends at the cut; the writer follows at
+		// once unless the relay does not read (then later).
+		cutStdin()
+		select {
+		case <-stdinDone:
 			r.done(broken, m.relayIdle())
-		}()
+		case <-time.After(relayStdinEnd):
+			go func() {
+				<-stdinDone
+				r.done(broken, m.relayIdle())
+			}()
+		}
 	}()
 	req, _ := json.Marshal(hold.RelayRequest{ID: id, Argv: []string{"sh", "-c", command}})
 	if _, err := r.in.Write(hold.AppendFrame(nil, hold.FrameRequest, req)); err != nil {

@@ -135,7 +135,7 @@ func TestRelayAnsweringGarbageIsClosedAndTheExecReported(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out bytes.Buffer
-	_, err := m.relayed(ctx, r, &sshpool.Locked{Conn: conn}, "0123456789abcdef0123456789abcdef", "true", sshpool.Stdio{Stdout: &out})
+	_, err := m.relayed(ctx, r, &sshpool.Locked{Conn: conn}, "0123456789abcdef0123456789abcdef", "true", sshpool.Stdio{Stdout: &out}, func() {})
 	if !errors.Is(err, errRelayForged) {
 		t.Fatalf("the exec on a relay that answered an end without an id: %v, want errRelayForged", err)
 	}
