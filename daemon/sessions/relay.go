@@ -238,8 +238,25 @@ func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked,
 			}()
 		}
 	}()
+	// Probed from the request on: a relay channel still being opened on a
+	// connection gone silent is found by the probes, not the keepalives.
+	defer m.probeConn(ctx, lc.Conn, afterHeld)()
 	req, _ := json.Marshal(hold.RelayRequest{ID: id, Argv: []string{"sh", "-c", command}})
-	if _, err := r.in.Write(hold.AppendFrame(nil, hold.FrameRequest, req)); err != nil {
+	sent := make(chan error, 1)
+	go func() {
+		_, err := r.in.Write(hold.AppendFrame(nil, hold.FrameRequest, req))
+		sent <- err
+	}()
+	var err error
+	select {
+	case err = <-sent:
+	case <-ctx.Done():
+		// A write still pending was not read from the pipe: closing the
+		// relay fails it, and nothing ran.
+		r.close()
+		err = <-sent
+	}
+	if err != nil {
 		close(stdinDone)
 		return sshpool.ExitStatus{}, fmt.Errorf("%w: %w", errRelayNotSent, err)
 	}
@@ -247,7 +264,6 @@ func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked,
 		defer close(stdinDone)
 		relayStdin(r.in, stdio.Stdin)
 	}()
-	defer m.probeConn(ctx, lc.Conn, afterHeld)()
 	execDone := make(chan struct{})
 	var side sync.WaitGroup
 	side.Add(1)
