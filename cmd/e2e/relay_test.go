@@ -116,6 +116,7 @@ func TestHeldExecsInARowShareOneRelayProcess(t *testing.T) {
 	go func() { done <- c.Wait() }()
 	t.Cleanup(func() { _ = c.Process.Kill() })
 	if !waitFor(30*time.Second, func() bool { return strings.Contains(out.String(), "ready") }) {
+		d.stop(t) // its logs are read once it ended
 		t.Fatalf("the command did not start: stdout %q, stderr %q\n%s", out, errb, d.logs)
 	}
 	if err := c.Process.Signal(syscall.SIGINT); err != nil {
@@ -125,6 +126,7 @@ func TestHeldExecsInARowShareOneRelayProcess(t *testing.T) {
 	select {
 	case err = <-done:
 	case <-time.After(30 * time.Second):
+		d.stop(t)
 		t.Fatalf("the command did not end within 30 s of Ctrl-C: stdout %q, stderr %q\n%s", out, errb, d.logs)
 	}
 	var ee *exec.ExitError
@@ -174,6 +176,7 @@ func TestKilledRelayIsReplacedAndItsCommandRunsOnce(t *testing.T) {
 	go func() { done <- c.Wait() }()
 	t.Cleanup(func() { _ = c.Process.Kill() })
 	if !waitFor(30*time.Second, func() bool { return strings.Contains(out.String(), "start") }) {
+		d.stop(t) // its logs are read once it ended
 		t.Fatalf("the command did not start: stdout %q, stderr %q\n%s", out, errb, d.logs)
 	}
 	if err := syscall.Kill(relay, syscall.SIGKILL); err != nil {
@@ -183,11 +186,13 @@ func TestKilledRelayIsReplacedAndItsCommandRunsOnce(t *testing.T) {
 	select {
 	case err = <-done:
 	case <-time.After(60 * time.Second):
+		d.stop(t)
 		t.Fatalf("the exec whose relay was killed did not end within a minute: stdout %q, stderr %q\n%s", out, errb, d.logs)
 	}
 	var ee *exec.ExitError
 	if !asExit(err, &ee) || ee.ExitCode() != 5 || out.String() != "start\nend\n" || !strings.HasSuffix(errb.String(), "late\n") {
-		t.Errorf("the exec whose relay was killed: %v, stdout %q, stderr %q; want exit 5, start and end, late\n%s", err, out, errb, d.logs)
+		d.stop(t)
+		t.Fatalf("the exec whose relay was killed: %v, stdout %q, stderr %q; want exit 5, start and end, late\n%s", err, out, errb, d.logs)
 	}
 	if !strings.Contains(errb.String(), "relay ended while the command ran") {
 		t.Errorf("stderr %q does not say the relay ended and the command was reattached", errb)
