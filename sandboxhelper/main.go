@@ -35,6 +35,12 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 	}
 	if args[0] == "hold" {
 		// Durable execs (docs/durable-exec.md).
+		if len(args) > 1 && args[1] == "relay" {
+			// Before it reads a frame: a command of the same uid must
+			// not ptrace the relay to forge what the daemon takes as the
+			// end of its execs.
+			undumpable()
+		}
 		self, err := os.Executable()
 		if err != nil {
 			fmt.Fprintf(stderr, "%s: %v\n", Name, err)

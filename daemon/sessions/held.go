@@ -139,26 +139,46 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Loc
 	defer in.close()
 	stdio.Stdin = in.next()
 	start := fmt.Sprintf("exec %s hold start %s --stdin-frames -- sh -c %s", bin, id, quoteArg(command, true))
-	st, err := m.execProbing(ctx, lc, start, stdio, afterHeld)
+	var st sshpool.ExitStatus
+	var err error
+	if r := m.sandboxOf(s).relayFor(lc.Conn, helper, m.relayIdle()); r != nil {
+		// The relay's stdin reader ends with its exec; a start or an
+		// attach that follows reads the caller's next bytes.
+		st, err = m.relayed(ctx, r, lc, id, command, stdio, func() { stdio.Stdin = in.next() })
+		if errors.Is(err, errRelayNotSent) {
+			m.log.Debug("the relay did not take a held exec; starting it on its own channel", "run", s.RunID, "exec", id, "err", err)
+			st, err = m.execProbing(ctx, lc, start, stdio, afterHeld)
+		}
+	} else {
+		st, err = m.execProbing(ctx, lc, start, stdio, afterHeld)
+	}
+	if errors.Is(err, errRelayForged) {
+		return st, errdefs.Unavailable(fmt.Errorf("%w: the command may still be running in the sandbox and was not run again; see it with `nook attach %s`", err, id))
+	}
 	began := time.Now().UnixNano()
 	// Every reattach of this exec together is bounded: an agent that
 	// refuses connections for long must not hold the caller for the lock's
 	// bound (minutes) on each attempt.
 	bound := m.reattachTimeout()
 	var reattachBy time.Time
-	for attempt := 0; attempt < reattachAttempts && err != nil && errors.Is(err, sshpool.ErrConnectionLost) && ctx.Err() == nil; attempt++ {
+	for attempt := 0; attempt < reattachAttempts && err != nil && (errors.Is(err, sshpool.ErrConnectionLost) || errors.Is(err, errRelayLost)) && ctx.Err() == nil; attempt++ {
 		// Silence gives no time of its own: the last byte received is the
 		// best bound of when the connection went.
 		lost := time.Unix(0, max(began, out.last.Load(), errw.last.Load()))
-		m.log.Info("the connection broke while a held command ran; reattaching", "run", s.RunID, "exec", id, "err", err)
+		// A relay that ended on a live connection (killed) leaves the
+		// lock where it is: the attach runs on the same connection.
+		relayLost := !errors.Is(err, sshpool.ErrConnectionLost)
+		m.log.Info("the connection or the relay broke while a held command ran; reattaching", "run", s.RunID, "exec", id, "err", err)
 		if reattachBy.IsZero() {
 			reattachBy = time.Now().Add(bound)
 		}
-		conn, lerr := m.relockBy(ctx, s, reattachBy, bound)
-		if lerr != nil {
-			return st, fmt.Errorf("%w; reattaching failed: %w", err, lerr)
+		if !relayLost {
+			conn, lerr := m.relockBy(ctx, s, reattachBy, bound)
+			if lerr != nil {
+				return st, fmt.Errorf("%w; reattaching failed: %w", err, lerr)
+			}
+			lc.Conn = conn
 		}
-		lc.Conn = conn
 		// The lost exec's stdin relay may still wait for the caller's
 		// next bytes: they go to the new attach instead.
 		stdio.Stdin = in.next()
@@ -172,6 +192,9 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Loc
 			line = start
 		}
 		msg := fmt.Sprintf("the connection to the sandbox dropped for about %s (nothing came since); the command went on in the sandbox and is reattached", time.Since(lost).Round(100*time.Millisecond))
+		if relayLost {
+			msg = "the sandbox helper's relay ended while the command ran; the command went on in the sandbox and is reattached"
+		}
 		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: msg})
 		st, err = m.execProbing(ctx, lc, line, stdio, afterHeld)
 	}

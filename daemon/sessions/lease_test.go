@@ -27,6 +27,12 @@ func startAgent(t *testing.T) (*agent.Agent, sshpool.Target) {
 // startAgentEnv is startAgent with the commands' environment env.
 func startAgentEnv(t *testing.T, env []string) (*agent.Agent, sshpool.Target) {
 	t.Helper()
+	return startAgentIn(t, t.TempDir(), env)
+}
+
+// startAgentIn is startAgentEnv with the workspace dir.
+func startAgentIn(t *testing.T, dir string, env []string) (*agent.Agent, sshpool.Target) {
+	t.Helper()
 	_, hostPriv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +53,7 @@ func startAgentEnv(t *testing.T, env []string) (*agent.Agent, sshpool.Target) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := agent.Start(agent.Config{HostKey: host, AuthorizedKey: authorized, Workspace: t.TempDir(), Env: env})
+	a, err := agent.Start(agent.Config{HostKey: host, AuthorizedKey: authorized, Workspace: dir, Env: env})
 	if err != nil {
 		t.Fatal(err)
 	}

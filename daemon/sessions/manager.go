@@ -134,6 +134,9 @@ type Options struct {
 	// LockIdle is how long the agent lock stays held after an exec
 	// (DefaultLockIdle when zero).
 	LockIdle time.Duration
+	// RelayIdle is how long a held execs' relay stays open after its
+	// last exec (DefaultRelayIdle when zero).
+	RelayIdle time.Duration
 	// SyncHelper, optional, offers the sandbox helper of a connection
 	// (daemon/helper): its file name and server instance, "" while none.
 	SyncHelper func(c *sshpool.Conn) (name, instance string)
@@ -271,6 +274,9 @@ func New(opts Options) (*Manager, error) {
 	}
 	if opts.LockIdle <= 0 {
 		opts.LockIdle = DefaultLockIdle
+	}
+	if opts.RelayIdle <= 0 {
+		opts.RelayIdle = DefaultRelayIdle
 	}
 	m := &Manager{
 		opts:       opts,

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/events"
 	"github.com/sandboxd/sandboxd/daemon/execq"
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -51,7 +52,8 @@ func (s sandboxState) String() string {
 // yet written. Its state changes in one place (setState), which logs and
 // publishes the change; the one goroutine it runs (the lease's timers,
 // run) and every goroutine it starts (spawn) are joined by end. It follows
-// the connection's ups and downs through connectionChanged. The helper's
+// the connection's ups and downs through connectionChanged, and keeps the
+// relay of its held execs (relay.go). The helper's
 // state stays daemon/helper's, keyed by connection, and the sync's
 // daemon/gitsync's.
 type sandbox struct {
@@ -66,13 +68,21 @@ type sandbox struct {
 	closed    bool              // end began: spawn runs nothing more
 	looping   bool              // run was started
 
-	rt      sessionRuntime // guarded by m.mu
-	lease   lease          // guarded by lease.mu
-	line    *execq.Line
-	link    Link       // the kept connection (daemon/sshpool)
-	fwds    ForwardSet // its local port forwards (daemon/forward); nil without Options.Forwards
-	tally   execTally  // guarded by m.records
-	pending bool       // tally is in m.pending; guarded by m.records
+	rt    sessionRuntime // guarded by m.mu
+	lease lease          // guarded by lease.mu
+	line  *execq.Line
+	link  Link       // the kept connection (daemon/sshpool)
+	fwds  ForwardSet // its local port forwards (daemon/forward); nil without Options.Forwards
+	// relay is the held execs' channel on the kept connection (relay.go),
+	// nil until the first; noRelay the connection and helper that
+	// refused one. Guarded by mu.
+	relay   *heldRelay
+	noRelay struct {
+		conn *sshpool.Conn
+		bin  string
+	}
+	tally   execTally // guarded by m.records
+	pending bool      // tally is in m.pending; guarded by m.records
 
 	wake   chan struct{} // the lease's task changed
 	ctx    context.Context
@@ -273,7 +283,18 @@ func (c *sandbox) end(why string) {
 	c.m.releaseNow(c)
 	c.mu.Lock()
 	c.closed = true
+	r := c.relay
+	c.relay = nil
 	c.mu.Unlock()
+	if r != nil {
+		// Asked to end (its stdin ends) rather than cut: a cut channel
+		// waits for the command it ran to take TERM.
+		r.close()
+		select {
+		case <-r.ended:
+		case <-time.After(relayCloseGrace):
+		}
+	}
 	c.cancel()
 	c.wg.Wait()
 }

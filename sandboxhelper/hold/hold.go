@@ -90,6 +90,9 @@ type Holder struct {
 	// Env is the keeper's environment, and so the command's (this
 	// process's when nil).
 	Env []string
+	// Dir is the keeper's working directory, and so the command's (this
+	// process's when empty).
+	Dir string
 }
 
 // State is what `hold state` answers.
@@ -141,7 +144,7 @@ func (h *Holder) Start(id string, argv []string) error {
 	defer devnull.Close()
 	k := exec.Command(h.Keeper[0], append(append([]string(nil), h.Keeper[1:]...), id)...)
 	k.Stdin, k.Stdout, k.Stderr = devnull, devnull, devnull
-	k.Env = h.Env
+	k.Env, k.Dir = h.Env, h.Dir
 	// Its own session: the hang-up of the channel that started it does not
 	// reach it.
 	k.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

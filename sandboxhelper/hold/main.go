@@ -31,7 +31,8 @@ func DefaultRoot() (string, error) {
 	return filepath.Join(dir, "sandboxd", "hold"), nil
 }
 
-// Main is `hold start ID -- ARGV...`, `hold launch ID -- ARGV...` (start
+// Main is `hold start ID -- ARGV...`, `hold relay` (start after start
+// on one channel: Options.Relay), `hold launch ID -- ARGV...` (start
 // without attaching, stdin empty), `hold attach ID OUT ERR`, `hold
 // state ID`, `hold signal ID SIGNAL`, `hold eof ID` (the caller's stdin
 // ended) and `hold keep ID` (the keeper; started by start). self is the
@@ -65,10 +66,10 @@ type Options struct {
 }
 
 // Begin starts argv under id once, in dir with env: kept by o.Server when
-// it answers, else by a keeper of h's own (h.Env set to env). ErrStarted:
-// the id was started before, nothing ran again.
+// it answers, else by a keeper of h's own (h.Env and h.Dir set to env and
+// dir). ErrStarted: the id was started before, nothing ran again.
 func (o Options) Begin(ctx context.Context, h *Holder, id string, argv, env []string, dir string) error {
-	h.Env = env
+	h.Env, h.Dir = env, dir
 	if o.Server == nil {
 		return h.Start(id, argv)
 	}
@@ -98,10 +99,10 @@ func (o Options) Begin(ctx context.Context, h *Holder, id string, argv, env []st
 func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	self := o.Self
 	usage := func() int {
-		fmt.Fprintln(stderr, "usage: hold start ID [--stdin-frames] -- ARGV... | launch ID -- ARGV... | attach ID OUT ERR [--stdin-frames] | state ID | signal ID SIGNAL | eof ID")
+		fmt.Fprintln(stderr, "usage: hold start ID [--stdin-frames] -- ARGV... | relay | launch ID -- ARGV... | attach ID OUT ERR [--stdin-frames] | state ID | signal ID SIGNAL | eof ID")
 		return ExitUsage
 	}
-	if len(args) < 2 {
+	if len(args) == 0 || len(args) < 2 && args[0] != "relay" {
 		return usage()
 	}
 	root, err := DefaultRoot()
@@ -110,48 +111,22 @@ func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, st
 		return ExitFailed
 	}
 	h := &Holder{Root: root, Keeper: []string{self, "hold", "keep"}}
+	if args[0] == "relay" {
+		if len(args) != 1 {
+			return usage()
+		}
+		wd, err := os.Getwd()
+		if err != nil {
+			fmt.Fprintf(stderr, "hold relay: find the working directory: %v\n", err)
+			return ExitFailed
+		}
+		if err := o.Relay(ctx, h, stdin, stdout, os.Environ(), wd); err != nil {
+			fmt.Fprintf(stderr, "hold relay: %v\n", err)
+			return ExitFailed
+		}
+		return 0
+	}
 	id := args[1]
-	// begin starts the command of id once, kept by the server when one
-	// answers, else by a keeper of its own.
-	begin := func(argv []string) error {
-		wd, err := os.Getwd()
-		if err != nil {
-			return fmt.Errorf("find the working directory: %w", err)
-		}
-		return o.Begin(ctx, h, id, argv, os.Environ(), wd)
-	}
-	// beginStream is begin asking for a streamed start first: c is nil
-	// when the command runs but is not streamed to this process (kept by
-	// an older server, or by a keeper of its own, or started before the
-	// answer was lost).
-	beginStream := func(argv []string) (io.WriteCloser, io.Reader, error) {
-		if o.Stream == nil {
-			return nil, nil, begin(argv)
-		}
-		dir, err := h.dir(id)
-		if err != nil {
-			return nil, nil, err
-		}
-		if _, err := os.Stat(dir); err == nil {
-			return nil, nil, ErrStarted
-		}
-		wd, err := os.Getwd()
-		if err != nil {
-			return nil, nil, fmt.Errorf("find the working directory: %w", err)
-		}
-		// As in begin, the server's answer is not trusted beyond this.
-		c, rd, serr := o.Stream(ctx, id, SpawnRequest{Root: root, Argv: argv, Env: os.Environ(), Dir: wd})
-		if _, err := os.Stat(dir); err == nil {
-			if serr != nil {
-				return nil, nil, nil
-			}
-			return c, rd, nil
-		}
-		if serr == nil {
-			c.Close()
-		}
-		return nil, nil, begin(argv)
-	}
 	fail := func(err error) int {
 		if errors.Is(err, context.Canceled) || ctx.Err() != nil {
 			// The channel is gone (the attach was cut): nothing to say on
@@ -197,34 +172,24 @@ func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, st
 		if len(args) < 4 || args[2] != "--" {
 			return usage()
 		}
-		c, rd, err := beginStream(args[3:])
+		wd, err := os.Getwd()
+		if err != nil {
+			return fail(fmt.Errorf("find the working directory: %w", err))
+		}
+		sigs := make(chan syscall.Signal, 4)
+		actx, stop := attached(func(sig syscall.Signal) {
+			select {
+			case sigs <- sig:
+			default:
+			}
+		})
+		defer stop()
+		code, err := o.startHeld(actx, h, id, args[3:], os.Environ(), wd, stdin, framed, sigs, stdout, stderr)
 		if err != nil {
 			if errors.Is(err, ErrStarted) {
 				fmt.Fprintf(stderr, "hold start: %v\n", err)
 				return ExitStarted
 			}
-			return fail(err)
-		}
-		if c != nil {
-			sigs := make(chan syscall.Signal, 4)
-			actx, stop := attached(func(sig syscall.Signal) {
-				select {
-				case sigs <- sig:
-				default:
-				}
-			})
-			defer stop()
-			code, err := h.streamed(actx, id, c, rd, stdin, framed, sigs, stdout, stderr)
-			if err != nil {
-				return fail(err)
-			}
-			return code
-		}
-		actx, stop := attached(signalFiles)
-		defer stop()
-		go func() { _ = h.feed(actx, id, stdin, framed) }()
-		code, err := h.Attach(actx, id, 0, 0, stdout, stderr)
-		if err != nil {
 			return fail(err)
 		}
 		return code
@@ -234,7 +199,11 @@ func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, st
 		if len(args) < 4 || args[2] != "--" {
 			return usage()
 		}
-		if err := begin(args[3:]); err != nil {
+		wd, err := os.Getwd()
+		if err != nil {
+			return fail(fmt.Errorf("find the working directory: %w", err))
+		}
+		if err := o.Begin(ctx, h, id, args[3:], os.Environ(), wd); err != nil {
 			if errors.Is(err, ErrStarted) {
 				fmt.Fprintf(stderr, "hold launch: %v\n", err)
 				return ExitStarted
@@ -300,3 +269,58 @@ func MainWith(ctx context.Context, o Options, args []string, stdin io.Reader, st
 }
 
 var signals = map[string]syscall.Signal{"INT": syscall.SIGINT, "TERM": syscall.SIGTERM, "KILL": syscall.SIGKILL, "HUP": syscall.SIGHUP, "QUIT": syscall.SIGQUIT, "USR1": syscall.SIGUSR1, "USR2": syscall.SIGUSR2}
+
+// beginStream starts argv under id once, asking the server for a streamed
+// start first: c is nil when the command runs but is not streamed to this
+// process (kept by an older server, or by a keeper of its own, or started
+// before the answer was lost).
+func (o Options) beginStream(ctx context.Context, h *Holder, id string, argv, env []string, wd string) (io.WriteCloser, io.Reader, error) {
+	if o.Stream == nil {
+		return nil, nil, o.Begin(ctx, h, id, argv, env, wd)
+	}
+	dir, err := h.dir(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := os.Stat(dir); err == nil {
+		return nil, nil, ErrStarted
+	}
+	// As in Begin, the server's answer is not trusted beyond this.
+	c, rd, serr := o.Stream(ctx, id, SpawnRequest{Root: h.Root, Argv: argv, Env: env, Dir: wd})
+	if _, err := os.Stat(dir); err == nil {
+		if serr != nil {
+			return nil, nil, nil
+		}
+		return c, rd, nil
+	}
+	if serr == nil {
+		c.Close()
+	}
+	return nil, nil, o.Begin(ctx, h, id, argv, env, wd)
+}
+
+// startHeld is start's work, shared by start and relay: argv under id
+// once (streamed by the server, else kept by it or a keeper of its own
+// and attached from the files), the caller's stdin to it, sigs to its
+// process group, until it ends or ctx does. ErrStarted: nothing ran.
+func (o Options) startHeld(ctx context.Context, h *Holder, id string, argv, env []string, wd string, stdin io.Reader, framed bool, sigs <-chan syscall.Signal, stdout, stderr io.Writer) (int, error) {
+	c, rd, err := o.beginStream(ctx, h, id, argv, env, wd)
+	if err != nil {
+		return 0, err
+	}
+	if c != nil {
+		return h.streamed(ctx, id, c, rd, stdin, framed, sigs, stdout, stderr)
+	}
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case sig := <-sigs:
+				_ = h.Signal(id, sig)
+			}
+		}
+	}()
+	go func() { _ = h.feed(ctx, id, stdin, framed) }()
+	return h.Attach(ctx, id, 0, 0, stdout, stderr)
+}

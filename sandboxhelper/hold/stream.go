@@ -48,6 +48,13 @@ func appendFrame(b []byte, typ byte, p []byte) []byte {
 	return append(b, p...)
 }
 
+// FrameSizeError is a frame whose length is past the bound.
+type FrameSizeError struct{ Size, Max int }
+
+func (e *FrameSizeError) Error() string {
+	return fmt.Sprintf("a stream frame of %d bytes is past the bound of %d", e.Size, e.Max)
+}
+
 // readFrame reads one frame whose payload is at most max bytes into buf.
 func readFrame(r io.Reader, buf []byte, max int) (byte, []byte, error) {
 	var hdr [5]byte
@@ -56,7 +63,7 @@ func readFrame(r io.Reader, buf []byte, max int) (byte, []byte, error) {
 	}
 	n := int(binary.BigEndian.Uint32(hdr[1:]))
 	if n > max {
-		return 0, nil, fmt.Errorf("a stream frame of %d bytes is past the bound of %d", n, max)
+		return 0, nil, &FrameSizeError{Size: n, Max: max}
 	}
 	if cap(buf) < n {
 		buf = make([]byte, n)

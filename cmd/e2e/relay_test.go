@@ -1,0 +1,207 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// relayPIDs lists the `hold relay` processes of run (their working
+// directory is its workspace).
+func relayPIDs(t testing.TB, run string) []int {
+	t.Helper()
+	return holdPIDs(run, "relay")
+}
+
+// holdPIDs lists the `hold VERB` processes of run.
+func holdPIDs(run, verb string) []int {
+	var pids []int
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if len(args) < 3 || args[1] != "hold" || args[2] != verb {
+			continue
+		}
+		if cwd, err := os.Readlink(filepath.Join(d, "cwd")); err != nil || !strings.Contains(cwd, run) {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(d))
+		pids = append(pids, pid)
+	}
+	slices.Sort(pids)
+	return pids
+}
+
+// waitOneRelay waits for run to have exactly one relay process and
+// returns its pid.
+func waitOneRelay(t testing.TB, run string) int {
+	t.Helper()
+	var pids []int
+	if !waitFor(10*time.Second, func() bool { pids = relayPIDs(t, run); return len(pids) == 1 }) {
+		t.Fatalf("run %s has relay processes %v, want exactly one", run, pids)
+	}
+	return pids[0]
+}
+
+// TestHeldExecsInARowShareOneRelayProcess: no-sync execs without a
+// terminal (held) one after another on one sandbox all go through one
+// `hold relay` process on the kept connection, costing no exec request
+// of their own; each one's stdout, stderr, stdin and exit code are
+// exactly the command's, and Ctrl-C reaches the command.
+func TestHeldExecsInARowShareOneRelayProcess(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	lc := e.startLocalcloud()
+	d := e.startDaemon()
+	repo := e.newRepo("relayrow", defaultConfig)
+	run := e.startServedSandbox(t, repo)
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
+	relay := waitOneRelay(t, run)
+	// A `hold start` lives as long as its command: one of any exec is
+	// seen by a look every 20 ms at commands that last 200 ms.
+	stop, starts := make(chan struct{}), make(chan int, 1)
+	go func() {
+		seen := map[int]bool{}
+		defer func() { starts <- len(seen) }()
+		for {
+			for _, pid := range holdPIDs(run, "start") {
+				seen[pid] = true
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	before := lc.execRequests(t, run)
+	const n = 8
+	for i := 0; i < n; i++ {
+		in := fmt.Sprintf("line %d\nand more\n", i)
+		r := e.nookIn(repo, strings.NewReader(in), "exec", "--no-sync", "--", "sh", "-c", fmt.Sprintf("cat; sleep 0.2; echo err%d >&2; exit %d", i, i))
+		if r.code != i || r.stdout != in || r.stderr != fmt.Sprintf("err%d\n", i) {
+			close(stop)
+			t.Fatalf("held exec %d through the relay: %s; want exit %d, stdout %q, stderr %q", i, r, i, in, fmt.Sprintf("err%d\n", i))
+		}
+	}
+	close(stop)
+	used := lc.execRequests(t, run) - before
+	t.Logf("%d held execs took %d exec requests", n, used)
+	if k := <-starts; k > 0 {
+		t.Errorf("%d held execs started %d `hold start` processes (%d exec requests), want none: they did not go through the relay", n, k, used)
+	}
+	if pids := relayPIDs(t, run); !slices.Equal(pids, []int{relay}) {
+		t.Errorf("relay processes after %d execs: %v, want the first one only (%d)", n, pids, relay)
+	}
+
+	// Ctrl-C reaches the command run by the relay.
+	c := e.nookCmd(repo, "exec", "--no-sync", "--", "sh", "-c", `trap 'echo got INT; exit 9' INT; echo ready; while :; do sleep 0.1; done`)
+	out, errb := &syncBuf{}, &syncBuf{}
+	c.Stdout, c.Stderr = out, errb
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	t.Cleanup(func() { _ = c.Process.Kill() })
+	if !waitFor(30*time.Second, func() bool { return strings.Contains(out.String(), "ready") }) {
+		d.stop(t) // its logs are read once it ended
+		t.Fatalf("the command did not start: stdout %q, stderr %q\n%s", out, errb, d.logs)
+	}
+	if err := c.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		d.stop(t)
+		t.Fatalf("the command did not end within 30 s of Ctrl-C: stdout %q, stderr %q\n%s", out, errb, d.logs)
+	}
+	var ee *exec.ExitError
+	if !asExit(err, &ee) || ee.ExitCode() != 9 || out.String() != "ready\ngot INT\n" {
+		t.Errorf("Ctrl-C through the relay: %v, stdout %q, stderr %q; want exit 9 from the command's trap", err, out, errb)
+	}
+	if pids := relayPIDs(t, run); !slices.Equal(pids, []int{relay}) {
+		t.Errorf("relay processes after a signal: %v, want the first one only (%d)", pids, relay)
+	}
+}
+
+// TestKilledRelayIsReplacedAndItsCommandRunsOnce: a relay killed
+// (SIGKILL) between two execs costs the next one nothing (it runs, its
+// output and exit code exact); one killed while its command runs is a
+// lost channel: the daemon attaches to the command, which goes on, and
+// the caller gets all of its output and its exit code, the command run
+// once.
+func TestKilledRelayIsReplacedAndItsCommandRunsOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.startDaemon()
+	repo := e.newRepo("relaykill", defaultConfig)
+	run := e.startServedSandbox(t, repo)
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
+	relay := waitOneRelay(t, run)
+	if err := syscall.Kill(relay, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(10*time.Second, func() bool { return processGone(relay) }) {
+		t.Fatalf("relay %d did not die", relay)
+	}
+	r := e.nook(repo, "exec", "--no-sync", "--", "sh", "-c", "echo after the kill; exit 4")
+	if r.code != 4 || r.stdout != "after the kill\n" || r.stderr != "" {
+		t.Fatalf("the exec after the relay was killed: %s; want exit 4 and its line only", r)
+	}
+	relay = waitOneRelay(t, run)
+
+	counter := counterFile(t, "relaykill")
+	script := fmt.Sprintf(`echo start; echo ran >> %s; sleep 2; echo end; echo late >&2; exit 5`, counter)
+	c := e.nookCmd(repo, "exec", "--no-sync", "--", "sh", "-c", script)
+	out, errb := &syncBuf{}, &syncBuf{}
+	c.Stdout, c.Stderr = out, errb
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	t.Cleanup(func() { _ = c.Process.Kill() })
+	if !waitFor(30*time.Second, func() bool { return strings.Contains(out.String(), "start") }) {
+		d.stop(t) // its logs are read once it ended
+		t.Fatalf("the command did not start: stdout %q, stderr %q\n%s", out, errb, d.logs)
+	}
+	if err := syscall.Kill(relay, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(60 * time.Second):
+		d.stop(t)
+		t.Fatalf("the exec whose relay was killed did not end within a minute: stdout %q, stderr %q\n%s", out, errb, d.logs)
+	}
+	var ee *exec.ExitError
+	if !asExit(err, &ee) || ee.ExitCode() != 5 || out.String() != "start\nend\n" || !strings.HasSuffix(errb.String(), "late\n") {
+		d.stop(t)
+		t.Fatalf("the exec whose relay was killed: %v, stdout %q, stderr %q; want exit 5, start and end, late\n%s", err, out, errb, d.logs)
+	}
+	if !strings.Contains(errb.String(), "relay ended while the command ran") {
+		t.Errorf("stderr %q does not say the relay ended and the command was reattached", errb)
+	}
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		t.Errorf("the command ran %d times, want once", n)
+	}
+	r = e.nook(repo, "exec", "--no-sync", "--", "echo", "next")
+	if r.code != 0 || r.stdout != "next\n" {
+		t.Errorf("the exec after: %s", r)
+	}
+}

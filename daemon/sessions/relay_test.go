@@ -1,0 +1,157 @@
+package sessions
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
+	"github.com/sandboxd/sandboxd/store"
+)
+
+// TestRelayReaderRefusesForgedAndOversizedFrames: the daemon's reader of
+// the relay's frames takes the output and an end that names the exec with
+// an exit code 0..255, and refuses, as a forged answer (the relay is then
+// closed and the command not run again), a data frame past 32 KiB, an
+// end past 1 KiB, an end of another exec, an exit code out of range, an
+// unreadable end and a frame of another type.
+func TestRelayReaderRefusesForgedAndOversizedFrames(t *testing.T) {
+	const id = "0123456789abcdef0123456789abcdef"
+	frame := hold.AppendFrame
+	var out, errs bytes.Buffer
+	good := frame(frame(frame(nil, hold.FrameOut, []byte("out")), hold.FrameErr, []byte("err")), hold.FrameEnd, []byte(`{"id":"`+id+`","exit_code":7}`))
+	st, err := readRelay(bytes.NewReader(good), id, &out, &errs)
+	if err != nil || st.Code != 7 || out.String() != "out" || errs.String() != "err" {
+		t.Fatalf("a well-formed exec: %+v, %v, stdout %q, stderr %q", st, err, out.String(), errs.String())
+	}
+	oversized := func(typ byte, n int) []byte {
+		b := []byte{typ, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(b[1:], uint32(n))
+		return append(b, make([]byte, n)...)
+	}
+	for name, b := range map[string][]byte{
+		"a data frame past 32 KiB": oversized(hold.FrameOut, 32<<10+1),
+		"a length of 4 GiB":        {hold.FrameErr, 0xff, 0xff, 0xff, 0xff},
+		"an end past 1 KiB":        frame(nil, hold.FrameEnd, []byte(`{"id":"`+id+`","exit_code":0,"x":"`+strings.Repeat("a", 1<<10)+`"}`)),
+		"an end of another exec":   frame(nil, hold.FrameEnd, []byte(`{"id":"ffffffffffffffffffffffffffffffff","exit_code":0}`)),
+		"an end without an id":     frame(nil, hold.FrameEnd, []byte(`{"exit_code":0}`)),
+		"an exit code of 256":      frame(nil, hold.FrameEnd, []byte(`{"id":"`+id+`","exit_code":256}`)),
+		"a negative exit code":     frame(nil, hold.FrameEnd, []byte(`{"id":"`+id+`","exit_code":-1}`)),
+		"an unreadable end":        frame(nil, hold.FrameEnd, []byte(`{"id":`)),
+		"a frame of another type":  frame(nil, 'q', nil),
+		"a request back":           frame(nil, hold.FrameRequest, []byte(`{}`)),
+	} {
+		_, err := readRelay(bytes.NewReader(append(frame(nil, hold.FrameOut, []byte("x")), b...)), id, &out, &errs)
+		if !errors.Is(err, errRelayForged) {
+			t.Errorf("%s: %v, want it refused as forged", name, err)
+		}
+	}
+	// A channel that ends before the end is a lost relay, not a forged one.
+	if _, err := readRelay(bytes.NewReader(frame(nil, hold.FrameOut, []byte("x"))), id, &out, &errs); err == nil || errors.Is(err, errRelayForged) {
+		t.Errorf("a relay that ends before the end: %v, want a read error", err)
+	}
+}
+
+// relayHelper is the name of the fake helper the relay tests install.
+const relayHelper = "sandboxd-helper-0123456789abcdef"
+
+// startRelayAgent runs a real agent whose workspace has script as the
+// sandbox helper, and returns a manager, its session, and a connection.
+func startRelayAgent(t *testing.T, script string) (*Manager, *store.Session, *sshpool.Conn) {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, ".git", "sandboxd", "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, relayHelper), []byte("#!/bin/sh\n"+script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, target := startAgentIn(t, dir, []string{"PATH=/usr/bin:/bin"})
+	m, s, _ := leaseManager(t, target)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := m.sandboxOf(s).link.Get(ctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, s, conn
+}
+
+// TestRelayClosesWhenIdleAndWithItsController: a relay is handed to one
+// exec at a time; once idle for its bound it is closed (its channel's
+// exec returns); the next exec opens a new one, which the controller's
+// end closes and joins.
+func TestRelayClosesWhenIdleAndWithItsController(t *testing.T) {
+	m, s, conn := startRelayAgent(t, `[ "$1 $2" = "hold relay" ] || exit 2; cat >/dev/null`)
+	c := m.sandboxOf(s)
+	r := c.relayFor(conn, relayHelper, time.Hour)
+	if r == nil {
+		t.Fatal("no relay on a fresh connection")
+	}
+	if again := c.relayFor(conn, relayHelper, time.Hour); again != nil {
+		t.Fatal("a busy relay was handed to a second exec")
+	}
+	r.done(false, 200*time.Millisecond)
+	select {
+	case <-r.ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay was not closed within 10 s of an idle bound of 200 ms")
+	}
+	if errors.Is(r.err, sshpool.ErrConnectionLost) {
+		t.Fatalf("the idle relay ended with %v", r.err)
+	}
+	r2 := c.relayFor(conn, relayHelper, time.Hour)
+	if r2 == nil || r2 == r {
+		t.Fatal("the exec after an idle close got no new relay")
+	}
+	r2.done(false, time.Hour)
+	c.end("the test ends")
+	select {
+	case <-r2.ended:
+	default:
+		t.Fatal("the controller ended with its relay still open")
+	}
+}
+
+// TestRelayAnsweringGarbageIsClosedAndTheExecReported: a relay (here a
+// process of the sandbox posing as one) whose answer is not a relay's is
+// closed and its exec ends with errRelayForged, which the daemon reports
+// without running the command again.
+func TestRelayAnsweringGarbageIsClosedAndTheExecReported(t *testing.T) {
+	m, s, conn := startRelayAgent(t, `head -c 5 >/dev/null; printf 'o\000\000\000\003out'; printf 'x\000\000\000\002{}'; cat >/dev/null`)
+	c := m.sandboxOf(s)
+	r := c.relayFor(conn, relayHelper, time.Hour)
+	if r == nil {
+		t.Fatal("no relay on a fresh connection")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	_, err := m.relayed(ctx, r, &sshpool.Locked{Conn: conn}, "0123456789abcdef0123456789abcdef", "true", sshpool.Stdio{Stdout: &out}, func() {})
+	if !errors.Is(err, errRelayForged) {
+		t.Fatalf("the exec on a relay that answered an end without an id: %v, want errRelayForged", err)
+	}
+	select {
+	case <-r.ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay that answered garbage was not closed")
+	}
+	if again := c.relayFor(conn, relayHelper, time.Hour); again == r {
+		t.Fatal("the relay that answered garbage was used again")
+	}
+	// The next relay answers the same garbage unasked: the controller's
+	// end closes it without reading it, and is not held up.
+	began := time.Now()
+	c.end("the test ends")
+	if d := time.Since(began); d > relayCloseGrace {
+		t.Errorf("the controller's end took %s with a relay that wrote unread frames", d)
+	}
+}

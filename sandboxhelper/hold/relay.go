@@ -1,0 +1,219 @@
+package hold
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+)
+
+// The relay: one long-lived channel per kept connection (`hold relay`)
+// that does for each held exec in turn what `hold start` does, so that a
+// held exec starts no process of its own. A sandbox's execs run one at a
+// time, so the relay serves one at a time and needs no multiplexer.
+//
+// Frames, both ways, are the stream's (a type byte, a 4-byte big-endian
+// length, the payload). The daemon sends a request, then the exec's stdin
+// ('i', 'z'); the relay answers the command's output ('o', 'e') and its
+// end ('x'), which names the exec. Stdin frames that come while no exec
+// runs are an earlier exec's and are dropped. Signals and the caller's
+// end travel as `hold signal` execs, not on this channel, where they
+// could wait behind stdin the command does not read.
+const (
+	FrameRequest = 'r' // daemon → relay: RelayRequest (JSON)
+	FrameOut     = frameOut
+	FrameErr     = frameErr
+	FrameEnd     = frameEnd // relay → daemon: RelayEnd (JSON)
+	FrameIn      = frameIn
+	FrameInEnd   = frameInEnd
+)
+
+// Bounds of the relay's frames: a data frame, an end, a request.
+const (
+	MaxRelayFrame   = maxStreamFrame
+	MaxRelayEnd     = maxEndFrame
+	MaxRelayRequest = 1 << 20
+)
+
+// RelayRequest asks the relay to start and relay one held exec. Env is
+// added to the relay's own environment (what `hold start` would have
+// passed), Dir replaces its working directory when set.
+type RelayRequest struct {
+	ID   string   `json:"id"`
+	Argv []string `json:"argv"`
+	Env  []string `json:"env,omitempty"`
+	Dir  string   `json:"dir,omitempty"`
+}
+
+// RelayEnd is the end of one held exec: its exit code as `hold start`'s
+// would be (a signal as 128+n, ExitStarted, ExitFailed with the reason on
+// stderr).
+type RelayEnd struct {
+	ID       string `json:"id"`
+	ExitCode int    `json:"exit_code"`
+}
+
+// AppendFrame appends one frame of type typ to b.
+func AppendFrame(b []byte, typ byte, p []byte) []byte { return appendFrame(b, typ, p) }
+
+// ReadFrame reads one frame whose payload is at most max bytes, into buf
+// when it fits.
+func ReadFrame(r io.Reader, buf []byte, max int) (byte, []byte, error) {
+	return readFrame(r, buf, max)
+}
+
+// relayWriter writes whole frames to the channel, one at a time.
+type relayWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (w *relayWriter) frame(typ byte, p []byte) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, err := w.w.Write(appendFrame(nil, typ, p))
+	return err
+}
+
+// relayStream is one of the command's streams, in frames of typ.
+type relayStream struct {
+	w   *relayWriter
+	typ byte
+}
+
+func (s relayStream) Write(p []byte) (int, error) {
+	for b := p; len(b) > 0; {
+		k := min(len(b), maxStreamFrame)
+		if err := s.w.frame(s.typ, b[:k]); err != nil {
+			return len(p) - len(b), err
+		}
+		b = b[k:]
+	}
+	return len(p), nil
+}
+
+// relayExec is the exec the relay serves now.
+type relayExec struct {
+	cancel context.CancelFunc
+	stdin  *io.PipeWriter // hold's stdin frames (FeedFrames), for startHeld
+}
+
+// Relay serves held execs read from in, one at a time, writing their
+// frames to out, until in ends (nil), ctx ends, or the daemon breaks the
+// protocol. env and wd are the relay's own environment and working
+// directory, which a request's are added to. An exec under way when the
+// relay ends goes on in the sandbox: the daemon attaches to it.
+func (o Options) Relay(ctx context.Context, h *Holder, in io.Reader, out io.Writer, env []string, wd string) error {
+	w := &relayWriter{w: out}
+	var (
+		mu  sync.Mutex
+		cur *relayExec
+		wg  sync.WaitGroup
+	)
+	defer func() {
+		mu.Lock()
+		if cur != nil {
+			cur.cancel()
+			cur.stdin.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	}()
+	buf := make([]byte, maxStreamFrame)
+	for {
+		typ, p, err := readFrame(in, buf, MaxRelayRequest)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read the daemon's frame: %w", err)
+		}
+		mu.Lock()
+		e := cur
+		mu.Unlock()
+		switch typ {
+		case FrameIn, FrameInEnd:
+			if e == nil || len(p) > maxStreamFrame {
+				continue // an earlier exec's
+			}
+			var hdr [4]byte
+			binary.BigEndian.PutUint32(hdr[:], uint32(len(p)))
+			// Blocks while the command does not read its stdin; the
+			// exec's end closes the pipe.
+			if _, err := e.stdin.Write(append(hdr[:], p...)); err == nil && typ == FrameInEnd {
+				e.stdin.Close()
+			}
+		case FrameRequest:
+			if e != nil {
+				return errors.New("a request came while an exec ran")
+			}
+			var req RelayRequest
+			if err := json.Unmarshal(p, &req); err != nil {
+				return fmt.Errorf("the request is unreadable: %w", err)
+			}
+			if err := checkRelayRequest(req); err != nil {
+				return err
+			}
+			ectx, cancel := context.WithCancel(ctx)
+			pr, pw := io.Pipe()
+			e = &relayExec{cancel: cancel, stdin: pw}
+			mu.Lock()
+			cur = e
+			mu.Unlock()
+			dir := wd
+			if req.Dir != "" {
+				dir = req.Dir
+			}
+			cenv := append(append([]string(nil), env...), req.Env...)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer cancel()
+				stderr := relayStream{w, FrameErr}
+				code, err := o.startHeld(ectx, h, req.ID, req.Argv, cenv, dir, pr, true, nil, relayStream{w, FrameOut}, stderr)
+				pr.CloseWithError(errors.New("the exec ended"))
+				switch {
+				case errors.Is(err, ErrStarted):
+					fmt.Fprintf(stderr, "hold start: %v\n", err)
+					code = ExitStarted
+				case err != nil && ectx.Err() != nil:
+					return // the relay ends: the daemon attaches
+				case err != nil:
+					fmt.Fprintf(stderr, "hold start: %v\n", err)
+					code = ExitFailed
+				}
+				b, _ := json.Marshal(RelayEnd{ID: req.ID, ExitCode: code})
+				// Idle before the end goes out: the daemon's next request
+				// may follow it at once.
+				mu.Lock()
+				cur = nil
+				mu.Unlock()
+				_ = w.frame(FrameEnd, b)
+			}()
+		default:
+			return fmt.Errorf("a frame of unknown type %q", typ)
+		}
+	}
+}
+
+func checkRelayRequest(req RelayRequest) error {
+	switch {
+	case !validID(req.ID):
+		return fmt.Errorf("exec id %q is not 16 to 64 lowercase hex digits", req.ID)
+	case len(req.Argv) == 0:
+		return errors.New("the request has no command")
+	case req.Dir != "" && !filepath.IsAbs(req.Dir):
+		return errors.New("the request's directory is not absolute")
+	}
+	for _, kv := range req.Env {
+		if !strings.Contains(kv, "=") || strings.ContainsRune(kv, 0) {
+			return errors.New("a request's environment variable is malformed")
+		}
+	}
+	return nil
+}

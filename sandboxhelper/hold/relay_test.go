@@ -1,0 +1,101 @@
+package hold
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// relayOne sends a request and stdin to a relay and reads its frames
+// up to the end.
+func relayOne(t *testing.T, w io.Writer, r io.Reader, id, script string, stdin ...string) (out, errs string, end RelayEnd) {
+	t.Helper()
+	req, _ := json.Marshal(RelayRequest{ID: id, Argv: []string{"sh", "-c", script}})
+	frames := appendFrame(nil, FrameRequest, req)
+	for _, s := range stdin {
+		frames = appendFrame(frames, FrameIn, []byte(s))
+	}
+	frames = appendFrame(frames, FrameInEnd, nil)
+	if _, err := w.Write(frames); err != nil {
+		t.Fatal(err)
+	}
+	var o, e bytes.Buffer
+	buf := make([]byte, MaxRelayFrame)
+	for {
+		typ, p, err := readFrame(r, buf, MaxRelayFrame)
+		if err != nil {
+			t.Fatalf("read the relay's frame: %v (stdout %q, stderr %q)", err, o.String(), e.String())
+		}
+		switch typ {
+		case FrameOut:
+			o.Write(p)
+		case FrameErr:
+			e.Write(p)
+		case FrameEnd:
+			if err := json.Unmarshal(p, &end); err != nil {
+				t.Fatal(err)
+			}
+			return o.String(), e.String(), end
+		default:
+			t.Fatalf("a frame of type %q", typ)
+		}
+	}
+}
+
+// TestRelayRunsExecsInTurnOnceEachAndDropsAnEarlierExecsStdin: one relay
+// runs one exec after another (kept by a keeper here: no server), each
+// with its own stdin, output, and end naming it; stdin frames that come
+// between two execs reach neither; a request for an id started before
+// runs nothing again; the relay ends when its input does.
+func TestRelayRunsExecsInTurnOnceEachAndDropsAnEarlierExecsStdin(t *testing.T) {
+	h := newHolder(t)
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	wd := t.TempDir()
+	ended := make(chan error, 1)
+	go func() {
+		err := (Options{}).Relay(context.Background(), h, inR, outW, os.Environ(), wd)
+		outW.CloseWithError(fmt.Errorf("the relay ended: %v", err))
+		inR.CloseWithError(fmt.Errorf("the relay ended: %v", err))
+		ended <- err
+	}()
+	counter := filepath.Join(t.TempDir(), "ran")
+
+	id1 := newID(t)
+	out, errs, end := relayOne(t, inW, outR, id1, "echo ran >> "+counter+"; cat; pwd >&2; exit 3", "hel", "lo")
+	if out != "hello" || errs != wd+"\n" || end != (RelayEnd{ID: id1, ExitCode: 3}) {
+		t.Fatalf("first exec: stdout %q, stderr %q, end %+v", out, errs, end)
+	}
+	// Stdin of no exec: dropped, not the next one's.
+	if _, err := inW.Write(appendFrame(appendFrame(nil, FrameIn, []byte("stale")), FrameInEnd, nil)); err != nil {
+		t.Fatal(err)
+	}
+	id2 := newID(t)
+	out, _, end = relayOne(t, inW, outR, id2, "cat", "fresh")
+	if out != "fresh" || end != (RelayEnd{ID: id2, ExitCode: 0}) {
+		t.Fatalf("second exec: stdout %q, end %+v; want only its own stdin", out, end)
+	}
+	out, errs, end = relayOne(t, inW, outR, id1, "echo ran >> "+counter)
+	if end != (RelayEnd{ID: id1, ExitCode: ExitStarted}) || !strings.Contains(errs, "started before") {
+		t.Fatalf("a request for an id started before: stdout %q, stderr %q, end %+v", out, errs, end)
+	}
+	if b, _ := os.ReadFile(counter); string(b) != "ran\n" {
+		t.Fatalf("the first command ran %d times", strings.Count(string(b), "ran"))
+	}
+	inW.Close()
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatalf("the relay ended with %v at the end of its input", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay did not end with its input")
+	}
+}
