@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
-	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -241,10 +241,10 @@ func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked,
 	// Probed from the request on: a relay channel still being opened on a
 	// connection gone silent is found by the probes, not the keepalives.
 	defer m.probeConn(ctx, lc.Conn, afterHeld)()
-	req, _ := json.Marshal(hold.RelayRequest{ID: id, Argv: []string{"sh", "-c", command}})
+	req, _ := json.Marshal(helperproto.RelayRequest{ID: id, Argv: []string{"sh", "-c", command}})
 	sent := make(chan error, 1)
 	go func() {
-		_, err := r.in.Write(hold.AppendFrame(nil, hold.FrameRequest, req))
+		_, err := r.in.Write(helperproto.AppendHoldFrame(nil, helperproto.HoldRequest, req))
 		sent <- err
 	}()
 	var err error
@@ -307,7 +307,7 @@ func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked,
 // its 'i' and 'z' frames, until the end frame or the reader's end.
 func relayStdin(w io.Writer, src io.Reader) {
 	if src == nil {
-		_, _ = w.Write(hold.AppendFrame(nil, hold.FrameInEnd, nil))
+		_, _ = w.Write(helperproto.AppendHoldFrame(nil, helperproto.HoldInEnd, nil))
 		return
 	}
 	br := bufio.NewReaderSize(src, maxStdinFrame+frameHeader)
@@ -319,7 +319,7 @@ func relayStdin(w io.Writer, src io.Reader) {
 		}
 		n := int(binary.BigEndian.Uint32(hdr[:]))
 		if n == 0 {
-			_, _ = w.Write(hold.AppendFrame(nil, hold.FrameInEnd, nil))
+			_, _ = w.Write(helperproto.AppendHoldFrame(nil, helperproto.HoldInEnd, nil))
 			return
 		}
 		if n > maxStdinFrame {
@@ -328,7 +328,7 @@ func relayStdin(w io.Writer, src io.Reader) {
 		if _, err := io.ReadFull(br, buf[:n]); err != nil {
 			return
 		}
-		if _, err := w.Write(hold.AppendFrame(nil, hold.FrameIn, buf[:n])); err != nil {
+		if _, err := w.Write(helperproto.AppendHoldFrame(nil, helperproto.HoldIn, buf[:n])); err != nil {
 			return
 		}
 	}
@@ -381,26 +381,26 @@ func (m *Manager) relaySignals(ctx context.Context, execDone <-chan struct{}, r 
 // type, its size (the stream's bounds), an end that names id with an
 // exit code 0..255; anything else is errRelayForged.
 func readRelay(r io.Reader, id string, stdout, stderr io.Writer) (sshpool.ExitStatus, error) {
-	buf := make([]byte, hold.MaxRelayFrame)
+	buf := make([]byte, helperproto.MaxHoldFrame)
 	for {
-		typ, p, err := hold.ReadFrame(r, buf, hold.MaxRelayFrame)
+		typ, p, err := helperproto.ReadHoldFrame(r, buf, helperproto.MaxHoldFrame)
 		if err != nil {
-			var pe *hold.FrameSizeError
+			var pe *helperproto.HoldFrameSizeError
 			if errors.As(err, &pe) {
 				return sshpool.ExitStatus{}, fmt.Errorf("%w: %w", errRelayForged, err)
 			}
 			return sshpool.ExitStatus{}, fmt.Errorf("read the relay's frame: %w", err)
 		}
 		switch typ {
-		case hold.FrameOut:
+		case helperproto.HoldOut:
 			_, _ = stdout.Write(p)
-		case hold.FrameErr:
+		case helperproto.HoldErr:
 			_, _ = stderr.Write(p)
-		case hold.FrameEnd:
-			if len(p) > hold.MaxRelayEnd {
+		case helperproto.HoldEnd:
+			if len(p) > helperproto.MaxHoldEnd {
 				return sshpool.ExitStatus{}, fmt.Errorf("%w: an end of %d bytes", errRelayForged, len(p))
 			}
-			var end hold.RelayEnd
+			var end helperproto.RelayEnd
 			if err := json.Unmarshal(p, &end); err != nil {
 				return sshpool.ExitStatus{}, fmt.Errorf("%w: an unreadable end: %w", errRelayForged, err)
 			}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
-	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -24,9 +24,9 @@ import (
 // unreadable end and a frame of another type.
 func TestRelayReaderRefusesForgedAndOversizedFrames(t *testing.T) {
 	const id = "0123456789abcdef0123456789abcdef"
-	frame := hold.AppendFrame
+	frame := helperproto.AppendHoldFrame
 	var out, errs bytes.Buffer
-	good := frame(frame(frame(nil, hold.FrameOut, []byte("out")), hold.FrameErr, []byte("err")), hold.FrameEnd, []byte(`{"id":"`+id+`","exit_code":7}`))
+	good := frame(frame(frame(nil, helperproto.HoldOut, []byte("out")), helperproto.HoldErr, []byte("err")), helperproto.HoldEnd, []byte(`{"id":"`+id+`","exit_code":7}`))
 	st, err := readRelay(bytes.NewReader(good), id, &out, &errs)
 	if err != nil || st.Code != 7 || out.String() != "out" || errs.String() != "err" {
 		t.Fatalf("a well-formed exec: %+v, %v, stdout %q, stderr %q", st, err, out.String(), errs.String())
@@ -37,24 +37,24 @@ func TestRelayReaderRefusesForgedAndOversizedFrames(t *testing.T) {
 		return append(b, make([]byte, n)...)
 	}
 	for name, b := range map[string][]byte{
-		"a data frame past 32 KiB": oversized(hold.FrameOut, 32<<10+1),
-		"a length of 4 GiB":        {hold.FrameErr, 0xff, 0xff, 0xff, 0xff},
-		"an end past 1 KiB":        frame(nil, hold.FrameEnd, []byte(`{"id":"`+id+`","exit_code":0,"x":"`+strings.Repeat("a", 1<<10)+`"}`)),
-		"an end of another exec":   frame(nil, hold.FrameEnd, []byte(`{"id":"ffffffffffffffffffffffffffffffff","exit_code":0}`)),
-		"an end without an id":     frame(nil, hold.FrameEnd, []byte(`{"exit_code":0}`)),
-		"an exit code of 256":      frame(nil, hold.FrameEnd, []byte(`{"id":"`+id+`","exit_code":256}`)),
-		"a negative exit code":     frame(nil, hold.FrameEnd, []byte(`{"id":"`+id+`","exit_code":-1}`)),
-		"an unreadable end":        frame(nil, hold.FrameEnd, []byte(`{"id":`)),
+		"a data frame past 32 KiB": oversized(helperproto.HoldOut, 32<<10+1),
+		"a length of 4 GiB":        {helperproto.HoldErr, 0xff, 0xff, 0xff, 0xff},
+		"an end past 1 KiB":        frame(nil, helperproto.HoldEnd, []byte(`{"id":"`+id+`","exit_code":0,"x":"`+strings.Repeat("a", 1<<10)+`"}`)),
+		"an end of another exec":   frame(nil, helperproto.HoldEnd, []byte(`{"id":"ffffffffffffffffffffffffffffffff","exit_code":0}`)),
+		"an end without an id":     frame(nil, helperproto.HoldEnd, []byte(`{"exit_code":0}`)),
+		"an exit code of 256":      frame(nil, helperproto.HoldEnd, []byte(`{"id":"`+id+`","exit_code":256}`)),
+		"a negative exit code":     frame(nil, helperproto.HoldEnd, []byte(`{"id":"`+id+`","exit_code":-1}`)),
+		"an unreadable end":        frame(nil, helperproto.HoldEnd, []byte(`{"id":`)),
 		"a frame of another type":  frame(nil, 'q', nil),
-		"a request back":           frame(nil, hold.FrameRequest, []byte(`{}`)),
+		"a request back":           frame(nil, helperproto.HoldRequest, []byte(`{}`)),
 	} {
-		_, err := readRelay(bytes.NewReader(append(frame(nil, hold.FrameOut, []byte("x")), b...)), id, &out, &errs)
+		_, err := readRelay(bytes.NewReader(append(frame(nil, helperproto.HoldOut, []byte("x")), b...)), id, &out, &errs)
 		if !errors.Is(err, errRelayForged) {
 			t.Errorf("%s: %v, want it refused as forged", name, err)
 		}
 	}
 	// A channel that ends before the end is a lost relay, not a forged one.
-	if _, err := readRelay(bytes.NewReader(frame(nil, hold.FrameOut, []byte("x"))), id, &out, &errs); err == nil || errors.Is(err, errRelayForged) {
+	if _, err := readRelay(bytes.NewReader(frame(nil, helperproto.HoldOut, []byte("x"))), id, &out, &errs); err == nil || errors.Is(err, errRelayForged) {
 		t.Errorf("a relay that ends before the end: %v, want a read error", err)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // The relay: one long-lived channel per kept connection (`hold relay`)
@@ -25,10 +27,10 @@ import (
 // end travel as `hold signal` execs, not on this channel, where they
 // could wait behind stdin the command does not read.
 const (
-	FrameRequest = 'r' // daemon → relay: RelayRequest (JSON)
+	FrameRequest = helperproto.HoldRequest
 	FrameOut     = frameOut
 	FrameErr     = frameErr
-	FrameEnd     = frameEnd // relay → daemon: RelayEnd (JSON)
+	FrameEnd     = frameEnd
 	FrameIn      = frameIn
 	FrameInEnd   = frameInEnd
 )
@@ -37,35 +39,14 @@ const (
 const (
 	MaxRelayFrame   = maxStreamFrame
 	MaxRelayEnd     = maxEndFrame
-	MaxRelayRequest = 1 << 20
+	MaxRelayRequest = helperproto.MaxHoldRequest
 )
 
-// RelayRequest asks the relay to start and relay one held exec. Env is
-// added to the relay's own environment (what `hold start` would have
-// passed), Dir replaces its working directory when set.
-type RelayRequest struct {
-	ID   string   `json:"id"`
-	Argv []string `json:"argv"`
-	Env  []string `json:"env,omitempty"`
-	Dir  string   `json:"dir,omitempty"`
-}
-
-// RelayEnd is the end of one held exec: its exit code as `hold start`'s
-// would be (a signal as 128+n, ExitStarted, ExitFailed with the reason on
-// stderr).
-type RelayEnd struct {
-	ID       string `json:"id"`
-	ExitCode int    `json:"exit_code"`
-}
-
-// AppendFrame appends one frame of type typ to b.
-func AppendFrame(b []byte, typ byte, p []byte) []byte { return appendFrame(b, typ, p) }
-
-// ReadFrame reads one frame whose payload is at most max bytes, into buf
-// when it fits.
-func ReadFrame(r io.Reader, buf []byte, max int) (byte, []byte, error) {
-	return readFrame(r, buf, max)
-}
+// RelayRequest and RelayEnd are the wire's (internal/helperproto).
+type (
+	RelayRequest = helperproto.RelayRequest
+	RelayEnd     = helperproto.RelayEnd
+)
 
 // relayWriter writes whole frames to the channel, one at a time.
 type relayWriter struct {

@@ -6,11 +6,12 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/helperproto"
 )
 
 // A streamed start: `hold start` asks the helper's server to run the
@@ -24,56 +25,31 @@ import (
 // group as an attach's do, not on the stream, where they could wait
 // behind stdin the command does not read.
 //
-// Frames, both ways: a type byte, a 4-byte big-endian length, the payload.
+// Frames, both ways: helperproto's hold stream.
 const (
-	frameOut   = 'o' // server → start: stdout bytes, already kept
-	frameErr   = 'e' // server → start: stderr bytes, already kept
-	frameEnd   = 'x' // server → start: the command's status (JSON)
-	frameIn    = 'i' // start → server: stdin bytes
-	frameInEnd = 'z' // start → server: the caller's stdin ended
+	frameOut   = helperproto.HoldOut   // server → start: stdout bytes, already kept
+	frameErr   = helperproto.HoldErr   // server → start: stderr bytes, already kept
+	frameEnd   = helperproto.HoldEnd   // server → start: the command's status (JSON)
+	frameIn    = helperproto.HoldIn    // start → server: stdin bytes
+	frameInEnd = helperproto.HoldInEnd // start → server: the caller's stdin ended
 )
 
 // Bounds of the stream: one frame's payload, and what the server queues
 // for a start that falls behind before it stops sending (the start then
 // reads the rest from the files).
 const (
-	maxStreamFrame  = 32 << 10
+	maxStreamFrame  = helperproto.MaxHoldFrame
 	maxStreamQueued = 1 << 20
-	maxEndFrame     = 1 << 10
+	maxEndFrame     = helperproto.MaxHoldEnd
 )
 
-func appendFrame(b []byte, typ byte, p []byte) []byte {
-	b = append(b, typ)
-	b = binary.BigEndian.AppendUint32(b, uint32(len(p)))
-	return append(b, p...)
-}
+var appendFrame = helperproto.AppendHoldFrame
 
 // FrameSizeError is a frame whose length is past the bound.
-type FrameSizeError struct{ Size, Max int }
-
-func (e *FrameSizeError) Error() string {
-	return fmt.Sprintf("a stream frame of %d bytes is past the bound of %d", e.Size, e.Max)
-}
+type FrameSizeError = helperproto.HoldFrameSizeError
 
 // readFrame reads one frame whose payload is at most max bytes into buf.
-func readFrame(r io.Reader, buf []byte, max int) (byte, []byte, error) {
-	var hdr [5]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return 0, nil, err
-	}
-	n := int(binary.BigEndian.Uint32(hdr[1:]))
-	if n > max {
-		return 0, nil, &FrameSizeError{Size: n, Max: max}
-	}
-	if cap(buf) < n {
-		buf = make([]byte, n)
-	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return 0, nil, err
-	}
-	return hdr[0], buf, nil
-}
+var readFrame = helperproto.ReadHoldFrame
 
 // Stream is the server's side of a streamed start (SpawnStream, then
 // Serve once the start was answered).
