@@ -136,6 +136,16 @@ func (m *Manager) exchange(ctx context.Context, s *store.Session, lc *sshpool.Lo
 	stop := m.probeConn(pctx, lc.Conn, afterHeld)
 	err := ex.Run(ctx, runner, cio)
 	stop()
+	if err == nil && ctx.Err() == nil && ex.Held() && !ex.Exited() {
+		// The helper ended (killed) while the held command ran, its
+		// connection fine: the command goes on; attach to it by id on the
+		// same connection, once.
+		m.log.Info("the sandbox helper ended while a synced held command ran; reattaching", "run", s.RunID)
+		_ = stream.Send(ipc.ExecOutput{Type: ipc.ExecWarning, Message: "the sandbox helper ended while the command ran; the command went on in the sandbox and is reattached"})
+		stop := m.probeConn(pctx, lc.Conn, afterHeld)
+		err = ex.Reattach(ctx, runner, cio)
+		stop()
+	}
 	if err == nil || ctx.Err() != nil || !ex.Held() || ex.Exited() || !errors.Is(err, sshpool.ErrConnectionLost) {
 		return err
 	}
