@@ -21,7 +21,11 @@ func relayPIDs(t testing.TB, run string) []int {
 }
 
 // holdPIDs lists the `hold VERB` processes of run.
-func holdPIDs(run, verb string) []int {
+func holdPIDs(run, verb string) []int { return helperPIDs(run, "hold", verb) }
+
+// helperPIDs lists the sandbox helper processes of run (their working
+// directory is its workspace) whose arguments begin with args.
+func helperPIDs(run string, args ...string) []int {
 	var pids []int
 	dirs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, d := range dirs {
@@ -29,8 +33,8 @@ func holdPIDs(run, verb string) []int {
 		if err != nil {
 			continue
 		}
-		args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
-		if len(args) < 3 || args[1] != "hold" || args[2] != verb {
+		argv := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
+		if len(argv) <= len(args) || !slices.Equal(argv[1:1+len(args)], args) {
 			continue
 		}
 		if cwd, err := os.Readlink(filepath.Join(d, "cwd")); err != nil || !strings.Contains(cwd, run) {
@@ -41,6 +45,43 @@ func holdPIDs(run, verb string) []int {
 	}
 	slices.Sort(pids)
 	return pids
+}
+
+// killMidCommand runs nook with args in repo until its stdout has
+// "start", calls kill, and waits up to a minute for nook's end: its exit
+// code and output.
+func (e *env) killMidCommand(t *testing.T, d *daemon, repo string, args []string, kill func()) (code int, stdout, stderr string) {
+	t.Helper()
+	c := e.nookCmd(repo, args...)
+	out, errb := &syncBuf{}, &syncBuf{}
+	c.Stdout, c.Stderr = out, errb
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Wait() }()
+	t.Cleanup(func() { _ = c.Process.Kill() })
+	if !waitFor(30*time.Second, func() bool { return strings.Contains(out.String(), "start") }) {
+		d.stop(t) // its logs are read once it ended
+		t.Fatalf("the command did not start: stdout %q, stderr %q\n%s", out, errb, d.logs)
+	}
+	kill()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(60 * time.Second):
+		d.stop(t)
+		t.Fatalf("the exec did not end within a minute of the kill: stdout %q, stderr %q\n%s", out, errb, d.logs)
+	}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case asExit(err, &ee):
+		code = ee.ExitCode()
+	default:
+		t.Fatalf("run nook: %v", err)
+	}
+	return code, out.String(), errb.String()
 }
 
 // waitOneRelay waits for run to have exactly one relay process and
@@ -166,35 +207,16 @@ func TestKilledRelayIsReplacedAndItsCommandRunsOnce(t *testing.T) {
 
 	counter := counterFile(t, "relaykill")
 	script := fmt.Sprintf(`echo start; echo ran >> %s; sleep 2; echo end; echo late >&2; exit 5`, counter)
-	c := e.nookCmd(repo, "exec", "--no-sync", "--", "sh", "-c", script)
-	out, errb := &syncBuf{}, &syncBuf{}
-	c.Stdout, c.Stderr = out, errb
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Wait() }()
-	t.Cleanup(func() { _ = c.Process.Kill() })
-	if !waitFor(30*time.Second, func() bool { return strings.Contains(out.String(), "start") }) {
-		d.stop(t) // its logs are read once it ended
-		t.Fatalf("the command did not start: stdout %q, stderr %q\n%s", out, errb, d.logs)
-	}
-	if err := syscall.Kill(relay, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(60 * time.Second):
+	code, out, errb := e.killMidCommand(t, d, repo, []string{"exec", "--no-sync", "--", "sh", "-c", script}, func() {
+		if err := syscall.Kill(relay, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if code != 5 || out != "start\nend\n" || !strings.HasSuffix(errb, "late\n") {
 		d.stop(t)
-		t.Fatalf("the exec whose relay was killed did not end within a minute: stdout %q, stderr %q\n%s", out, errb, d.logs)
+		t.Fatalf("the exec whose relay was killed: exit %d, stdout %q, stderr %q; want exit 5, start and end, late\n%s", code, out, errb, d.logs)
 	}
-	var ee *exec.ExitError
-	if !asExit(err, &ee) || ee.ExitCode() != 5 || out.String() != "start\nend\n" || !strings.HasSuffix(errb.String(), "late\n") {
-		d.stop(t)
-		t.Fatalf("the exec whose relay was killed: %v, stdout %q, stderr %q; want exit 5, start and end, late\n%s", err, out, errb, d.logs)
-	}
-	if !strings.Contains(errb.String(), "relay ended while the command ran") {
+	if !strings.Contains(errb, "relay ended while the command ran") {
 		t.Errorf("stderr %q does not say the relay ended and the command was reattached", errb)
 	}
 	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
