@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
@@ -167,4 +168,20 @@ func askHoldStream(ctx context.Context, self, id string, req hold.SpawnRequest) 
 	_ = c.SetDeadline(time.Time{})
 	ok = true
 	return c, br, nil
+}
+
+// heldSweepAge is how long an ended exec's files stay in the holder when
+// no daemon named it to forget (one that restarted, or never came back).
+const heldSweepAge = 24 * time.Hour
+
+// sweepHeld removes what the holder keeps of execs that ended more than
+// heldSweepAge ago; a server runs it when it starts.
+func sweepHeld(log *slog.Logger) {
+	root, err := hold.DefaultRoot()
+	if err != nil {
+		return
+	}
+	if n, err := (&hold.Holder{Root: root}).Sweep(heldSweepAge, time.Now()); n > 0 || err != nil {
+		log.Info("swept the files of execs that ended long ago", "removed", n, "err", err)
+	}
 }

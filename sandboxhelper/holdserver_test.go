@@ -375,3 +375,46 @@ func TestHoldStartFallsBackToAServerThatDoesNotStream(t *testing.T) {
 		t.Fatalf("the command ran %d times", strings.Count(string(b), "ran"))
 	}
 }
+
+// TestServerSweepsExecsThatEndedADayAgo: a starting server removes the
+// holder's files of execs that ended more than a day ago and that no
+// daemon named to forget; a recent one stays.
+func TestServerSweepsExecsThatEndedADayAgo(t *testing.T) {
+	state := newState(t)
+	root, err := hold.DefaultRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, recent := holdID(t), holdID(t)
+	for _, id := range []string{old, recent} {
+		if err := os.MkdirAll(filepath.Join(root, id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, id, "status"), []byte(`{"exit_code":0}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long := time.Now().Add(-25 * time.Hour)
+	if err := os.Chtimes(filepath.Join(root, old, "status"), long, long); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serveAt(t, ctx, state, time.Hour)
+	defer func() { cancel(); <-done }()
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(filepath.Join(root, old)); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the exec that ended 25 hours ago is still kept after the server started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := os.Stat(filepath.Join(root, recent)); err != nil {
+		t.Errorf("the exec that just ended was swept: %v", err)
+	}
+}

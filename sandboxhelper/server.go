@@ -83,6 +83,12 @@ func ServeIdle(ctx context.Context, root, state string, idle time.Duration, read
 	act.touch()
 	go act.exitWhenIdle(ctx, idle, cancel)
 	removeStaleSockets(dir)
+	swept := make(chan struct{})
+	go func() {
+		defer close(swept)
+		sweepHeld(log)
+	}()
+	defer func() { <-swept }()
 	// The tracker is the only one of this process: one tree, kept however
 	// long the sandbox stays idle.
 	trees := watch.NewTrees(watch.TreesOptions{Logger: log, MaxTrees: 1, Idle: 365 * 24 * time.Hour, MaxDirty: maxTracked})

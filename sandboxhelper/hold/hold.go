@@ -561,6 +561,34 @@ func (h *Holder) Forget(id string) error {
 	return os.RemoveAll(dir)
 }
 
+// Sweep removes what is kept of the execs that ended at least age before
+// now (their status written then) and that no daemon named to forget: one
+// that restarted, or never came back. Running execs, and entries that are
+// not an exec's, stay.
+func (h *Holder) Sweep(age time.Duration, now time.Time) (removed int, err error) {
+	entries, err := os.ReadDir(h.Root)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !validID(e.Name()) {
+			continue
+		}
+		dir := filepath.Join(h.Root, e.Name())
+		fi, err := os.Lstat(filepath.Join(dir, statusFile))
+		if err != nil || now.Sub(fi.ModTime()) < age {
+			continue
+		}
+		if os.RemoveAll(dir) == nil {
+			removed++
+		}
+	}
+	return removed, nil
+}
+
 // runFileWait bounds the wait for the run file of a directory made in
 // place, found unlocked: its keeper places it just after the directory.
 const runFileWait = 200 * time.Millisecond
