@@ -24,7 +24,7 @@ func TestSyncedCommandSurvivesItsExchangeHelperBeingKilled(t *testing.T) {
 
 	counter := counterFile(t, "helperkill")
 	script := fmt.Sprintf(`echo start; echo ran >> %s; sleep 2; echo made > made.txt; echo end; echo late >&2; exit 6`, counter)
-	code, out, errb := e.killMidCommand(t, d, repo, []string{"exec", "--", "sh", "-c", script}, func() {
+	code, out, errb := e.killMidCommand(t, d, repo, []string{"exec", "--", "sh", "-c", script}, func(*os.Process) {
 		pids := helperPIDs(run, "exchange")
 		if len(pids) != 1 {
 			t.Fatalf("exchange helpers of run %s: %v, want one", run, pids)

@@ -48,9 +48,9 @@ func helperPIDs(run string, args ...string) []int {
 }
 
 // killMidCommand runs nook with args in repo until its stdout has
-// "start", calls kill, and waits up to a minute for nook's end: its exit
-// code and output.
-func (e *env) killMidCommand(t *testing.T, d *daemon, repo string, args []string, kill func()) (code int, stdout, stderr string) {
+// "start", calls kill with nook's process, and waits up to a minute for
+// nook's end: its exit code and output.
+func (e *env) killMidCommand(t *testing.T, d *daemon, repo string, args []string, kill func(nook *os.Process)) (code int, stdout, stderr string) {
 	t.Helper()
 	c := e.nookCmd(repo, args...)
 	out, errb := &syncBuf{}, &syncBuf{}
@@ -65,7 +65,7 @@ func (e *env) killMidCommand(t *testing.T, d *daemon, repo string, args []string
 		d.stop(t) // its logs are read once it ended
 		t.Fatalf("the command did not start: stdout %q, stderr %q\n%s", out, errb, d.logs)
 	}
-	kill()
+	kill(c.Process)
 	var err error
 	select {
 	case err = <-done:
@@ -147,32 +147,13 @@ func TestHeldExecsInARowShareOneRelayProcess(t *testing.T) {
 	}
 
 	// Ctrl-C reaches the command run by the relay.
-	c := e.nookCmd(repo, "exec", "--no-sync", "--", "sh", "-c", `trap 'echo got INT; exit 9' INT; echo ready; while :; do sleep 0.1; done`)
-	out, errb := &syncBuf{}, &syncBuf{}
-	c.Stdout, c.Stderr = out, errb
-	if err := c.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- c.Wait() }()
-	t.Cleanup(func() { _ = c.Process.Kill() })
-	if !waitFor(30*time.Second, func() bool { return strings.Contains(out.String(), "ready") }) {
-		d.stop(t) // its logs are read once it ended
-		t.Fatalf("the command did not start: stdout %q, stderr %q\n%s", out, errb, d.logs)
-	}
-	if err := c.Process.Signal(syscall.SIGINT); err != nil {
-		t.Fatal(err)
-	}
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(30 * time.Second):
-		d.stop(t)
-		t.Fatalf("the command did not end within 30 s of Ctrl-C: stdout %q, stderr %q\n%s", out, errb, d.logs)
-	}
-	var ee *exec.ExitError
-	if !asExit(err, &ee) || ee.ExitCode() != 9 || out.String() != "ready\ngot INT\n" {
-		t.Errorf("Ctrl-C through the relay: %v, stdout %q, stderr %q; want exit 9 from the command's trap", err, out, errb)
+	code, out, errb := e.killMidCommand(t, d, repo, []string{"exec", "--no-sync", "--", "sh", "-c", `trap 'echo got INT; exit 9' INT; echo start; while :; do sleep 0.1; done`}, func(nook *os.Process) {
+		if err := nook.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if code != 9 || out != "start\ngot INT\n" {
+		t.Errorf("Ctrl-C through the relay: exit %d, stdout %q, stderr %q; want exit 9 from the command's trap", code, out, errb)
 	}
 	if pids := relayPIDs(t, run); !slices.Equal(pids, []int{relay}) {
 		t.Errorf("relay processes after a signal: %v, want the first one only (%d)", pids, relay)
@@ -207,7 +188,7 @@ func TestKilledRelayIsReplacedAndItsCommandRunsOnce(t *testing.T) {
 
 	counter := counterFile(t, "relaykill")
 	script := fmt.Sprintf(`echo start; echo ran >> %s; sleep 2; echo end; echo late >&2; exit 5`, counter)
-	code, out, errb := e.killMidCommand(t, d, repo, []string{"exec", "--no-sync", "--", "sh", "-c", script}, func() {
+	code, out, errb := e.killMidCommand(t, d, repo, []string{"exec", "--no-sync", "--", "sh", "-c", script}, func(*os.Process) {
 		if err := syscall.Kill(relay, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
