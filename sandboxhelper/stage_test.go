@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/sandboxhelper/hold"
 )
 
 // isolate keeps git and the test away from the real user's state.
@@ -24,6 +26,8 @@ func isolate(t *testing.T) {
 	for _, v := range []string{"XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR"} {
 		t.Setenv(v, filepath.Join(home, v))
 	}
+	// The holder, which would use the machine's /dev/shm.
+	t.Setenv(hold.RootEnv, filepath.Join(home, "hold"))
 	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
 	for _, v := range []string{"GIT_AUTHOR_NAME", "GIT_COMMITTER_NAME"} {
 		t.Setenv(v, "t")

@@ -84,6 +84,25 @@ func (e *env) killMidCommand(t *testing.T, d *daemon, repo string, args []string
 	return code, out.String(), errb.String()
 }
 
+// heldInMemory lists what the holder keeps in the memory root
+// (/dev/shm/sandboxd-UID/hold) of the sandbox of process pid.
+func heldInMemory(t testing.TB, pid int) []string {
+	t.Helper()
+	dirs, _ := filepath.Glob(fmt.Sprintf("/proc/%d/root/dev/shm/sandboxd-*/hold", pid))
+	if len(dirs) != 1 {
+		t.Fatalf("holder roots in the sandbox's /dev/shm: %v, want one", dirs)
+	}
+	entries, err := os.ReadDir(dirs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range entries {
+		ids = append(ids, e.Name())
+	}
+	return ids
+}
+
 // waitOneRelay waits for run to have exactly one relay process and
 // returns its pid.
 func waitOneRelay(t testing.TB, run string) int {
@@ -145,6 +164,11 @@ func TestHeldExecsInARowShareOneRelayProcess(t *testing.T) {
 	if pids := relayPIDs(t, run); !slices.Equal(pids, []int{relay}) {
 		t.Errorf("relay processes after %d execs: %v, want the first one only (%d)", n, pids, relay)
 	}
+	// The holder keeps its execs in the sandbox's memory, and each
+	// request has it forget the execs whose end the daemon read.
+	if kept := heldInMemory(t, relay); len(kept) == 0 || len(kept) > 2 {
+		t.Errorf("after %d execs the holder keeps %v in the sandbox's /dev/shm, want the last one or two", n, kept)
+	}
 
 	// Ctrl-C reaches the command run by the relay.
 	code, out, errb := e.killMidCommand(t, d, repo, []string{"exec", "--no-sync", "--", "sh", "-c", `trap 'echo got INT; exit 9' INT; echo start; while :; do sleep 0.1; done`}, func(nook *os.Process) {
@@ -204,6 +228,40 @@ func TestKilledRelayIsReplacedAndItsCommandRunsOnce(t *testing.T) {
 		t.Errorf("the command ran %d times, want once", n)
 	}
 	r = e.nook(repo, "exec", "--no-sync", "--", "echo", "next")
+	if r.code != 0 || r.stdout != "next\n" {
+		t.Errorf("the exec after: %s", r)
+	}
+}
+
+// TestCommandThatErasesItsRecordIsNotRunAgain: a command that removes the
+// holder's record of itself and has its relay killed (here by the test;
+// the command could do it itself) is reported, not started again: the
+// sandbox saying "never started" decides no second run.
+func TestCommandThatErasesItsRecordIsNotRunAgain(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	d := e.startDaemon()
+	repo := e.newRepo("erase", defaultConfig)
+	run := e.startServedSandbox(t, repo)
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
+	relay := waitOneRelay(t, run)
+
+	counter := counterFile(t, "erase")
+	script := fmt.Sprintf(`echo ran >> %s; rm -rf "${XDG_CACHE_HOME:-$HOME/.cache}/sandboxd/hold" /dev/shm/sandboxd-*; echo start; sleep 2; echo end`, counter)
+	code, out, errb := e.killMidCommand(t, d, repo, []string{"exec", "--no-sync", "--", "sh", "-c", script}, func(*os.Process) {
+		if err := syscall.Kill(relay, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		d.stop(t)
+		t.Fatalf("the command ran %d times, want once (exit %d, stdout %q, stderr %q)\n%s", n, code, out, errb, d.logs)
+	}
+	checkFailure(t, "the exec whose record was erased", result{code: code, stdout: out, stderr: errb})
+	if !strings.Contains(errb, "no record of command") {
+		t.Errorf("stderr %q does not say the sandbox had no record of the command", errb)
+	}
+	r := e.nook(repo, "exec", "--no-sync", "--", "echo", "next")
 	if r.code != 0 || r.stdout != "next\n" {
 		t.Errorf("the exec after: %s", r)
 	}

@@ -34,6 +34,8 @@ func isolate(t testing.TB) {
 	t.Setenv("XDG_DATA_HOME", filepath.Join(home, ".data"))
 	t.Setenv("XDG_RUNTIME_DIR", filepath.Join(home, ".run"))
 	t.Setenv("XDG_CACHE_HOME", filepath.Join(home, ".cache"))
+	// The sandbox helper's holder, which would use the machine's /dev/shm.
+	t.Setenv("SANDBOXD_HOLD_ROOT", filepath.Join(home, ".hold"))
 	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
 	t.Setenv("GIT_AUTHOR_NAME", "Test")
 	t.Setenv("GIT_AUTHOR_EMAIL", "test@example.com")

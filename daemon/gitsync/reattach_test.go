@@ -128,7 +128,7 @@ func TestReattachToAnUnknownIDStartsNothing(t *testing.T) {
 	if n := runs(t, f); n != 1 {
 		t.Fatalf("the command ran %d times", n)
 	}
-	if _, err := os.Stat(filepath.Join(os.Getenv("XDG_CACHE_HOME"), "sandboxd", "hold", x.hold)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(os.Getenv("SANDBOXD_HOLD_ROOT"), x.hold)); !os.IsNotExist(err) {
 		t.Fatalf("the unknown id has a holder's directory: %v", err)
 	}
 }
@@ -198,7 +198,7 @@ func TestUnheldExchangeRunsTheCommandWithoutTheHolder(t *testing.T) {
 	if _, fr, err := f.fused("true"); err != nil || !fr.Ran {
 		t.Fatalf("first exec: %+v %v", fr, err)
 	}
-	root := filepath.Join(os.Getenv("XDG_CACHE_HOME"), "sandboxd", "hold")
+	root := os.Getenv("SANDBOXD_HOLD_ROOT")
 	before, _ := os.ReadDir(root)
 	ctx := context.Background()
 	p, err := f.s.Prepare(ctx, f.local, f.base)
@@ -239,7 +239,7 @@ func TestUnheldExchangeRunsTheCommandWithoutTheHolder(t *testing.T) {
 func TestHolderForgetsAnExchangeTheDaemonSawEnd(t *testing.T) {
 	withHelper(t)
 	f := newFixture(t, map[string]string{"a.txt": "a\n", ".gitignore": "runs\n"})
-	root := filepath.Join(os.Getenv("XDG_CACHE_HOME"), "sandboxd", "hold")
+	root := os.Getenv("SANDBOXD_HOLD_ROOT")
 	kept := func() []string {
 		var ids []string
 		entries, _ := os.ReadDir(root)

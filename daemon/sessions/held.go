@@ -115,7 +115,7 @@ func newExecID() string {
 // lost while it runs, it takes the lock on a new connection and reattaches
 // from the bytes received, so the caller gets the rest of the output and
 // the command's own exit code. The command is started once: after a loss
-// it is started again only if the holder never heard of it.
+// it is never started again, even when the holder has no record of it.
 func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Locked, helper string, stdio sshpool.Stdio, command string, stream backend.ExecStream) (sshpool.ExitStatus, error) {
 	id := newExecID()
 	// The waits of a reattach (the lock, the holder's answers) say what
@@ -186,11 +186,13 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Loc
 		if serr != nil {
 			return st, fmt.Errorf("%w; asking the sandbox about the command failed: %w", err, serr)
 		}
-		line := fmt.Sprintf("exec %s hold attach %s %d %d --stdin-frames", bin, id, out.n.Load(), errw.n.Load())
 		if !hs.Started {
-			// The start never reached the sandbox: it runs now, once.
-			line = start
+			// No record of the command: its start may not have arrived,
+			// or the record was removed in the sandbox, which the command
+			// itself can do. It may have run: never sent again.
+			return st, errdefs.Unavailable(fmt.Errorf("the sandbox has no record of command %s after this (%v): its start may not have arrived, or the record was removed in the sandbox; it may or may not have run, so it was not run again (check its effects before you run it again)", id, err))
 		}
+		line := fmt.Sprintf("exec %s hold attach %s %d %d --stdin-frames", bin, id, out.n.Load(), errw.n.Load())
 		msg := fmt.Sprintf("the connection to the sandbox dropped for about %s (nothing came since); the command went on in the sandbox and is reattached", time.Since(lost).Round(100*time.Millisecond))
 		if relayLost {
 			msg = "the sandbox helper's relay ended while the command ran; the command went on in the sandbox and is reattached"

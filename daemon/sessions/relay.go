@@ -71,6 +71,9 @@ type heldRelay struct {
 	closing  bool
 	answered bool // an end came from it: it is a relay
 	idle     *time.Timer
+	// seen are the execs whose end came, for the next request to have
+	// the holder forget (what a relay that ends first kept is swept).
+	seen []string
 }
 
 // relayFor returns the controller's relay on conn for the helper bin,
@@ -241,7 +244,11 @@ func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked,
 	// Probed from the request on: a relay channel still being opened on a
 	// connection gone silent is found by the probes, not the keepalives.
 	defer m.probeConn(ctx, lc.Conn, afterHeld)()
-	req, _ := json.Marshal(helperproto.RelayRequest{ID: id, Argv: []string{"sh", "-c", command}})
+	r.mu.Lock()
+	forget := r.seen
+	r.seen = nil
+	r.mu.Unlock()
+	req, _ := json.Marshal(helperproto.RelayRequest{ID: id, Argv: []string{"sh", "-c", command}, Forget: forget})
 	sent := make(chan error, 1)
 	go func() {
 		_, err := r.in.Write(helperproto.AppendHoldFrame(nil, helperproto.HoldRequest, req))
@@ -279,6 +286,9 @@ func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked,
 		broken = false
 		r.mu.Lock()
 		r.answered = true
+		if len(r.seen) < helperproto.MaxForget {
+			r.seen = append(r.seen, id)
+		}
 		r.mu.Unlock()
 		if ctx.Err() != nil {
 			return st, fmt.Errorf("the held command was cancelled: %w", ctx.Err())

@@ -35,6 +35,9 @@ type RelayRequest struct {
 	Argv []string `json:"argv"`
 	Env  []string `json:"env,omitempty"`
 	Dir  string   `json:"dir,omitempty"`
+	// Forget are ids of earlier execs on this relay whose end the daemon
+	// read: the holder removes what it kept of them (at most MaxForget).
+	Forget []string `json:"forget,omitempty"`
 }
 
 // RelayEnd is the end of one held exec: its exit code as `hold start`'s

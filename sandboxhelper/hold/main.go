@@ -21,9 +21,25 @@ const (
 	ExitStarted = 123 // start: the id was started before; nothing ran again
 )
 
-// DefaultRoot is where the execs are kept: the user's cache, outside any
-// workspace (a sync never carries it).
+// RootEnv names a directory that overrides DefaultRoot (tests set it).
+const RootEnv = "SANDBOXD_HOLD_ROOT"
+
+// DefaultRoot is where the execs are kept, outside any workspace (a sync
+// never carries it): $SANDBOXD_HOLD_ROOT when set, else a directory of
+// the user's alone in memory (memRoot) when the sandbox has a fitting
+// one, else the user's cache. What is kept is worth no more than the
+// processes it tracks, which a reboot ends too, and on a disk each exec's
+// entries cost inode allocations on its path (docs/performance.md).
 func DefaultRoot() (string, error) {
+	if dir := os.Getenv(RootEnv); dir != "" {
+		if !filepath.IsAbs(dir) {
+			return "", fmt.Errorf("%s=%q is not an absolute path", RootEnv, dir)
+		}
+		return filepath.Clean(dir), nil
+	}
+	if dir, ok := memRoot("/dev/shm", "/run/systemd/users", os.Getuid()); ok {
+		return filepath.Join(dir, "hold"), nil
+	}
 	dir, err := os.UserCacheDir()
 	if err != nil {
 		return "", err

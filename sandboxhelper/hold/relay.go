@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -151,6 +152,15 @@ func (o Options) Relay(ctx context.Context, h *Holder, in io.Reader, out io.Writ
 				dir = req.Dir
 			}
 			cenv := append(append([]string(nil), env...), req.Env...)
+			if len(req.Forget) > 0 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for _, id := range req.Forget {
+						_ = h.Forget(id)
+					}
+				}()
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -190,6 +200,10 @@ func checkRelayRequest(req RelayRequest) error {
 		return errors.New("the request has no command")
 	case req.Dir != "" && !filepath.IsAbs(req.Dir):
 		return errors.New("the request's directory is not absolute")
+	case len(req.Forget) > helperproto.MaxForget:
+		return fmt.Errorf("the request names %d execs to forget, more than %d", len(req.Forget), helperproto.MaxForget)
+	case slices.ContainsFunc(req.Forget, func(id string) bool { return !validID(id) || id == req.ID }):
+		return errors.New("the request names an exec to forget that is malformed or its own")
 	}
 	for _, kv := range req.Env {
 		if !strings.Contains(kv, "=") || strings.ContainsRune(kv, 0) {

@@ -17,7 +17,13 @@ import (
 // up to the end.
 func relayOne(t *testing.T, w io.Writer, r io.Reader, id, script string, stdin ...string) (out, errs string, end RelayEnd) {
 	t.Helper()
-	req, _ := json.Marshal(RelayRequest{ID: id, Argv: []string{"sh", "-c", script}})
+	return relayRequest(t, w, r, RelayRequest{ID: id, Argv: []string{"sh", "-c", script}}, stdin...)
+}
+
+// relayRequest is relayOne with the whole request.
+func relayRequest(t *testing.T, w io.Writer, r io.Reader, rr RelayRequest, stdin ...string) (out, errs string, end RelayEnd) {
+	t.Helper()
+	req, _ := json.Marshal(rr)
 	frames := appendFrame(nil, FrameRequest, req)
 	for _, s := range stdin {
 		frames = appendFrame(frames, FrameIn, []byte(s))
@@ -97,5 +103,68 @@ func TestRelayRunsExecsInTurnOnceEachAndDropsAnEarlierExecsStdin(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the relay did not end with its input")
+	}
+}
+
+// TestRelayForgetsTheExecsARequestNames: a request's Forget ids (execs
+// whose end the daemon read) are removed from the holder, never the
+// request's own or a running one; a malformed id ends the relay.
+func TestRelayForgetsTheExecsARequestNames(t *testing.T) {
+	h := newHolder(t)
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	ended := make(chan error, 1)
+	go func() {
+		err := (Options{}).Relay(context.Background(), h, inR, outW, os.Environ(), t.TempDir())
+		outW.CloseWithError(fmt.Errorf("the relay ended: %v", err))
+		inR.CloseWithError(fmt.Errorf("the relay ended: %v", err))
+		ended <- err
+	}()
+	kept := func(id string) bool {
+		_, err := os.Stat(filepath.Join(h.Root, id))
+		return err == nil
+	}
+	id1, id2, id3 := newID(t), newID(t), newID(t)
+	if _, _, end := relayOne(t, inW, outR, id1, "true"); end.ExitCode != 0 {
+		t.Fatalf("first exec: %+v", end)
+	}
+	if !waitUntil(5*time.Second, func() bool { st, _ := h.State(id1); return st.Ended }) {
+		t.Fatal("the first exec's status was not written")
+	}
+	if _, _, end := relayRequest(t, inW, outR, RelayRequest{ID: id2, Argv: []string{"true"}, Forget: []string{id1}}); end.ExitCode != 0 {
+		t.Fatalf("second exec: %+v", end)
+	}
+	if !waitUntil(5*time.Second, func() bool { return !kept(id1) }) {
+		t.Fatal("the exec the request named to forget is still kept")
+	}
+	if !kept(id2) {
+		t.Fatal("the request's own exec is not kept")
+	}
+	req, _ := json.Marshal(RelayRequest{ID: id3, Argv: []string{"true"}, Forget: []string{"../x"}})
+	if _, err := inW.Write(appendFrame(nil, FrameRequest, req)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-ended:
+		if err == nil || !strings.Contains(err.Error(), "forget") {
+			t.Fatalf("the relay ended with %v at a malformed id to forget", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay went on after a malformed id to forget")
+	}
+	if kept(id3) || !kept(id2) {
+		t.Fatalf("after the refused request: id3 kept %v, id2 kept %v", kept(id3), kept(id2))
+	}
+}
+
+// waitUntil polls cond every 10 ms until it holds or d passes.
+func waitUntil(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
 	}
 }
