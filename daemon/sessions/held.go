@@ -189,8 +189,9 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Loc
 		if !hs.Started {
 			// No record of the command: its start may not have arrived,
 			// or the record was removed in the sandbox, which the command
-			// itself can do. It may have run: never sent again.
-			return st, errdefs.Unavailable(fmt.Errorf("the sandbox has no record of command %s after this (%v): its start may not have arrived, or the record was removed in the sandbox; it may or may not have run, so it was not run again (check its effects before you run it again)", id, err))
+			// itself can do. It may have run: never sent again. (err is
+			// said, not wrapped: this report is not a lost connection's.)
+			return st, errdefs.Unavailable(fmt.Errorf("%v; then the sandbox had no record of command %s: its start may not have arrived, or the record was removed in the sandbox; it may or may not have run, so it was not run again (check its effects before you run it again)", err, id))
 		}
 		line := fmt.Sprintf("exec %s hold attach %s %d %d --stdin-frames", bin, id, out.n.Load(), errw.n.Load())
 		msg := fmt.Sprintf("the connection to the sandbox dropped for about %s (nothing came since); the command went on in the sandbox and is reattached", time.Since(lost).Round(100*time.Millisecond))
