@@ -732,7 +732,10 @@ func relayStdin(dir string, stdin io.WriteCloser, exited <-chan struct{}, in <-c
 			return
 		}
 		if _, serr := os.Stat(filepath.Join(dir, inEOFFile)); serr == nil {
-			return
+			// What was fed before the end marker may have come after the
+			// read above: the FIFO once more, then the end.
+			ended = true
+			continue
 		}
 		select {
 		case <-exited:
