@@ -337,7 +337,14 @@ func (x *Exchange) stdinChunks(ctx context.Context, stdin io.Reader) <-chan []by
 // computed, before any stdin.
 func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command string, req []byte, patch bool) error {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// Not cancelled at once when run returns before the helper's process
+	// ended (detach): a cancel sends it TERM.
+	detach := false
+	defer func() {
+		if !detach {
+			cancel()
+		}
+	}()
 	if x.a.pull.buf == nil {
 		x.a.pull = limitedBuffer{max: x.s.maxBytes + 128, buf: &bytes.Buffer{}}
 		x.a.log = limitedBuffer{max: maxHelperLog, buf: &bytes.Buffer{}}
@@ -411,32 +418,105 @@ func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command st
 	}()
 
 	outR, outW := io.Pipe()
-	read := make(chan struct{})
+	read, answered := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(read)
 		x.read(outR, cio, cancel)
+		close(answered)
 		stop()
 		// A stream that broke the protocol is drained, unread, until the
 		// exec ends (cancelled above).
 		_, _ = io.Copy(io.Discard, outR)
 	}()
-	var err error
-	code := -1
-	if preamble {
-		code, err = pr.RunPreamble(ctx, command, req, inR, outW, &x.a.log)
-	} else {
-		code, err = r.Run(ctx, command, inR, outW, &x.a.log)
+	logw := &gatedWriter{w: &x.a.log}
+	ran := make(chan runResult, 1)
+	go func() {
+		var res runResult
+		if preamble {
+			res.code, res.err = pr.RunPreamble(ctx, command, req, inR, outW, logw)
+		} else {
+			res.code, res.err = r.Run(ctx, command, inR, outW, logw)
+		}
+		_ = outW.Close()
+		ran <- res
+	}()
+	res, ok := runResult{}, false
+	select {
+	case res = <-ran:
+		ok = true
+	case <-answered:
 	}
-	_ = outW.Close()
-	<-read
+	if !ok && x.endedWell() {
+		select {
+		case res, ok = <-ran:
+		default:
+			// The helper said everything: the end of its process (about a
+			// millisecond) is not waited for. Its channel closes by
+			// itself, or is cut endGrace later.
+			logw.close()
+			detach = true
+			go func() {
+				t := time.AfterFunc(endGrace, cancel)
+				<-ran
+				t.Stop()
+				cancel()
+			}()
+			res, ok = runResult{code: 0}, true
+		}
+	}
+	if !ok {
+		res = <-ran
+	}
+	if !detach {
+		<-read
+	}
 	stop()
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.a.code = code
+	x.a.code = res.code
 	if x.a.err != nil {
 		return x.a.err
 	}
-	return err
+	return res.err
+}
+
+// endGrace bounds how long the channel of an exchange that ended well
+// may stay open once run returned.
+const endGrace = 10 * time.Second
+
+type runResult struct {
+	code int
+	err  error
+}
+
+// endedWell says the helper sent its End frame and broke no rule.
+func (x *Exchange) endedWell() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.a.end && x.a.err == nil && x.a.pullEnd != nil
+}
+
+// gatedWriter writes to w until closed, then drops what comes: the
+// helper's stderr once run returned without waiting for its process.
+type gatedWriter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	closed bool
+}
+
+func (g *gatedWriter) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return len(p), nil
+	}
+	return g.w.Write(p)
+}
+
+func (g *gatedWriter) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 }
 
 // patchFrame is the Patch frame of an early request: its patch and push

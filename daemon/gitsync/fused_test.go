@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/internal/helperproto"
 	"github.com/sandboxd/sandboxd/internal/testutil"
+	"time"
 )
 
 // withHelper makes the fixtures of t run the sandbox helper.
@@ -445,5 +446,67 @@ func TestFusedPushInALargeTreeAppliesWhatDiffers(t *testing.T) {
 	}
 	if count("diff-tree") != 1 || count("apply") != 2 || count("read-tree") != 1 || count("reset") != 0 {
 		t.Fatalf("the move was not one patch of what differs (want diff-tree 1, apply 2, read-tree 1): %v", calls)
+	}
+}
+
+// slowExit runs commands on Runner and returns delay after they ended, as
+// an agent slow to report a process's exit would; returned is closed then.
+type slowExit struct {
+	Runner
+	delay    time.Duration
+	returned chan struct{}
+}
+
+func (s *slowExit) Run(ctx context.Context, command string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	code, err := s.Runner.Run(ctx, command, stdin, stdout, stderr)
+	defer close(s.returned)
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+	}
+	return code, err
+}
+
+// An exchange whose helper sent its End frame returns without waiting for
+// the helper's process to end: its output, status and pull are whole, and
+// the exec request ends by itself after.
+func TestExchangeReturnsAtItsEndWithoutWaitingForTheHelpersExit(t *testing.T) {
+	withHelper(t)
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	if _, _, fr, err := exchange(t, f, "true", nil); err != nil || !fr.Ran {
+		t.Fatalf("first exec: %+v %v", fr, err)
+	}
+	writeFile(t, filepath.Join(f.local, "a.txt"), "local\n")
+	ctx := context.Background()
+	p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Sandbox = "fixture"
+	x, ok, err := f.s.Fuse(ctx, f.r, p, "cat a.txt; echo made > made.txt; exit 3")
+	if err != nil || !ok {
+		t.Fatalf("fuse: %v %v", ok, err)
+	}
+	slow := &slowExit{Runner: f.r, delay: 3 * time.Second, returned: make(chan struct{})}
+	var stdout bytes.Buffer
+	began := time.Now()
+	if err := x.Run(ctx, slow, ExchangeIO{Stdout: &stdout, Stderr: io.Discard}); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(began)
+	fr, err := x.Finish(ctx, f.r)
+	if err != nil || !fr.Ran || fr.ExitCode != 3 || stdout.String() != "local\n" {
+		t.Fatalf("the exchange: stdout %q, %+v, %v", stdout.String(), fr, err)
+	}
+	if got := string(fileBytes(t, filepath.Join(f.local, "made.txt"))); got != "made\n" {
+		t.Fatalf("made.txt on the laptop: %q", got)
+	}
+	if took > time.Second {
+		t.Fatalf("Run took %s: it waited for the helper's process to end after its End frame", took)
+	}
+	select {
+	case <-slow.returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the exec request did not end by itself after the exchange")
 	}
 }
