@@ -103,6 +103,18 @@ func heldInMemory(t testing.TB, pid int) []string {
 	return ids
 }
 
+// relaySandbox starts a daemon and a served sandbox of a new repository
+// name whose relay is up, after one held exec: the daemon, the
+// repository, the run and the relay's pid.
+func (e *env) relaySandbox(t *testing.T, name string) (d *daemon, repo, run string, relay int) {
+	t.Helper()
+	d = e.startDaemon()
+	repo = e.newRepo(name, defaultConfig)
+	run = e.startServedSandbox(t, repo)
+	e.mustNook(repo, "exec", "--no-sync", "--", "true")
+	return d, repo, run, waitOneRelay(t, run)
+}
+
 // waitOneRelay waits for run to have exactly one relay process and
 // returns its pid.
 func waitOneRelay(t testing.TB, run string) int {
@@ -193,11 +205,7 @@ func TestHeldExecsInARowShareOneRelayProcess(t *testing.T) {
 func TestKilledRelayIsReplacedAndItsCommandRunsOnce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	d := e.startDaemon()
-	repo := e.newRepo("relaykill", defaultConfig)
-	run := e.startServedSandbox(t, repo)
-	e.mustNook(repo, "exec", "--no-sync", "--", "true")
-	relay := waitOneRelay(t, run)
+	d, repo, run, relay := e.relaySandbox(t, "relaykill")
 	if err := syscall.Kill(relay, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -240,11 +248,7 @@ func TestKilledRelayIsReplacedAndItsCommandRunsOnce(t *testing.T) {
 func TestCommandThatErasesItsRecordIsNotRunAgain(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	d := e.startDaemon()
-	repo := e.newRepo("erase", defaultConfig)
-	run := e.startServedSandbox(t, repo)
-	e.mustNook(repo, "exec", "--no-sync", "--", "true")
-	relay := waitOneRelay(t, run)
+	d, repo, _, relay := e.relaySandbox(t, "erase")
 
 	counter := counterFile(t, "erase")
 	script := fmt.Sprintf(`echo ran >> %s; rm -rf "${XDG_CACHE_HOME:-$HOME/.cache}/sandboxd/hold" /dev/shm/sandboxd-*; echo start; sleep 2; echo end`, counter)
