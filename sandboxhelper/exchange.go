@@ -224,6 +224,12 @@ func (x *exchange) held(ctx context.Context, id string, argv, env []string, out,
 				err = o.Begin(ctx, h, id, argv, env, wd)
 			}
 		}
+		if errors.Is(err, hold.ErrRecordGone) {
+			// It may have run: no status of ours stands for it. The
+			// daemon's end of an exchange without its Exit says so.
+			fmt.Fprintf(x.log, "%s exchange: %v\n", Name, err)
+			return helperproto.Exit{}, false
+		}
 		if err != nil && !errors.Is(err, hold.ErrStarted) {
 			_ = x.data(helperproto.FrameStderr, 0, []byte(fmt.Sprintf("%s: hold the command: %v\n", Name, err)))
 			return helperproto.Exit{Code: 127}, true

@@ -85,13 +85,13 @@ func askHold(ctx context.Context, self, id string, req hold.SpawnRequest) error 
 	state := filepath.Dir(bin)
 	inst, _, err := readCurrent(Dir(state))
 	if err != nil {
-		return fmt.Errorf("no server serves this checkout: %w", err)
+		return fmt.Errorf("%w: no server serves this checkout: %w", hold.ErrRefused, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, holdAsk)
 	defer cancel()
 	a, err := ask(ctx, state, inst, "hold "+id, req)
 	if err != nil {
-		return err
+		return refused(err)
 	}
 	switch a.Held {
 	case holdKept:
@@ -99,7 +99,18 @@ func askHold(ctx context.Context, self, id string, req hold.SpawnRequest) error 
 	case holdStarted:
 		return hold.ErrStarted
 	}
-	return fmt.Errorf("the server answered %q to a hold", a.Held)
+	// A server says kept or started: not the server.
+	return fmt.Errorf("%w: the server answered %q to a hold", hold.ErrRefused, a.Held)
+}
+
+// refused is err of a question to the server, wrapping hold.ErrRefused
+// when the server was not asked or answered an error (before acting on
+// the question); a lost answer may follow a command that started.
+func refused(err error) error {
+	if errors.Is(err, errNotAsked) || errors.Is(err, errAnsweredError) {
+		return fmt.Errorf("%w: %w", hold.ErrRefused, err)
+	}
+	return err
 }
 
 // askHoldStream is askHold for a streamed start: on "kept" it returns the
@@ -113,14 +124,14 @@ func askHoldStream(ctx context.Context, self, id string, req hold.SpawnRequest) 
 	state := filepath.Dir(bin)
 	inst, _, err := readCurrent(Dir(state))
 	if err != nil {
-		return nil, nil, fmt.Errorf("no server serves this checkout: %w", err)
+		return nil, nil, fmt.Errorf("%w: no server serves this checkout: %w", hold.ErrRefused, err)
 	}
 	if strings.ContainsAny(inst, "/.") {
-		return nil, nil, errors.New("no helper instance")
+		return nil, nil, fmt.Errorf("%w: no helper instance", hold.ErrRefused)
 	}
 	addr, release, err := sockAddr(Dir(state), socketName(inst))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%w: %w", hold.ErrRefused, err)
 	}
 	defer release()
 	ctx, cancel := context.WithTimeout(ctx, holdAsk)
@@ -128,7 +139,7 @@ func askHoldStream(ctx context.Context, self, id string, req hold.SpawnRequest) 
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", addr)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("%w: %w", hold.ErrRefused, err)
 	}
 	ok := false
 	defer func() {
@@ -143,7 +154,8 @@ func askHoldStream(ctx context.Context, self, id string, req hold.SpawnRequest) 
 		return nil, nil, err
 	}
 	if _, err := c.Write(append([]byte("hold-stream "+id+"\n"), body...)); err != nil {
-		return nil, nil, err
+		// Cut short: the server does not act on a partial question.
+		return nil, nil, fmt.Errorf("%w: %w", hold.ErrRefused, err)
 	}
 	// The answer is one line; what follows it is the stream's.
 	br := bufio.NewReaderSize(c, 4<<10)
@@ -157,13 +169,13 @@ func askHoldStream(ctx context.Context, self, id string, req hold.SpawnRequest) 
 	}
 	switch {
 	case a.Instance != inst:
-		return nil, nil, fmt.Errorf("the helper answered as %q, not %q", a.Instance, inst)
+		return nil, nil, fmt.Errorf("%w: the helper answered as %q, not %q", hold.ErrRefused, a.Instance, inst)
 	case a.Error != "":
-		return nil, nil, errors.New(a.Error)
+		return nil, nil, fmt.Errorf("%w: %s", hold.ErrRefused, a.Error)
 	case a.Held == holdStarted:
 		return nil, nil, hold.ErrStarted
 	case a.Held != holdKept:
-		return nil, nil, fmt.Errorf("the server answered %q to a hold", a.Held)
+		return nil, nil, fmt.Errorf("%w: the server answered %q to a hold", hold.ErrRefused, a.Held)
 	}
 	_ = c.SetDeadline(time.Time{})
 	ok = true

@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -91,12 +92,12 @@ func TestHoldStartHasTheServerKeepTheCommand(t *testing.T) {
 	}
 }
 
-// TestHoldStartDoesNotBelieveAServerThatSaysItKeptNothing: a process
-// that impersonates the server and answers "kept" without starting
-// anything is not believed: the start looks for the exec's directory,
-// finds none and starts a keeper of its own (here one that cannot
-// start, so it says so), rather than attaching to nothing.
-func TestHoldStartDoesNotBelieveAServerThatSaysItKeptNothing(t *testing.T) {
+// TestHoldStartNeverRunsACommandAServerSaidItKept: a process that
+// impersonates the server and answers "kept" without starting anything
+// leaves the start nothing to follow: it says so and runs nothing. A
+// command that removed its own record looks the same from here, and it
+// must not run twice.
+func TestHoldStartNeverRunsACommandAServerSaidItKept(t *testing.T) {
 	state := newState(t)
 	dir := Dir(state)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -129,9 +130,13 @@ func TestHoldStartDoesNotBelieveAServerThatSaysItKeptNothing(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "server"), []byte(inst+" "+sum+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	code, _, errs := holdMain(t, state, "", "start", holdID(t), "--", "sh", "-c", "true")
-	if code != hold.ExitFailed || !strings.Contains(errs, "start the keeper") {
-		t.Fatalf("hold start after a false \"kept\" exited %d (stderr %q), want %d from a keeper of its own", code, errs, hold.ExitFailed)
+	counter := filepath.Join(t.TempDir(), "ran")
+	code, _, errs := holdMain(t, state, "", "start", holdID(t), "--", "sh", "-c", "echo ran >> "+counter)
+	if code != hold.ExitFailed || errs == "" {
+		t.Fatalf("hold start after a false \"kept\" exited %d (stderr %q), want %d and why", code, errs, hold.ExitFailed)
+	}
+	if _, err := os.Stat(counter); !os.IsNotExist(err) {
+		t.Fatalf("the command ran after a false \"kept\" (%v)", err)
 	}
 }
 
@@ -356,7 +361,8 @@ func TestHoldStartFallsBackToAServerThatDoesNotStream(t *testing.T) {
 	asked := 0
 	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"),
 		Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
-			return nil, nil, errors.New("unknown question")
+			// What askHoldStream makes of an older server's answer.
+			return nil, nil, fmt.Errorf("%w: unknown question", hold.ErrRefused)
 		},
 		Server: func(ctx context.Context, id string, req hold.SpawnRequest) error {
 			asked++
@@ -416,5 +422,59 @@ func TestServerSweepsExecsThatEndedADayAgo(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, recent)); err != nil {
 		t.Errorf("the exec that just ended was swept: %v", err)
+	}
+}
+
+// TestHoldStartNeverRunsTwiceACommandThatRemovesItsRecord: a command
+// that removes the holder's record of itself while its start still
+// looks for it (here the start waits until it is gone) is not started
+// again, streamed or not: the streamed start follows it on its stream,
+// the plain one says it may or may not have run.
+func TestHoldStartNeverRunsTwiceACommandThatRemovesItsRecord(t *testing.T) {
+	for _, streamed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("streamed=%v", streamed), func(t *testing.T) {
+			state := newState(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := serveAt(t, ctx, state, time.Hour)
+			defer func() { cancel(); <-done }()
+			if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+				t.Fatalf("ping found no server: %v", err)
+			}
+			root := os.Getenv(hold.RootEnv)
+			id := holdID(t)
+			gone := func() {
+				deadline := time.Now().Add(10 * time.Second)
+				for _, err := os.Stat(filepath.Join(root, id)); err == nil && time.Now().Before(deadline); _, err = os.Stat(filepath.Join(root, id)) {
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
+			o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"), Server: func(ctx context.Context, id string, req hold.SpawnRequest) error {
+				err := askHold(ctx, self, id, req)
+				gone()
+				return err
+			}}
+			if streamed {
+				o.Stream = func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
+					c, rd, err := askHoldStream(ctx, self, id, req)
+					gone()
+					return c, rd, err
+				}
+			}
+			counter := filepath.Join(t.TempDir(), "ran")
+			script := fmt.Sprintf(`echo ran >> %s; rm -rf "%s/%s"; echo removed; exit 4`, counter, root, id)
+			var out, errb bytes.Buffer
+			code := hold.MainWith(context.Background(), o, []string{"start", id, hold.StdinFrames, "--", "sh", "-c", script}, strings.NewReader("\x00\x00\x00\x00"), &out, &errb)
+			b, _ := os.ReadFile(counter)
+			if n := strings.Count(string(b), "ran"); n != 1 {
+				t.Fatalf("the command ran %d times (exit %d, stdout %q, stderr %q), want once", n, code, out.String(), errb.String())
+			}
+			switch {
+			case streamed && (code != 4 || out.String() != "removed\n"):
+				t.Fatalf("the streamed start: exit %d, stdout %q, stderr %q; want the command's 4 and its line", code, out.String(), errb.String())
+			case !streamed && (code != hold.ExitFailed || !strings.Contains(errb.String(), "may or may not have run")):
+				t.Fatalf("the plain start: exit %d, stderr %q; want %d saying it may or may not have run", code, errb.String(), hold.ExitFailed)
+			}
+		})
 	}
 }

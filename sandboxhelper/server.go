@@ -282,17 +282,17 @@ const askTimeout = 10 * time.Minute
 func ask(ctx context.Context, state, instance, line string, body any) (answer, error) {
 	var a answer
 	if instance == "" || strings.ContainsAny(instance, "/.") {
-		return a, errors.New("no helper instance")
+		return a, fmt.Errorf("%w: no helper instance", errNotAsked)
 	}
 	addr, release, err := sockAddr(Dir(state), socketName(instance))
 	if err != nil {
-		return a, err
+		return a, fmt.Errorf("%w: %w", errNotAsked, err)
 	}
 	defer release()
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unix", addr)
 	if err != nil {
-		return a, err
+		return a, fmt.Errorf("%w: %w", errNotAsked, err)
 	}
 	defer c.Close()
 	// A server that never answers must not hold the exchange forever.
@@ -310,19 +310,29 @@ func ask(ctx context.Context, state, instance, line string, body any) (answer, e
 		req = append(req, b...)
 	}
 	if _, err := c.Write(req); err != nil {
-		return a, err
+		// Cut short: the server does not act on a partial question.
+		return a, fmt.Errorf("%w: %w", errNotAsked, err)
 	}
 	if err := json.NewDecoder(io.LimitReader(c, 64<<20)).Decode(&a); err != nil {
 		return a, fmt.Errorf("read the helper's answer: %w", err)
 	}
 	if a.Instance != instance {
-		return a, fmt.Errorf("the helper answered as %q, not %q", a.Instance, instance)
+		// Not this instance's server: it never had the question.
+		return a, fmt.Errorf("%w: the helper answered as %q, not %q", errNotAsked, a.Instance, instance)
 	}
 	if a.Error != "" {
-		return a, errors.New(a.Error)
+		return a, fmt.Errorf("%w: %s", errAnsweredError, a.Error)
 	}
 	return a, nil
 }
+
+// errNotAsked: the question never reached this instance's server;
+// errAnsweredError: the server answered an error, which it does only
+// before acting on the question.
+var (
+	errNotAsked      = errors.New("the helper's server was not asked")
+	errAnsweredError = errors.New("the helper's server answered an error")
+)
 
 // maxSockPath is what a socket address holds (108 bytes with the NUL).
 const maxSockPath = 107

@@ -50,6 +50,16 @@ const pollEvery = 10 * time.Millisecond
 // ErrStarted: the id was started before; the command is not run again.
 var ErrStarted = errors.New("this exec was started before: it is not run again")
 
+// ErrRefused: the helper's server was not asked, or refused before
+// running anything (Options.Server and Stream wrap such errors with it):
+// the command may be started another way.
+var ErrRefused = errors.New("the helper's server did not take the command")
+
+// ErrRecordGone: the helper's server was asked to run the command and no
+// record of it is left (the command can remove it): it may or may not
+// have run, and it is not started again.
+var ErrRecordGone = errors.New("the helper's server may have started this command and no record of it is left in the sandbox: it may or may not have run, and it was not started again")
+
 // ErrKeeperGone: what kept the exec (the helper's server or a keeper)
 // ended without its status; the output so far was delivered, the command
 // is no longer followed.

@@ -72,12 +72,15 @@ type Options struct {
 	// Self is the argv[0] that runs this program (the keeper's).
 	Self string
 	// Server, when set, asks the helper's server to keep the command of
-	// id: nil when it started it. Any error leaves it to a keeper of this
-	// process's own, unless the exec's directory appeared meanwhile.
+	// id: nil when it started it. An error wrapping ErrRefused (nothing
+	// was asked, or the server refused before running anything) leaves it
+	// to a keeper of this process's own; any other, once the exec's
+	// directory is not there, is ErrRecordGone.
 	Server func(ctx context.Context, id string, req SpawnRequest) error
 	// Stream, when set, asks the helper's server to keep the command of
 	// id and stream it (Stream.Serve) on c, rd being c's reading side
-	// past the answer; start asks it before Server.
+	// past the answer; start asks it before Server. Its errors are
+	// Server's.
 	Stream func(ctx context.Context, id string, req SpawnRequest) (c io.WriteCloser, rd io.Reader, err error)
 }
 
@@ -96,12 +99,17 @@ func (o Options) Begin(ctx context.Context, h *Holder, id string, argv, env []st
 	if _, err := os.Stat(d); err == nil {
 		return ErrStarted
 	}
-	// The server's answer is not trusted beyond this: whatever it says,
-	// the command ran here iff the exec's directory now exists, and it was
-	// absent before the question.
-	_ = o.Server(ctx, id, SpawnRequest{Root: h.Root, Argv: argv, Env: env, Dir: dir})
+	// The server's answer is not trusted beyond this: the exec's
+	// directory, absent before the question, now exists: the command is
+	// kept. It does not: a refusal (nothing ran) leaves the command to a
+	// keeper; any other answer may be a command that ran and removed its
+	// record, which is never started again.
+	serr := o.Server(ctx, id, SpawnRequest{Root: h.Root, Argv: argv, Env: env, Dir: dir})
 	if _, err := os.Stat(d); err == nil {
 		return nil
+	}
+	if !errors.Is(serr, ErrRefused) {
+		return ErrRecordGone
 	}
 	err = h.Start(id, argv)
 	if errors.Is(err, ErrStarted) {
@@ -301,16 +309,19 @@ func (o Options) beginStream(ctx context.Context, h *Holder, id string, argv, en
 	if _, err := os.Stat(dir); err == nil {
 		return nil, nil, ErrStarted
 	}
-	// As in Begin, the server's answer is not trusted beyond this.
+	// As in Begin: a streamed "kept" is followed on its stream (a record
+	// the command removed is not needed there); a failure is followed from
+	// the files when the directory exists; a refusal goes to Begin (an
+	// older server that does not stream); anything else may have run.
 	c, rd, serr := o.Stream(ctx, id, SpawnRequest{Root: h.Root, Argv: argv, Env: env, Dir: wd})
-	if _, err := os.Stat(dir); err == nil {
-		if serr != nil {
-			return nil, nil, nil
-		}
+	if serr == nil {
 		return c, rd, nil
 	}
-	if serr == nil {
-		c.Close()
+	if _, err := os.Stat(dir); err == nil {
+		return nil, nil, nil
+	}
+	if !errors.Is(serr, ErrRefused) {
+		return nil, nil, ErrRecordGone
 	}
 	return nil, nil, o.Begin(ctx, h, id, argv, env, wd)
 }
