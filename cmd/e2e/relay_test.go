@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -45,6 +46,30 @@ func helperPIDs(run string, args ...string) []int {
 	}
 	slices.Sort(pids)
 	return pids
+}
+
+// newestHelperPID is the helper process of run whose arguments begin
+// with args that started last (an earlier exec's may still be exiting:
+// its exec returned at the exchange's end), 0 when there is none.
+func newestHelperPID(run string, args ...string) int {
+	newest, at := 0, int64(-1)
+	for _, pid := range helperPIDs(run, args...) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// The fields after the command's name, which may hold spaces:
+		// starttime is the 22nd field, the 20th after ")".
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 20 {
+			continue
+		}
+		// Ties (one clock tick): the later pid.
+		if t, err := strconv.ParseInt(f[19], 10, 64); err == nil && t >= at {
+			newest, at = pid, t
+		}
+	}
+	return newest
 }
 
 // killMidCommand runs nook with args in repo until its stdout has
