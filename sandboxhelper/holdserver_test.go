@@ -56,13 +56,7 @@ func holdMain(t *testing.T, state string, stdin string, args ...string) (int, st
 // parent, and the command's output, exit code and stdin are as a
 // keeper's.
 func TestHoldStartHasTheServerKeepTheCommand(t *testing.T) {
-	state := newState(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := serveAt(t, ctx, state, time.Hour)
-	defer func() { cancel(); <-done }()
-	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
-		t.Fatalf("ping found no server: %v", err)
-	}
+	state := servedState(t)
 	wd := t.TempDir()
 	t.Chdir(wd)
 	id := holdID(t)
@@ -192,13 +186,7 @@ func (g *gatedWriter) Write(p []byte) (int, error) {
 // start takes output again, it gets the rest from the files, from the
 // bytes it had, every byte exactly once, and the command's exit code.
 func TestStreamedStartThatFallsBehindGetsTheRestFromTheFiles(t *testing.T) {
-	state := newState(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := serveAt(t, ctx, state, time.Hour)
-	defer func() { cancel(); <-done }()
-	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
-		t.Fatalf("ping found no server: %v", err)
-	}
+	state := servedState(t)
 	t.Chdir(t.TempDir())
 	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
 	streamed := false
@@ -294,13 +282,7 @@ func (b *blockedStdin) Read(p []byte) (int, error) {
 // (the client's, through the channel) reaches the command the server
 // keeps, even behind stdin the command does not read.
 func TestStreamedStartRelaysSignalsToTheCommand(t *testing.T) {
-	state := newState(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := serveAt(t, ctx, state, time.Hour)
-	defer func() { cancel(); <-done }()
-	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
-		t.Fatalf("ping found no server: %v", err)
-	}
+	state := servedState(t)
 	t.Chdir(t.TempDir())
 	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
 	o := hold.Options{Self: filepath.Join(t.TempDir(), "no-keeper"), Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
@@ -349,13 +331,7 @@ func TestStreamedStartRelaysSignalsToTheCommand(t *testing.T) {
 // the question); the start asks it the plain way and the command runs
 // once, kept by that server, with its output and exit code.
 func TestHoldStartFallsBackToAServerThatDoesNotStream(t *testing.T) {
-	state := newState(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := serveAt(t, ctx, state, time.Hour)
-	defer func() { cancel(); <-done }()
-	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
-		t.Fatalf("ping found no server: %v", err)
-	}
+	state := servedState(t)
 	t.Chdir(t.TempDir())
 	self := filepath.Join(state, "bin", "sandboxd-helper-0123456789abcdef")
 	asked := 0
@@ -433,13 +409,7 @@ func TestServerSweepsExecsThatEndedADayAgo(t *testing.T) {
 func TestHoldStartNeverRunsTwiceACommandThatRemovesItsRecord(t *testing.T) {
 	for _, streamed := range []bool{true, false} {
 		t.Run(fmt.Sprintf("streamed=%v", streamed), func(t *testing.T) {
-			state := newState(t)
-			ctx, cancel := context.WithCancel(context.Background())
-			done := serveAt(t, ctx, state, time.Hour)
-			defer func() { cancel(); <-done }()
-			if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
-				t.Fatalf("ping found no server: %v", err)
-			}
+			state := servedState(t)
 			root := os.Getenv(hold.RootEnv)
 			id := holdID(t)
 			gone := func() {
@@ -477,4 +447,18 @@ func TestHoldStartNeverRunsTwiceACommandThatRemovesItsRecord(t *testing.T) {
 			}
 		})
 	}
+}
+
+// servedState is a new state directory that a server serves until the
+// test ends.
+func servedState(t *testing.T) string {
+	t.Helper()
+	state := newState(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := serveAt(t, ctx, state, time.Hour)
+	t.Cleanup(func() { cancel(); <-done })
+	if _, err := Ping(context.Background(), state, 10*time.Second); err != nil {
+		t.Fatalf("ping found no server: %v", err)
+	}
+	return state
 }
