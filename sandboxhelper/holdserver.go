@@ -99,7 +99,7 @@ func askHold(ctx context.Context, self, id string, req hold.SpawnRequest) error 
 	case holdStarted:
 		return hold.ErrStarted
 	}
-	// A server says kept or started: not the server.
+	// A server answers kept or started: this is another process.
 	return fmt.Errorf("%w: the server answered %q to a hold", hold.ErrRefused, a.Held)
 }
 
