@@ -233,6 +233,9 @@ func isolate(t *testing.T) {
 	t.Setenv("HOME", home)
 	t.Setenv("XDG_CONFIG_HOME", filepath.Join(home, ".config"))
 	t.Setenv("GIT_CONFIG_NOSYSTEM", "1")
+	// The helpers started here run on this machine: their holder stays
+	// in the test's directory, not in the machine's /dev/shm.
+	t.Setenv("SANDBOXD_HOLD_ROOT", filepath.Join(home, "hold"))
 }
 
 // The helper is uploaded once, checked, started as a managed process,
