@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 )
@@ -33,16 +32,7 @@ func TestSyncedCommandSurvivesItsExchangeHelperBeingKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	if code != 6 || out != "start\nend\n" || !strings.HasSuffix(errb, "late\n") {
-		d.stop(t)
-		t.Fatalf("the exec whose helper was killed: exit %d, stdout %q, stderr %q; want exit 6, start and end, late\n%s", code, out, errb, d.logs)
-	}
-	if !strings.Contains(errb, "helper ended while the command ran") {
-		t.Errorf("stderr %q does not say the helper ended and the command was reattached", errb)
-	}
-	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
-		t.Errorf("the command ran %d times, want once", n)
-	}
+	checkReattached(t, d, "the exec whose helper was killed", result{code, out, errb}, 6, "helper ended while the command ran", counter)
 	if b, err := os.ReadFile(filepath.Join(repo, "made.txt")); err != nil || string(b) != "made\n" {
 		t.Errorf("the command's edit did not come back: %q, %v", b, err)
 	}

@@ -48,6 +48,24 @@ func helperPIDs(run string, args ...string) []int {
 	return pids
 }
 
+// checkReattached checks an exec whose command (`echo start; echo ran >>
+// counter; ...; echo end; echo late >&2; exit want`) lost what relayed it:
+// its own exit code, all its output, a warning that says so (saying),
+// and one run.
+func checkReattached(t *testing.T, d *daemon, what string, r result, want int, saying, counter string) {
+	t.Helper()
+	if r.code != want || r.stdout != "start\nend\n" || !strings.HasSuffix(r.stderr, "late\n") {
+		d.stop(t)
+		t.Fatalf("%s: exit %d, stdout %q, stderr %q; want exit %d, start and end, late\n%s", what, r.code, r.stdout, r.stderr, want, d.logs)
+	}
+	if !strings.Contains(r.stderr, saying) {
+		t.Errorf("%s: stderr %q does not say %q", what, r.stderr, saying)
+	}
+	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
+		t.Errorf("%s: the command ran %d times, want once", what, n)
+	}
+}
+
 // newestHelperPID is the helper process of run whose arguments begin
 // with args that started last (an earlier exec's may still be exiting:
 // its exec returned at the exchange's end), 0 when there is none.
@@ -250,16 +268,7 @@ func TestKilledRelayIsReplacedAndItsCommandRunsOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	if code != 5 || out != "start\nend\n" || !strings.HasSuffix(errb, "late\n") {
-		d.stop(t)
-		t.Fatalf("the exec whose relay was killed: exit %d, stdout %q, stderr %q; want exit 5, start and end, late\n%s", code, out, errb, d.logs)
-	}
-	if !strings.Contains(errb, "relay ended while the command ran") {
-		t.Errorf("stderr %q does not say the relay ended and the command was reattached", errb)
-	}
-	if n := strings.Count(readFileOr(counter), "ran"); n != 1 {
-		t.Errorf("the command ran %d times, want once", n)
-	}
+	checkReattached(t, d, "the exec whose relay was killed", result{code, out, errb}, 5, "relay ended while the command ran", counter)
 	r = e.nook(repo, "exec", "--no-sync", "--", "echo", "next")
 	if r.code != 0 || r.stdout != "next\n" {
 		t.Errorf("the exec after: %s", r)
