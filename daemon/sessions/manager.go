@@ -246,6 +246,9 @@ type sessionRuntime struct {
 	idle idleState
 	// expiry is the pull before the reported end's state (expiry.go).
 	expiry expiryState
+	// stopping is set while a stop ends the run: the connection it drops
+	// is not a run that ended on its own.
+	stopping bool
 }
 
 // New returns a Manager. Call Rehydrate once after New to re-learn the

@@ -257,23 +257,28 @@ func (m *Manager) expire(s *store.Session, reason string) *store.Session {
 // end moves session s to a terminal state, closes its connection and stops
 // watching its files.
 func (m *Manager) end(s *store.Session, state store.State, reason, event string) *store.Session {
+	// Only the call that ends it says so: a stop and an expiry can race
+	// (the stop's own end of the run drops the connection, whose reconnect
+	// asks the remote), each holding a snapshot from before the other.
+	moved := false
 	updated, err := m.st.Update(s.ID, func(s *store.Session) error {
 		if s.State.Terminal() {
 			return nil
 		}
 		s.State, s.StateReason = state, reason
+		moved = true
 		return nil
 	})
 	if err != nil {
 		m.log.Error("record session end", "session", s.ID, "err", err)
-		updated = s
+		updated, moved = s, !s.State.Terminal()
 	}
 	m.closeRunForwards(s)
 	if c := m.sandboxIfAny(s.ID); c != nil {
 		c.link.Forget()
 	}
 	m.dropRuntime(s.ID)
-	if !s.State.Terminal() {
+	if moved {
 		m.publish(event, updated, map[string]string{"reason": reason})
 		m.cliFileChanged(s.RepoRoot)
 	}
@@ -299,6 +304,10 @@ func (m *Manager) CheckAlive(ctx context.Context, runID string) error {
 	}
 	if s.State.Terminal() {
 		return endedError(s)
+	}
+	if m.isStopping(s.ID) {
+		// The stop ends the session itself, as stopped, not expired.
+		return errdefs.Unavailable(fmt.Errorf("sandbox run %s is being stopped", runID))
 	}
 	remote, err := m.remote(ctx)
 	if err != nil {

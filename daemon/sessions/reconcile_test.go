@@ -3,6 +3,7 @@ package sessions
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/daemon/runsapi"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
 	"github.com/sandboxd/sandboxd/rwxapi"
 	"github.com/sandboxd/sandboxd/store"
@@ -290,5 +292,79 @@ func TestRehydrateNeverWaitsForTheRemote(t *testing.T) {
 			t.Fatalf("after a rehydration check answered 503 the session is %s (%q)", got.State, got.StateReason)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// recordingEvents records the types of the events published.
+type recordingEvents struct {
+	mu    sync.Mutex
+	types []string
+}
+
+func (e *recordingEvents) Publish(typ, sessionID, runID string, data any) ipc.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.types = append(e.types, typ)
+	return ipc.Event{}
+}
+
+// TestASessionEndsOnceWhenAStopAndAnExpiryRace: a stop ends the session
+// while an expiry, which read the session before the stop, ends it too
+// (the stop's end of the run drops the connection; the reconnect asks the
+// remote, which says the run is over). The session stays stopped and only
+// session.stopped is published: a client following the events (the
+// Neovim statusline) would otherwise show "expired" after the user's stop.
+func TestASessionEndsOnceWhenAStopAndAnExpiryRace(t *testing.T) {
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "sandboxd.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ev := &recordingEvents{}
+	m, err := New(Options{Store: st, Remotes: fakeSource{}, Pool: nopPool{}, Sync: nopSync{}, Events: ev, Branches: fixedBranch{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		m.Close(ctx)
+	})
+	s := insertSession(t, st, "run-raced", store.StateReady)
+	stale := *s
+	m.end(s, store.StateStopped, "stopped by the user", eventSessionStopped)
+	m.expire(&stale, "the run is over")
+
+	if got, _ := st.Get(s.ID); got.State != store.StateStopped {
+		t.Fatalf("the session is %s after the stop and a late expiry, want stopped", got.State)
+	}
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	if len(ev.types) != 1 || ev.types[0] != eventSessionStopped {
+		t.Fatalf("events published: %v, want only %s", ev.types, eventSessionStopped)
+	}
+}
+
+// TestAStoppingSessionIsNotExpiredByItsReconnect: while a stop ends the
+// run, the connection it drops reconnects and asks whether the run is
+// alive; the remote already says it is over. The session is left to the
+// stop (it ends stopped, not expired) and the pool is told to wait.
+func TestAStoppingSessionIsNotExpiredByItsReconnect(t *testing.T) {
+	api := newFakeRemoteAPI(t)
+	m, st := newTestManager(t, api, 300*time.Millisecond)
+	s := insertSession(t, st, "run-stopping", store.StateReady)
+	api.connStatus.Store(http.StatusNotFound)
+
+	m.setStopping(s.ID, true)
+	err := m.CheckAlive(context.Background(), s.RunID)
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("CheckAlive during the stop: %v, want unavailable", err)
+	}
+	if got, _ := st.Get(s.ID); got.State != store.StateReady {
+		t.Fatalf("the session is %s during its stop, want it left to the stop (ready)", got.State)
+	}
+	m.setStopping(s.ID, false)
+	if err := m.CheckAlive(context.Background(), s.RunID); !errors.Is(err, errdefs.ErrGone) {
+		t.Fatalf("CheckAlive after a failed stop: %v, want gone (the remote's 404)", err)
 	}
 }

@@ -75,12 +75,29 @@ func (m *Manager) Stop(ctx context.Context, req ipc.StopRequest) (ipc.StopRespon
 func (m *Manager) stopSession(ctx context.Context, s *store.Session, reason string) (*store.Session, error) {
 	ctx, cancel := context.WithTimeout(ctx, stopTimeout)
 	defer cancel()
+	m.setStopping(s.ID, true)
 	if s.RunID != "" {
 		if err := m.endRun(ctx, s); err != nil {
+			m.setStopping(s.ID, false)
 			return s, err
 		}
 	}
 	return m.end(s, store.StateStopped, reason, eventSessionStopped), nil
+}
+
+// setStopping marks session id as being stopped, or no longer.
+func (m *Manager) setStopping(id string, on bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sandboxLocked(id).rt.stopping = on
+}
+
+// isStopping says whether a stop of session id is ending its run.
+func (m *Manager) isStopping(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.runtimeLocked(id)
+	return ok && r.stopping
 }
 
 // endRun asks the remote to end the run of session s.
