@@ -432,7 +432,9 @@ func TestHoldStartNeverRunsTwiceACommandThatRemovesItsRecord(t *testing.T) {
 				}
 			}
 			counter := filepath.Join(t.TempDir(), "ran")
-			script := fmt.Sprintf(`echo ran >> %s; rm -rf "%s/%s"; echo removed; exit 4`, counter, root, id)
+			// The keeper may still be writing its first files into the
+			// record: the removal is retried until it holds.
+			script := fmt.Sprintf(`echo ran >> %s; d="%s/%s"; until rm -rf "$d" 2>/dev/null && [ ! -e "$d" ]; do sleep 0.01; done; echo removed; exit 4`, counter, root, id)
 			var out, errb bytes.Buffer
 			code := hold.MainWith(context.Background(), o, []string{"start", id, hold.StdinFrames, "--", "sh", "-c", script}, strings.NewReader("\x00\x00\x00\x00"), &out, &errb)
 			b, _ := os.ReadFile(counter)
