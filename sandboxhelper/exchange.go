@@ -46,13 +46,19 @@ const maxScriptOutput = 64 << 10
 // keeps it: the tags of the answers (helperproto.AnswerKey) are what make
 // its frames fail.
 func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Writer, log io.Writer) int {
-	undumpable()
-	// Signals the agent relays to this exec go to the command; a write to
-	// a channel that went away fails instead of killing the helper, so the
-	// pull still leaves the edits in the sandbox.
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGPIPE)
-	defer signal.Stop(sigs)
+	var sigs chan os.Signal // in the relay: none of its own
+	if !o.InRelay {
+		undumpable()
+		// Signals the agent relays to this exec go to the command; a
+		// write to a channel that went away fails instead of killing the
+		// helper, so the pull still leaves the edits in the sandbox.
+		sigs = make(chan os.Signal, 4)
+		signal.Notify(sigs, syscall.SIGHUP, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGTERM, syscall.SIGPIPE)
+		defer signal.Stop(sigs)
+	}
+	if o.Env == nil {
+		o.Env = os.Environ()
+	}
 	ctx = context.WithoutCancel(ctx)
 
 	// Nothing is read or written before the prctl above. The hello's
@@ -60,7 +66,7 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	// the hello answer too, so it comes after the request: no answer can
 	// be tagged without them.
 	fr := &helperproto.FrameReader{R: in}
-	x := &exchange{state: o.State, root: o.Root, fw: &helperproto.FrameWriter{W: out}, fr: fr, log: log}
+	x := &exchange{state: o.State, root: o.Root, env: o.Env, fw: &helperproto.FrameWriter{W: out}, fr: fr, log: log}
 	typ, p, err := fr.Next()
 	var hello helperproto.Hello
 	if err == nil && typ == helperproto.FrameHello {
@@ -126,7 +132,7 @@ func Exchange(ctx context.Context, o ExchangeOptions, in io.Reader, out io.Write
 	}
 	var exit helperproto.Exit
 	if req.Hold != "" {
-		env := os.Environ()
+		env := x.env
 		if req.Path != "" {
 			env = withPath(env, req.Path)
 		}
@@ -319,10 +325,18 @@ type ExchangeOptions struct {
 	// State is the sync state directory (.git/sandboxd), Root the
 	// checkout; Path the sandbox's own PATH, the command's.
 	State, Root, Path string
+	// Env is the environment of the scripts and the command (the
+	// process's when nil).
+	Env []string
+	// InRelay: the exchange runs in the relay's process (relayExchange),
+	// which is not dumpable already and whose signals are not the
+	// command's: signals come as frames only.
+	InRelay bool
 }
 
 type exchange struct {
 	state, root string
+	env         []string
 	// pushEnv is what the stray look found, for the push script: sready
 	// (the tree whose stray patch it made).
 	pushEnv []string
@@ -395,7 +409,7 @@ func (x *exchange) push(ctx context.Context, req *helperproto.ExchangeRequest) (
 	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command("/bin/sh", "-c", req.PushScript)
-	cmd.Env = append(os.Environ(), "sready=", "hcur="+x.stagePush(ctx, req))
+	cmd.Env = append(slices.Clone(x.env), "sready=", "hcur="+x.stagePush(ctx, req))
 	cmd.Env = append(cmd.Env, x.pushEnv...)
 	cmd.Stdin = bytes.NewReader(req.Patch)
 	cmd.Stdout = &capped{buf: &stdout, max: req.Max + maxScriptOutput}
@@ -508,7 +522,7 @@ func (x *exchange) stray(ctx context.Context, req *helperproto.ExchangeRequest) 
 	}
 	var stdout, stderr bytes.Buffer
 	cmd := exec.Command("/bin/sh", "-c", req.StrayScript)
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(slices.Clone(x.env), env...)
 	cmd.Stdout = &capped{buf: &stdout, max: maxScriptOutput}
 	cmd.Stderr = &capped{buf: &stderr, max: maxScriptOutput}
 	if code := status(cmd.Run()); code.Code != 0 || code.Signal != "" {
@@ -594,7 +608,7 @@ func (x *exchange) pendingUnacked(acks []string) bool {
 func (x *exchange) run(req *helperproto.ExchangeRequest, fr *helperproto.FrameReader, sigs <-chan os.Signal) helperproto.Exit {
 	cmd := exec.Command("/bin/sh", "-c", req.Command)
 	if req.Path != "" {
-		cmd.Env = withPath(os.Environ(), req.Path)
+		cmd.Env = withPath(x.env, req.Path)
 	}
 	// A session of its own: the channel's process group is not the
 	// command's, and the helper decides which signals reach it.
@@ -715,7 +729,7 @@ func (x *exchange) pull(ctx context.Context, req *helperproto.ExchangeRequest, s
 	// The script writes the patch to the file the native pull writes.
 	var stderr bytes.Buffer
 	cmd := exec.Command("/bin/sh", "-c", req.PullScript)
-	cmd.Env = append(os.Environ(), "hstaged="+staged)
+	cmd.Env = append(slices.Clone(x.env), "hstaged="+staged)
 	cmd.Stdout, cmd.Stderr = &capped{buf: &bytes.Buffer{}, max: 0}, &capped{buf: &stderr, max: maxScriptOutput}
 	code := status(cmd.Run())
 	c := code.Code

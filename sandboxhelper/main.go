@@ -50,7 +50,7 @@ func Main(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io
 			return askHold(ctx, self, id, req)
 		}, Stream: func(ctx context.Context, id string, req hold.SpawnRequest) (io.WriteCloser, io.Reader, error) {
 			return askHoldStream(ctx, self, id, req)
-		}}
+		}, Exchange: relayExchange}
 		return hold.MainWith(ctx, o, args[1:], stdin, stdout, stderr)
 	}
 	fs := flag.NewFlagSet(Name+" "+args[0], flag.ContinueOnError)

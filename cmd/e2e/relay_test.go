@@ -239,6 +239,83 @@ func TestHeldExecsInARowShareOneRelayProcess(t *testing.T) {
 	}
 }
 
+// TestSyncedExecsInARowRunInTheRelay: once the relay serves, synced
+// execs one after another run their exchange (push, command, pull) in
+// the relay's process: no exec request and no helper process of their
+// own. Each one's stdout, stderr, stdin, exit code and edits are exactly
+// the command's, a local edit reaches it, and Ctrl-C reaches it.
+func TestSyncedExecsInARowRunInTheRelay(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	lc := e.startLocalcloud()
+	d := e.startDaemon()
+	repo := e.newRepo("relaysync", defaultConfig)
+	run := e.startServedSandbox(t, repo)
+	e.mustNook(repo, "exec", "--", "true")
+	e.mustNook(repo, "exec", "--", "true")
+	relay := waitOneRelay(t, run)
+	// The helper of the exchange that opened the relay may still be
+	// exiting (its exec returned at the exchange's end).
+	waitUntil(t, 10*time.Second, "no exchange helper", func() bool { return len(helperPIDs(run, "exchange")) == 0 })
+	// An exchange helper lives as long as its command: one of any exec
+	// is seen by a look every 20 ms at commands that last 200 ms.
+	stop, helpers := make(chan struct{}), make(chan int, 1)
+	go func() {
+		seen := map[int]bool{}
+		defer func() { helpers <- len(seen) }()
+		for {
+			for _, pid := range helperPIDs(run, "exchange") {
+				seen[pid] = true
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	before := lc.execRequests(t, run)
+	const n = 6
+	for i := 0; i < n; i++ {
+		writeFile(t, filepath.Join(repo, "local.txt"), fmt.Sprintf("local %d\n", i))
+		in := fmt.Sprintf("line %d\n", i)
+		r := e.nookIn(repo, strings.NewReader(in), "exec", "--", "sh", "-c", fmt.Sprintf("cat; cat local.txt; sleep 0.2; echo made%d > made.txt; echo err%d >&2; exit %d", i, i, i))
+		want := in + fmt.Sprintf("local %d\n", i)
+		if r.code != i || r.stdout != want || r.stderr != fmt.Sprintf("err%d\n", i) {
+			close(stop)
+			t.Fatalf("synced exec %d through the relay: %s; want exit %d, stdout %q, stderr %q", i, r, i, want, fmt.Sprintf("err%d\n", i))
+		}
+		if got := readFile(t, filepath.Join(repo, "made.txt")); got != fmt.Sprintf("made%d\n", i) {
+			close(stop)
+			t.Fatalf("synced exec %d: its edit came back as %q", i, got)
+		}
+	}
+	close(stop)
+	used := lc.execRequests(t, run) - before
+	// (The lease's yield after a burst of 2 s makes two: a release and a
+	// take.)
+	t.Logf("%d synced execs took %d exec requests", n, used)
+	if k := <-helpers; k > 0 {
+		t.Errorf("%d synced execs started %d exchange helpers (%d exec requests), want none: they did not run in the relay", n, k, used)
+	}
+	if pids := relayPIDs(t, run); !slices.Equal(pids, []int{relay}) {
+		t.Errorf("relay processes after %d synced execs: %v, want the first one only (%d)", n, pids, relay)
+	}
+
+	// Ctrl-C reaches the command whose exchange runs in the relay.
+	code, out, errb := e.killMidCommand(t, d, repo, []string{"exec", "--", "sh", "-c", `trap 'echo got INT; exit 9' INT; echo start; while :; do sleep 0.1; done`}, func(nook *os.Process) {
+		if err := nook.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if code != 9 || out != "start\ngot INT\n" {
+		t.Errorf("Ctrl-C through the relay: exit %d, stdout %q, stderr %q; want exit 9 from the command's trap", code, out, errb)
+	}
+	if pids := relayPIDs(t, run); !slices.Equal(pids, []int{relay}) {
+		t.Errorf("relay processes after a signal: %v, want the first one only (%d)", pids, relay)
+	}
+}
+
 // TestKilledRelayIsReplacedAndItsCommandRunsOnce: a relay killed
 // (SIGKILL) between two execs costs the next one nothing (it runs, its
 // output and exit code exact); one killed while its command runs is a

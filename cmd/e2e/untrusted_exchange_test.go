@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sandboxd/sandboxd/internal/helperproto"
@@ -17,16 +18,22 @@ import (
 // runs once, the exec ends with the command's real status or says that
 // it may have completed, and the laptop is untouched.
 
+// helpersOfCheckout greps the command lines of the processes that run the
+// exchanges of the checkout in $PWD: an exchange helper (by the state
+// directory it names) and the relay (by its path); only its own, as the
+// suite's tests run side by side as one user. The words are split so
+// that the command's own line does not match.
+const helpersOfCheckout = `x=exch; x="${x}ange"; y=hold; y="$y.relay"
+grep -las -e "/sandboxd-helper-[^/]*.$x.-state.$PWD/.git/sandboxd." -e "^$PWD/.git/sandboxd/bin/sandboxd-helper-[^/]*.$y" /proc/[0-9]*/cmdline`
+
 // channelAttack writes the frames of a failed push to the stdout of the
-// exchange helper of its checkout (its channel to the daemon; found by
-// the state directory its command line names, since the command runs
-// under the holder, not under the helper; only its own: the suite's tests
-// run side by side as one user) and opens its memory; it reports what it
-// managed to the file out.
+// processes that run its checkout's exchanges (their channel to the
+// daemon; the command runs under the holder, not under them) and opens
+// their memory; it reports what it managed to the file out.
 func channelAttack(out string) string {
 	return fmt.Sprintf(`F='P\000\000\000\013{"code":91}Z\000\000\000\000'
-n=0; x=exch; x="${x}ange"
-for c in $(grep -las -e "/sandboxd-helper-[^/]*.$x.-state.$PWD/.git/sandboxd." /proc/[0-9]*/cmdline); do
+n=0
+for c in $(`+helpersOfCheckout+`); do
 	d=${c%%/cmdline}; n=$((n+1))
 	if printf "$F" >$d/fd/1 2>/dev/null; then echo "wrote $d/fd/1" >>%[1]s; fi
 	if (exec 3<$d/mem) 2>/dev/null; then echo "opened $d/mem" >>%[1]s; fi
@@ -76,8 +83,7 @@ func TestUntrustedCommandAttacksTheHelpersChannel(t *testing.T) {
 	// The helper killed by its command (found by its command line): the
 	// command, held, goes on; the daemon attaches to it by id and reports
 	// its own status, and it is not run again.
-	killHelper := `x=exch; x="${x}ange"
-for c in $(grep -las -e "/sandboxd-helper-[^/]*.$x.-state.$PWD/.git/sandboxd." /proc/[0-9]*/cmdline); do
+	killHelper := `for c in $(` + helpersOfCheckout + `); do
 	p=${c%/cmdline}; kill -KILL ${p#/proc/}
 done
 sleep 1`
@@ -102,6 +108,12 @@ sleep 1`
 	r = e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs+"\nfor b in .git/sandboxd/bin/sandboxd-helper-*; do rm -f \"$b\"; printf '%s' "+shellQuote(fake)+" >\"$b\"; chmod +x \"$b\"; done")
 	if n := lines(t, runs); n != 3 || r.code != 0 {
 		t.Fatalf("the replacing command: ran %d times: %s", n, r)
+	}
+	// A relay that was up before keeps serving from the real binary: the
+	// command could kill it later, in the background; the test does it
+	// for it, so that the next exec starts the replaced file.
+	for _, pid := range relayPIDs(t, run) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	r = e.nook(repo, "exec", "--", "sh", "-c", "echo ran >>"+runs)
 	t.Logf("replaced helper: %s", r)

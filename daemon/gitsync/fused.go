@@ -29,6 +29,9 @@ const maxHelperLog = 16 << 10
 // Exchange is one synced exec in one exec request to the sandbox helper
 // (`sandboxd-helper exchange`, protocol in package helperproto), so one
 // round trip: push, the user's command with the caller's streams, pull.
+// A held one runs instead in the process of the connection's relay when
+// the Runner is an ExchangeRunner that takes it: the same frames, no exec
+// request.
 // The request and the caller's stdin and signals travel as frames on the
 // exec's stdin; the helper's answers as frames on its stdout, which the
 // command never writes (it has pipes of its own, and the helper is not
@@ -64,7 +67,10 @@ type Exchange struct {
 	commit  bool
 	inst    string
 	command string
-	req     []byte
+	// setup is what command does before the helper, for a relay that
+	// runs the helper's side (ExchangeRunner).
+	setup string
+	req   []byte
 	// key is what tags the helper's answers (helperproto.AnswerKey).
 	key []byte
 	// hold is the exec id under which the helper's holder runs the
@@ -170,6 +176,7 @@ func (s *Syncer) Fuse(ctx context.Context, r Runner, p *Patch, command string) (
 	x := &Exchange{s: s, rp: rp, p: p, pend: pend, start: time.Now(), inst: req.Instance, command: remote, hold: holdID(), pushIn: in}
 	if h, ok := sd.(helperSide); ok {
 		x.remote = prelude + h.becomeHelper()
+		x.setup = h.relaySetup()
 	}
 	var res PushResult
 	if err := s.pushCommitsIfNeeded(ctx, r, rp, p, &res); err != nil {
@@ -223,7 +230,7 @@ func (x *Exchange) Command() string { return x.command }
 // transport's (the connection broke, ctx ended) or the helper's answer
 // breaking the protocol; Finish says what happened either way.
 func (x *Exchange) Run(ctx context.Context, r Runner, cio ExchangeIO) error {
-	return x.run(ctx, r, cio, x.command, x.req, x.p.early != nil)
+	return x.run(ctx, r, cio, x.command, x.req, x.p.early != nil, x.hold != "")
 }
 
 // ErrReattach: a reattach to a held command failed; the command may still
@@ -263,7 +270,7 @@ func (x *Exchange) Reattach(ctx context.Context, r Runner, cio ExchangeIO) error
 	}
 	x.key = key
 	x.mu.Unlock()
-	return x.run(ctx, r, cio, x.remote, b, false)
+	return x.run(ctx, r, cio, x.remote, b, false, false)
 }
 
 // Unheld has the helper run the command with pipes of its own instead of
@@ -334,8 +341,9 @@ func (x *Exchange) stdinChunks(ctx context.Context, stdin io.Reader) <-chan []by
 
 // run runs one exec of the exchange: command, with the opening frames req
 // and, when patch, an early request's Patch frame as soon as it is
-// computed, before any stdin.
-func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command string, req []byte, patch bool) error {
+// computed, before any stdin. With relay, an ExchangeRunner r runs it
+// when it can take it.
+func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command string, req []byte, patch, relay bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	// Not cancelled at once when run returns before the helper's process
 	// ended (detach): a cancel sends it TERM.
@@ -370,6 +378,9 @@ func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command st
 		return f() == nil
 	}
 	pr, preamble := r.(PreambleRunner)
+	er, relayed := r.(ExchangeRunner)
+	// The relay takes the opening frames in its request: a preamble.
+	relayed = relayed && relay && preamble && x.setup != ""
 	go func() {
 		if !preamble && !send(func() error { _, err := inW.Write(req); return err }) {
 			return
@@ -432,9 +443,15 @@ func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command st
 	ran := make(chan runResult, 1)
 	go func() {
 		var res runResult
-		if preamble {
+		taken := false
+		if relayed {
+			res.code, taken, res.err = er.RunExchange(ctx, RelayedExchange{Setup: x.setup, SetupDone: relaySetupDone, Opening: req, Hold: x.hold}, inR, outW, logw)
+		}
+		switch {
+		case taken:
+		case preamble:
 			res.code, res.err = pr.RunPreamble(ctx, command, req, inR, outW, logw)
-		} else {
+		default:
 			res.code, res.err = r.Run(ctx, command, inR, outW, logw)
 		}
 		_ = outW.Close()
@@ -446,7 +463,9 @@ func (x *Exchange) run(ctx context.Context, r Runner, cio ExchangeIO, command st
 		ok = true
 	case <-answered:
 	}
-	if !ok && x.endedWell() {
+	// A relay's end follows the exchange's at once, and frees the relay
+	// for the next exec: it is waited for.
+	if !ok && !relayed && x.endedWell() {
 		select {
 		case res, ok = <-ran:
 		default:

@@ -140,6 +140,27 @@ type PreambleRunner interface {
 	RunPreamble(ctx context.Context, command string, preamble []byte, stdin io.Reader, stdout, stderr io.Writer) (exitCode int, err error)
 }
 
+// ExchangeRunner is a Runner with a process already up in the sandbox
+// that runs a held exchange in itself (the helper's relay): the exchange
+// then costs no exec request and no process start. taken false: none is
+// free now, and nothing was read from stdin or run.
+type ExchangeRunner interface {
+	RunExchange(ctx context.Context, x RelayedExchange, stdin io.Reader, stdout, stderr io.Writer) (exitCode int, taken bool, err error)
+}
+
+// RelayedExchange is an exchange for an ExchangeRunner: the shell its
+// exec request would run before the helper (Setup, which prints the sync
+// state directory; a no-op once any of SetupDone, paths under the git
+// directory, exists), its opening frames (the hello and the request), and
+// the id of its held command (Hold), which a caller that went away
+// signals.
+type RelayedExchange struct {
+	Setup     string
+	SetupDone []string
+	Opening   []byte
+	Hold      string
+}
+
 // Options configure a Syncer. The zero value is usable.
 type Options struct {
 	// Git is the local git binary; default "git".

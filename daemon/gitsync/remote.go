@@ -893,6 +893,25 @@ type helperRunner struct {
 	name, inst string
 }
 
+// WithRelay is r, made by WithHelper, running its held exchanges through
+// er when er can take them.
+func WithRelay(r Runner, er ExchangeRunner) Runner {
+	h, ok := r.(helperRunner)
+	if !ok {
+		return r
+	}
+	return relayRunner{helperRunner: h, er: er}
+}
+
+type relayRunner struct {
+	helperRunner
+	er ExchangeRunner
+}
+
+func (r relayRunner) RunExchange(ctx context.Context, x RelayedExchange, stdin io.Reader, stdout, stderr io.Writer) (int, bool, error) {
+	return r.er.RunExchange(ctx, x, stdin, stdout, stderr)
+}
+
 func (h helperRunner) SyncHelper() (string, string) { return h.name, h.inst }
 
 // RunPreamble sends the preamble beside the exec request when r can.

@@ -89,6 +89,17 @@ func (h helperSide) exchange(in exchangeInput, command string) (string, helperpr
 	return prelude + setupEdits + h.becomeHelper(), req, true
 }
 
+// relaySetup is what an exchange's remote command does before the helper,
+// for a relay that runs the helper's side in itself: it prints the sync
+// state directory. It has nothing to do once one of relaySetupDone exists.
+func (helperSide) relaySetup() string {
+	return prelude + setupEdits + `printf '%s\n' "$st"` + "\n"
+}
+
+// relaySetupDone are paths under the git directory any of which makes
+// setupEdits a no-op (the pending exec's id, or the snapshot ref).
+var relaySetupDone = []string{"sandboxd/pending", SnapshotRef}
+
 // becomeHelper is the end of an exchange's remote command: the shell
 // becomes the helper. A Reattach's command is the prelude and this.
 func (h helperSide) becomeHelper() string {

@@ -141,7 +141,7 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Loc
 	start := fmt.Sprintf("exec %s hold start %s --stdin-frames -- sh -c %s", bin, id, quoteArg(command, true))
 	var st sshpool.ExitStatus
 	var err error
-	if r := m.sandboxOf(s).relayFor(lc.Conn, helper, m.relayIdle()); r != nil {
+	if r := m.sandboxOf(s).relayFor(lc.Conn, helper, m.relayIdle(), false); r != nil {
 		// The relay's stdin reader ends with its exec; a start or an
 		// attach that follows reads the caller's next bytes.
 		st, err = m.relayed(ctx, r, lc, id, command, stdio, func() { stdio.Stdin = in.next() })

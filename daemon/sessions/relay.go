@@ -12,8 +12,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sandboxd/sandboxd/daemon/gitsync"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/internal/helperproto"
+	"github.com/sandboxd/sandboxd/store"
 	"golang.org/x/crypto/ssh"
 )
 
@@ -65,6 +67,12 @@ type heldRelay struct {
 	cancel context.CancelFunc
 	ended  chan struct{} // the channel's exec returned
 	err    error         // why, set before ended closes
+	// ready closes once the relay's first frame was read: serving says
+	// it was the relay's ready frame. Only a relay that said so takes an
+	// exchange, whose frames another program would swallow.
+	ready    chan struct{}
+	serving  bool
+	notReady error // why not serving: a read error, or errRelayForged
 
 	mu       sync.Mutex
 	busy     bool // an exec uses it, or its stdin writer has not ended
@@ -79,7 +87,9 @@ type heldRelay struct {
 // relayFor returns the controller's relay on conn for the helper bin,
 // marked busy, opening it when there is none; nil when an exec must use
 // `hold start` (the relay is busy, closing, or refused on this connection).
-func (c *sandbox) relayFor(conn *sshpool.Conn, bin string, idle time.Duration) *heldRelay {
+// For an exchange, only a relay that said it serves: one opened now is
+// left for the next exchange.
+func (c *sandbox) relayFor(conn *sshpool.Conn, bin string, idle time.Duration, exchange bool) *heldRelay {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || (c.noRelay.conn == conn && c.noRelay.bin == bin) {
@@ -88,6 +98,10 @@ func (c *sandbox) relayFor(conn *sshpool.Conn, bin string, idle time.Duration) *
 	if r := c.relay; r != nil {
 		r.mu.Lock()
 		usable := r.conn == conn && r.bin == bin && !r.closing && r.alive()
+		if usable && exchange && !r.isServing() {
+			r.mu.Unlock()
+			return nil
+		}
 		if usable && !r.busy {
 			r.busy = true
 			r.idle.Stop()
@@ -103,9 +117,23 @@ func (c *sandbox) relayFor(conn *sshpool.Conn, bin string, idle time.Duration) *
 		c.relay = nil
 	}
 	r := c.openRelay(conn, bin, idle)
-	r.busy = true
 	c.relay = r
+	if exchange {
+		r.idle.Reset(idle)
+		return nil
+	}
+	r.busy = true
 	return r
+}
+
+// isServing says the relay's ready frame came.
+func (r *heldRelay) isServing() bool {
+	select {
+	case <-r.ready:
+		return r.serving
+	default:
+		return false
+	}
 }
 
 // openRelay starts `hold relay` on conn; c.mu is held.
@@ -113,10 +141,24 @@ func (c *sandbox) openRelay(conn *sshpool.Conn, bin string, idle time.Duration) 
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	ctx, cancel := context.WithCancel(c.ctx)
-	r := &heldRelay{conn: conn, bin: bin, in: inW, inR: inR, out: bufio.NewReaderSize(outR, 64<<10), outW: outW, cancel: cancel, ended: make(chan struct{})}
+	r := &heldRelay{conn: conn, bin: bin, in: inW, inR: inR, out: bufio.NewReaderSize(outR, 64<<10), outW: outW, cancel: cancel, ended: make(chan struct{}), ready: make(chan struct{})}
 	r.idle = time.AfterFunc(idle, r.closeIfIdle)
 	r.idle.Stop()
-	c.wg.Add(2)
+	c.wg.Add(3)
+	go func() {
+		defer c.wg.Done()
+		defer close(r.ready)
+		// Before anyone reads the relay's output: its first frame.
+		typ, p, err := helperproto.ReadHoldFrame(r.out, nil, helperproto.MaxHoldEnd)
+		switch {
+		case err != nil:
+			r.notReady = fmt.Errorf("read the relay's first frame: %w", err)
+		case typ != helperproto.HoldReady || len(p) != 0:
+			r.notReady = fmt.Errorf("%w: a first frame of type %q, not the ready frame", errRelayForged, typ)
+		default:
+			r.serving = true
+		}
+	}()
 	go func() {
 		defer c.wg.Done()
 		// Output nobody reads (the relay's, unasked) must not hold the
@@ -135,7 +177,7 @@ func (c *sandbox) openRelay(conn *sshpool.Conn, bin string, idle time.Duration) 
 		// The relay's own messages are not the command's: logged,
 		// bounded.
 		var said bytes.Buffer
-		st, err := conn.ExecOnce(ctx, "exec .git/sandboxd/bin/"+bin+" hold relay", sshpool.Stdio{Stdin: inR, Stdout: outW, Stderr: &limitWriter{w: &said, left: 1 << 10}})
+		st, err := conn.ExecOnce(ctx, `exec "$PWD/.git/sandboxd/bin/`+bin+`" hold relay`, sshpool.Stdio{Stdin: inR, Stdout: outW, Stderr: &limitWriter{w: &said, left: 1 << 10}})
 		c.m.log.Debug("the held execs' relay ended", "run", conn.RunID(), "code", st.Code, "signal", st.Signal, "err", err, "said", said.String())
 		// Ended by itself, not asked to, before any answer: a helper
 		// without the relay.
@@ -223,6 +265,78 @@ func (r *heldRelay) done(broken bool, idle time.Duration) {
 // execs. The errors: errRelayNotSent (nothing ran: start it another way),
 // errRelayLost or sshpool.ErrConnectionLost (attach), errRelayForged.
 func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked, id, command string, stdio sshpool.Stdio, cutStdin func()) (sshpool.ExitStatus, error) {
+	req := helperproto.RelayRequest{ID: id, Argv: []string{"sh", "-c", command}}
+	return m.relay(ctx, r, lc, req, nil, func(w io.Writer) { relayStdin(w, stdio.Stdin) }, cutStdin, id, stdio)
+}
+
+// relayExchanges runs the held exchanges of session s on lc through its
+// controller's relay (gitsync.ExchangeRunner): the helper's side runs in
+// the relay's process, so an exchange costs no exec request and no
+// process start.
+type relayExchanges struct {
+	m      *Manager
+	s      *store.Session
+	lc     *sshpool.Locked
+	helper string
+}
+
+// RunExchange runs x on the relay when it is up and idle (taken false
+// otherwise, nothing read): its opening in the request, the exchange's
+// frames on stdin as the relay's stdin frames, its answers to stdout, the
+// helper's messages to stderr. A relay that ended (killed) while the
+// exchange ran, its connection fine, is an exec that ended without a
+// status: the exchange's own rules (a reattach) follow.
+func (e relayExchanges) RunExchange(ctx context.Context, x gitsync.RelayedExchange, stdin io.Reader, stdout, stderr io.Writer) (int, bool, error) {
+	r := e.m.sandboxOf(e.s).relayFor(e.lc.Conn, e.helper, e.m.relayIdle(), true)
+	if r == nil {
+		return 0, false, nil
+	}
+	req := helperproto.RelayRequest{ID: newExecID(), Exchange: true, Setup: x.Setup, SetupDone: x.SetupDone}
+	opening := helperproto.AppendHoldFrame(nil, helperproto.HoldIn, x.Opening)
+	cut := func() {
+		if c, ok := stdin.(io.Closer); ok {
+			_ = c.Close()
+		}
+	}
+	st, err := e.m.relay(ctx, r, e.lc, req, opening, func(w io.Writer) { relayRaw(w, stdin) }, cut, x.Hold, sshpool.Stdio{Stdout: stdout, Stderr: stderr})
+	switch {
+	case errors.Is(err, errRelayNotSent):
+		e.m.log.Debug("the relay did not take an exchange; it runs on its own channel", "run", e.s.RunID, "err", err)
+		return 0, false, nil
+	case errors.Is(err, errRelayLost):
+		return -1, true, nil
+	case err != nil:
+		return -1, true, err
+	}
+	return st.Code, true, nil
+}
+
+// relayRaw copies src to the relay as its 'i' frames, and its end as 'z',
+// until src or the relay ends.
+func relayRaw(w io.Writer, src io.Reader) {
+	buf := make([]byte, maxStdinFrame)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(helperproto.AppendHoldFrame(nil, helperproto.HoldIn, buf[:n])); werr != nil {
+				return
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			_, _ = w.Write(helperproto.AppendHoldFrame(nil, helperproto.HoldInEnd, nil))
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// relay sends req (and first, frames that go with it) to the relay r,
+// then what feed writes, and reads the exec's output to stdio's writers
+// until its end; signals and the caller's end go to the held command
+// hold as `hold signal` execs.
+func (m *Manager) relay(ctx context.Context, r *heldRelay, lc *sshpool.Locked, req helperproto.RelayRequest, first []byte, feed func(io.Writer), cutStdin func(), hold string, stdio sshpool.Stdio) (sshpool.ExitStatus, error) {
+	id := req.ID
 	broken := true
 	stdinDone := make(chan struct{})
 	defer func() {
@@ -245,13 +359,13 @@ func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked,
 	// connection gone silent is found by the probes, not the keepalives.
 	defer m.probeConn(ctx, lc.Conn, afterHeld)()
 	r.mu.Lock()
-	forget := r.seen
+	req.Forget = r.seen
 	r.seen = nil
 	r.mu.Unlock()
-	req, _ := json.Marshal(helperproto.RelayRequest{ID: id, Argv: []string{"sh", "-c", command}, Forget: forget})
+	b, _ := json.Marshal(req)
 	sent := make(chan error, 1)
 	go func() {
-		_, err := r.in.Write(helperproto.AppendHoldFrame(nil, helperproto.HoldRequest, req))
+		_, err := r.in.Write(append(helperproto.AppendHoldFrame(nil, helperproto.HoldRequest, b), first...))
 		sent <- err
 	}()
 	var err error
@@ -269,14 +383,33 @@ func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked,
 	}
 	go func() {
 		defer close(stdinDone)
-		relayStdin(r.in, stdio.Stdin)
+		feed(r.in)
 	}()
+	// The ready frame is read first (openRelay); a relay that sent
+	// something else is no relay.
+	<-r.ready
+	if !r.serving {
+		r.close()
+		if errors.Is(r.notReady, errRelayForged) {
+			return sshpool.ExitStatus{}, r.notReady
+		}
+		<-r.ended
+		select {
+		case <-r.conn.Done():
+			return sshpool.ExitStatus{}, fmt.Errorf("%w: %w", sshpool.ErrConnectionLost, r.notReady)
+		default:
+		}
+		if errors.Is(r.err, sshpool.ErrConnectionLost) {
+			return sshpool.ExitStatus{}, r.err
+		}
+		return sshpool.ExitStatus{}, fmt.Errorf("%w: %w", errRelayLost, r.notReady)
+	}
 	execDone := make(chan struct{})
 	var side sync.WaitGroup
 	side.Add(1)
 	go func() {
 		defer side.Done()
-		m.relaySignals(ctx, execDone, r, lc.Conn, id, stdio.Signals)
+		m.relaySignals(ctx, execDone, r, lc.Conn, hold, stdio.Signals)
 	}()
 	st, err := readRelay(r.out, id, stdio.Stdout, stdio.Stderr)
 	close(execDone)
@@ -286,7 +419,7 @@ func (m *Manager) relayed(ctx context.Context, r *heldRelay, lc *sshpool.Locked,
 		broken = false
 		r.mu.Lock()
 		r.answered = true
-		if len(r.seen) < helperproto.MaxForget {
+		if !req.Exchange && len(r.seen) < helperproto.MaxForget {
 			r.seen = append(r.seen, id)
 		}
 		r.mu.Unlock()

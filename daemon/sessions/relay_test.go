@@ -92,11 +92,11 @@ func startRelayAgent(t *testing.T, script string) (*Manager, *store.Session, *ss
 func TestRelayClosesWhenIdleAndWithItsController(t *testing.T) {
 	m, s, conn := startRelayAgent(t, `[ "$1 $2" = "hold relay" ] || exit 2; cat >/dev/null`)
 	c := m.sandboxOf(s)
-	r := c.relayFor(conn, relayHelper, time.Hour)
+	r := c.relayFor(conn, relayHelper, time.Hour, false)
 	if r == nil {
 		t.Fatal("no relay on a fresh connection")
 	}
-	if again := c.relayFor(conn, relayHelper, time.Hour); again != nil {
+	if again := c.relayFor(conn, relayHelper, time.Hour, false); again != nil {
 		t.Fatal("a busy relay was handed to a second exec")
 	}
 	r.done(false, 200*time.Millisecond)
@@ -108,7 +108,7 @@ func TestRelayClosesWhenIdleAndWithItsController(t *testing.T) {
 	if errors.Is(r.err, sshpool.ErrConnectionLost) {
 		t.Fatalf("the idle relay ended with %v", r.err)
 	}
-	r2 := c.relayFor(conn, relayHelper, time.Hour)
+	r2 := c.relayFor(conn, relayHelper, time.Hour, false)
 	if r2 == nil || r2 == r {
 		t.Fatal("the exec after an idle close got no new relay")
 	}
@@ -128,7 +128,7 @@ func TestRelayClosesWhenIdleAndWithItsController(t *testing.T) {
 func TestRelayAnsweringGarbageIsClosedAndTheExecReported(t *testing.T) {
 	m, s, conn := startRelayAgent(t, `head -c 5 >/dev/null; printf 'o\000\000\000\003out'; printf 'x\000\000\000\002{}'; cat >/dev/null`)
 	c := m.sandboxOf(s)
-	r := c.relayFor(conn, relayHelper, time.Hour)
+	r := c.relayFor(conn, relayHelper, time.Hour, false)
 	if r == nil {
 		t.Fatal("no relay on a fresh connection")
 	}
@@ -144,7 +144,7 @@ func TestRelayAnsweringGarbageIsClosedAndTheExecReported(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the relay that answered garbage was not closed")
 	}
-	if again := c.relayFor(conn, relayHelper, time.Hour); again == r {
+	if again := c.relayFor(conn, relayHelper, time.Hour, false); again == r {
 		t.Fatal("the relay that answered garbage was used again")
 	}
 	// The next relay answers the same garbage unasked: the controller's

@@ -18,6 +18,7 @@ const (
 	HoldIn      = 'i' // stdin bytes
 	HoldInEnd   = 'z' // the caller's stdin ended
 	HoldRequest = 'r' // daemon → relay: RelayRequest
+	HoldReady   = 'y' // relay → daemon, first: it serves (empty)
 )
 
 // Bounds of the hold stream's frames: a data frame, an end, a request.
@@ -38,6 +39,19 @@ type RelayRequest struct {
 	// Forget are ids of earlier execs on this relay whose end the daemon
 	// read: the holder removes what it kept of them (at most MaxForget).
 	Forget []string `json:"forget,omitempty"`
+	// Exchange asks for a synced exec's exchange (the `exchange` verb,
+	// this package's frames) in the relay's own process instead of a
+	// command: the 'i' frames carry the daemon's exchange frames, 'o' the
+	// helper's, 'e' its messages, and the end the verb's exit code. Argv,
+	// Env and Dir are unused.
+	Exchange bool `json:"exchange,omitempty"`
+	// Setup is the shell an exchange's exec request would run before the
+	// helper (it finds git and the repository, and brings in the files
+	// setup steps made). The relay runs it only when the checkout's .git
+	// is not a directory, or none of SetupDone (paths under it) exists:
+	// otherwise it has nothing to do.
+	Setup     string   `json:"setup,omitempty"`
+	SetupDone []string `json:"setup_done,omitempty"`
 }
 
 // RelayEnd is the end of one held exec: its exit code as `hold start`'s

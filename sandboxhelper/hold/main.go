@@ -82,6 +82,11 @@ type Options struct {
 	// past the answer; start asks it before Server. Its errors are
 	// Server's.
 	Stream func(ctx context.Context, id string, req SpawnRequest) (c io.WriteCloser, rd io.Reader, err error)
+	// Exchange, when set, runs a relay request's exchange (the request's
+	// Exchange) in this process, in the relay's dir with its env: the
+	// daemon's frames on in, the helper's on out, its messages on log; it
+	// returns the verb's exit code. Unset, the relay refuses exchanges.
+	Exchange func(ctx context.Context, req RelayRequest, dir string, env []string, in io.Reader, out, log io.Writer) int
 }
 
 // Begin starts argv under id once, in dir with env: kept by o.Server when

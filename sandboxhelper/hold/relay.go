@@ -21,14 +21,18 @@ import (
 // time, so the relay serves one at a time and needs no multiplexer.
 //
 // Frames, both ways, are the stream's (a type byte, a 4-byte big-endian
-// length, the payload). The daemon sends a request, then the exec's stdin
-// ('i', 'z'); the relay answers the command's output ('o', 'e') and its
-// end ('x'), which names the exec. Stdin frames that come while no exec
+// length, the payload). The relay first says it serves ('y'). The daemon
+// sends a request, then the exec's stdin ('i', 'z'); the relay answers
+// the command's output ('o', 'e') and its end ('x'), which names the
+// exec. An exchange request runs a synced exec's exchange in this process
+// (Options.Exchange) instead: 'i' carries the daemon's exchange frames,
+// 'o' the exchange's, 'e' its messages. Stdin frames that come while no exec
 // runs are an earlier exec's and are dropped. Signals and the caller's
 // end travel as `hold signal` execs, not on this channel, where they
 // could wait behind stdin the command does not read.
 const (
 	FrameRequest = helperproto.HoldRequest
+	FrameReady   = helperproto.HoldReady
 	FrameOut     = frameOut
 	FrameErr     = frameErr
 	FrameEnd     = frameEnd
@@ -82,7 +86,10 @@ func (s relayStream) Write(p []byte) (int, error) {
 // relayExec is the exec the relay serves now.
 type relayExec struct {
 	cancel context.CancelFunc
-	stdin  *io.PipeWriter // hold's stdin frames (FeedFrames), for startHeld
+	// stdin takes hold's stdin frames (FeedFrames) for startHeld, or with
+	// raw the daemon's exchange frames as they came.
+	stdin *io.PipeWriter
+	raw   bool
 }
 
 // Relay serves held execs read from in, one at a time, writing their
@@ -106,6 +113,11 @@ func (o Options) Relay(ctx context.Context, h *Holder, in io.Reader, out io.Writ
 		mu.Unlock()
 		wg.Wait()
 	}()
+	// The daemon hands a synced exec's exchange only to a relay that said
+	// it serves: a helper that is not one never takes its frames.
+	if err := w.frame(FrameReady, nil); err != nil {
+		return fmt.Errorf("say the relay serves: %w", err)
+	}
 	buf := make([]byte, maxStreamFrame)
 	for {
 		typ, p, err := readFrame(in, buf, MaxRelayRequest)
@@ -122,6 +134,16 @@ func (o Options) Relay(ctx context.Context, h *Holder, in io.Reader, out io.Writ
 		case FrameIn, FrameInEnd:
 			if e == nil || len(p) > maxStreamFrame {
 				continue // an earlier exec's
+			}
+			if e.raw {
+				if typ == FrameInEnd {
+					e.stdin.Close()
+				} else {
+					// Blocks while the exchange does not read (its command
+					// does not read its stdin).
+					_, _ = e.stdin.Write(p)
+				}
+				continue
 			}
 			var hdr [4]byte
 			binary.BigEndian.PutUint32(hdr[:], uint32(len(p)))
@@ -143,7 +165,7 @@ func (o Options) Relay(ctx context.Context, h *Holder, in io.Reader, out io.Writ
 			}
 			ectx, cancel := context.WithCancel(ctx)
 			pr, pw := io.Pipe()
-			e = &relayExec{cancel: cancel, stdin: pw}
+			e = &relayExec{cancel: cancel, stdin: pw, raw: req.Exchange}
 			mu.Lock()
 			cur = e
 			mu.Unlock()
@@ -160,6 +182,31 @@ func (o Options) Relay(ctx context.Context, h *Holder, in io.Reader, out io.Writ
 						_ = h.Forget(id)
 					}
 				}()
+			}
+			end := func(code int) {
+				b, _ := json.Marshal(RelayEnd{ID: req.ID, ExitCode: code})
+				// Idle before the end goes out: the daemon's next request
+				// may follow it at once.
+				mu.Lock()
+				cur = nil
+				mu.Unlock()
+				_ = w.frame(FrameEnd, b)
+			}
+			if req.Exchange {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					defer cancel()
+					code := ExitFailed
+					if o.Exchange != nil {
+						code = o.Exchange(ectx, req, wd, env, pr, relayStream{w, FrameOut}, relayStream{w, FrameErr})
+					} else {
+						fmt.Fprintln(relayStream{w, FrameErr}, "hold relay: this helper runs no exchange")
+					}
+					pr.CloseWithError(errors.New("the exchange ended"))
+					end(code)
+				}()
+				continue
 			}
 			wg.Add(1)
 			go func() {
@@ -178,13 +225,7 @@ func (o Options) Relay(ctx context.Context, h *Holder, in io.Reader, out io.Writ
 					fmt.Fprintf(stderr, "hold start: %v\n", err)
 					code = ExitFailed
 				}
-				b, _ := json.Marshal(RelayEnd{ID: req.ID, ExitCode: code})
-				// Idle before the end goes out: the daemon's next request
-				// may follow it at once.
-				mu.Lock()
-				cur = nil
-				mu.Unlock()
-				_ = w.frame(FrameEnd, b)
+				end(code)
 			}()
 		default:
 			return fmt.Errorf("a frame of unknown type %q", typ)
@@ -196,7 +237,9 @@ func checkRelayRequest(req RelayRequest) error {
 	switch {
 	case !validID(req.ID):
 		return fmt.Errorf("exec id %q is not 16 to 64 lowercase hex digits", req.ID)
-	case len(req.Argv) == 0:
+	case req.Exchange && (len(req.Argv) > 0 || req.Dir != "" || len(req.Env) > 0):
+		return errors.New("an exchange request names a command")
+	case !req.Exchange && len(req.Argv) == 0:
 		return errors.New("the request has no command")
 	case req.Dir != "" && !filepath.IsAbs(req.Dir):
 		return errors.New("the request's directory is not absolute")

@@ -29,9 +29,18 @@ func relayRequest(t *testing.T, w io.Writer, r io.Reader, rr RelayRequest, stdin
 		frames = appendFrame(frames, FrameIn, []byte(s))
 	}
 	frames = appendFrame(frames, FrameInEnd, nil)
-	if _, err := w.Write(frames); err != nil {
-		t.Fatal(err)
-	}
+	// Written while the frames are read: a pipe holds nothing, and the
+	// relay may first be writing its own.
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := w.Write(frames)
+		wrote <- err
+	}()
+	defer func() {
+		if err := <-wrote; err != nil {
+			t.Error(err)
+		}
+	}()
 	var o, e bytes.Buffer
 	buf := make([]byte, MaxRelayFrame)
 	for {
@@ -49,6 +58,8 @@ func relayRequest(t *testing.T, w io.Writer, r io.Reader, rr RelayRequest, stdin
 				t.Fatal(err)
 			}
 			return o.String(), e.String(), end
+		case FrameReady:
+			// The relay's first frame (TestRelaySaysItServesThenRunsAnExchangeInItsProcess).
 		default:
 			t.Fatalf("a frame of type %q", typ)
 		}
@@ -166,5 +177,64 @@ func waitUntil(d time.Duration, cond func() bool) bool {
 		if time.Now().After(deadline) {
 			return false
 		}
+	}
+}
+
+// TestRelaySaysItServesThenRunsAnExchangeInItsProcess: the relay's first
+// frame says it serves; an exchange request runs Options.Exchange in the
+// relay's process with the request's frames as its input (the end of the
+// input its end), its output and messages framed back and its code in
+// the end; without Options.Exchange it is refused with a message; an
+// exchange request that names a command ends the relay.
+func TestRelaySaysItServesThenRunsAnExchangeInItsProcess(t *testing.T) {
+	h := newHolder(t)
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	wd := t.TempDir()
+	ended := make(chan error, 1)
+	exchange := func(ctx context.Context, req RelayRequest, dir string, env []string, in io.Reader, out, log io.Writer) int {
+		b, _ := io.ReadAll(in)
+		fmt.Fprintf(out, "%s in %s, setup %q", strings.ToUpper(string(b)), dir, req.Setup)
+		fmt.Fprint(log, "said")
+		return 5
+	}
+	go func() {
+		err := (Options{Exchange: exchange}).Relay(context.Background(), h, inR, outW, os.Environ(), wd)
+		outW.CloseWithError(fmt.Errorf("the relay ended: %v", err))
+		inR.CloseWithError(fmt.Errorf("the relay ended: %v", err))
+		ended <- err
+	}()
+	buf := make([]byte, MaxRelayFrame)
+	if typ, p, err := readFrame(outR, buf, MaxRelayFrame); err != nil || typ != FrameReady || len(p) != 0 {
+		t.Fatalf("the relay's first frame: %q %q %v, want the ready frame", typ, p, err)
+	}
+	id := newID(t)
+	out, errs, end := relayRequest(t, inW, outR, RelayRequest{ID: id, Exchange: true, Setup: "s"}, "fra", "mes")
+	if want := "FRAMES in " + wd + `, setup "s"`; out != want || errs != "said" || end != (RelayEnd{ID: id, ExitCode: 5}) {
+		t.Fatalf("the exchange: stdout %q, stderr %q, end %+v; want %q, said, 5", out, errs, end, want)
+	}
+	// A relay that cannot: it says so and nothing runs.
+	r2, w2 := io.Pipe()
+	o2r, o2w := io.Pipe()
+	go func() {
+		err := (Options{}).Relay(context.Background(), h, r2, o2w, os.Environ(), wd)
+		o2w.CloseWithError(fmt.Errorf("the relay ended: %v", err))
+	}()
+	defer w2.Close()
+	_, errs, end = relayRequest(t, w2, o2r, RelayRequest{ID: id, Exchange: true})
+	if end.ExitCode != ExitFailed || !strings.Contains(errs, "no exchange") {
+		t.Fatalf("an exchange on a relay without one: stderr %q, end %+v", errs, end)
+	}
+	req, _ := json.Marshal(RelayRequest{ID: newID(t), Exchange: true, Argv: []string{"true"}})
+	if _, err := inW.Write(appendFrame(nil, FrameRequest, req)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-ended:
+		if err == nil || !strings.Contains(err.Error(), "names a command") {
+			t.Fatalf("the relay ended with %v at an exchange naming a command", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay went on after an exchange naming a command")
 	}
 }
