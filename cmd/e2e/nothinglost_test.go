@@ -14,11 +14,10 @@ import (
 // lostEdits is a started sandbox of a fresh repository, synced by one exec,
 // reachable with OpenSSH through `nook ssh-config`.
 type lostEdits struct {
-	e          *env
-	repo       string
-	cfg, host  string
-	ssh, scp   string
-	editedOver string
+	e         *env
+	repo      string
+	cfg, host string
+	ssh, scp  string
 }
 
 func newLostEdits(t *testing.T, name string) *lostEdits {

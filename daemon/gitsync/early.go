@@ -310,7 +310,7 @@ var errRace = errors.New("a file changed while it was synced")
 // has an entry. Then head plus the entries is the tree the patch makes.
 func checkEarly(st *prepState, head string, ea *earlyPatch, res *prepared) error {
 	if len(res.lfs) > 0 {
-		return errors.New("Git LFS files changed")
+		return errors.New("files tracked by Git LFS changed")
 	}
 	sent := make(map[string]helperproto.PushEntry, len(ea.entries))
 	for _, e := range ea.entries {

@@ -88,7 +88,6 @@ type Exchange struct {
 
 	mu         sync.Mutex
 	a          answers
-	started    bool
 	reattached bool
 	// opening makes a reattach's opening frames and key (marshalOpening;
 	// tests see the key through it).

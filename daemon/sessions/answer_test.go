@@ -33,10 +33,10 @@ func TestProcessRecordsFromTheSandboxAreCheckedAndBounded(t *testing.T) {
 	m := &Manager{}
 	// The directive's payload follows the "name": "#" makes it a comment,
 	// so the agent's shell prints exactly the answer given.
-	answer := func(script string) (processRecord, error, time.Duration) {
+	answer := func(script string) (processRecord, time.Duration, error) {
 		start := time.Now()
 		rec, err := m.processDirective(context.Background(), conn, script+" #", map[string]any{"key": "web"})
-		return rec, err, time.Since(start)
+		return rec, time.Since(start), err
 	}
 	for _, c := range []struct{ name, script, want string }{
 		{"a flood", "yes", "over 524288 bytes"},
@@ -55,7 +55,7 @@ func TestProcessRecordsFromTheSandboxAreCheckedAndBounded(t *testing.T) {
 		{"not JSON", `printf 'hello'`, "not a process record"},
 		{"silence", "sleep 30", "did not answer"},
 	} {
-		_, err, took := answer(c.script)
+		_, took, err := answer(c.script)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: err = %v; want one saying %q", c.name, err, c.want)
 		}
@@ -63,10 +63,10 @@ func TestProcessRecordsFromTheSandboxAreCheckedAndBounded(t *testing.T) {
 			t.Errorf("%s: took %s, past the directive's bound %s", c.name, took, processDirectiveWait)
 		}
 	}
-	if _, err, _ := answer(`printf '\033[2J\033]0;owned\007 agent failure' >&2; exit 1`); err == nil || strings.ContainsAny(err.Error(), "\x1b\x07") || !strings.Contains(err.Error(), "agent failure") {
+	if _, _, err := answer(`printf '\033[2J\033]0;owned\007 agent failure' >&2; exit 1`); err == nil || strings.ContainsAny(err.Error(), "\x1b\x07") || !strings.Contains(err.Error(), "agent failure") {
 		t.Errorf("the agent's stderr reached the error with its control characters: %q", err)
 	}
-	rec, err, _ := answer(`printf '{"key":"web","status":"exited","pid":42,"pgid":42,"targetPort":8080,"exitCode":3,"startedAt":"2026-01-02T03:04:05Z","stdoutPath":"/w/.logs/web.out","stderrPath":"/w/.logs/web.err","futureField":1}\n'`)
+	rec, _, err := answer(`printf '{"key":"web","status":"exited","pid":42,"pgid":42,"targetPort":8080,"exitCode":3,"startedAt":"2026-01-02T03:04:05Z","stdoutPath":"/w/.logs/web.out","stderrPath":"/w/.logs/web.err","futureField":1}\n'`)
 	if err != nil || rec.PID != 42 || rec.ExitCode == nil || *rec.ExitCode != 3 || rec.StdoutPath != "/w/.logs/web.out" {
 		t.Errorf("a sane record: %+v, %v", rec, err)
 	}
