@@ -33,7 +33,7 @@ const pullTimeout = 20 * time.Minute
 func (m *Manager) execFused(ctx context.Context, lc *sshpool.Locked, s *store.Session, req ipc.ExecRequest, dir string, stream backend.ExecStream, res *ipc.ExecResult, warn func(string)) (done bool, err error) {
 	runner := m.runner(lc)
 	if helper := m.holderOn(lc.Conn); helper != "" {
-		runner = gitsync.WithRelay(runner, relayExchanges{m: m, s: s, lc: lc, helper: helper})
+		runner = gitsync.WithRelay(runner, m.relayExchanges(m.sandboxOf(s), lc, helper))
 	}
 	for attempt := 0; attempt < fusedAttempts; attempt++ {
 		patch, err := m.prepare(ctx, runner, s, attempt == 0, true, warn)

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandboxd/sandboxd/daemon/relay"
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/errdefs"
 	"github.com/sandboxd/sandboxd/ipc"
@@ -141,18 +142,23 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Loc
 	start := fmt.Sprintf("exec %s hold start %s --stdin-frames -- sh -c %s", bin, id, quoteArg(command, true))
 	var st sshpool.ExitStatus
 	var err error
-	if r := m.sandboxOf(s).relayFor(lc.Conn, helper, m.relayIdle(), false); r != nil {
+	if r := m.sandboxOf(s).relays.For(lc.Conn, helper, m.relayIdle(), false); r != nil {
 		// The relay's stdin reader ends with its exec; a start or an
-		// attach that follows reads the caller's next bytes.
+		// attach that follows reads the caller's next bytes. Probed
+		// from the request on: a relay channel still being opened on a
+		// connection gone silent is found by the probes, not the
+		// keepalives.
+		stop := m.probeConn(ctx, lc.Conn, afterHeld)
 		st, err = m.relayed(ctx, r, lc, id, command, stdio, func() { stdio.Stdin = in.next() })
-		if errors.Is(err, errRelayNotSent) {
+		stop()
+		if errors.Is(err, relay.ErrNotSent) {
 			m.log.Debug("the relay did not take a held exec; starting it on its own channel", "run", s.RunID, "exec", id, "err", err)
 			st, err = m.execProbing(ctx, lc, start, stdio, afterHeld)
 		}
 	} else {
 		st, err = m.execProbing(ctx, lc, start, stdio, afterHeld)
 	}
-	if errors.Is(err, errRelayForged) {
+	if errors.Is(err, relay.ErrForged) {
 		return st, errdefs.Unavailable(fmt.Errorf("%w: the command may still be running in the sandbox and was not run again; see it with `nook attach %s`", err, id))
 	}
 	began := time.Now().UnixNano()
@@ -161,7 +167,7 @@ func (m *Manager) runHeld(ctx context.Context, s *store.Session, lc *sshpool.Loc
 	// bound (minutes) on each attempt.
 	bound := m.reattachTimeout()
 	var reattachBy time.Time
-	for attempt := 0; attempt < reattachAttempts && err != nil && (errors.Is(err, sshpool.ErrConnectionLost) || errors.Is(err, errRelayLost)) && ctx.Err() == nil; attempt++ {
+	for attempt := 0; attempt < reattachAttempts && err != nil && (errors.Is(err, sshpool.ErrConnectionLost) || errors.Is(err, relay.ErrLost)) && ctx.Err() == nil; attempt++ {
 		// Silence gives no time of its own: the last byte received is the
 		// best bound of when the connection went.
 		lost := time.Unix(0, max(began, out.last.Load(), errw.last.Load()))

@@ -7,7 +7,7 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/events"
 	"github.com/sandboxd/sandboxd/daemon/execq"
-	"github.com/sandboxd/sandboxd/daemon/sshpool"
+	"github.com/sandboxd/sandboxd/daemon/relay"
 	"github.com/sandboxd/sandboxd/store"
 )
 
@@ -53,7 +53,7 @@ func (s sandboxState) String() string {
 // publishes the change; the one goroutine it runs (the lease's timers,
 // run) and every goroutine it starts (spawn) are joined by end. It follows
 // the connection's ups and downs through connectionChanged, and keeps the
-// relay of its held execs (relay.go). The helper's
+// relay of its held execs (package relay). The helper's
 // state stays daemon/helper's, keyed by connection, and the sync's
 // daemon/gitsync's.
 type sandbox struct {
@@ -73,14 +73,9 @@ type sandbox struct {
 	line  *execq.Line
 	link  Link       // the kept connection (daemon/sshpool)
 	fwds  ForwardSet // its local port forwards (daemon/forward); nil without Options.Forwards
-	// relay is the held execs' channel on the kept connection (relay.go),
-	// nil until the first; noRelay the connection and helper that
-	// refused one. Guarded by mu.
-	relay   *heldRelay
-	noRelay struct {
-		conn *sshpool.Conn
-		bin  string
-	}
+	// relays is the relay of its held execs on the kept connection
+	// (package relay).
+	relays  *relay.Slot
 	tally   execTally // guarded by m.records
 	pending bool      // tally is in m.pending; guarded by m.records
 
@@ -96,7 +91,7 @@ type sandbox struct {
 func newSandbox(m *Manager, id string) *sandbox {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &sandbox{m: m, id: id, state: stateConnecting, line: execq.NewLine(),
-		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel}
+		wake: make(chan struct{}, 1), ctx: ctx, cancel: cancel, relays: relay.NewSlot(m.log)}
 	c.link = m.opts.Pool.NewLink(c.connectionChanged)
 	c.lease.owner = c
 	if m.opts.Forwards != nil {
@@ -283,18 +278,8 @@ func (c *sandbox) end(why string) {
 	c.m.releaseNow(c)
 	c.mu.Lock()
 	c.closed = true
-	r := c.relay
-	c.relay = nil
 	c.mu.Unlock()
-	if r != nil {
-		// Asked to end (its stdin ends) rather than cut: a cut channel
-		// waits for the command it ran to take TERM.
-		r.close()
-		select {
-		case <-r.ended:
-		case <-time.After(relayCloseGrace):
-		}
-	}
+	c.relays.Close()
 	c.cancel()
 	c.wg.Wait()
 }

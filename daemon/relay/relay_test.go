@@ -1,10 +1,15 @@
-package sessions
+package relay
 
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/pem"
 	"errors"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +18,8 @@ import (
 
 	"github.com/sandboxd/sandboxd/daemon/sshpool"
 	"github.com/sandboxd/sandboxd/internal/helperproto"
-	"github.com/sandboxd/sandboxd/store"
+	"github.com/sandboxd/sandboxd/localcloud/agent"
+	"golang.org/x/crypto/ssh"
 )
 
 // TestRelayReaderRefusesForgedAndOversizedFrames: the daemon's reader of
@@ -49,12 +55,12 @@ func TestRelayReaderRefusesForgedAndOversizedFrames(t *testing.T) {
 		"a request back":           frame(nil, helperproto.HoldRequest, []byte(`{}`)),
 	} {
 		_, err := readRelay(bytes.NewReader(append(frame(nil, helperproto.HoldOut, []byte("x")), b...)), id, &out, &errs)
-		if !errors.Is(err, errRelayForged) {
+		if !errors.Is(err, ErrForged) {
 			t.Errorf("%s: %v, want it refused as forged", name, err)
 		}
 	}
 	// A channel that ends before the end is a lost relay, not a forged one.
-	if _, err := readRelay(bytes.NewReader(frame(nil, helperproto.HoldOut, []byte("x"))), id, &out, &errs); err == nil || errors.Is(err, errRelayForged) {
+	if _, err := readRelay(bytes.NewReader(frame(nil, helperproto.HoldOut, []byte("x"))), id, &out, &errs); err == nil || errors.Is(err, ErrForged) {
 		t.Errorf("a relay that ends before the end: %v, want a read error", err)
 	}
 }
@@ -63,8 +69,8 @@ func TestRelayReaderRefusesForgedAndOversizedFrames(t *testing.T) {
 const relayHelper = "sandboxd-helper-0123456789abcdef"
 
 // startRelayAgent runs a real agent whose workspace has script as the
-// sandbox helper, and returns a manager, its session, and a connection.
-func startRelayAgent(t *testing.T, script string) (*Manager, *store.Session, *sshpool.Conn) {
+// sandbox helper, and returns a slot and a connection to it.
+func startRelayAgent(t *testing.T, script string) (*Slot, *sshpool.Conn) {
 	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, ".git", "sandboxd", "bin")
@@ -74,29 +80,50 @@ func startRelayAgent(t *testing.T, script string) (*Manager, *store.Session, *ss
 	if err := os.WriteFile(filepath.Join(bin, relayHelper), []byte("#!/bin/sh\n"+script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	_, target := startAgentIn(t, dir, []string{"PATH=/usr/bin:/bin"})
-	m, s, _ := leaseManager(t, target)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := m.sandboxOf(s).link.Get(ctx, target)
+	_, hostPriv, _ := ed25519.GenerateKey(rand.Reader)
+	host, err := ssh.NewSignerFromKey(hostPriv)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return m, s, conn
+	userPub, userPriv, _ := ed25519.GenerateKey(rand.Reader)
+	block, err := ssh.MarshalPrivateKey(userPriv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	authorized, err := ssh.NewPublicKey(userPub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := agent.Start(agent.Config{HostKey: host, AuthorizedKey: authorized, Workspace: dir, Env: []string{"PATH=/usr/bin:/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	target := sshpool.Target{RunID: "run-relay", Address: a.Addr(), PublicHostKey: string(ssh.MarshalAuthorizedKey(host.PublicKey())), PrivateUserKey: string(pem.EncodeToMemory(block))}
+	pool := sshpool.New(sshpool.Options{})
+	t.Cleanup(func() { pool.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pool.NewLink(nil).Get(ctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot := NewSlot(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(slot.Close)
+	return slot, conn
 }
 
 // TestRelayClosesWhenIdleAndWithItsController: a relay is handed to one
 // exec at a time; once idle for its bound it is closed (its channel's
-// exec returns); the next exec opens a new one, which the controller's
-// end closes and joins.
+// exec returns); the next exec opens a new one, which the slot's close
+// (the controller's end) closes and joins.
 func TestRelayClosesWhenIdleAndWithItsController(t *testing.T) {
-	m, s, conn := startRelayAgent(t, `[ "$1 $2" = "hold relay" ] || exit 2; cat >/dev/null`)
-	c := m.sandboxOf(s)
-	r := c.relayFor(conn, relayHelper, time.Hour, false)
+	c, conn := startRelayAgent(t, `[ "$1 $2" = "hold relay" ] || exit 2; cat >/dev/null`)
+	r := c.For(conn, relayHelper, time.Hour, false)
 	if r == nil {
 		t.Fatal("no relay on a fresh connection")
 	}
-	if again := c.relayFor(conn, relayHelper, time.Hour, false); again != nil {
+	if again := c.For(conn, relayHelper, time.Hour, false); again != nil {
 		t.Fatal("a busy relay was handed to a second exec")
 	}
 	r.done(false, 200*time.Millisecond)
@@ -108,12 +135,12 @@ func TestRelayClosesWhenIdleAndWithItsController(t *testing.T) {
 	if errors.Is(r.err, sshpool.ErrConnectionLost) {
 		t.Fatalf("the idle relay ended with %v", r.err)
 	}
-	r2 := c.relayFor(conn, relayHelper, time.Hour, false)
+	r2 := c.For(conn, relayHelper, time.Hour, false)
 	if r2 == nil || r2 == r {
 		t.Fatal("the exec after an idle close got no new relay")
 	}
 	r2.done(false, time.Hour)
-	c.end("the test ends")
+	c.Close()
 	select {
 	case <-r2.ended:
 	default:
@@ -123,35 +150,35 @@ func TestRelayClosesWhenIdleAndWithItsController(t *testing.T) {
 
 // TestRelayAnsweringGarbageIsClosedAndTheExecReported: a relay (here a
 // process of the sandbox posing as one) whose answer is not a relay's is
-// closed and its exec ends with errRelayForged, which the daemon reports
+// closed and its exec ends with ErrForged, which the daemon reports
 // without running the command again.
 func TestRelayAnsweringGarbageIsClosedAndTheExecReported(t *testing.T) {
-	m, s, conn := startRelayAgent(t, `head -c 5 >/dev/null; printf 'o\000\000\000\003out'; printf 'x\000\000\000\002{}'; cat >/dev/null`)
-	c := m.sandboxOf(s)
-	r := c.relayFor(conn, relayHelper, time.Hour, false)
+	c, conn := startRelayAgent(t, `head -c 5 >/dev/null; printf 'o\000\000\000\003out'; printf 'x\000\000\000\002{}'; cat >/dev/null`)
+	r := c.For(conn, relayHelper, time.Hour, false)
 	if r == nil {
 		t.Fatal("no relay on a fresh connection")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var out bytes.Buffer
-	_, err := m.relayed(ctx, r, &sshpool.Locked{Conn: conn}, "0123456789abcdef0123456789abcdef", "true", sshpool.Stdio{Stdout: &out}, func() {})
-	if !errors.Is(err, errRelayForged) {
-		t.Fatalf("the exec on a relay that answered an end without an id: %v, want errRelayForged", err)
+	const id = "0123456789abcdef0123456789abcdef"
+	_, err := r.Run(ctx, Call{Req: helperproto.RelayRequest{ID: id, Argv: []string{"true"}}, Feed: func(io.Writer) {}, CutStdin: func() {}, Stdout: &out, Stderr: &out, Hold: id, SignalTimeout: time.Second, Idle: time.Hour}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if !errors.Is(err, ErrForged) {
+		t.Fatalf("the exec on a relay that answered an end without an id: %v, want ErrForged", err)
 	}
 	select {
 	case <-r.ended:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the relay that answered garbage was not closed")
 	}
-	if again := c.relayFor(conn, relayHelper, time.Hour, false); again == r {
+	if again := c.For(conn, relayHelper, time.Hour, false); again == r {
 		t.Fatal("the relay that answered garbage was used again")
 	}
 	// The next relay answers the same garbage unasked: the controller's
 	// end closes it without reading it, and is not held up.
 	began := time.Now()
-	c.end("the test ends")
-	if d := time.Since(began); d > relayCloseGrace {
+	c.Close()
+	if d := time.Since(began); d > CloseGrace {
 		t.Errorf("the controller's end took %s with a relay that wrote unread frames", d)
 	}
 }
