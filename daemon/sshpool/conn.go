@@ -264,10 +264,10 @@ func (c *Conn) takeSession(ctx context.Context) (*session, error) {
 			return nil, fmt.Errorf("%w: %w", ErrNotSent, ctx.Err())
 		}
 	}
-	s, err := c.openSession()
+	s, err := c.openSessionCtx(ctx)
 	if err != nil {
 		var refused *ssh.OpenChannelError
-		if !errors.As(err, &refused) {
+		if !errors.As(err, &refused) && ctx.Err() == nil {
 			c.close(fmt.Errorf("open a session channel: %w", err))
 		}
 		return nil, fmt.Errorf("%w: open a session channel on sandbox %s: %w", ErrNotSent, c.target.RunID, err)
@@ -326,6 +326,42 @@ type session struct {
 	status *int
 	signal string
 	sigMsg string
+}
+
+// openSessionCtx is openSession bounded by ctx and the connection's end:
+// x/crypto/ssh's channel open has neither, and a connection closed while
+// a key exchange was pending can leave it waiting for ever (seen: six
+// minutes under a lock request after a dropped connection). A channel
+// that opens after its caller gave up is closed.
+func (c *Conn) openSessionCtx(ctx context.Context) (*session, error) {
+	type opened struct {
+		s   *session
+		err error
+	}
+	res := make(chan opened, 1)
+	go func() {
+		s, err := c.openSession()
+		res <- opened{s, err}
+	}()
+	giveUp := func(err error) (*session, error) {
+		go func() {
+			if r := <-res; r.s != nil {
+				r.s.ch.Close()
+			}
+		}()
+		return nil, err
+	}
+	select {
+	case r := <-res:
+		return r.s, r.err
+	case <-ctx.Done():
+		return giveUp(ctx.Err())
+	case <-c.done:
+		c.mu.Lock()
+		err := c.err
+		c.mu.Unlock()
+		return giveUp(fmt.Errorf("the connection ended: %w", err))
+	}
 }
 
 func (c *Conn) openSession() (*session, error) {

@@ -848,3 +848,30 @@ func TestForgedExitReportsAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestChannelOpenThatIsNeverAnsweredEndsWithItsCaller: an agent that
+// never answers a channel open (x/crypto/ssh's open has no deadline, and
+// was seen waiting six minutes after a dropped connection) holds an exec
+// only as long as its caller: it ends with ErrNotSent once ctx ends, and
+// the connection is not closed for it.
+func TestChannelOpenThatIsNeverAnsweredEndsWithItsCaller(t *testing.T) {
+	srv := newTestServer(t)
+	p := newPool(t, testOptions())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := p.Get(ctx, srv.target("run-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.muteOpens.Store(true)
+	octx, ocancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer ocancel()
+	began := time.Now()
+	_, err = c.openSessionCtx(octx)
+	if took := time.Since(began); err == nil || !errors.Is(err, context.DeadlineExceeded) || took > 5*time.Second {
+		t.Fatalf("an unanswered channel open: %v after %s, want the caller's deadline within 5 s", err, took)
+	}
+	if !c.alive() {
+		t.Fatal("the connection was closed for an open its caller gave up")
+	}
+}

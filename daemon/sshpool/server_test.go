@@ -31,6 +31,7 @@ type testServer struct {
 	userKeyPEM string
 
 	muteKeepalive atomic.Bool // stop answering keepalives
+	muteOpens     atomic.Bool // leave channel opens unanswered
 	refuse        atomic.Bool // close new connections before the handshake
 	accepted      atomic.Int64
 	opens         atomic.Int64 // session channels opened
@@ -198,7 +199,17 @@ func (s *testServer) serveConn(nc net.Conn) {
 			}
 		}
 	}()
+	var unanswered []ssh.NewChannel
+	defer func() {
+		for _, nch := range unanswered {
+			_ = nch.Reject(ssh.ResourceShortage, "the test ends")
+		}
+	}()
 	for nch := range chans {
+		if s.muteOpens.Load() {
+			unanswered = append(unanswered, nch)
+			continue
+		}
 		if nch.ChannelType() != "session" {
 			_ = nch.Reject(ssh.UnknownChannelType, "only sessions")
 			continue
