@@ -313,10 +313,17 @@ func TestExecFailsFastOutsideARepoAndOnAHugeUntrackedFile(t *testing.T) {
 	e.startDaemon()
 	plain := t.TempDir()
 	e.nook(plain, "exec", "--", "true") // the daemon warm
-	start := time.Now()
-	r := e.nook(plain, "exec", "--", "true")
-	if took := time.Since(start); r.code == 0 || took > 500*time.Millisecond || !strings.Contains(r.stderr, "not inside a git repository") {
-		t.Errorf("exec outside a checkout took %s: %s", took, r)
+	// The fastest of three: the suite's load can stretch one call, while
+	// a server that waits for the stream adds its second to each.
+	var r result
+	took := time.Hour
+	for range 3 {
+		start := time.Now()
+		r = e.nook(plain, "exec", "--", "true")
+		took = min(took, time.Since(start))
+	}
+	if r.code == 0 || took > 500*time.Millisecond || !strings.Contains(r.stderr, "not inside a git repository") {
+		t.Errorf("exec outside a checkout took %s at best of three: %s", took, r)
 	}
 
 	repo := e.newRepo("huge", defaultConfig)
