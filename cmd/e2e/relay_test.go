@@ -169,6 +169,28 @@ func waitOneRelay(t testing.TB, run string) int {
 	return pids[0]
 }
 
+// watchPIDs looks at list every 20 ms until stop is closed, then sends
+// how many processes it saw.
+func watchPIDs(list func() []int) (stop chan struct{}, seen <-chan int) {
+	stop = make(chan struct{})
+	n := make(chan int, 1)
+	go func() {
+		pids := map[int]bool{}
+		defer func() { n <- len(pids) }()
+		for {
+			for _, pid := range list() {
+				pids[pid] = true
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	return stop, n
+}
+
 // TestHeldExecsInARowShareOneRelayProcess: no-sync execs without a
 // terminal (held) one after another on one sandbox all go through one
 // `hold relay` process on the kept connection, costing no exec request
@@ -185,21 +207,7 @@ func TestHeldExecsInARowShareOneRelayProcess(t *testing.T) {
 	relay := waitOneRelay(t, run)
 	// A `hold start` lives as long as its command: one of any exec is
 	// seen by a look every 20 ms at commands that last 200 ms.
-	stop, starts := make(chan struct{}), make(chan int, 1)
-	go func() {
-		seen := map[int]bool{}
-		defer func() { starts <- len(seen) }()
-		for {
-			for _, pid := range holdPIDs(run, "start") {
-				seen[pid] = true
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}()
+	stop, starts := watchPIDs(func() []int { return holdPIDs(run, "start") })
 	before := lc.execRequests(t, run)
 	const n = 8
 	for i := 0; i < n; i++ {
@@ -259,21 +267,7 @@ func TestSyncedExecsInARowRunInTheRelay(t *testing.T) {
 	waitUntil(t, 10*time.Second, "no exchange helper", func() bool { return len(helperPIDs(run, "exchange")) == 0 })
 	// An exchange helper lives as long as its command: one of any exec
 	// is seen by a look every 20 ms at commands that last 200 ms.
-	stop, helpers := make(chan struct{}), make(chan int, 1)
-	go func() {
-		seen := map[int]bool{}
-		defer func() { helpers <- len(seen) }()
-		for {
-			for _, pid := range helperPIDs(run, "exchange") {
-				seen[pid] = true
-			}
-			select {
-			case <-stop:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}()
+	stop, helpers := watchPIDs(func() []int { return helperPIDs(run, "exchange") })
 	before := lc.execRequests(t, run)
 	const n = 6
 	for i := 0; i < n; i++ {

@@ -126,6 +126,12 @@ func (fixedBranch) Branch(string) (string, error) { return "main", nil }
 // real runs API client with short timeouts and no retries.
 func newTestManager(t *testing.T, api *fakeRemoteAPI, timeout time.Duration) (*Manager, *store.Store) {
 	t.Helper()
+	return newTestManagerWith(t, api, timeout, nopEvents{})
+}
+
+// newTestManagerWith is newTestManager publishing to ev.
+func newTestManagerWith(t *testing.T, api *fakeRemoteAPI, timeout time.Duration, ev Publisher) (*Manager, *store.Store) {
+	t.Helper()
 	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "sandboxd.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +141,7 @@ func newTestManager(t *testing.T, api *fakeRemoteAPI, timeout time.Duration) (*M
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Sync: nopSync{}, Events: nopEvents{}, Branches: fixedBranch{}})
+	m, err := New(Options{Store: st, Remotes: fakeSource{client}, Pool: nopPool{}, Sync: nopSync{}, Events: ev, Branches: fixedBranch{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -315,21 +321,8 @@ func (e *recordingEvents) Publish(typ, sessionID, runID string, data any) ipc.Ev
 // session.stopped is published: a client following the events (the
 // Neovim statusline) would otherwise show "expired" after the user's stop.
 func TestASessionEndsOnceWhenAStopAndAnExpiryRace(t *testing.T) {
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "sandboxd.db"), store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
 	ev := &recordingEvents{}
-	m, err := New(Options{Store: st, Remotes: fakeSource{}, Pool: nopPool{}, Sync: nopSync{}, Events: ev, Branches: fixedBranch{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		m.Close(ctx)
-	})
+	m, st := newTestManagerWith(t, newFakeRemoteAPI(t), 300*time.Millisecond, ev)
 	s := insertSession(t, st, "run-raced", store.StateReady)
 	stale := *s
 	m.end(s, store.StateStopped, "stopped by the user", eventSessionStopped)
