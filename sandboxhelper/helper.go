@@ -12,7 +12,9 @@
 //     Unix socket under .git/sandboxd/helper, one question at a time:
 //     changes, adopt, push, pull (a line, a JSON body, a JSON answer).
 //   - exchange (Exchange, exchange.go): one synced exec in one exec
-//     request, in the framed protocol of internal/helperproto (frames in
+//     request, or in the relay's process (`hold relay`, relayExchange:
+//     the setup shell only when it has something to do, signals as
+//     frames only), in the framed protocol of internal/helperproto (frames in
 //     on stdin, frames out on stdout, which nothing else writes). It makes
 //     itself non-dumpable, then does every sandbox step of the sync, each
 //     natively where it can, else by the request's script (the scripts

@@ -71,7 +71,10 @@
 //     internal/helperproto: the request (entries, patch, the stray, push
 //     and pull scripts, the command) and the caller's stdin and signals on
 //     its stdin; the helper's typed answers on its stdout (Exchange.Run
-//     checks their order and bounds). In the sandbox (sandboxhelper) the
+//     checks their order and bounds). A held exchange whose Runner is an
+//     ExchangeRunner that takes it (the connection's relay, daemon/relay,
+//     once it said it serves) runs in the relay's process instead: the
+//     same frames, no exec request. In the sandbox (sandboxhelper) the
 //     helper looks for edits made outside an exec by its native pull
 //     against the tree the last pull left, else by the stray script;
 //     pushes natively (in-process trees), else stages through its server
