@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
-	"log/slog"
 	"time"
 
 	"github.com/sandboxd/sandboxd/daemon/gitsync"
@@ -24,7 +23,6 @@ type Exchanges struct {
 	// Idle is how long the relay stays open after the exchange;
 	// SignalTimeout bounds a `hold signal` exec.
 	Idle, SignalTimeout time.Duration
-	Log                 *slog.Logger
 }
 
 // RunExchange runs x on the relay when it is up, idle and said it serves
@@ -51,10 +49,10 @@ func (e Exchanges) RunExchange(ctx context.Context, x gitsync.RelayedExchange, s
 		Stdout: stdout, Stderr: stderr, Hold: x.Hold,
 		SignalTimeout: e.SignalTimeout, Idle: e.Idle,
 	}
-	st, err := r.Run(ctx, call, e.Log)
+	st, err := r.Run(ctx, call)
 	switch {
 	case errors.Is(err, ErrNotSent):
-		e.Log.Debug("the relay did not take an exchange; it runs on its own channel", "run", conn.RunID(), "err", err)
+		r.log.Debug("the relay did not take an exchange; it runs on its own channel", "run", conn.RunID(), "err", err)
 		return 0, false, nil
 	case errors.Is(err, ErrLost):
 		return -1, true, nil

@@ -80,6 +80,7 @@ func NewSlot(log *slog.Logger) *Slot {
 
 // Relay is one `hold relay` channel.
 type Relay struct {
+	log    *slog.Logger
 	conn   *sshpool.Conn
 	bin    string
 	in     *io.PipeWriter // the channel's stdin
@@ -183,7 +184,7 @@ func (s *Slot) open(conn *sshpool.Conn, bin string, idle time.Duration) *Relay {
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	ctx, cancel := context.WithCancel(s.ctx)
-	r := &Relay{conn: conn, bin: bin, in: inW, inR: inR, out: bufio.NewReaderSize(outR, 64<<10), outW: outW, cancel: cancel, ended: make(chan struct{}), ready: make(chan struct{})}
+	r := &Relay{log: s.log, conn: conn, bin: bin, in: inW, inR: inR, out: bufio.NewReaderSize(outR, 64<<10), outW: outW, cancel: cancel, ended: make(chan struct{}), ready: make(chan struct{})}
 	r.idle = time.AfterFunc(idle, r.closeIfIdle)
 	r.idle.Stop()
 	s.wg.Add(3)
@@ -328,7 +329,7 @@ type Call struct {
 // Run runs c on the relay r (busy, from For). The errors: ErrNotSent
 // (nothing ran: start it another way), ErrLost or sshpool.ErrConnectionLost
 // (attach), ErrForged.
-func (r *Relay) Run(ctx context.Context, c Call, log *slog.Logger) (sshpool.ExitStatus, error) {
+func (r *Relay) Run(ctx context.Context, c Call) (sshpool.ExitStatus, error) {
 	id := c.Req.ID
 	broken := true
 	stdinDone := make(chan struct{})
@@ -391,7 +392,7 @@ func (r *Relay) Run(ctx context.Context, c Call, log *slog.Logger) (sshpool.Exit
 	side.Add(1)
 	go func() {
 		defer side.Done()
-		r.signals(ctx, execDone, c, log)
+		r.signals(ctx, execDone, c)
 	}()
 	st, err := readRelay(r.out, id, c.Stdout, c.Stderr)
 	close(execDone)
@@ -437,13 +438,13 @@ func (r *Relay) lost(err error) error {
 // signals sends the caller's signals to the held command c.Hold as `hold
 // signal` execs until execDone; when the caller goes away (ctx), TERM,
 // then KILL after killGrace, then the relay is given up.
-func (r *Relay) signals(ctx context.Context, execDone <-chan struct{}, c Call, log *slog.Logger) {
+func (r *Relay) signals(ctx context.Context, execDone <-chan struct{}, c Call) {
 	signal := func(sig ssh.Signal) {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.SignalTimeout)
 		defer cancel()
 		_, err := r.conn.ExecOnce(sctx, fmt.Sprintf("exec .git/sandboxd/bin/%s hold signal %s %s", r.bin, c.Hold, sig), sshpool.Stdio{})
 		if err != nil {
-			log.Debug("signal a held command", "run", r.conn.RunID(), "exec", c.Hold, "signal", sig, "err", err)
+			r.log.Debug("signal a held command", "run", r.conn.RunID(), "exec", c.Hold, "signal", sig, "err", err)
 		}
 	}
 	sigs := c.Signals

@@ -162,7 +162,7 @@ func TestRelayAnsweringGarbageIsClosedAndTheExecReported(t *testing.T) {
 	defer cancel()
 	var out bytes.Buffer
 	const id = "0123456789abcdef0123456789abcdef"
-	_, err := r.Run(ctx, Call{Req: helperproto.RelayRequest{ID: id, Argv: []string{"true"}}, Feed: func(io.Writer) {}, CutStdin: func() {}, Stdout: &out, Stderr: &out, Hold: id, SignalTimeout: time.Second, Idle: time.Hour}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	_, err := r.Run(ctx, Call{Req: helperproto.RelayRequest{ID: id, Argv: []string{"true"}}, Feed: func(io.Writer) {}, CutStdin: func() {}, Stdout: &out, Stderr: &out, Hold: id, SignalTimeout: time.Second, Idle: time.Hour})
 	if !errors.Is(err, ErrForged) {
 		t.Fatalf("the exec on a relay that answered an end without an id: %v, want ErrForged", err)
 	}

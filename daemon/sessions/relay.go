@@ -30,13 +30,13 @@ func (m *Manager) relayed(ctx context.Context, r *relay.Relay, lc *sshpool.Locke
 		CutStdin: cutStdin,
 		Stdout:   stdio.Stdout, Stderr: stdio.Stderr, Signals: stdio.Signals,
 		Hold: id, SignalTimeout: m.signalTimeout(), Idle: m.relayIdle(),
-	}, m.log)
+	})
 }
 
 // relayExchanges is the exchange runner of a synced exec on lc: its
 // controller's relay.
 func (m *Manager) relayExchanges(c *sandbox, lc *sshpool.Locked, helper string) relay.Exchanges {
-	return relay.Exchanges{Slot: c.relays, Lock: lc, Helper: helper, Idle: m.relayIdle(), SignalTimeout: m.signalTimeout(), Log: m.log}
+	return relay.Exchanges{Slot: c.relays, Lock: lc, Helper: helper, Idle: m.relayIdle(), SignalTimeout: m.signalTimeout()}
 }
 
 // signalTimeout bounds a `hold signal` exec.
