@@ -266,6 +266,10 @@ func (s *Syncer) newEarlyPatch(r repo, baseSHA, head string, ea *earlyPatch, sta
 	return p
 }
 
+// earlyPatchTimeout bounds computing the patch behind an early request,
+// which outlives its exec.
+const earlyPatchTimeout = 5 * time.Minute
+
 // finishEarly computes the patch of an early request p while the request
 // travels (stageIncremental, as an incremental Prepare does), checks the
 // entries sent against git's staging, then releases st (the next Prepare

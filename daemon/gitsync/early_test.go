@@ -1,6 +1,7 @@
 package gitsync
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -314,4 +315,38 @@ func TestEarlyRequestThatGitDisagreesWithIsTurnedOff(t *testing.T) {
 	testutil.Git(t, f.local, "config", "sandboxd.test", "changed")
 	step("configuration changed", "three\n", "full:config", "three\n")
 	step("early again", "four\n", "early", "four\n")
+}
+
+// TestEarlyPatchOutlivesTheExecThatSentIt: the patch behind an early
+// request is still computed when the exec's context ends as soon as the
+// request is made (a quick command whose caller is done): the next sync
+// is early again, not a scan of the whole tree.
+func TestEarlyPatchOutlivesTheExecThatSentIt(t *testing.T) {
+	withHelper(t)
+	f := newFixture(t, map[string]string{"a.txt": "a\n"})
+	h := watchHows(t, f)
+	if _, fr, err := f.fused("true"); err != nil || !fr.Ran {
+		t.Fatalf("first exec: ran %v, err %v", fr.Ran, err)
+	}
+	h.take()
+	writeFile(t, filepath.Join(f.local, "a.txt"), "one\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	p, err := f.s.PrepareExchange(ctx, f.r, f.local, f.base)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.take(); len(got) != 1 || got[0] != "early" {
+		t.Fatalf("prepared %v, want early", got)
+	}
+	if err := p.early.wait(context.Background()); err != nil {
+		t.Fatalf("the patch behind the request, its exec's context ended: %v", err)
+	}
+	writeFile(t, filepath.Join(f.local, "a.txt"), "two\n")
+	if _, fr, err := f.fused("true"); err != nil || !fr.Ran {
+		t.Fatalf("next exec: ran %v, err %v", fr.Ran, err)
+	}
+	if got := h.take(); len(got) != 1 || got[0] != "early" {
+		t.Fatalf("the next exec prepared %v, want early (not a full scan)", got)
+	}
 }

@@ -60,7 +60,13 @@ func (s *Syncer) prepare(ctx context.Context, repoRoot, baseSHA string, early bo
 	if ea != nil {
 		// st stays locked until the patch is computed.
 		p := s.newEarlyPatch(r, baseSHA, head, ea, start)
-		go s.finishEarly(ctx, r, head, st, p)
+		// Not the exec's context: the exec may end first (a quick
+		// command), and the next sync needs this one's state.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), earlyPatchTimeout)
+			defer cancel()
+			s.finishEarly(ctx, r, head, st, p)
+		}()
 		return p, nil
 	}
 	st.mu.Unlock()
