@@ -39,7 +39,7 @@ func (e Exchanges) RunExchange(ctx context.Context, x gitsync.RelayedExchange, s
 	}
 	call := Call{
 		Req:   helperproto.RelayRequest{ID: newID(), Exchange: true, Setup: x.Setup, SetupDone: x.SetupDone},
-		First: helperproto.AppendHoldFrame(nil, helperproto.HoldIn, x.Opening),
+		First: inFrames(x.Opening),
 		Feed:  func(w io.Writer) { feedRaw(w, stdin) },
 		CutStdin: func() {
 			if c, ok := stdin.(io.Closer); ok {
@@ -64,6 +64,18 @@ func (e Exchanges) RunExchange(ctx context.Context, x gitsync.RelayedExchange, s
 
 // maxInFrame bounds the stdin frames sent to the relay (its own bound).
 const maxInFrame = 32 << 10
+
+// inFrames is p as the relay's 'i' frames, each within its bound (a
+// larger one would be dropped, and the exchange wait for its request).
+func inFrames(p []byte) []byte {
+	var b []byte
+	for len(p) > 0 {
+		k := min(len(p), maxInFrame)
+		b = helperproto.AppendHoldFrame(b, helperproto.HoldIn, p[:k])
+		p = p[k:]
+	}
+	return b
+}
 
 // feedRaw copies src to the relay as its 'i' frames, and its end as 'z',
 // until src or the relay ends.

@@ -182,3 +182,23 @@ func TestRelayAnsweringGarbageIsClosedAndTheExecReported(t *testing.T) {
 		t.Errorf("the controller's end took %s with a relay that wrote unread frames", d)
 	}
 }
+
+// TestAnExchangesOpeningGoesInFramesWithinTheRelaysBound: an opening of
+// megabytes (a request carrying a large patch) travels as 'i' frames of
+// at most 32 KiB, which the relay takes, in order and whole.
+func TestAnExchangesOpeningGoesInFramesWithinTheRelaysBound(t *testing.T) {
+	opening := bytes.Repeat([]byte("0123456789"), 300_000)
+	r := bytes.NewReader(inFrames(opening))
+	var got []byte
+	buf := make([]byte, helperproto.MaxHoldFrame)
+	for r.Len() > 0 {
+		typ, p, err := helperproto.ReadHoldFrame(r, buf, helperproto.MaxHoldFrame)
+		if err != nil || typ != helperproto.HoldIn {
+			t.Fatalf("frame %q: %v", typ, err)
+		}
+		got = append(got, p...)
+	}
+	if !bytes.Equal(got, opening) {
+		t.Fatalf("the frames carry %d bytes, want the opening's %d", len(got), len(opening))
+	}
+}
