@@ -161,7 +161,8 @@ func (c *Conn) openAhead() *spareCall {
 	c.pool.wg.Add(1)
 	go func() {
 		defer c.pool.wg.Done()
-		sc.s, sc.err = c.openSession()
+		// Bounded: Close waits for this goroutine.
+		sc.s, sc.err = c.openSessionCtx(c.pool.ctx)
 		close(sc.done)
 	}()
 	return sc
@@ -329,10 +330,11 @@ type session struct {
 }
 
 // openSessionCtx is openSession bounded by ctx and the connection's end:
-// x/crypto/ssh's channel open has neither, and a connection closed while
-// a key exchange was pending can leave it waiting for ever (seen: six
-// minutes under a lock request after a dropped connection). A channel
-// that opens after its caller gave up is closed.
+// x/crypto/ssh's channel open has neither, and an open that registers its
+// channel after the connection's reader ended waits for ever (seen: six
+// minutes under a lock request after a dropped connection, and a Close
+// that never returned). A channel that opens after its caller gave up is
+// closed.
 func (c *Conn) openSessionCtx(ctx context.Context) (*session, error) {
 	type opened struct {
 		s   *session
@@ -365,7 +367,16 @@ func (c *Conn) openSessionCtx(ctx context.Context) (*session, error) {
 }
 
 func (c *Conn) openSession() (*session, error) {
-	ch, reqs, err := c.client.OpenChannel("session", nil)
+	var (
+		ch   ssh.Channel
+		reqs <-chan *ssh.Request
+		err  error
+	)
+	if open := c.pool.openChannel; open != nil {
+		ch, reqs, err = open(c.client)
+	} else {
+		ch, reqs, err = c.client.OpenChannel("session", nil)
+	}
 	if err != nil {
 		return nil, err
 	}

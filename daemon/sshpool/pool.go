@@ -95,6 +95,11 @@ type Pool struct {
 
 	handshakes atomic.Uint64
 
+	// openChannel opens a session channel: nil means x/crypto/ssh's,
+	// which tests replace by one that never returns (see
+	// Conn.openSessionCtx).
+	openChannel func(*ssh.Client) (ssh.Channel, <-chan *ssh.Request, error)
+
 	// copyBufs are the buffers that relay a command's streams: two or
 	// three per exec, which io.Copy would allocate afresh
 	// (docs/performance.md).

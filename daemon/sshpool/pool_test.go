@@ -875,3 +875,27 @@ func TestChannelOpenThatIsNeverAnsweredEndsWithItsCaller(t *testing.T) {
 		t.Fatal("the connection was closed for an open its caller gave up")
 	}
 }
+
+// TestCloseEndsWhileAChannelOpenNeverDoes: x/crypto/ssh's channel open
+// can wait for ever when the connection ends under it (its reader gone);
+// the spare channels a connection opens ahead must not hold Close.
+func TestCloseEndsWhileAChannelOpenNeverDoes(t *testing.T) {
+	srv := newTestServer(t)
+	never := make(chan struct{})
+	defer close(never)
+	p := newTestPool(testOptions())
+	p.openChannel = func(*ssh.Client) (ssh.Channel, <-chan *ssh.Request, error) {
+		<-never
+		return nil, nil, errors.New("test over")
+	}
+	if _, err := p.Get(context.Background(), srv.target("run-1")); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() { p.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close still waits 5 s later, for a channel open that never returns")
+	}
+}
