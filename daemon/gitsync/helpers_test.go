@@ -602,3 +602,19 @@ func (r *sandboxRunner) startHelper(t *testing.T) {
 
 // SyncHelper offers the helper when startHelper ran (HelperRunner).
 func (r *sandboxRunner) SyncHelper() (string, string) { return r.helperName, r.helperInstance }
+
+// patchesComputed waits until the patches behind f's early requests are
+// computed (each holds its repository's prepState until then).
+func (f *fixture) patchesComputed() {
+	f.s.mu.Lock()
+	var sts []*prepState
+	for _, st := range f.s.prep {
+		sts = append(sts, st)
+	}
+	f.s.mu.Unlock()
+	for _, st := range sts {
+		st.mu.Lock()
+		//lint:ignore SA2001 a wait for the holder, not a critical section
+		st.mu.Unlock()
+	}
+}
