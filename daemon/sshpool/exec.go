@@ -104,7 +104,7 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 		// No terminal modes: the agent's defaults (a cooked, echoing
 		// terminal) are what an interactive shell expects.
 		req := ptyRequest{Term: term, Cols: stdio.PTY.Cols, Rows: stdio.PTY.Rows, Modes: "\x00"}
-		ok, err := s.ch.SendRequest("pty-req", true, ssh.Marshal(req))
+		ok, err := c.request(ctx, s, "pty-req", ssh.Marshal(req))
 		if err != nil || !ok {
 			s.ch.Close()
 			if err == nil {
@@ -122,9 +122,12 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 			_, _ = s.ch.Write(stdio.Preamble)
 		}()
 	}
-	ok, err := s.ch.SendRequest("exec", true, ssh.Marshal(struct{ Command string }{command}))
+	ok, err := c.request(ctx, s, "exec", ssh.Marshal(struct{ Command string }{command}))
 	if err != nil {
 		s.ch.Close()
+		if ctx.Err() != nil && c.tcp.writes.Load() != before {
+			return ExitStatus{}, fmt.Errorf("command in sandbox %s cancelled before the agent answered its exec request (it may or may not have started, so it was not sent again): %w", c.target.RunID, ctx.Err())
+		}
 		if c.tcp.writes.Load() == before {
 			// Nothing was written since the request was built: it never
 			// left this machine. io.EOF here means the channel was closed
@@ -149,6 +152,29 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 	// From here on the command may be running: whatever happens, it is
 	// never sent again.
 	return c.stream(ctx, s, stdio, preambleSent)
+}
+
+// request sends a channel request that wants a reply and waits for the
+// reply until ctx ends: x/crypto/ssh waits without a bound, and an agent
+// that takes the request and never answers would hold the caller for
+// ever. A request given up on leaves the channel to close.
+func (c *Conn) request(ctx context.Context, s *session, name string, payload []byte) (bool, error) {
+	type reply struct {
+		ok  bool
+		err error
+	}
+	done := make(chan reply, 1)
+	go func() {
+		ok, err := s.ch.SendRequest(name, true, payload)
+		done <- reply{ok, err}
+	}()
+	select {
+	case r := <-done:
+		return r.ok, r.err
+	case <-ctx.Done():
+		s.ch.Close()
+		return false, ctx.Err()
+	}
 }
 
 // stream relays the streams of a started command and collects its status.

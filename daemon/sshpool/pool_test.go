@@ -899,3 +899,30 @@ func TestCloseEndsWhileAChannelOpenNeverDoes(t *testing.T) {
 		t.Fatal("Close still waits 5 s later, for a channel open that never returns")
 	}
 }
+
+// TestExecRequestNeverAnsweredEndsWithItsCaller: an agent that takes an
+// exec request and never answers it, its connection otherwise fine,
+// holds the exec only as long as its caller; the command is not sent
+// again (it may have started).
+func TestExecRequestNeverAnsweredEndsWithItsCaller(t *testing.T) {
+	srv := newTestServer(t)
+	p := newPool(t, testOptions())
+	c, err := p.Get(context.Background(), srv.target("run-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	_, err = c.Exec(ctx, silentCommand, Stdio{})
+	if took := time.Since(began); !errors.Is(err, context.DeadlineExceeded) || took > 5*time.Second {
+		t.Fatalf("an unanswered exec request: %v after %s, want the caller's deadline within 5 s", err, took)
+	}
+	if errors.Is(err, ErrNotSent) || srv.runCount(silentCommand) != 1 {
+		t.Fatalf("the exec request reached the agent %d times (error %v): want once, never sent again", srv.runCount(silentCommand), err)
+	}
+	if !c.alive() {
+		t.Fatal("the connection was closed for a request its caller gave up")
+	}
+	execOK(t, c, "true", Stdio{})
+}

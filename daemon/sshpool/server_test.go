@@ -58,6 +58,10 @@ type execRecord struct {
 // never comes back.
 const dropCommand = "__test_drop_after_exec__"
 
+// silentCommand makes the server count the exec and never answer it,
+// the connection otherwise fine.
+const silentCommand = "__test_never_answer_exec__"
+
 // forgedExit reads the commands "__test_exit_status__ N" and
 // "__test_exit_signal__ NAME": the server answers that exit report as is.
 func forgedExit(command string) (status uint32, signal string, ok bool) {
@@ -241,8 +245,11 @@ func (s *testServer) serveSession(nc net.Conn, ch ssh.Channel, reqs <-chan *ssh.
 			s.runs[m.Command]++
 			s.execs = append(s.execs, execRecord{m.Command, ordinal, s.opens.Load()})
 			s.mu.Unlock()
-			if m.Command == dropCommand {
+			switch m.Command {
+			case dropCommand:
 				nc.Close()
+				continue
+			case silentCommand:
 				continue
 			}
 			if st, sig, ok := forgedExit(m.Command); ok {
