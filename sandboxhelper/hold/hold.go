@@ -619,9 +619,20 @@ func waitRunFile(ctx context.Context, dir string) (*os.File, error) {
 	}
 }
 
+// pidWait is how long a signal waits for the pid of a command whose start
+// is under way.
+const pidWait = 5 * time.Second
+
 // Signal sends sig to the exec's command and its process group.
 func (h *Holder) Signal(id string, sig syscall.Signal) error {
 	s, err := h.State(id)
+	// The command's directory comes before its pid, which is written
+	// beside the command: its output can reach the caller first, and a
+	// Ctrl-C at that output waits for the pid rather than being lost.
+	for deadline := time.Now().Add(pidWait); err == nil && s.Started && s.PID <= 1 && !s.Ended && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+		s, err = h.State(id)
+	}
 	if err != nil {
 		return err
 	}

@@ -379,3 +379,42 @@ func TestAttachWaitsForTheRunFileOfADirectoryMadeInPlace(t *testing.T) {
 		t.Fatalf("attach: %v", err)
 	}
 }
+
+// TestSignalDuringTheStartWaitsForThePid: the command's directory comes
+// before its pid (written beside the command, after its output may have
+// reached the caller); a signal sent in between reaches the command once
+// the pid is there, instead of being lost.
+func TestSignalDuringTheStartWaitsForThePid(t *testing.T) {
+	h := newHolder(t)
+	id := newID(t)
+	dir, run, err := h.create(id, []string{"sleep", "30"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer run.Close()
+	cmd := exec.Command("sleep", "30")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	sent := make(chan error, 1)
+	go func() { sent <- h.Signal(id, syscall.SIGTERM) }()
+	time.Sleep(100 * time.Millisecond)
+	if err := writeJSON(filepath.Join(dir, stateFile), procState{PID: cmd.Process.Pid, Argv: []string{"sleep", "30"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("a signal during the start: %v", err)
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- cmd.Wait() }()
+	select {
+	case err := <-ended:
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGTERM {
+			t.Fatalf("the command ended with %v, want TERM", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the command did not get the signal sent while its start was under way")
+	}
+}
