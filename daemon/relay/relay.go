@@ -39,6 +39,10 @@ const killGrace = 2 * time.Second
 // idle.
 const stdinEnd = 100 * time.Millisecond
 
+// defaultReadyWait bounds the wait for a new relay's ready frame when the
+// call gives no SignalTimeout.
+const defaultReadyWait = 10 * time.Second
+
 // CloseGrace is how long a relay asked to close (its stdin ended) gets to
 // end before its channel is cut.
 const CloseGrace = 5 * time.Second
@@ -317,7 +321,8 @@ type Call struct {
 	CutStdin func()
 	// Stdout and Stderr take the output; Signals (SSH names) and the
 	// caller's end go to the held command Hold as `hold signal` execs,
-	// each bounded by SignalTimeout.
+	// each bounded by SignalTimeout, which also bounds the wait for a
+	// new relay's ready frame (both are a helper's start).
 	Stdout, Stderr io.Writer
 	Signals        <-chan ssh.Signal
 	Hold           string
@@ -377,15 +382,36 @@ func (r *Relay) Run(ctx context.Context, c Call) (sshpool.ExitStatus, error) {
 		c.Feed(r.in)
 	}()
 	// The ready frame is read first (open); a relay that sent something
-	// else is no relay.
-	<-r.ready
+	// else is no relay, and one that says nothing (a file of the sandbox
+	// in the helper's place) is cut at the caller's end or the bound.
+	var notReady error
+	wait := c.SignalTimeout
+	if wait <= 0 {
+		wait = defaultReadyWait
+	}
+	bound := time.NewTimer(wait)
+	select {
+	case <-r.ready:
+		notReady = r.notReady
+	case <-ctx.Done():
+		r.close()
+		<-r.ready
+		if !r.serving {
+			return sshpool.ExitStatus{}, fmt.Errorf("the held command was cancelled before the sandbox helper's relay answered: %w", ctx.Err())
+		}
+	case <-bound.C:
+		r.close()
+		<-r.ready
+		notReady = fmt.Errorf("the sandbox helper's relay said nothing within %s of its start", wait)
+	}
+	bound.Stop()
 	if !r.serving {
 		r.close()
-		if errors.Is(r.notReady, ErrForged) {
-			return sshpool.ExitStatus{}, r.notReady
+		if errors.Is(notReady, ErrForged) {
+			return sshpool.ExitStatus{}, notReady
 		}
 		<-r.ended
-		return sshpool.ExitStatus{}, r.lost(r.notReady)
+		return sshpool.ExitStatus{}, r.lost(notReady)
 	}
 	execDone := make(chan struct{})
 	var side sync.WaitGroup
