@@ -39,9 +39,9 @@ const killGrace = 2 * time.Second
 // idle.
 const stdinEnd = 100 * time.Millisecond
 
-// defaultReadyWait bounds the wait for a new relay's ready frame when the
-// call gives no SignalTimeout.
-const defaultReadyWait = 10 * time.Second
+// readyWait bounds an exec's wait for the ready frame of a relay opened
+// for it: a helper's start, with room for a loaded sandbox.
+const readyWait = 10 * time.Second
 
 // CloseGrace is how long a relay asked to close (its stdin ended) gets to
 // end before its channel is cut.
@@ -66,6 +66,8 @@ type Slot struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// readyWait is readyWait, shorter in tests.
+	readyWait time.Duration
 
 	mu      sync.Mutex
 	closed  bool
@@ -79,21 +81,22 @@ type Slot struct {
 // NewSlot returns an empty slot; Close ends it.
 func NewSlot(log *slog.Logger) *Slot {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Slot{log: log, ctx: ctx, cancel: cancel}
+	return &Slot{log: log, ctx: ctx, cancel: cancel, readyWait: readyWait}
 }
 
 // Relay is one `hold relay` channel.
 type Relay struct {
-	log    *slog.Logger
-	conn   *sshpool.Conn
-	bin    string
-	in     *io.PipeWriter // the channel's stdin
-	inR    *io.PipeReader
-	out    *bufio.Reader // its stdout
-	outW   *io.PipeWriter
-	cancel context.CancelFunc
-	ended  chan struct{} // the channel's exec returned
-	err    error         // why, set before ended closes
+	log       *slog.Logger
+	conn      *sshpool.Conn
+	bin       string
+	readyWait time.Duration  // see Slot.readyWait
+	in        *io.PipeWriter // the channel's stdin
+	inR       *io.PipeReader
+	out       *bufio.Reader // its stdout
+	outW      *io.PipeWriter
+	cancel    context.CancelFunc
+	ended     chan struct{} // the channel's exec returned
+	err       error         // why, set before ended closes
 	// ready closes once the relay's first frame was read: serving says
 	// it was the relay's ready frame. Only a relay that said so takes an
 	// exchange, whose frames another program would swallow.
@@ -188,7 +191,7 @@ func (s *Slot) open(conn *sshpool.Conn, bin string, idle time.Duration) *Relay {
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	ctx, cancel := context.WithCancel(s.ctx)
-	r := &Relay{log: s.log, conn: conn, bin: bin, in: inW, inR: inR, out: bufio.NewReaderSize(outR, 64<<10), outW: outW, cancel: cancel, ended: make(chan struct{}), ready: make(chan struct{})}
+	r := &Relay{log: s.log, conn: conn, bin: bin, readyWait: s.readyWait, in: inW, inR: inR, out: bufio.NewReaderSize(outR, 64<<10), outW: outW, cancel: cancel, ended: make(chan struct{}), ready: make(chan struct{})}
 	r.idle = time.AfterFunc(idle, r.closeIfIdle)
 	r.idle.Stop()
 	s.wg.Add(3)
@@ -321,8 +324,7 @@ type Call struct {
 	CutStdin func()
 	// Stdout and Stderr take the output; Signals (SSH names) and the
 	// caller's end go to the held command Hold as `hold signal` execs,
-	// each bounded by SignalTimeout, which also bounds the wait for a
-	// new relay's ready frame (both are a helper's start).
+	// each bounded by SignalTimeout.
 	Stdout, Stderr io.Writer
 	Signals        <-chan ssh.Signal
 	Hold           string
@@ -385,11 +387,7 @@ func (r *Relay) Run(ctx context.Context, c Call) (sshpool.ExitStatus, error) {
 	// else is no relay, and one that says nothing (a file of the sandbox
 	// in the helper's place) is cut at the caller's end or the bound.
 	var notReady error
-	wait := c.SignalTimeout
-	if wait <= 0 {
-		wait = defaultReadyWait
-	}
-	bound := time.NewTimer(wait)
+	bound := time.NewTimer(r.readyWait)
 	select {
 	case <-r.ready:
 		notReady = r.notReady
@@ -402,7 +400,7 @@ func (r *Relay) Run(ctx context.Context, c Call) (sshpool.ExitStatus, error) {
 	case <-bound.C:
 		r.close()
 		<-r.ready
-		notReady = fmt.Errorf("the sandbox helper's relay said nothing within %s of its start", wait)
+		notReady = fmt.Errorf("the sandbox helper's relay said nothing within %s of its start", r.readyWait)
 	}
 	bound.Stop()
 	if !r.serving {

@@ -205,28 +205,28 @@ func TestAnExchangesOpeningGoesInFramesWithinTheRelaysBound(t *testing.T) {
 
 // TestRelayThatSaysNothingHoldsAnExecOnlyForItsBound: a file of the
 // sandbox in the helper's place that takes the request and says nothing
-// (no ready frame, the channel open) is cut at the start's bound, and the
+// (no ready frame, the channel open) is cut at the ready bound, and the
 // exec ends as lost (the daemon then asks the holder, and runs nothing
 // again); when the caller ends first, the exec ends with it.
 func TestRelayThatSaysNothingHoldsAnExecOnlyForItsBound(t *testing.T) {
 	const id = "0123456789abcdef0123456789abcdef"
-	call := func(timeout time.Duration) Call {
-		return Call{Req: helperproto.RelayRequest{ID: id, Argv: []string{"true"}}, Feed: func(io.Writer) {}, CutStdin: func() {}, Stdout: io.Discard, Stderr: io.Discard, Hold: id, SignalTimeout: timeout, Idle: time.Hour}
-	}
+	call := Call{Req: helperproto.RelayRequest{ID: id, Argv: []string{"true"}}, Feed: func(io.Writer) {}, CutStdin: func() {}, Stdout: io.Discard, Stderr: io.Discard, Hold: id, SignalTimeout: time.Second, Idle: time.Hour}
 	c, conn := startRelayAgent(t, `cat >/dev/null`)
+	c.readyWait = 300 * time.Millisecond
 	r := c.For(conn, relayHelper, time.Hour, false)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	began := time.Now()
-	_, err := r.Run(ctx, call(300*time.Millisecond))
+	_, err := r.Run(ctx, call)
 	if took := time.Since(began); !errors.Is(err, ErrLost) || took > 20*time.Second {
 		t.Fatalf("an exec on a relay that says nothing: %v after %s, want ErrLost within 20 s", err, took)
 	}
+	c.readyWait = time.Minute
 	r = c.For(conn, relayHelper, time.Hour, false)
 	cctx, ccancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer ccancel()
 	began = time.Now()
-	_, err = r.Run(cctx, call(time.Minute))
+	_, err = r.Run(cctx, call)
 	if took := time.Since(began); !errors.Is(err, context.DeadlineExceeded) || took > 5*time.Second {
 		t.Fatalf("a cancelled exec on a relay that says nothing: %v after %s, want the caller's end within 5 s", err, took)
 	}
