@@ -125,17 +125,20 @@ func (c *Conn) ExecOnce(ctx context.Context, command string, stdio Stdio) (ExitS
 	ok, err := c.request(ctx, s, "exec", ssh.Marshal(struct{ Command string }{command}))
 	if err != nil {
 		s.ch.Close()
-		if ctx.Err() != nil && c.tcp.writes.Load() != before {
-			return ExitStatus{}, fmt.Errorf("command in sandbox %s cancelled before the agent answered its exec request (it may or may not have started, so it was not sent again): %w", c.target.RunID, ctx.Err())
-		}
-		if c.tcp.writes.Load() == before {
-			// Nothing was written since the request was built: it never
-			// left this machine. io.EOF here means the channel was closed
-			// under us; any other error is a broken transport.
-			if !errors.Is(err, io.EOF) {
+		// Nothing written since the request was built: it never left
+		// this machine.
+		left := c.tcp.writes.Load() != before
+		switch {
+		case !left:
+			// A caller that gave up, or io.EOF (the channel closed under
+			// us), says nothing of the connection; any other error is a
+			// broken transport.
+			if ctx.Err() == nil && !errors.Is(err, io.EOF) {
 				c.close(fmt.Errorf("send an exec request: %w", err))
 			}
 			return ExitStatus{}, fmt.Errorf("%w: send the exec request to sandbox %s: %w", ErrNotSent, c.target.RunID, err)
+		case ctx.Err() != nil:
+			return ExitStatus{}, fmt.Errorf("command in sandbox %s cancelled before the agent answered its exec request (it may or may not have started, so it was not sent again): %w", c.target.RunID, ctx.Err())
 		}
 		c.close(fmt.Errorf("exec request without answer: %w", err))
 		return ExitStatus{}, fmt.Errorf("%w (sandbox %s; the command may or may not have started, so it was not sent again): %w", ErrConnectionLost, c.target.RunID, err)
